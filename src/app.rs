@@ -1,0 +1,272 @@
+//! The three commands, each a straight line: config → backend → supervise →
+//! release → exit code. `main` only parses and prints.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::CommandFactory;
+
+use crate::backend::{self, Acquired, Force, Holder, Owner};
+use crate::cli::{Cli, Generate, Sub};
+use crate::config::{self, BackendSpec, Common};
+use crate::exit::{self, Failure, JobEnd, Kind, ResultExt, fail};
+use crate::lease::Deadline;
+use crate::log;
+use crate::supervise::{self, Job};
+
+/// What `main` should do at the end.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Finish {
+    Exit(u8),
+    /// The job died of this signal (SIGINT): die of it too, so a calling
+    /// shell stops its loop as it would without lockrun.
+    Raise(i32),
+}
+
+pub fn run(cli: Cli) -> Result<Finish, Failure> {
+    if let Some(kind) = cli.generate {
+        return generate(kind).map(|()| Finish::Exit(0));
+    }
+    match &cli.subcommand {
+        Some(Sub::Status { json, name }) => status(&cli, name, *json),
+        Some(Sub::Release {
+            force,
+            token,
+            now,
+            name,
+        }) => release(&cli, name, *force, token.as_deref(), *now),
+        None => run_job(&cli),
+    }
+}
+
+fn setup_logging(common: &Common) {
+    log::set_level(common.verbosity);
+    if let BackendSpec::Redis(r) = &common.backend
+        && let Some(p) = &r.password
+    {
+        log::add_secret(p);
+    }
+}
+
+fn run_job(cli: &Cli) -> Result<Finish, Failure> {
+    let cfg = config::run_config(&cli.backend, &cli.run)?;
+    setup_logging(&cfg.common);
+    let owner = Owner::new().kind(Kind::Internal)?;
+    log::add_secret(&owner.secret);
+    let label = owner.label.clone();
+
+    let mut backend = backend::open(&cfg.common, &cfg.name, owner, cfg.timing)?;
+    let grant = match backend.acquire(cfg.wait)? {
+        Acquired::Granted(g) => g,
+        Acquired::Busy { holder } => {
+            log::info(format!(
+                "not acquired: {} is held by {}",
+                cfg.name,
+                holder.as_deref().unwrap_or("someone")
+            ));
+            return Ok(Finish::Exit(cfg.conflict_code));
+        }
+    };
+
+    let deadline = Arc::new(Deadline::new(cfg.timing.deadline_from(grant.t_send)));
+    let renewer = match backend.renewer() {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = backend.release();
+            return Err(e).kind(Kind::Internal);
+        }
+    };
+    let mut env = vec![
+        ("LOCKRUN_NAME".to_string(), cfg.name.clone()),
+        ("LOCKRUN_TOKEN".to_string(), grant.token.to_string()),
+        ("LOCKRUN_OWNER".to_string(), label),
+        (
+            "LOCKRUN_TTL_MS".to_string(),
+            cfg.timing.ttl.as_millis().to_string(),
+        ),
+    ];
+    let inherit_fd = backend.job_fd();
+    if let Some(fd) = inherit_fd {
+        env.push(("LOCKRUN_LOCK_FD".to_string(), fd.to_string()));
+    }
+    let job = Job {
+        command: cfg.command.clone(),
+        env,
+        inherit_fd,
+        timing: cfg.timing,
+        granted_at: grant.t_send,
+    };
+
+    let outcome = match supervise::run(job, deadline, Some(renewer)) {
+        Ok(o) => o,
+        Err(e) => {
+            // The job never started (or could not be supervised): give the lease back.
+            let _ = backend.release();
+            return Err(e);
+        }
+    };
+
+    let released = backend.release();
+    if let Some(reason) = outcome.lost {
+        log::alert(format!("lease on {} was lost ({reason}); the job was stopped", cfg.name));
+        return Ok(Finish::Exit(exit::LEASE_LOST));
+    }
+    match released {
+        Ok(true) => {}
+        Ok(false) => log::alert(format!(
+            "the job finished, but the lease on {} was no longer ours at release",
+            cfg.name
+        )),
+        Err(e) => log::alert(format!(
+            "{e:#}; the lease expires on its own within {}",
+            humantime::format_duration(cfg.timing.ttl)
+        )),
+    }
+    Ok(match outcome.end {
+        JobEnd::Signaled(sig) if sig == libc::SIGINT => Finish::Raise(sig),
+        end => Finish::Exit(end.code()),
+    })
+}
+
+fn millis(d: Option<Duration>) -> serde_json::Value {
+    d.map_or(serde_json::Value::Null, |d| (d.as_millis() as u64).into())
+}
+
+fn human(d: Duration) -> String {
+    // Whole milliseconds read better than nanoseconds at 3 a.m.
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+}
+
+fn describe_holder(h: &Holder) -> String {
+    let mut parts = vec![format!("held by {}", h.label.as_deref().unwrap_or("unknown"))];
+    if let Some(t) = h.token {
+        parts.push(format!("token {t}"));
+    }
+    if let Some(l) = h.ttl_left {
+        parts.push(format!("{} left", human(l)));
+    }
+    if let Some(f) = h.held_for {
+        parts.push(format!("for {}", human(f)));
+    }
+    parts.join(", ")
+}
+
+fn status(cli: &Cli, name: &str, json: bool) -> Result<Finish, Failure> {
+    let common = config::common(&cli.backend)?;
+    config::check_name(name, &common.backend)?;
+    setup_logging(&common);
+    let mut b = backend::open_inspect(&common, name)?;
+    let holder = b.inspect()?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v = serde_json::json!({
+            "name": name,
+            "held": holder.is_some(),
+            "holder": holder.as_ref().and_then(|h| h.label.clone()),
+            "token": holder.as_ref().and_then(|h| h.token),
+            "ttl_left_ms": millis(holder.as_ref().and_then(|h| h.ttl_left)),
+            "held_for_ms": millis(holder.as_ref().and_then(|h| h.held_for)),
+            "revoked": holder.as_ref().is_some_and(|h| h.revoked),
+        });
+        let _ = writeln!(out, "{v}");
+    } else {
+        match &holder {
+            None => {
+                let _ = writeln!(out, "{name}: free");
+            }
+            Some(h) if h.revoked => {
+                let _ = writeln!(
+                    out,
+                    "{name}: revoked by release --force, free in {} ({})",
+                    h.ttl_left.map(human).unwrap_or_else(|| "?".into()),
+                    describe_holder(h)
+                );
+            }
+            Some(h) => {
+                let _ = writeln!(out, "{name}: {}", describe_holder(h));
+            }
+        }
+    }
+    Ok(Finish::Exit(if holder.is_some() {
+        exit::STATUS_HELD
+    } else {
+        exit::STATUS_FREE
+    }))
+}
+
+fn release(
+    cli: &Cli,
+    name: &str,
+    force: bool,
+    token: Option<&str>,
+    now: bool,
+) -> Result<Finish, Failure> {
+    let common = config::common(&cli.backend)?;
+    config::check_name(name, &common.backend)?;
+    if !force {
+        return Err(fail(
+            Kind::Usage,
+            "refusing to break a lock without --force: the holder's job is stopped \
+             (exit 76); add --force, and --token T to act only on the lease you looked at",
+        ));
+    }
+    let token = token
+        .map(|t| {
+            t.trim()
+                .parse::<u64>()
+                .map_err(|_| fail(Kind::Usage, format!("invalid --token {t:?}: expected a number")))
+        })
+        .transpose()?;
+    setup_logging(&common);
+    let mut b = backend::open_inspect(&common, name)?;
+    match b.force_release(Force { token, now })? {
+        None => {
+            let msg = match token {
+                Some(t) => format!("{name}: not broken: not held, or its token is not {t}"),
+                None => format!("{name}: not held"),
+            };
+            let _ = writeln!(std::io::stderr(), "lockrun: {msg}");
+            Ok(Finish::Exit(exit::STATUS_FREE))
+        }
+        Some(h) => {
+            let what = if now {
+                "deleted; a waiter may start now".to_string()
+            } else {
+                format!(
+                    "revoked; its job stops at its next renewal, new grants wait {}",
+                    h.ttl_left.map(human).unwrap_or_else(|| "until it expires".into())
+                )
+            };
+            let _ = writeln!(
+                std::io::stdout(),
+                "{name}: broke lease {} — {what}",
+                describe_holder(&Holder {
+                    ttl_left: None,
+                    ..h.clone()
+                })
+            );
+            Ok(Finish::Exit(0))
+        }
+    }
+}
+
+fn generate(kind: Generate) -> Result<(), Failure> {
+    use clap_complete::Shell;
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout().lock();
+    let shell = match kind {
+        Generate::Man => {
+            return clap_mangen::Man::new(cmd)
+                .render(&mut out)
+                .kind(Kind::Internal);
+        }
+        Generate::Bash => Shell::Bash,
+        Generate::Zsh => Shell::Zsh,
+        Generate::Fish => Shell::Fish,
+        Generate::Elvish => Shell::Elvish,
+        Generate::Powershell => Shell::PowerShell,
+    };
+    clap_complete::generate(shell, &mut cmd, "lockrun", &mut out);
+    Ok(())
+}

@@ -1,0 +1,516 @@
+//! The local backend: `flock(2)` on one file per lock name in a per-user
+//! directory. The locked descriptor is inherited by the job, as flock(1) does.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::fs::{FlockOperation, Mode, OFlags, flock, fstat, lstat, mkdir, open, stat};
+use rustix::io::Errno;
+
+use super::{Acquired, Backend, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
+use crate::config::Wait;
+use crate::exit::{Failure, Kind, fail};
+use crate::lease::{Boot, Renewer};
+use crate::log;
+
+/// Size of the record at the start of each lock file, written in one `pwrite`.
+const RECORD: usize = 256;
+
+pub struct Local {
+    path: PathBuf,
+    name: String,
+    owner: Owner,
+    fd: Option<OwnedFd>,
+    id: (u64, u64),
+}
+
+/// The per-user default directory; it depends only on the uid, so cron and a
+/// login shell find the same files.
+fn default_dir() -> PathBuf {
+    let uid = rustix::process::getuid().as_raw();
+    let run_lock = Path::new("/run/lock");
+    if rustix::fs::access(run_lock, rustix::fs::Access::WRITE_OK).is_ok() {
+        run_lock.join(format!("lockrun-{uid}"))
+    } else {
+        std::env::temp_dir().join(format!("lockrun-{uid}"))
+    }
+}
+
+/// Create the directory if needed and check that it is safe to trust.
+fn prepare_dir(given: Option<&Path>) -> Result<PathBuf, Failure> {
+    let dir = given.map(Path::to_path_buf).unwrap_or_else(default_dir);
+    let unusable = |why: String| fail(Kind::Unavailable, format!("lock directory {}: {why}", dir.display()));
+    match mkdir(&dir, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => return Err(unusable(format!("cannot create it: {e}"))),
+    }
+    if given.is_none() {
+        // A directory in a shared place must be ours alone: otherwise another
+        // user could pre-create it and hold or fake our locks.
+        let st = lstat(&dir).map_err(|e| unusable(e.to_string()))?;
+        let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+        if !is_dir {
+            return Err(unusable("not a directory (or a symbolic link)".into()));
+        }
+        if st.st_uid != rustix::process::getuid().as_raw() {
+            return Err(unusable("owned by another user".into()));
+        }
+        if st.st_mode & 0o077 != 0 {
+            return Err(unusable(format!(
+                "mode {:o} lets other users in; expected 700",
+                st.st_mode & 0o777
+            )));
+        }
+    } else if !dir.is_dir() {
+        return Err(unusable("not a directory".into()));
+    }
+    Ok(dir)
+}
+
+/// Encode a lock name into one safe file name: no `/`, no leading dot, bounded length.
+pub fn file_name(name: &str) -> String {
+    let mut out = String::new();
+    for (i, b) in name.bytes().enumerate() {
+        let plain = b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0);
+        if plain {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.len() > 200 {
+        // FNV-1a keeps long names distinct and stable across versions.
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in name.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        out.truncate(150);
+        out = format!("{out}~{h:016x}");
+    }
+    out + ".lock"
+}
+
+fn identity(st: &rustix::fs::Stat) -> (u64, u64) {
+    (st.st_dev, st.st_ino)
+}
+
+struct Record {
+    token: u64,
+    granted_ms: u64,
+    label: String,
+}
+
+fn read_record(fd: impl AsFd) -> Option<Record> {
+    let mut buf = [0u8; RECORD];
+    let n = rustix::io::pread(fd, &mut buf, 0).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    let mut token = None;
+    let mut granted_ms = None;
+    let mut label = None;
+    for field in text.trim_end().split(' ') {
+        if let Some(v) = field.strip_prefix("token=") {
+            token = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("granted_ms=") {
+            granted_ms = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("label=") {
+            label = Some(v.to_string());
+        }
+    }
+    Some(Record {
+        token: token?,
+        granted_ms: granted_ms.unwrap_or(0),
+        label: label.unwrap_or_default(),
+    })
+}
+
+fn now_since_epoch() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+}
+
+/// Next token: max(stored + 1, wall clock in µs), written in place in one write
+/// of fixed size, so a torn or lost write never makes tokens go backwards.
+fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
+    let now = now_since_epoch();
+    let stored = read_record(fd).map(|r| r.token).unwrap_or(0);
+    let token = (stored + 1).max(now.as_micros() as u64);
+    let label: String = label.chars().filter(|c| !c.is_whitespace()).take(180).collect();
+    let mut text = format!(
+        "token={token} granted_ms={} label={label}",
+        now.as_millis()
+    );
+    text.truncate(RECORD - 1);
+    let mut buf = [b' '; RECORD];
+    buf[..text.len()].copy_from_slice(text.as_bytes());
+    buf[RECORD - 1] = b'\n';
+    let n = rustix::io::pwrite(fd, &buf, 0)?;
+    if n != RECORD {
+        return Err(std::io::Error::other("short write of the token record"));
+    }
+    Ok(token)
+}
+
+/// Inodes on `dev` that /proc/locks shows under an exclusive flock, except `ours`.
+fn other_flocked_inodes(dev: u64, ours: u64) -> Vec<u64> {
+    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    let (maj, min) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a "->" marks a waiter).
+        if f.len() < 6 || f.contains(&"->") || f[1] != "FLOCK" || f[3] != "WRITE" {
+            continue;
+        }
+        let parts: Vec<&str> = f[5].split(':').collect();
+        if parts.len() != 3 {
+            continue;
+        }
+        let ok = u32::from_str_radix(parts[0], 16) == Ok(maj) && u32::from_str_radix(parts[1], 16) == Ok(min);
+        if let (true, Ok(ino)) = (ok, parts[2].parse::<u64>())
+            && ino != ours
+        {
+            out.push(ino);
+        }
+    }
+    out
+}
+
+/// Whether `ino` on `dev` is under an exclusive flock right now.
+fn is_flocked(dev: u64, ino: u64) -> bool {
+    other_flocked_inodes(dev, u64::MAX).contains(&ino)
+}
+
+/// A descriptor (reopened through /proc) of a deleted lock file for `path` that
+/// some process still holds locked: its holder must finish before we may run.
+fn find_orphan_holder(path: &Path, dev: u64, ours: u64) -> Option<OwnedFd> {
+    let candidates = other_flocked_inodes(dev, ours);
+    if candidates.is_empty() {
+        return None;
+    }
+    let mut deleted = path.as_os_str().as_bytes().to_vec();
+    deleted.extend_from_slice(b" (deleted)");
+    for proc_entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(fds) = std::fs::read_dir(proc_entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            if target.as_os_str().as_bytes() != deleted.as_slice() {
+                continue;
+            }
+            if let Ok(opened) = open(fd.path(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+                && let Ok(st) = fstat(&opened)
+                && st.st_dev == dev
+                && candidates.contains(&st.st_ino)
+            {
+                return Some(opened);
+            }
+        }
+    }
+    None
+}
+
+/// Block in flock(2) until it is ours, retrying interrupted calls.
+fn flock_blocking(fd: impl AsFd + Copy) -> std::io::Result<()> {
+    loop {
+        match flock(fd, FlockOperation::LockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+enum Try {
+    Locked,
+    Busy,
+    /// The file changed under us; start over.
+    Retry,
+}
+
+impl Local {
+    pub fn open(dir: Option<&Path>, name: &str, owner: Owner) -> Result<Local, Failure> {
+        let dir = prepare_dir(dir)?;
+        Ok(Local {
+            path: dir.join(file_name(name)),
+            name: name.to_string(),
+            owner,
+            fd: None,
+            id: (0, 0),
+        })
+    }
+
+    pub fn open_for_inspect(dir: Option<&Path>, name: &str) -> Result<Local, Failure> {
+        Local::open(
+            dir,
+            name,
+            Owner {
+                secret: String::new(),
+                label: String::new(),
+            },
+        )
+    }
+
+    fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> Failure {
+        fail(Kind::Unavailable, format!("{what} {}: {e}", self.path.display()))
+    }
+
+    /// True when this process runs inside the job that holds this very file.
+    fn inside_holder(&self, fd: &OwnedFd) -> bool {
+        let Some(n) = std::env::var("LOCKRUN_LOCK_FD").ok().and_then(|v| v.parse::<RawFd>().ok()) else {
+            return false;
+        };
+        // SAFETY: the descriptor number only lives for this call; fstat on a
+        // closed or foreign number just fails.
+        let inherited = unsafe { std::os::fd::BorrowedFd::borrow_raw(n) };
+        match (fstat(inherited), fstat(fd)) {
+            (Ok(a), Ok(b)) => identity(&a) == identity(&b),
+            _ => false,
+        }
+    }
+
+    fn try_lock(&mut self, wait: Wait, start: Boot) -> Result<Try, Failure> {
+        let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let (fd, created) = match open(&self.path, flags | OFlags::CREATE | OFlags::EXCL, Mode::from_raw_mode(0o666)) {
+            Ok(fd) => (fd, true),
+            Err(Errno::EXIST) => match open(&self.path, flags, Mode::empty()) {
+                Ok(fd) => (fd, false),
+                Err(Errno::NOENT) => return Ok(Try::Retry),
+                Err(e) => return Err(self.unavailable("cannot open lock file", e)),
+            },
+            Err(e) => return Err(self.unavailable("cannot create lock file", e)),
+        };
+        if self.inside_holder(&fd) {
+            return Err(fail(
+                Kind::Usage,
+                format!(
+                    "lock {} is held by the job this command runs in; waiting for it would deadlock",
+                    self.name
+                ),
+            ));
+        }
+        match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => {
+                let holder = read_record(&fd).map(|r| r.label);
+                if is_own_outer_holder(&self.name, holder.as_deref()) {
+                    return Err(fail(
+                        Kind::Usage,
+                        format!(
+                            "lock {} is held by the job this command runs in; waiting for it would deadlock",
+                            self.name
+                        ),
+                    ));
+                }
+                match wait {
+                    Wait::No => return Ok(Try::Busy),
+                    Wait::Forever => {
+                        log::info(format!("{} is held by {}; waiting", self.name, holder.as_deref().unwrap_or("someone")));
+                        flock_blocking(&fd).map_err(|e| self.unavailable("locking", e))?;
+                    }
+                    Wait::For(d) => {
+                        let left = start.add(d).since(Boot::now());
+                        if left.is_zero() || !self.lock_within(&fd, left)? {
+                            return Ok(Try::Busy);
+                        }
+                    }
+                }
+            }
+            Err(e) => return Err(self.unavailable("cannot lock", e)),
+        }
+        // The path must still name the file we locked: a file deleted or
+        // replaced meanwhile would let someone else lock the new one.
+        let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", e))?;
+        match stat(&self.path) {
+            Ok(now) if identity(&now) == identity(&ours) => {}
+            _ => return Ok(Try::Retry),
+        }
+        if created {
+            // A fresh file may replace a deleted one whose holder still runs.
+            while let Some(orphan) = find_orphan_holder(&self.path, ours.st_dev, ours.st_ino) {
+                log::info(format!(
+                    "{} was deleted while held; waiting for its holder to finish",
+                    self.path.display()
+                ));
+                flock_blocking(&orphan).map_err(|e| self.unavailable("locking", e))?;
+            }
+        }
+        self.id = identity(&ours);
+        self.fd = Some(fd);
+        Ok(Try::Locked)
+    }
+
+    /// flock with a time limit: a helper thread blocks in flock on a duplicate of
+    /// the same open file (the lock belongs to it). On timeout the process is
+    /// about to exit, which ends the helper and drops any lock it got.
+    fn lock_within(&self, fd: &OwnedFd, limit: Duration) -> Result<bool, Failure> {
+        let dup = fd.try_clone().map_err(|e| self.unavailable("dup", e))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(flock_blocking(&dup));
+        });
+        match rx.recv_timeout(limit) {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(e)) => Err(self.unavailable("locking", e)),
+            Err(_) => Ok(false),
+        }
+    }
+}
+
+impl Backend for Local {
+    fn acquire(&mut self, wait: Wait) -> Result<Acquired, Failure> {
+        let start = Boot::now();
+        // Bounded: each retry means the file was deleted or replaced meanwhile.
+        for _ in 0..100 {
+            match self.try_lock(wait, start)? {
+                Try::Locked => {
+                    let fd = self.fd.as_ref().expect("locked");
+                    let t_send = Boot::now();
+                    let token = write_token(fd, &self.owner.label)
+                        .map_err(|e| self.unavailable("writing the token to", e))?;
+                    log::info(format!(
+                        "acquired {} with token {token} after {:.1?}",
+                        self.name,
+                        Boot::now().since(start)
+                    ));
+                    return Ok(Acquired::Granted(Grant { token, t_send }));
+                }
+                Try::Busy => {
+                    let holder = std::fs::File::open(&self.path)
+                        .ok()
+                        .and_then(|f| read_record(&f))
+                        .map(|r| r.label)
+                        .filter(|l| !l.is_empty());
+                    return Ok(Acquired::Busy { holder });
+                }
+                Try::Retry => continue,
+            }
+        }
+        Err(fail(
+            Kind::Unavailable,
+            format!("lock file {} keeps changing under us", self.path.display()),
+        ))
+    }
+
+    fn renewer(&mut self) -> anyhow::Result<Box<dyn Renewer>> {
+        Ok(Box::new(LocalRenewer {
+            path: self.path.clone(),
+            id: self.id,
+        }))
+    }
+
+    fn release(&mut self) -> anyhow::Result<bool> {
+        // Closing (not LOCK_UN) releases only when no process of the job still
+        // holds the inherited descriptor: the safe side if one escaped.
+        let still_ours = matches!(stat(&self.path), Ok(st) if identity(&st) == self.id);
+        self.fd = None;
+        log::info(format!("released {}", self.name));
+        Ok(still_ours)
+    }
+
+    fn job_fd(&self) -> Option<RawFd> {
+        self.fd.as_ref().map(|fd| fd.as_raw_fd())
+    }
+}
+
+impl Inspect for Local {
+    fn inspect(&mut self) -> Result<Option<Holder>, Failure> {
+        // Read-only: a probing flock could make a concurrent `-n` fail.
+        let file = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.unavailable("cannot read", e)),
+        };
+        let st = fstat(&file).map_err(|e| self.unavailable("fstat", e))?;
+        if !is_flocked(st.st_dev, st.st_ino) {
+            return Ok(None);
+        }
+        let rec = read_record(&file);
+        let now_ms = now_since_epoch().as_millis() as u64;
+        Ok(Some(Holder {
+            label: rec.as_ref().map(|r| r.label.clone()).filter(|l| !l.is_empty()),
+            token: rec.as_ref().map(|r| r.token),
+            ttl_left: None,
+            held_for: rec
+                .as_ref()
+                .filter(|r| r.granted_ms > 0 && r.granted_ms <= now_ms)
+                .map(|r| Duration::from_millis(now_ms - r.granted_ms)),
+            revoked: false,
+        }))
+    }
+
+    fn force_release(&mut self, _force: Force) -> Result<Option<Holder>, Failure> {
+        Err(fail(
+            Kind::Usage,
+            "release --force is not available on the local backend: flock locks end only \
+             with their holder; stop the holder's process instead",
+        ))
+    }
+}
+
+struct LocalRenewer {
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl Renewer for LocalRenewer {
+    fn renew(&mut self) -> anyhow::Result<bool> {
+        // The flock cannot expire; the lease is lost only if the path stops
+        // naming our file, since a new file there would admit a second holder.
+        Ok(matches!(stat(&self.path), Ok(st) if identity(&st) == self.id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_stay_inside_the_directory() {
+        for name in ["../../x", "a/b", ".", "..", ".hidden", "/etc/passwd"] {
+            let f = file_name(name);
+            assert!(!f.contains('/'), "{f}");
+            assert!(!f.starts_with('.'), "{f}");
+        }
+        assert_eq!(file_name("nightly-report"), "nightly-report.lock");
+        assert_ne!(file_name("a/b"), file_name("a%2Fb"));
+    }
+
+    #[test]
+    fn long_names_are_bounded_and_distinct() {
+        let a = file_name(&"x".repeat(1000));
+        let b = file_name(&format!("{}y", "x".repeat(999)));
+        assert!(a.len() < 255 && b.len() < 255);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn tokens_grow_and_survive_a_torn_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.path().join("t"))
+            .unwrap();
+        let a = write_token(&f, "h:1").unwrap();
+        let b = write_token(&f, "h:2").unwrap();
+        assert!(b > a);
+        assert_eq!(read_record(&f).unwrap().label, "h:2");
+        rustix::io::pwrite(&f, b"XXXXXX", 0).unwrap();
+        let c = write_token(&f, "h:3").unwrap();
+        assert!(c > 0);
+    }
+
+    #[test]
+    fn the_file_name_is_an_os_str() {
+        assert_eq!(file_name("a b"), "a%20b.lock");
+    }
+}

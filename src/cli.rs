@@ -1,0 +1,194 @@
+//! The command line, as clap derive definitions; the doc comments are the help text.
+//! Values stay raw strings here and are validated once, in `config`.
+
+use std::ffi::OsString;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Run a command while holding a named lease, so that only one copy runs at a
+/// time across many machines.
+///
+/// Without --url, the lock is local to this machine (flock on a file). With a
+/// redis:// or rediss:// URL, the lease lives in Redis and is renewed while the
+/// job runs; the job is stopped before the lease could lapse. The job gets a
+/// fencing token in LOCKRUN_TOKEN that grows with every grant.
+///
+/// To run a job under a lock named like a subcommand, put `--` before the name:
+/// `lockrun -- status -- ./job`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockrun",
+    version,
+    subcommand_negates_reqs = true,
+    after_help = "Exit codes: the job's own code; 128+N if it died of signal N; \
+75 not acquired (-E); 76 lease lost, job stopped; 64 usage; 69 backend unreachable; \
+70 internal; 126 not executable; 127 not found."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub subcommand: Option<Sub>,
+
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// Print a shell completion script or the man page to stdout.
+    #[arg(long, hide = true, value_name = "KIND", exclusive = true)]
+    pub generate: Option<Generate>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Generate {
+    Man,
+    Bash,
+    Zsh,
+    Fish,
+    Elvish,
+    Powershell,
+}
+
+/// Where the lock lives and how lockrun talks; shared by every subcommand.
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or
+    /// file:///dir. Default: a per-user directory on this machine.
+    #[arg(short = 'u', long, env = "LOCKRUN_URL", global = true, hide_env_values = true)]
+    pub url: Option<String>,
+
+    /// CA certificate file (PEM) to verify a rediss:// server with.
+    #[arg(long, env = "LOCKRUN_TLS_CA", value_name = "PATH", global = true)]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// Key namespace in Redis.
+    #[arg(long, env = "LOCKRUN_PREFIX", default_value = "lockrun:", global = true)]
+    pub prefix: String,
+
+    /// Timestamped progress on stderr (-vv also shows every renewal).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "quiet")]
+    pub verbose: u8,
+
+    /// Print only errors.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+/// Options of the main form: `lockrun [OPTIONS] NAME [--] COMMAND [ARGS]...`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Name of the lock.
+    #[arg(required = true)]
+    pub name: Option<String>,
+
+    /// Command to run and its arguments.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND",
+        required_unless_present = "command",
+        conflicts_with = "command"
+    )]
+    pub args: Vec<OsString>,
+
+    /// Run this string with /bin/sh -c.
+    #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]
+    pub command: Option<OsString>,
+
+    /// Lease length, e.g. 500ms, 30s, 2m, "1h 30m".
+    #[arg(short, long, env = "LOCKRUN_TTL", default_value = "30s", value_name = "DUR")]
+    pub ttl: String,
+
+    /// Give up at once if the lock is held.
+    #[arg(short, long, conflicts_with = "wait")]
+    pub no_wait: bool,
+
+    /// Give up after waiting this long for the lock (default: wait forever).
+    #[arg(short, long, value_name = "DUR")]
+    pub wait: Option<String>,
+
+    /// Exit code when the lock was not acquired.
+    #[arg(short = 'E', long, value_name = "N", default_value_t = crate::exit::NOT_ACQUIRED.to_string())]
+    pub conflict_exit_code: String,
+
+    /// Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10).
+    #[arg(long, value_name = "DUR")]
+    pub kill_after: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Sub {
+    /// Show whether NAME is held, by whom, with which token and how long is left.
+    /// Exit 0 held, 1 free, 69 backend unreachable.
+    Status {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Name of the lock.
+        name: String,
+    },
+    /// Break a lock (operators). By default the holder is revoked: its job is
+    /// stopped at its next renewal and new grants wait until the old lease would
+    /// have expired, so no two jobs overlap.
+    /// Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable.
+    Release {
+        /// Required: breaking a lock someone holds is deliberate.
+        #[arg(long)]
+        force: bool,
+        /// Act only if the current token is T.
+        #[arg(long, value_name = "T")]
+        token: Option<String>,
+        /// Delete the lease at once and wake a waiter. Unsafe without fencing:
+        /// the old job may still be running when the next one starts.
+        #[arg(long)]
+        now: bool,
+        /// Name of the lock.
+        name: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(args).unwrap()
+    }
+
+    #[test]
+    fn main_form_takes_a_command_after_the_name() {
+        let cli = parse(&["lockrun", "job", "--", "echo", "-n", "hi"]);
+        assert_eq!(cli.run.name.as_deref(), Some("job"));
+        assert_eq!(cli.run.args, ["echo", "-n", "hi"]);
+        let cli = parse(&["lockrun", "-n", "job", "sh", "-c", "x"]);
+        assert!(cli.run.no_wait);
+        assert_eq!(cli.run.args, ["sh", "-c", "x"]);
+    }
+
+    #[test]
+    fn a_lock_can_be_named_like_a_subcommand() {
+        let cli = parse(&["lockrun", "--", "status", "--", "true"]);
+        assert!(cli.subcommand.is_none());
+        assert_eq!(cli.run.name.as_deref(), Some("status"));
+        assert_eq!(cli.run.args, ["--", "true"]);
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        let cli = parse(&["lockrun", "status", "--json", "job"]);
+        assert!(matches!(cli.subcommand, Some(Sub::Status { json: true, .. })));
+        let cli = parse(&["lockrun", "--url", "redis://h", "release", "--force", "job"]);
+        assert!(matches!(cli.subcommand, Some(Sub::Release { force: true, .. })));
+    }
+
+    #[test]
+    fn no_wait_conflicts_with_wait() {
+        assert!(Cli::try_parse_from(["lockrun", "-n", "-w", "1s", "x", "true"]).is_err());
+    }
+}

@@ -1,0 +1,293 @@
+//! Turns the raw command line into a validated configuration, once, before
+//! anything is contacted: every refusal here is exit 64 with one line.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cli::{BackendArgs, RunArgs};
+use crate::exit::{Failure, Kind, fail};
+use crate::lease::Timing;
+
+/// Where locks live.
+#[derive(Debug, Clone)]
+pub enum BackendSpec {
+    /// `flock(2)` files in a directory; `None` means the per-user default.
+    Local { dir: Option<PathBuf> },
+    Redis(RedisSpec),
+}
+
+#[derive(Debug, Clone)]
+pub struct RedisSpec {
+    /// The URL as given, handed to the redis crate; holds the password, never printed.
+    pub url: String,
+    /// The URL with any password replaced, for messages.
+    pub display: String,
+    pub password: Option<String>,
+    pub tls: bool,
+    pub insecure: bool,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    No,
+    For(Duration),
+    Forever,
+}
+
+#[derive(Debug, Clone)]
+pub struct Common {
+    pub backend: BackendSpec,
+    pub prefix: String,
+    pub verbosity: u8,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub common: Common,
+    pub name: String,
+    pub timing: Timing,
+    pub wait: Wait,
+    pub conflict_code: u8,
+    pub command: Vec<OsString>,
+}
+
+fn usage(msg: impl std::fmt::Display) -> Failure {
+    fail(Kind::Usage, msg)
+}
+
+/// Parse a humantime duration, naming the option in the error.
+pub fn parse_duration(what: &str, s: &str) -> Result<Duration, Failure> {
+    humantime::parse_duration(s.trim()).map_err(|e| {
+        usage(format!(
+            "invalid {what} {s:?}: {e}; expected a duration such as 500ms, 30s, 2m or \"1h 30m\""
+        ))
+    })
+}
+
+pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
+    let backend = match args.url.as_deref() {
+        None | Some("") => BackendSpec::Local { dir: None },
+        Some(url) => parse_url(url, args.tls_ca.clone())?,
+    };
+    if matches!(backend, BackendSpec::Local { .. }) && args.tls_ca.is_some() {
+        return Err(usage("--tls-ca only applies to a rediss:// URL"));
+    }
+    if args.prefix.contains(['{', '}']) {
+        return Err(usage(format!(
+            "invalid --prefix {:?}: it may not contain '{{' or '}}' (the lock name is the hash tag)",
+            args.prefix
+        )));
+    }
+    let verbosity = if args.quiet { 0 } else { 1 + args.verbose };
+    Ok(Common {
+        backend,
+        prefix: args.prefix.clone(),
+        verbosity,
+    })
+}
+
+fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<BackendSpec, Failure> {
+    let expected = "expected redis://[user][:pass@]host[:port][/db], rediss://… or file:///dir";
+    // Never echo the raw URL: it may hold a password.
+    let url = url::Url::parse(raw).map_err(|e| usage(format!("invalid --url: {e}; {expected}")))?;
+    let mut shown = url.clone();
+    if url.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    let display = shown.to_string();
+    match url.scheme() {
+        "file" => {
+            if url.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+                return Err(usage(format!(
+                    "invalid --url {display}: a file URL names a local directory, file:///dir"
+                )));
+            }
+            let dir = url
+                .to_file_path()
+                .map_err(|()| usage(format!("invalid --url {display}: {expected}")))?;
+            if ca_file.is_some() {
+                return Err(usage("--tls-ca only applies to a rediss:// URL"));
+            }
+            Ok(BackendSpec::Local { dir: Some(dir) })
+        }
+        "redis" | "rediss" => {
+            if url.host_str().is_none_or(str::is_empty) {
+                return Err(usage(format!(
+                    "invalid --url {display}: missing host; {expected}"
+                )));
+            }
+            let db = url.path().trim_matches('/');
+            if !db.is_empty() && db.parse::<u32>().is_err() {
+                return Err(usage(format!(
+                    "invalid --url {display}: database {db:?} is not a number; {expected}"
+                )));
+            }
+            let tls = url.scheme() == "rediss";
+            let insecure = match url.fragment() {
+                None => false,
+                Some("insecure") if tls => true,
+                Some(_) => {
+                    return Err(usage(format!(
+                        "invalid --url {display}: the only fragment accepted is #insecure, on rediss://"
+                    )));
+                }
+            };
+            if url.query().is_some() {
+                return Err(usage(format!(
+                    "invalid --url {display}: query parameters are not supported; {expected}"
+                )));
+            }
+            if !tls && ca_file.is_some() {
+                return Err(usage("--tls-ca only applies to a rediss:// URL"));
+            }
+            let password = url.password().map(|p| {
+                url::form_urlencoded::parse(format!("p={p}").as_bytes())
+                    .next()
+                    .map(|(_, v)| v.into_owned())
+                    .unwrap_or_default()
+            });
+            Ok(BackendSpec::Redis(RedisSpec {
+                url: raw.to_string(),
+                display,
+                password,
+                tls,
+                insecure,
+                ca_file,
+            }))
+        }
+        other => Err(usage(format!(
+            "invalid --url: unknown scheme {other:?}; {expected}"
+        ))),
+    }
+}
+
+/// A lock name must be printable and, on Redis, free of hash-tag braces.
+pub fn check_name(name: &str, backend: &BackendSpec) -> Result<(), Failure> {
+    if name.is_empty() {
+        return Err(usage("the lock name is empty; give a name such as nightly-report"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(usage(format!(
+            "invalid lock name {name:?}: control characters are not allowed"
+        )));
+    }
+    if matches!(backend, BackendSpec::Redis(_)) && name.contains(['{', '}']) {
+        return Err(usage(format!(
+            "invalid lock name {name:?}: '{{' and '}}' are not allowed on Redis (the name is the key's hash tag)"
+        )));
+    }
+    Ok(())
+}
+
+pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Failure> {
+    let common = common(backend)?;
+    let name = run.name.clone().unwrap_or_default();
+    check_name(&name, &common.backend)?;
+
+    let ttl = parse_duration("--ttl", &run.ttl)?;
+    let kill_after = run
+        .kill_after
+        .as_deref()
+        .map(|s| parse_duration("--kill-after", s))
+        .transpose()?;
+    let timing = Timing::new(ttl, kill_after).map_err(usage)?;
+
+    let wait = match (run.no_wait, run.wait.as_deref()) {
+        (true, Some(_)) => return Err(usage("-n/--no-wait and -w/--wait exclude each other")),
+        (true, None) => Wait::No,
+        (false, Some(s)) => Wait::For(parse_duration("--wait", s)?),
+        (false, None) => Wait::Forever,
+    };
+
+    let conflict_code = match run.conflict_exit_code.trim().parse::<u8>() {
+        Ok(76) => {
+            return Err(usage(
+                "-E 76 is not allowed: 76 means the lease was lost; pick another code from 1 to 255",
+            ));
+        }
+        Ok(0) | Err(_) => {
+            return Err(usage(format!(
+                "invalid -E {:?}: expected an exit code from 1 to 255 (not 76)",
+                run.conflict_exit_code
+            )));
+        }
+        Ok(n) => n,
+    };
+
+    let command = match &run.command {
+        Some(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+        None => {
+            // `lockrun -- NAME -- cmd`: clap keeps the second `--` as an argument.
+            let mut args = run.args.clone();
+            if args.first().is_some_and(|a| a == "--") {
+                args.remove(0);
+            }
+            args
+        }
+    };
+    if command.is_empty() || command[0].is_empty() {
+        return Err(usage("no command given; usage: lockrun NAME -- COMMAND [ARGS]..."));
+    }
+
+    Ok(RunConfig {
+        common,
+        name,
+        timing,
+        wait,
+        conflict_code,
+        command,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(url: &str) -> Result<BackendSpec, Failure> {
+        parse_url(url, None)
+    }
+
+    #[test]
+    fn urls_are_validated() {
+        assert!(matches!(spec("redis://127.0.0.1:6379/2"), Ok(BackendSpec::Redis(_))));
+        assert!(matches!(spec("rediss://h#insecure"), Ok(BackendSpec::Redis(r)) if r.insecure));
+        assert!(matches!(spec("file:///tmp/x"), Ok(BackendSpec::Local { dir: Some(_) })));
+        for bad in ["http://h", "redis://", "redis://h/x", "redis://h#insecure", "nonsense", "file://h/x"] {
+            let e = spec(bad).unwrap_err();
+            assert_eq!(e.kind, Kind::Usage, "{bad}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        let BackendSpec::Redis(r) = spec("redis://u:s3cret@h:1/0").unwrap() else {
+            panic!()
+        };
+        assert!(!r.display.contains("s3cret"));
+        assert_eq!(r.password.as_deref(), Some("s3cret"));
+        let e = spec("redis://u:s3cret@h:1/zz").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = spec("foo://u:s3cret@h").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let redis = spec("redis://h").unwrap();
+        let local = BackendSpec::Local { dir: None };
+        assert!(check_name("", &local).is_err());
+        assert!(check_name("a\nb", &local).is_err());
+        assert!(check_name("a{b}", &redis).is_err());
+        assert!(check_name("a{b}", &local).is_ok());
+        assert!(check_name("../../x", &local).is_ok());
+    }
+
+    #[test]
+    fn durations_name_the_option() {
+        let e = parse_duration("--ttl", "ten seconds").unwrap_err();
+        assert!(e.to_string().contains("--ttl"));
+        assert_eq!(parse_duration("--ttl", "1h 30m").unwrap(), Duration::from_secs(5400));
+    }
+}
