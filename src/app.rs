@@ -109,7 +109,10 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
 
     let released = backend.release();
     if let Some(reason) = outcome.lost {
-        log::alert(format!("lease on {} was lost ({reason}); the job was stopped", cfg.name));
+        log::alert(format!(
+            "lease on {} was lost ({reason}); the job was stopped",
+            cfg.name
+        ));
         return Ok(Finish::Exit(exit::LEASE_LOST));
     }
     match released {
@@ -139,7 +142,10 @@ fn human(d: Duration) -> String {
 }
 
 fn describe_holder(h: &Holder) -> String {
-    let mut parts = vec![format!("held by {}", h.label.as_deref().unwrap_or("unknown"))];
+    let mut parts = vec![format!(
+        "held by {}",
+        h.label.as_deref().unwrap_or("unknown")
+    )];
     if let Some(t) = h.token {
         parts.push(format!("token {t}"));
     }
@@ -213,9 +219,12 @@ fn release(
     }
     let token = token
         .map(|t| {
-            t.trim()
-                .parse::<u64>()
-                .map_err(|_| fail(Kind::Usage, format!("invalid --token {t:?}: expected a number")))
+            t.trim().parse::<u64>().map_err(|_| {
+                fail(
+                    Kind::Usage,
+                    format!("invalid --token {t:?}: expected a number"),
+                )
+            })
         })
         .transpose()?;
     setup_logging(&common);
@@ -235,7 +244,9 @@ fn release(
             } else {
                 format!(
                     "revoked; its job stops at its next renewal, new grants wait {}",
-                    h.ttl_left.map(human).unwrap_or_else(|| "until it expires".into())
+                    h.ttl_left
+                        .map(human)
+                        .unwrap_or_else(|| "until it expires".into())
                 )
             };
             let _ = writeln!(

@@ -54,7 +54,13 @@ pub enum Generate {
 pub struct BackendArgs {
     /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or
     /// file:///dir. Default: a per-user directory on this machine.
-    #[arg(short = 'u', long, env = "LOCKRUN_URL", global = true, hide_env_values = true)]
+    #[arg(
+        short = 'u',
+        long,
+        env = "LOCKRUN_URL",
+        global = true,
+        hide_env_values = true
+    )]
     pub url: Option<String>,
 
     /// CA certificate file (PEM) to verify a rediss:// server with.
@@ -62,7 +68,12 @@ pub struct BackendArgs {
     pub tls_ca: Option<std::path::PathBuf>,
 
     /// Key namespace in Redis.
-    #[arg(long, env = "LOCKRUN_PREFIX", default_value = "lockrun:", global = true)]
+    #[arg(
+        long,
+        env = "LOCKRUN_PREFIX",
+        default_value = "lockrun:",
+        global = true
+    )]
     pub prefix: String,
 
     /// Timestamped progress on stderr (-vv also shows every renewal).
@@ -96,7 +107,13 @@ pub struct RunArgs {
     pub command: Option<OsString>,
 
     /// Lease length, e.g. 500ms, 30s, 2m, "1h 30m".
-    #[arg(short, long, env = "LOCKRUN_TTL", default_value = "30s", value_name = "DUR")]
+    #[arg(
+        short,
+        long,
+        env = "LOCKRUN_TTL",
+        default_value = "30s",
+        value_name = "DUR"
+    )]
     pub ttl: String,
 
     /// Give up at once if the lock is held.
@@ -182,9 +199,15 @@ mod tests {
     #[test]
     fn subcommands_parse() {
         let cli = parse(&["lockrun", "status", "--json", "job"]);
-        assert!(matches!(cli.subcommand, Some(Sub::Status { json: true, .. })));
+        assert!(matches!(
+            cli.subcommand,
+            Some(Sub::Status { json: true, .. })
+        ));
         let cli = parse(&["lockrun", "--url", "redis://h", "release", "--force", "job"]);
-        assert!(matches!(cli.subcommand, Some(Sub::Release { force: true, .. })));
+        assert!(matches!(
+            cli.subcommand,
+            Some(Sub::Release { force: true, .. })
+        ));
     }
 
     #[test]

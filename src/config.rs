@@ -13,7 +13,9 @@ use crate::lease::Timing;
 #[derive(Debug, Clone)]
 pub enum BackendSpec {
     /// `flock(2)` files in a directory; `None` means the per-user default.
-    Local { dir: Option<PathBuf> },
+    Local {
+        dir: Option<PathBuf>,
+    },
     Redis(RedisSpec),
 }
 
@@ -99,7 +101,10 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<BackendSpec, Failure
     let display = shown.to_string();
     match url.scheme() {
         "file" => {
-            if url.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+            if url
+                .host_str()
+                .is_some_and(|h| !h.is_empty() && h != "localhost")
+            {
                 return Err(usage(format!(
                     "invalid --url {display}: a file URL names a local directory, file:///dir"
                 )));
@@ -166,7 +171,9 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<BackendSpec, Failure
 /// A lock name must be printable and, on Redis, free of hash-tag braces.
 pub fn check_name(name: &str, backend: &BackendSpec) -> Result<(), Failure> {
     if name.is_empty() {
-        return Err(usage("the lock name is empty; give a name such as nightly-report"));
+        return Err(usage(
+            "the lock name is empty; give a name such as nightly-report",
+        ));
     }
     if name.chars().any(char::is_control) {
         return Err(usage(format!(
@@ -228,7 +235,9 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         }
     };
     if command.is_empty() || command[0].is_empty() {
-        return Err(usage("no command given; usage: lockrun NAME -- COMMAND [ARGS]..."));
+        return Err(usage(
+            "no command given; usage: lockrun NAME -- COMMAND [ARGS]...",
+        ));
     }
 
     Ok(RunConfig {
@@ -251,10 +260,23 @@ mod tests {
 
     #[test]
     fn urls_are_validated() {
-        assert!(matches!(spec("redis://127.0.0.1:6379/2"), Ok(BackendSpec::Redis(_))));
+        assert!(matches!(
+            spec("redis://127.0.0.1:6379/2"),
+            Ok(BackendSpec::Redis(_))
+        ));
         assert!(matches!(spec("rediss://h#insecure"), Ok(BackendSpec::Redis(r)) if r.insecure));
-        assert!(matches!(spec("file:///tmp/x"), Ok(BackendSpec::Local { dir: Some(_) })));
-        for bad in ["http://h", "redis://", "redis://h/x", "redis://h#insecure", "nonsense", "file://h/x"] {
+        assert!(matches!(
+            spec("file:///tmp/x"),
+            Ok(BackendSpec::Local { dir: Some(_) })
+        ));
+        for bad in [
+            "http://h",
+            "redis://",
+            "redis://h/x",
+            "redis://h#insecure",
+            "nonsense",
+            "file://h/x",
+        ] {
             let e = spec(bad).unwrap_err();
             assert_eq!(e.kind, Kind::Usage, "{bad}");
         }
@@ -288,6 +310,9 @@ mod tests {
     fn durations_name_the_option() {
         let e = parse_duration("--ttl", "ten seconds").unwrap_err();
         assert!(e.to_string().contains("--ttl"));
-        assert_eq!(parse_duration("--ttl", "1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(
+            parse_duration("--ttl", "1h 30m").unwrap(),
+            Duration::from_secs(5400)
+        );
     }
 }

@@ -1,9 +1,9 @@
 //! Lease timing and the watchdog that renews a lease in the background.
 //! Every lease time is on CLOCK_BOOTTIME, which keeps counting through suspend.
 
+use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::time::{
-    ClockId, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec,
-    clock_gettime, timerfd_create, timerfd_settime,
+    ClockId, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec, clock_gettime,
+    timerfd_create, timerfd_settime,
 };
 
 /// A point on CLOCK_BOOTTIME, as the time since boot.
@@ -150,10 +150,16 @@ impl Deadline {
 /// What the watchdog tells the supervisor.
 #[derive(Debug)]
 pub enum Event {
-    Renewed { took: Duration },
-    Retrying { error: String },
+    Renewed {
+        took: Duration,
+    },
+    Retrying {
+        error: String,
+    },
     /// Final: the supervisor must stop the job.
-    Lost { reason: String },
+    Lost {
+        reason: String,
+    },
 }
 
 /// A timer on CLOCK_BOOTTIME that can be waited on together with other descriptors.
@@ -171,9 +177,16 @@ impl BootTimer {
     /// Arm for an absolute boot time (an instant in the past fires at once).
     pub fn arm(&self, at: Boot) -> std::io::Result<()> {
         // A zero it_value would disarm the timer; the earliest instant is 1 ns.
-        let value = if at.0.is_zero() { Duration::from_nanos(1) } else { at.0 };
+        let value = if at.0.is_zero() {
+            Duration::from_nanos(1)
+        } else {
+            at.0
+        };
         let spec = Itimerspec {
-            it_interval: Timespec { tv_sec: 0, tv_nsec: 0 },
+            it_interval: Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
             it_value: Timespec {
                 tv_sec: value.as_secs() as i64,
                 tv_nsec: value.subsec_nanos() as i64,
@@ -252,7 +265,14 @@ impl Watchdog {
                     // Non-blocking: a full wake socket already means "look".
                     let _ = wake.write(&[1]);
                 };
-                run(&mut *renewer, &timing, &deadline, &timer, stop_rx.as_fd(), &mut send);
+                run(
+                    &mut *renewer,
+                    &timing,
+                    &deadline,
+                    &timer,
+                    stop_rx.as_fd(),
+                    &mut send,
+                );
             })?;
         Ok(Watchdog {
             stop: Some(stop_tx),
@@ -354,7 +374,10 @@ mod tests {
         let min = Timing::min_ttl(None);
         assert!(Timing::new(min, None).is_ok());
         let e = Timing::new(min - ms(1), None).unwrap_err();
-        assert!(e.contains(&humantime::format_duration(min).to_string()), "{e}");
+        assert!(
+            e.contains(&humantime::format_duration(min).to_string()),
+            "{e}"
+        );
         assert!(Timing::new(Duration::ZERO, None).is_err());
         // A long grace needs a long ttl.
         assert!(Timing::new(Duration::from_secs(10), Some(Duration::from_secs(8))).is_err());

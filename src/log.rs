@@ -30,7 +30,10 @@ pub fn level() -> u8 {
 /// Never print this string (a password, the owner value).
 pub fn add_secret(s: &str) {
     if !s.is_empty() {
-        SECRETS.lock().unwrap_or_else(|e| e.into_inner()).push(s.to_string());
+        SECRETS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(s.to_string());
     }
 }
 
@@ -128,6 +131,9 @@ mod tests {
     #[test]
     fn secrets_are_scrubbed() {
         add_secret("hunter2");
-        assert_eq!(scrub("redis://u:hunter2@h failed"), "redis://u:***@h failed");
+        assert_eq!(
+            scrub("redis://u:hunter2@h failed"),
+            "redis://u:***@h failed"
+        );
     }
 }

@@ -146,20 +146,37 @@ impl Signals {
     fn install(wake: &UnixStream, ignored: u64) -> std::io::Result<Signals> {
         let mut flags = HashMap::new();
         let mut ids = Vec::new();
-        for sig in FORWARDED.iter().chain(JOB_CONTROL.iter()).chain([libc::SIGCHLD].iter()) {
+        // SAFETY: sigset manipulation on a local.
+        let mut unblock: libc::sigset_t = unsafe { std::mem::zeroed() };
+        unsafe { libc::sigemptyset(&mut unblock) };
+        for sig in FORWARDED
+            .iter()
+            .chain(JOB_CONTROL.iter())
+            .chain([libc::SIGCHLD].iter())
+        {
             if is_ignored(ignored, *sig) {
                 continue;
             }
+            // A signal blocked when lockrun started could never be forwarded.
+            unsafe { libc::sigaddset(&mut unblock, *sig) };
             let flag = Arc::new(AtomicBool::new(false));
             ids.push(signal_hook::flag::register(*sig, Arc::clone(&flag))?);
-            ids.push(signal_hook::low_level::pipe::register(*sig, wake.try_clone()?)?);
+            ids.push(signal_hook::low_level::pipe::register(
+                *sig,
+                wake.try_clone()?,
+            )?);
             flags.insert(*sig, flag);
         }
+        // SAFETY: changes only this thread's mask; the helper threads are
+        // started later and inherit it.
+        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &unblock, std::ptr::null_mut()) };
         Ok(Signals { flags, ids })
     }
 
     fn take(&self, sig: i32) -> bool {
-        self.flags.get(&sig).is_some_and(|f| f.swap(false, Ordering::SeqCst))
+        self.flags
+            .get(&sig)
+            .is_some_and(|f| f.swap(false, Ordering::SeqCst))
     }
 }
 
@@ -184,8 +201,8 @@ fn spawn(job: &Job, ignored: u64, tty: Option<&Tty>) -> Result<std::process::Chi
     let inherit = job.inherit_fd;
     let tty_fd = tty.map(|t| t.fd);
     let keep_ttou_ignored = is_ignored(ignored, libc::SIGTTOU);
-    // SAFETY: only async-signal-safe syscalls (prctl, getppid, fcntl, signal,
-    // tcsetpgrp, getpid) run between fork and exec.
+    // SAFETY: only async-signal-safe calls (prctl, getppid, sigemptyset,
+    // pthread_sigmask, fcntl, signal, tcsetpgrp, getpid) run between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             // Die with lockrun: the death signal is tied to the spawning thread,
@@ -197,6 +214,10 @@ fn spawn(job: &Job, ignored: u64, tty: Option<&Tty>) -> Result<std::process::Chi
                 // lockrun died before the death signal was armed.
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
+            // The job starts with an empty signal mask, whatever lockrun inherited.
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             if let Some(fd) = inherit
                 && libc::fcntl(fd, libc::F_SETFD, 0) != 0
             {
@@ -243,7 +264,10 @@ fn wait_for(wake: BorrowedFd<'_>, timer: &BootTimer, at: Option<Boot>) {
         && timer.arm(at).is_err()
     {
         // Fall back to a short poll so deadlines are still checked.
-        let ts = rustix::time::Timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+        let ts = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 10_000_000,
+        };
         let mut fds = [PollFd::from_borrowed_fd(wake, PollFlags::IN)];
         let _ = poll(&mut fds, Some(&ts));
         return;
@@ -308,7 +332,9 @@ pub fn run(
         loop {
             match ev_rx.try_recv() {
                 Ok(Event::Renewed { took }) => log::debug(format!("renewed in {took:.1?}")),
-                Ok(Event::Retrying { error }) => log::info(format!("renewal failed: {error}; retrying")),
+                Ok(Event::Retrying { error }) => {
+                    log::info(format!("renewal failed: {error}; retrying"))
+                }
                 Ok(Event::Lost { reason }) => {
                     if lost.is_none() {
                         lost = Some((reason, now));
@@ -327,8 +353,14 @@ pub fn run(
         {
             // Started only when the job outlives the first renewal interval:
             // short jobs never pay for the thread.
-            let w = Watchdog::spawn(r, timing, Arc::clone(&deadline), ev_tx.clone(), wake_tx.try_clone().kind(Kind::Internal)?)
-                .kind(Kind::Internal)?;
+            let w = Watchdog::spawn(
+                r,
+                timing,
+                Arc::clone(&deadline),
+                ev_tx.clone(),
+                wake_tx.try_clone().kind(Kind::Internal)?,
+            )
+            .kind(Kind::Internal)?;
             watchdog = Some(w);
         }
 
@@ -339,7 +371,9 @@ pub fn run(
             if let Some(mut w) = watchdog.take() {
                 w.stop();
             }
-            let at = since.add(timing.grace).min(deadline.get().sub(timing.slack));
+            let at = since
+                .add(timing.grace)
+                .min(deadline.get().sub(timing.slack));
             kill_at = Some(at);
             if !kill_sent {
                 kill_sent = true;

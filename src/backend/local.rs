@@ -34,14 +34,20 @@ fn default_dir() -> PathBuf {
     if rustix::fs::access(run_lock, rustix::fs::Access::WRITE_OK).is_ok() {
         run_lock.join(format!("lockrun-{uid}"))
     } else {
-        std::env::temp_dir().join(format!("lockrun-{uid}"))
+        // Not $TMPDIR: it differs between login sessions and cron.
+        Path::new("/tmp").join(format!("lockrun-{uid}"))
     }
 }
 
 /// Create the directory if needed and check that it is safe to trust.
 fn prepare_dir(given: Option<&Path>) -> Result<PathBuf, Failure> {
     let dir = given.map(Path::to_path_buf).unwrap_or_else(default_dir);
-    let unusable = |why: String| fail(Kind::Unavailable, format!("lock directory {}: {why}", dir.display()));
+    let unusable = |why: String| {
+        fail(
+            Kind::Unavailable,
+            format!("lock directory {}: {why}", dir.display()),
+        )
+    };
     match mkdir(&dir, Mode::from_raw_mode(0o700)) {
         Ok(()) | Err(Errno::EXIST) => {}
         Err(e) => return Err(unusable(format!("cannot create it: {e}"))),
@@ -50,7 +56,8 @@ fn prepare_dir(given: Option<&Path>) -> Result<PathBuf, Failure> {
         // A directory in a shared place must be ours alone: otherwise another
         // user could pre-create it and hold or fake our locks.
         let st = lstat(&dir).map_err(|e| unusable(e.to_string()))?;
-        let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+        let is_dir =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
         if !is_dir {
             return Err(unusable("not a directory (or a symbolic link)".into()));
         }
@@ -127,7 +134,9 @@ fn read_record(fd: impl AsFd) -> Option<Record> {
 }
 
 fn now_since_epoch() -> Duration {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// Next token: max(stored + 1, wall clock in µs), written in place in one write
@@ -136,11 +145,12 @@ fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
     let now = now_since_epoch();
     let stored = read_record(fd).map(|r| r.token).unwrap_or(0);
     let token = (stored + 1).max(now.as_micros() as u64);
-    let label: String = label.chars().filter(|c| !c.is_whitespace()).take(180).collect();
-    let mut text = format!(
-        "token={token} granted_ms={} label={label}",
-        now.as_millis()
-    );
+    let label: String = label
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .take(180)
+        .collect();
+    let mut text = format!("token={token} granted_ms={} label={label}", now.as_millis());
     text.truncate(RECORD - 1);
     let mut buf = [b' '; RECORD];
     buf[..text.len()].copy_from_slice(text.as_bytes());
@@ -169,7 +179,8 @@ fn other_flocked_inodes(dev: u64, ours: u64) -> Vec<u64> {
         if parts.len() != 3 {
             continue;
         }
-        let ok = u32::from_str_radix(parts[0], 16) == Ok(maj) && u32::from_str_radix(parts[1], 16) == Ok(min);
+        let ok = u32::from_str_radix(parts[0], 16) == Ok(maj)
+            && u32::from_str_radix(parts[1], 16) == Ok(min);
         if let (true, Ok(ino)) = (ok, parts[2].parse::<u64>())
             && ino != ours
         {
@@ -258,12 +269,18 @@ impl Local {
     }
 
     fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> Failure {
-        fail(Kind::Unavailable, format!("{what} {}: {e}", self.path.display()))
+        fail(
+            Kind::Unavailable,
+            format!("{what} {}: {e}", self.path.display()),
+        )
     }
 
     /// True when this process runs inside the job that holds this very file.
     fn inside_holder(&self, fd: &OwnedFd) -> bool {
-        let Some(n) = std::env::var("LOCKRUN_LOCK_FD").ok().and_then(|v| v.parse::<RawFd>().ok()) else {
+        let Some(n) = std::env::var("LOCKRUN_LOCK_FD")
+            .ok()
+            .and_then(|v| v.parse::<RawFd>().ok())
+        else {
             return false;
         };
         // SAFETY: the descriptor number only lives for this call; fstat on a
@@ -277,7 +294,11 @@ impl Local {
 
     fn try_lock(&mut self, wait: Wait, start: Boot) -> Result<Try, Failure> {
         let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-        let (fd, created) = match open(&self.path, flags | OFlags::CREATE | OFlags::EXCL, Mode::from_raw_mode(0o666)) {
+        let (fd, created) = match open(
+            &self.path,
+            flags | OFlags::CREATE | OFlags::EXCL,
+            Mode::from_raw_mode(0o666),
+        ) {
             Ok(fd) => (fd, true),
             Err(Errno::EXIST) => match open(&self.path, flags, Mode::empty()) {
                 Ok(fd) => (fd, false),
@@ -311,7 +332,11 @@ impl Local {
                 match wait {
                     Wait::No => return Ok(Try::Busy),
                     Wait::Forever => {
-                        log::info(format!("{} is held by {}; waiting", self.name, holder.as_deref().unwrap_or("someone")));
+                        log::info(format!(
+                            "{} is held by {}; waiting",
+                            self.name,
+                            holder.as_deref().unwrap_or("someone")
+                        ));
                         flock_blocking(&fd).map_err(|e| self.unavailable("locking", e))?;
                     }
                     Wait::For(d) => {
@@ -331,14 +356,27 @@ impl Local {
             Ok(now) if identity(&now) == identity(&ours) => {}
             _ => return Ok(Try::Retry),
         }
-        if created {
-            // A fresh file may replace a deleted one whose holder still runs.
+        if created || read_record(&fd).is_none() {
+            // A file no holder has written to yet may have replaced a deleted
+            // one whose holder still runs (a `-n` run may have created it and
+            // given up); its holder must finish first.
             while let Some(orphan) = find_orphan_holder(&self.path, ours.st_dev, ours.st_ino) {
                 log::info(format!(
                     "{} was deleted while held; waiting for its holder to finish",
                     self.path.display()
                 ));
-                flock_blocking(&orphan).map_err(|e| self.unavailable("locking", e))?;
+                match wait {
+                    Wait::No => return Ok(Try::Busy),
+                    Wait::Forever => {
+                        flock_blocking(&orphan).map_err(|e| self.unavailable("locking", e))?
+                    }
+                    Wait::For(d) => {
+                        let left = start.add(d).since(Boot::now());
+                        if left.is_zero() || !self.lock_within(&orphan, left)? {
+                            return Ok(Try::Busy);
+                        }
+                    }
+                }
             }
         }
         self.id = identity(&ours);
@@ -434,7 +472,10 @@ impl Inspect for Local {
         let rec = read_record(&file);
         let now_ms = now_since_epoch().as_millis() as u64;
         Ok(Some(Holder {
-            label: rec.as_ref().map(|r| r.label.clone()).filter(|l| !l.is_empty()),
+            label: rec
+                .as_ref()
+                .map(|r| r.label.clone())
+                .filter(|l| !l.is_empty()),
             token: rec.as_ref().map(|r| r.token),
             ttl_left: None,
             held_for: rec

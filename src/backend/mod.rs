@@ -46,7 +46,9 @@ pub struct Grant {
 pub enum Acquired {
     Granted(Grant),
     /// Not acquired (-n, or --wait ran out).
-    Busy { holder: Option<String> },
+    Busy {
+        holder: Option<String>,
+    },
 }
 
 /// A lock's state as `status` shows it; never includes the owner value.
@@ -111,7 +113,9 @@ pub fn open(
 pub fn open_inspect(common: &Common, name: &str) -> Result<Box<dyn Inspect>, Failure> {
     let timing = Timing::new(Duration::from_secs(30), None).expect("default timing fits");
     Ok(match &common.backend {
-        BackendSpec::Local { dir } => Box::new(local::Local::open_for_inspect(dir.as_deref(), name)?),
+        BackendSpec::Local { dir } => {
+            Box::new(local::Local::open_for_inspect(dir.as_deref(), name)?)
+        }
         BackendSpec::Redis(spec) => Box::new(redis::Redis::connect(
             spec,
             &common.prefix,

@@ -107,6 +107,18 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return {1, h[2] or '', h[3] or '', h[4] or '', pttl, now_ms}
 "#;
 
+/// The server answered with an error (wrong key type, ACL denial, script error).
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
 /// How long a release's wake-up waits for a waiter before it expires.
 const WAKE_LIFETIME_MS: u64 = 2000;
 
@@ -134,7 +146,8 @@ fn connect(client: &Client, timeout: Duration) -> redis::RedisResult<Connection>
 }
 
 fn client_for(spec: &RedisSpec) -> Result<Client, Failure> {
-    let bad_url = |e: redis::RedisError| fail(Kind::Usage, format!("invalid --url {}: {e}", spec.display));
+    let bad_url =
+        |e: redis::RedisError| fail(Kind::Usage, format!("invalid --url {}: {e}", spec.display));
     let info = spec.url.as_str().into_connection_info().map_err(bad_url)?;
     // CLIENT SETINFO costs a round trip on every connect and tells the server nothing it needs.
     let settings = info.redis_settings().clone().set_skip_set_lib_name();
@@ -203,10 +216,7 @@ impl Redis {
                 format!("cannot reach Redis at {}: {}", spec.display, describe(&e)),
             )
         })?;
-        log::info(format!(
-            "connected in {:.1?}",
-            Boot::now().since(started)
-        ));
+        log::info(format!("connected in {:.1?}", Boot::now().since(started)));
         let lock = format!("{prefix}{{{name}}}");
         let mut r = Redis {
             client,
@@ -261,9 +271,14 @@ impl Redis {
         match f(conn) {
             Ok(v) => Ok(v),
             Err(e) => {
-                if !matches!(e.kind(), redis::ErrorKind::Server(_)) || e.is_timeout() {
-                    self.conn = None;
+                let transport = matches!(e.kind(), redis::ErrorKind::Io | redis::ErrorKind::Parse)
+                    || e.is_timeout()
+                    || e.is_connection_dropped();
+                if !transport {
+                    // The server answered: the connection is fine, retrying won't help.
+                    return Err(anyhow::Error::new(Refused(describe(&e))));
                 }
+                self.conn = None;
                 Err(anyhow!(describe(&e)))
             }
         }
@@ -442,6 +457,12 @@ impl Backend for Redis {
                         }
                     }
                 }
+                Err(e) if e.downcast_ref::<Refused>().is_some() => {
+                    return Err(fail(
+                        Kind::Unavailable,
+                        format!("acquiring {} on {}: {e:#}", self.name, self.display),
+                    ));
+                }
                 Err(e) => {
                     failures += 1;
                     let since = *failing_since.get_or_insert_with(Boot::now);
@@ -552,7 +573,8 @@ struct RedisRenewer {
 impl Renewer for RedisRenewer {
     fn renew(&mut self) -> anyhow::Result<bool> {
         if self.conn.is_none() {
-            self.conn = Some(connect(&self.client, self.timing.op).map_err(|e| anyhow!(describe(&e)))?);
+            self.conn =
+                Some(connect(&self.client, self.timing.op).map_err(|e| anyhow!(describe(&e)))?);
         }
         let conn = self.conn.as_mut().expect("just connected");
         let r = Script::new(RENEW)

@@ -1,0 +1,102 @@
+
+using namespace System.Management.Automation
+using namespace System.Management.Automation.Language
+
+Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
+    param($wordToComplete, $commandAst, $cursorPosition)
+
+    $commandElements = $commandAst.CommandElements
+    $command = @(
+        'lockrun'
+        for ($i = 1; $i -lt $commandElements.Count; $i++) {
+            $element = $commandElements[$i]
+            if ($element -isnot [StringConstantExpressionAst] -or
+                $element.StringConstantType -ne [StringConstantType]::BareWord -or
+                $element.Value.StartsWith('-') -or
+                $element.Value -eq $wordToComplete) {
+                break
+        }
+        $element.Value
+    }) -join ';'
+
+    $completions = @(switch ($command) {
+        'lockrun' {
+            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a rediss:// server with')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace in Redis')
+            [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'Run this string with /bin/sh -c')
+            [CompletionResult]::new('--command', '--command', [CompletionResultType]::ParameterName, 'Run this string with /bin/sh -c')
+            [CompletionResult]::new('-t', '-t', [CompletionResultType]::ParameterName, 'Lease length, e.g. 500ms, 30s, 2m, "1h 30m"')
+            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'Lease length, e.g. 500ms, 30s, 2m, "1h 30m"')
+            [CompletionResult]::new('-w', '-w', [CompletionResultType]::ParameterName, 'Give up after waiting this long for the lock (default: wait forever)')
+            [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'Give up after waiting this long for the lock (default: wait forever)')
+            [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit code when the lock was not acquired')
+            [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit code when the lock was not acquired')
+            [CompletionResult]::new('--kill-after', '--kill-after', [CompletionResultType]::ParameterName, 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)')
+            [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print a shell completion script or the man page to stdout')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'Give up at once if the lock is held')
+            [CompletionResult]::new('--no-wait', '--no-wait', [CompletionResultType]::ParameterName, 'Give up at once if the lock is held')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable')
+            [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
+            break
+        }
+        'lockrun;status' {
+            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a rediss:// server with')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace in Redis')
+            [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print one JSON object instead of text')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            break
+        }
+        'lockrun;release' {
+            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Act only if the current token is T')
+            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a rediss:// server with')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace in Redis')
+            [CompletionResult]::new('--force', '--force', [CompletionResultType]::ParameterName, 'Required: breaking a lock someone holds is deliberate')
+            [CompletionResult]::new('--now', '--now', [CompletionResultType]::ParameterName, 'Delete the lease at once and wake a waiter. Unsafe without fencing: the old job may still be running when the next one starts')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            break
+        }
+        'lockrun;help' {
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable')
+            [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
+            break
+        }
+        'lockrun;help;status' {
+            break
+        }
+        'lockrun;help;release' {
+            break
+        }
+        'lockrun;help;help' {
+            break
+        }
+    })
+
+    $completions.Where{ $_.CompletionText -like "$wordToComplete*" } |
+        Sort-Object -Property ListItemText
+}

@@ -1,0 +1,90 @@
+
+use builtin;
+use str;
+
+set edit:completion:arg-completer[lockrun] = {|@words|
+    fn spaces {|n|
+        builtin:repeat $n ' ' | str:join ''
+    }
+    fn cand {|text desc|
+        edit:complex-candidate $text &display=$text' '(spaces (- 14 (wcswidth $text)))$desc
+    }
+    var command = 'lockrun'
+    for word $words[1..-1] {
+        if (str:has-prefix $word '-') {
+            break
+        }
+        set command = $command';'$word
+    }
+    var completions = [
+        &'lockrun'= {
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a rediss:// server with'
+            cand --prefix 'Key namespace in Redis'
+            cand -c 'Run this string with /bin/sh -c'
+            cand --command 'Run this string with /bin/sh -c'
+            cand -t 'Lease length, e.g. 500ms, 30s, 2m, "1h 30m"'
+            cand --ttl 'Lease length, e.g. 500ms, 30s, 2m, "1h 30m"'
+            cand -w 'Give up after waiting this long for the lock (default: wait forever)'
+            cand --wait 'Give up after waiting this long for the lock (default: wait forever)'
+            cand -E 'Exit code when the lock was not acquired'
+            cand --conflict-exit-code 'Exit code when the lock was not acquired'
+            cand --kill-after 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)'
+            cand --generate 'Print a shell completion script or the man page to stdout'
+            cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
+            cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
+            cand -q 'Print only errors'
+            cand --quiet 'Print only errors'
+            cand -n 'Give up at once if the lock is held'
+            cand --no-wait 'Give up at once if the lock is held'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand status 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
+            cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'lockrun;status'= {
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a rediss:// server with'
+            cand --prefix 'Key namespace in Redis'
+            cand --json 'Print one JSON object instead of text'
+            cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
+            cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
+            cand -q 'Print only errors'
+            cand --quiet 'Print only errors'
+            cand -h 'Print help'
+            cand --help 'Print help'
+        }
+        &'lockrun;release'= {
+            cand --token 'Act only if the current token is T'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a rediss:// server with'
+            cand --prefix 'Key namespace in Redis'
+            cand --force 'Required: breaking a lock someone holds is deliberate'
+            cand --now 'Delete the lease at once and wake a waiter. Unsafe without fencing: the old job may still be running when the next one starts'
+            cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
+            cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
+            cand -q 'Print only errors'
+            cand --quiet 'Print only errors'
+            cand -h 'Print help'
+            cand --help 'Print help'
+        }
+        &'lockrun;help'= {
+            cand status 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
+            cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'lockrun;help;status'= {
+        }
+        &'lockrun;help;release'= {
+        }
+        &'lockrun;help;help'= {
+        }
+    ]
+    $completions[$command]
+}

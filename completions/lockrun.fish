@@ -1,0 +1,67 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_lockrun_global_optspecs
+    string join \n u/url= tls-ca= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= E/conflict-exit-code= kill-after= generate= h/help V/version
+end
+
+function __fish_lockrun_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_lockrun_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_lockrun_using_subcommand
+    set -l cmd (__fish_lockrun_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c lockrun -n "__fish_lockrun_needs_command" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
+complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key namespace in Redis' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s t -l ttl -d 'Lease length, e.g. 500ms, 30s, 2m, "1h 30m"' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l wait -d 'Give up after waiting this long for the lock (default: wait forever)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit code when the lock was not acquired' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l generate -d 'Print a shell completion script or the man page to stdout' -r -f -a "man\t''
+bash\t''
+zsh\t''
+fish\t''
+elvish\t''
+powershell\t''"
+complete -c lockrun -n "__fish_lockrun_needs_command" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'Print only errors'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -d 'Give up at once if the lock is held'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key namespace in Redis' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print one JSON object instead of text'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'Print only errors'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 'Print help'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l token -d 'Act only if the current token is T' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key namespace in Redis' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Required: breaking a lock someone holds is deliberate'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l now -d 'Delete the lease at once and wake a waiter. Unsafe without fencing: the old job may still be running when the next one starts'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s q -l quiet -d 'Print only errors'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d 'Print help'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "status" -d 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

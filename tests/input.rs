@@ -1,0 +1,141 @@
+//! Bad input: one clear line, exit 64, nothing contacted, no key, no job.
+
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+fn refused(args: &[&str], redis: &Redis, scratch: &Scratch) -> String {
+    let out = run(lockrun()
+        .args(["--url", &redis.url()])
+        .args(args)
+        .args(["--", "sh", "-c"])
+        .arg(format!("touch {}", scratch.path("ran").display())));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line expected: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err}"
+    );
+    assert!(!scratch.exists("ran"), "{args:?}: the job must not start");
+    err
+}
+
+#[test]
+fn bad_input_is_refused_before_anything_happens() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let e = refused(&["--ttl", "ten", "x"], &redis, &scratch);
+    assert!(e.contains("--ttl"), "{e}");
+    let e = refused(&["--ttl", "0s", "x"], &redis, &scratch);
+    assert!(e.contains("smallest ttl"), "{e}");
+    let e = refused(&["--ttl", "100ms", "x"], &redis, &scratch);
+    assert!(e.contains("134ms"), "{e}");
+    refused(&["--wait", "soon", "x"], &redis, &scratch);
+    refused(&["--kill-after", "-1s", "x"], &redis, &scratch);
+    refused(
+        &["--ttl", "2s", "--kill-after", "5s", "x"],
+        &redis,
+        &scratch,
+    );
+    refused(&["-n", "-w", "1s", "x"], &redis, &scratch);
+    refused(&["-E", "76", "x"], &redis, &scratch);
+    refused(&["-E", "300", "x"], &redis, &scratch);
+    refused(&[""], &redis, &scratch);
+    let e = refused(&["a{b}"], &redis, &scratch);
+    assert!(e.contains("'{'"), "{e}");
+    assert!(
+        redis.keys().is_empty(),
+        "no key may be created: {:?}",
+        redis.keys()
+    );
+}
+
+#[test]
+fn bad_urls_are_refused() {
+    let scratch = Scratch::new();
+    for url in [
+        "http://127.0.0.1:1",
+        "redis://",
+        "redis://127.0.0.1:1/notadb",
+        "::nonsense",
+        "rediss://h#secure",
+    ] {
+        let out = run(lockrun()
+            .args(["--url", url, "x", "--", "sh", "-c"])
+            .arg(format!("touch {}", scratch.path("ran").display())));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{url}: {err}");
+        assert_eq!(err.lines().count(), 1, "{url}: {err}");
+        assert!(err.contains("--url"), "{url}: {err}");
+    }
+    assert!(!scratch.exists("ran"));
+}
+
+#[test]
+fn missing_command_is_a_usage_error() {
+    let out = run(lockrun().arg("x"));
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(text(&out.stderr).lines().count(), 1);
+}
+
+#[test]
+fn closed_port_is_unavailable_quickly() {
+    let port = free_port();
+    let start = Instant::now();
+    let out = run(lockrun().args(["--url", &format!("redis://127.0.0.1:{port}"), "x", "true"]));
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert_eq!(text(&out.stderr).lines().count(), 1);
+}
+
+#[test]
+fn wrong_password_is_unavailable_and_never_printed() {
+    let redis = Redis::start_with(&["--requirepass", "right-horse-battery"]);
+    let url = format!("redis://:wrong-staple-9@127.0.0.1:{}", redis.port);
+    for args in [
+        vec!["-vv", "x", "true"],
+        vec!["status", "x"],
+        vec!["release", "--force", "x"],
+    ] {
+        let out = run(lockrun().args(["--url", &url]).args(&args));
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {all}");
+        assert!(!all.contains("wrong-staple-9"), "password leaked: {all}");
+        assert!(all.contains("127.0.0.1"), "{all}");
+    }
+    // The right password works, and still is never printed.
+    let url = format!("redis://:right-horse-battery@127.0.0.1:{}", redis.port);
+    let out = run(lockrun().args(["-vv", "--url", &url, "x", "--", "env"]));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        !all.contains("right-horse-battery"),
+        "password leaked: {all}"
+    );
+}
+
+#[test]
+fn a_key_of_the_wrong_type_is_a_clear_error() {
+    let redis = Redis::start();
+    let _: () = redis.cmd(&["SET", "lockrun:{x}", "hello"]);
+    let out = run(lockrun().args(["--url", &redis.url(), "x", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("not a lockrun lease"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let _: () = redis.cmd(&["DEL", "lockrun:{x}"]);
+    let _: () = redis.cmd(&["RPUSH", "lockrun:{x}", "a"]);
+    let out = run(lockrun().args(["--url", &redis.url(), "x", "true"]));
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+}
+
+#[test]
+fn help_and_version_work() {
+    let out = run(lockrun().arg("--help"));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains("--ttl"));
+    let out = run(lockrun().arg("--version"));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).starts_with("lockrun "));
+}

@@ -1,0 +1,10 @@
+//! Integration tests: the real lockrun binary against real redis-server
+//! processes and real lock files. One crate of modules, shared helpers.
+
+mod support;
+
+mod generated;
+mod input;
+mod local;
+mod redis_core;
+mod supervise;

@@ -1,0 +1,347 @@
+//! The Redis backend end to end: pass-through, tokens, exclusion, waiting,
+//! renewal and losing the lease.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+fn on(redis: &Redis) -> std::process::Command {
+    let mut c = lockrun();
+    c.args(["--url", &redis.url()]);
+    c
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    let redis = Redis::start();
+    for code in [0, 3, 255] {
+        let out = run(on(&redis).args(["x", "--", "sh", "-c", &format!("exit {code}")]));
+        assert_eq!(out.status.code(), Some(code));
+    }
+    let out = run(on(&redis).args(["x", "-c", "exit 7"]));
+    assert_eq!(out.status.code(), Some(7));
+    assert!(
+        redis.keys().iter().all(|k| !k.ends_with('}')),
+        "lease left behind: {:?}",
+        redis.keys()
+    );
+}
+
+#[test]
+fn stdio_passes_through() {
+    let redis = Redis::start();
+    let mut child = on(&redis)
+        .args([
+            "x",
+            "--",
+            "sh",
+            "-c",
+            "read line; echo \"out:$line\"; echo \"err:$line\" >&2",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "out:hello\n");
+    assert_eq!(text(&out.stderr), "err:hello\n");
+}
+
+#[test]
+fn the_job_sees_its_lease_in_the_environment() {
+    let redis = Redis::start();
+    let out = run(on(&redis)
+        .args(["--ttl", "20s", "report"])
+        .env("LOCKRUN_TOKEN", "1")
+        .env("LOCKRUN_NAME", "outer")
+        .args(["--", "sh", "-c", "echo $LOCKRUN_NAME $LOCKRUN_TOKEN $LOCKRUN_OWNER $LOCKRUN_TTL_MS ${LOCKRUN_LOCK_FD-none}"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    let f: Vec<&str> = s.split_whitespace().collect();
+    assert_eq!(f[0], "report");
+    let token: u64 = f[1].parse().unwrap();
+    assert!(
+        token > 1_000_000_000_000_000,
+        "token {token} is floored by the server clock in µs"
+    );
+    assert!(f[2].contains(':'), "owner label host:pid, got {}", f[2]);
+    assert_eq!(f[3], "20000");
+    assert_eq!(f[4], "none", "no lock descriptor on Redis");
+    // The secret owner value is not what the job sees.
+    let stored: Option<String> = redis.cmd(&["HGET", "lockrun:{report}", "owner"]);
+    assert!(stored.is_none(), "released after the job");
+}
+
+fn token_of(redis: &Redis, name: &str) -> u64 {
+    let out = run(on(redis).args([name, "--", "sh", "-c", "echo $LOCKRUN_TOKEN"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    text(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn tokens_increase_even_across_a_restart_without_persistence() {
+    let mut redis = Redis::start();
+    let mut last = 0;
+    for _ in 0..5 {
+        let t = token_of(&redis, "t");
+        assert!(t > last, "{t} after {last}");
+        last = t;
+    }
+    // Without persistence the restart loses the counter; the server clock
+    // floor keeps tokens growing.
+    redis.restart();
+    assert!(redis.keys().is_empty());
+    let t = token_of(&redis, "t");
+    assert!(t > last, "after restart {t} must exceed {last}");
+}
+
+#[test]
+fn eight_processes_never_overlap() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let log = scratch.path("log");
+    let script = format!(
+        "echo \"start $LOCKRUN_TOKEN\" >> {0}; sleep 0.005; echo \"end $LOCKRUN_TOKEN\" >> {0}",
+        log.display()
+    );
+    let mut kids = Vec::new();
+    for _ in 0..8 {
+        let (url, script) = (redis.url(), script.clone());
+        kids.push(std::thread::spawn(move || {
+            for _ in 0..25 {
+                let out =
+                    run(lockrun().args(["--url", &url, "--ttl", "10s", "shared", "-c", &script]));
+                assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            }
+        }));
+    }
+    for k in kids {
+        k.join().unwrap();
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 400);
+    let mut last = 0u64;
+    for pair in lines.chunks(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let ta: u64 = a.strip_prefix("start ").expect(a).parse().unwrap();
+        let tb: u64 = b.strip_prefix("end ").expect(b).parse().unwrap();
+        assert_eq!(ta, tb, "two jobs overlapped: {a} / {b}");
+        assert!(
+            ta > last,
+            "tokens must strictly increase: {ta} after {last}"
+        );
+        last = ta;
+    }
+}
+
+#[test]
+fn no_wait_gives_up_at_once_and_wait_gives_up_in_time() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = on(&redis)
+        .args(["held", "-c"])
+        .arg(format!(
+            "touch {}; sleep 30",
+            scratch.path("holding").display()
+        ))
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+
+    let start = Instant::now();
+    let out = run(on(&redis)
+        .args(["-n", "held", "-c"])
+        .arg(format!("touch {}", scratch.path("ran").display())));
+    assert_eq!(out.status.code(), Some(75));
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "-n took {:?}",
+        start.elapsed()
+    );
+    assert!(!scratch.exists("ran"), "the job must not start");
+
+    let out = run(on(&redis).args(["-n", "-E", "3", "held", "true"]));
+    assert_eq!(out.status.code(), Some(3));
+
+    let start = Instant::now();
+    let out = run(on(&redis)
+        .args(["-w", "1s", "held", "-c"])
+        .arg(format!("touch {}", scratch.path("ran").display())));
+    let took = start.elapsed();
+    assert_eq!(out.status.code(), Some(75));
+    assert!(
+        took >= Duration::from_millis(950),
+        "gave up too early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(6), "gave up too late: {took:?}");
+    assert!(!scratch.exists("ran"));
+
+    signal(holder.id() as i32, libc::SIGTERM);
+    wait_child(&mut holder, Duration::from_secs(20));
+}
+
+#[test]
+fn a_waiter_starts_promptly_after_release() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = on(&redis)
+        .args(["--ttl", "30s", "handoff", "-c"])
+        .arg(format!(
+            "touch {0}; while [ ! -e {1} ]; do sleep 0.01; done; date +%s%N > {2}",
+            scratch.path("holding").display(),
+            scratch.path("go").display(),
+            scratch.path("end").display()
+        ))
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+    let mut waiter = on(&redis)
+        .args(["--ttl", "30s", "handoff", "-c"])
+        .arg(format!("date +%s%N > {}", scratch.path("start").display()))
+        .spawn()
+        .unwrap();
+    // Let the waiter block on the wake-up list before the holder ends.
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(scratch.path("go"), "").unwrap();
+    assert!(wait_child(&mut holder, Duration::from_secs(20)).success());
+    assert!(wait_child(&mut waiter, Duration::from_secs(20)).success());
+    let end: u128 = scratch.read("end").trim().parse().unwrap();
+    let start: u128 = scratch.read("start").trim().parse().unwrap();
+    let gap = Duration::from_nanos((start - end) as u64);
+    // With a 30 s ttl, only the release's wake-up explains a start this soon.
+    assert!(gap < Duration::from_secs(1), "hand-off took {gap:?}");
+}
+
+#[test]
+fn a_short_lease_survives_a_long_job() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = on(&redis)
+        .args(["--ttl", "1s", "long", "-c"])
+        .arg(format!(
+            "touch {}; sleep 4",
+            scratch.path("holding").display()
+        ))
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+    let mut attempts = 0;
+    while holder.try_wait().unwrap().is_none() {
+        let out = run(on(&redis).args(["-n", "long", "true"]));
+        if holder.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert_eq!(
+            out.status.code(),
+            Some(75),
+            "the lease lapsed while its job ran"
+        );
+        attempts += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(attempts >= 10, "only {attempts} attempts during the job");
+    assert_eq!(
+        wait_child(&mut holder, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+}
+
+/// Start a long job on a lease; its pid lands in the scratch file `pid`.
+fn hold(redis: &Redis, scratch: &Scratch, name: &str, ttl: &str) -> std::process::Child {
+    on(redis)
+        .args(["--ttl", ttl, name, "-c"])
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("pid").display()
+        ))
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_deleted_key_ends_the_job_with_76() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = hold(&redis, &scratch, "del", "2s");
+    let job = scratch.pid_in("pid");
+    let _: () = redis.cmd(&["DEL", "lockrun:{del}"]);
+    let st = wait_child(&mut holder, Duration::from_secs(20));
+    assert_eq!(st.code(), Some(76));
+    assert!(!alive(job), "the job must be dead");
+}
+
+#[test]
+fn an_overwritten_key_ends_the_job_with_76() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = hold(&redis, &scratch, "over", "2s");
+    let job = scratch.pid_in("pid");
+    let _: () = redis.cmd(&["HSET", "lockrun:{over}", "owner", "someone-else"]);
+    let st = wait_child(&mut holder, Duration::from_secs(20));
+    assert_eq!(st.code(), Some(76));
+    assert!(!alive(job));
+}
+
+/// Redis becomes unreachable mid-hold: the job must be dead before the lease
+/// could have expired on the server, counted from the last successful renewal.
+fn outage_kills_the_job_in_time(pause: bool) {
+    let mut redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = hold(&redis, &scratch, "outage", "3s");
+    let job = scratch.pid_in("pid");
+    // Let a few renewals happen, then read when the server would expire the
+    // lease: the last renewal before the outage set that time.
+    std::thread::sleep(Duration::from_millis(2500));
+    let pttl: i64 = redis.cmd(&["PTTL", "lockrun:{outage}"]);
+    assert!(pttl > 0, "the lease must be held and renewed");
+    let expires_at = Instant::now() + Duration::from_millis(pttl as u64);
+    if pause {
+        redis.pause();
+    } else {
+        redis.kill();
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || !alive(job)),
+        "job still alive"
+    );
+    let died = Instant::now();
+    assert!(
+        died <= expires_at,
+        "job outlived its lease by {:?}",
+        died - expires_at
+    );
+    let st = wait_child(&mut holder, Duration::from_secs(20));
+    assert_eq!(st.code(), Some(76));
+    if pause {
+        redis.resume();
+    }
+}
+
+#[test]
+fn redis_killed_mid_hold_stops_the_job_before_expiry() {
+    outage_kills_the_job_in_time(false);
+}
+
+#[test]
+fn redis_paused_mid_hold_stops_the_job_before_expiry() {
+    outage_kills_the_job_in_time(true);
+}
+
+#[test]
+fn nested_lockrun_on_the_same_lock_is_refused() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let out = run(on(&redis).args(["outer", "--", BIN, "--url", &url, "outer", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("deadlock"), "{err}");
+    // A different name inside is fine.
+    let out = run(on(&redis).args(["outer", "--", BIN, "--url", &url, "inner", "true"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

@@ -1,0 +1,247 @@
+//! Shared test helpers: a real redis-server on a free loopback port, stopped by
+//! PID on drop, and a builder for running the lockrun binary.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_lockrun");
+
+/// Poll `cond` every few milliseconds until it holds or `limit` passes.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cond()
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind a loopback port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn redis_server_path() -> &'static str {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!(
+            "redis-server not found: these tests need a real Redis; \
+             install it with `apt-get install -y redis-server`"
+        );
+    }
+    "redis-server"
+}
+
+/// A redis-server of our own, without persistence, on 127.0.0.1.
+pub struct Redis {
+    pub port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        Redis::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Redis {
+        let mut r = Redis {
+            port: free_port(),
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        r.launch();
+        r
+    }
+
+    fn launch(&mut self) {
+        let mut cmd = Command::new(redis_server_path());
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.child = Some(cmd.spawn().expect("start redis-server"));
+        let port = self.port;
+        let up = wait_until(Duration::from_secs(10), || ping(port));
+        assert!(up, "redis-server did not come up on port {port}");
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).unwrap();
+        let c = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c
+    }
+
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut self.conn()).unwrap()
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.cmd(&["KEYS", "*"])
+    }
+
+    /// Kill the server outright (no persistence: every key is gone).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kill and start again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        signal(self.pid(), libc::SIGCONT);
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            signal(c.id() as i32, libc::SIGCONT);
+        }
+        self.kill();
+    }
+}
+
+/// Any reply to PING (even NOAUTH) means the server is up.
+fn ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 64];
+    s.write_all(b"PING\r\n").is_ok() && matches!(s.read(&mut buf), Ok(n) if n > 0)
+}
+
+pub fn signal(pid: i32, sig: i32) {
+    assert!(pid > 1);
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// A process that exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        }
+        Err(_) => false,
+    }
+}
+
+/// The lockrun binary with a clean LOCKRUN_* environment.
+pub fn lockrun() -> Command {
+    let mut cmd = Command::new(BIN);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("LOCKRUN_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run lockrun")
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A scratch directory with helpers for files the jobs write.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    pub fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(name)).unwrap_or_default()
+    }
+    pub fn exists(&self, name: &str) -> bool {
+        Path::new(&self.path(name)).exists()
+    }
+    /// A file:// URL for a lock directory inside the scratch space.
+    pub fn file_url(&self) -> String {
+        let d = self.path("locks");
+        std::fs::create_dir_all(&d).unwrap();
+        format!("file://{}", d.display())
+    }
+    /// Wait for a file to hold a pid, and return it.
+    pub fn pid_in(&self, name: &str) -> i32 {
+        let mut pid = 0;
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                pid = self.read(name).trim().parse().unwrap_or(0);
+                pid > 0
+            }),
+            "no pid in {name}"
+        );
+        pid
+    }
+}
+
+/// Wait (bounded) for a spawned lockrun and return its exit status.
+pub fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("lockrun did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
