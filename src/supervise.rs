@@ -136,6 +136,23 @@ fn set_foreground(fd: RawFd, pgrp: i32) {
     }
 }
 
+/// Stop lockrun with the signal that stopped the job, so the calling shell
+/// reports the same thing it would without lockrun (as sudo does). Our handler
+/// for it is set aside for the moment and restored once we are continued.
+fn stop_like(sig: i32) {
+    // SAFETY: sigaction on a local struct; raise on ourselves.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        let mut saved: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        let swapped = sig != libc::SIGSTOP && libc::sigaction(sig, &dfl, &mut saved) == 0;
+        libc::raise(if swapped { sig } else { libc::SIGSTOP });
+        if swapped {
+            libc::sigaction(sig, &saved, std::ptr::null_mut());
+        }
+    }
+}
+
 /// The signal plumbing: a flag per signal plus one wake-up socket for poll.
 struct Signals {
     flags: HashMap<i32, Arc<AtomicBool>>,
@@ -423,8 +440,7 @@ pub fn run(
         {
             set_foreground(t.fd, t.our_pgrp);
             log::info("job stopped at the terminal; suspending lockrun");
-            // SAFETY: raising a signal on ourselves.
-            unsafe { libc::raise(libc::SIGSTOP) };
+            stop_like(st.stopping_signal().unwrap_or(libc::SIGSTOP));
             // Resumed by fg/bg. The lease may have run out meanwhile.
             let now = Boot::now();
             if lost.is_none() && now >= timing.lost_at(deadline.get()) {

@@ -8,3 +8,4 @@ mod input;
 mod local;
 mod redis_core;
 mod supervise;
+mod terminal;
