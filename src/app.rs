@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::CommandFactory;
 
-use crate::backend::{self, Acquired, Force, Holder, Owner};
+use crate::backend::{self, Acquired, Broken, Force, Holder, Owner};
 use crate::cli::{Cli, Generate, Sub};
 use crate::config::{self, BackendSpec, Common};
 use crate::exit::{self, Failure, JobEnd, Kind, ResultExt, fail};
@@ -90,9 +90,17 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     if let Some(fd) = inherit_fd {
         env.push(("LOCKRUN_LOCK_FD".to_string(), fd.to_string()));
     }
+    // A password must never reach the job, even through an inherited LOCKRUN_URL.
+    let mut env_remove = Vec::new();
+    if let BackendSpec::Redis(r) = &cfg.common.backend
+        && r.password.is_some()
+    {
+        env_remove.push("LOCKRUN_URL");
+    }
     let job = Job {
         command: cfg.command.clone(),
         env,
+        env_remove,
         inherit_fd,
         timing: cfg.timing,
         granted_at: grant.t_send,
@@ -110,7 +118,7 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     let released = backend.release();
     if let Some(reason) = outcome.lost {
         log::alert(format!(
-            "lease on {} was lost ({reason}); the job was stopped",
+            "lease on {} lost: {reason}; the job was stopped",
             cfg.name
         ));
         return Ok(Finish::Exit(exit::LEASE_LOST));
@@ -230,20 +238,29 @@ fn release(
     setup_logging(&common);
     let mut b = backend::open_inspect(&common, name)?;
     match b.force_release(Force { token, now })? {
-        None => {
-            let msg = match token {
-                Some(t) => format!("{name}: not broken: not held, or its token is not {t}"),
-                None => format!("{name}: not held"),
-            };
-            let _ = writeln!(std::io::stderr(), "lockrun: {msg}");
+        Broken::NotHeld => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "lockrun: {name} is not held; nothing to break"
+            );
             Ok(Finish::Exit(exit::STATUS_FREE))
         }
-        Some(h) => {
+        Broken::TokenMismatch(current) => {
+            let current = current.map_or_else(|| "unknown".to_string(), |t| t.to_string());
+            let _ = writeln!(
+                std::io::stderr(),
+                "lockrun: {name} not broken: its token is {current}, not {} (it changed hands)",
+                token.unwrap_or_default()
+            );
+            Ok(Finish::Exit(exit::STATUS_FREE))
+        }
+        Broken::Lease(h) => {
             let what = if now {
-                "deleted; a waiter may start now".to_string()
+                "deleted; a waiter may start now, while the old job may still be stopping"
+                    .to_string()
             } else {
                 format!(
-                    "revoked; its job stops at its next renewal, new grants wait {}",
+                    "revoked; its job stops at its next renewal, new grants wait {} until the old lease ends",
                     h.ttl_left
                         .map(human)
                         .unwrap_or_else(|| "until it expires".into())
@@ -251,7 +268,7 @@ fn release(
             };
             let _ = writeln!(
                 std::io::stdout(),
-                "{name}: broke lease {} — {what}",
+                "{name}: broke the lease {}: {what}",
                 describe_holder(&Holder {
                     ttl_left: None,
                     ..h.clone()

@@ -43,6 +43,8 @@ const UNKILLABLE_AFTER: Duration = Duration::from_secs(5);
 pub struct Job {
     pub command: Vec<OsString>,
     pub env: Vec<(String, String)>,
+    /// Inherited variables the job must not see (a URL with a password).
+    pub env_remove: Vec<&'static str>,
     /// The local backend's lock descriptor, inherited by the job.
     pub inherit_fd: Option<RawFd>,
     pub timing: Timing,
@@ -210,6 +212,9 @@ fn spawn(job: &Job, ignored: u64, tty: Option<&Tty>) -> Result<std::process::Chi
     cmd.args(&job.command[1..]);
     // An outer lockrun's lock descriptor must not leak through to this job.
     cmd.env_remove("LOCKRUN_LOCK_FD");
+    for k in &job.env_remove {
+        cmd.env_remove(k);
+    }
     for (k, v) in &job.env {
         cmd.env(k, v);
     }
@@ -394,7 +399,7 @@ pub fn run(
             kill_at = Some(at);
             if !kill_sent {
                 kill_sent = true;
-                log::alert(format!("lease lost: {reason}; stopping the job"));
+                log::info(format!("lease lost: {reason}; stopping the job"));
                 signal_group(pgid, libc::SIGTERM);
                 signal_group(pgid, libc::SIGCONT);
                 for c in children() {

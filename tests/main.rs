@@ -6,6 +6,7 @@ mod support;
 mod generated;
 mod input;
 mod local;
+mod ops;
 mod redis_core;
 mod supervise;
 mod terminal;

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustix::fs::{FlockOperation, Mode, OFlags, flock, fstat, lstat, mkdir, open, stat};
 use rustix::io::Errno;
 
-use super::{Acquired, Backend, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
+use super::{Acquired, Backend, Broken, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
 use crate::config::Wait;
 use crate::exit::{Failure, Kind, fail};
 use crate::lease::{Boot, Renewer};
@@ -486,7 +486,7 @@ impl Inspect for Local {
         }))
     }
 
-    fn force_release(&mut self, _force: Force) -> Result<Option<Holder>, Failure> {
+    fn force_release(&mut self, _force: Force) -> Result<Broken, Failure> {
         Err(fail(
             Kind::Usage,
             "release --force is not available on the local backend: flock locks end only \

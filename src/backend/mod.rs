@@ -63,6 +63,16 @@ pub struct Holder {
     pub revoked: bool,
 }
 
+/// What `release --force` did.
+#[derive(Debug, Clone)]
+pub enum Broken {
+    /// This lease was revoked (or deleted with `--now`).
+    Lease(Holder),
+    NotHeld,
+    /// `--token` did not match; the current token, if any.
+    TokenMismatch(Option<u64>),
+}
+
 /// What `release --force` may do.
 #[derive(Debug, Clone, Copy)]
 pub struct Force {
@@ -86,8 +96,8 @@ pub trait Backend {
 /// Operator views that need no lease of their own.
 pub trait Inspect {
     fn inspect(&mut self) -> Result<Option<Holder>, Failure>;
-    /// Break the lock; returns the holder that was broken, None when nothing matched.
-    fn force_release(&mut self, force: Force) -> Result<Option<Holder>, Failure>;
+    /// Break the lock.
+    fn force_release(&mut self, force: Force) -> Result<Broken, Failure>;
 }
 
 /// Open the backend for one lock name.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use redis::{Client, Connection, IntoConnectionInfo, Script, Value};
 
-use super::{Acquired, Backend, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
+use super::{Acquired, Backend, Broken, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
 use crate::config::{RedisSpec, Wait};
 use crate::exit::{Failure, Kind, ResultExt, fail};
 use crate::lease::{Boot, Renewer, Timing, jitter};
@@ -136,6 +136,9 @@ pub struct Redis {
     keys: Keys,
     owner: Owner,
     timing: Timing,
+    /// The server has answered at least once: later transport errors may be
+    /// a restart worth waiting out, earlier ones are misconfiguration.
+    replied: bool,
 }
 
 fn connect(client: &Client, timeout: Duration) -> redis::RedisResult<Connection> {
@@ -191,6 +194,12 @@ fn describe(e: &redis::RedisError) -> String {
         return "connection refused".into();
     }
     let text = e.to_string();
+    if text.contains("certificate") {
+        return format!(
+            "TLS: the server's certificate is not trusted ({}); pass its CA with --tls-ca",
+            log::scrub(&text)
+        );
+    }
     if text.contains("WRONGTYPE") || text.contains("LOCKRUN the key exists") {
         return "a key at this lock's name is not a lockrun lease (wrong type); \
                 remove it or choose another --prefix"
@@ -230,6 +239,7 @@ impl Redis {
             },
             owner,
             timing,
+            replied: false,
         };
         if log::level() >= 2 {
             r.warn_on_eviction();
@@ -269,7 +279,10 @@ impl Redis {
     ) -> anyhow::Result<T> {
         let conn = self.conn()?;
         match f(conn) {
-            Ok(v) => Ok(v),
+            Ok(v) => {
+                self.replied = true;
+                Ok(v)
+            }
             Err(e) => {
                 let transport = matches!(e.kind(), redis::ErrorKind::Io | redis::ErrorKind::Parse)
                     || e.is_timeout()
@@ -457,7 +470,7 @@ impl Backend for Redis {
                         }
                     }
                 }
-                Err(e) if e.downcast_ref::<Refused>().is_some() => {
+                Err(e) if e.downcast_ref::<Refused>().is_some() || !self.replied => {
                     return Err(fail(
                         Kind::Unavailable,
                         format!("acquiring {} on {}: {e:#}", self.name, self.display),
@@ -540,7 +553,7 @@ impl Inspect for Redis {
         Self::holder_from(&v)
     }
 
-    fn force_release(&mut self, force: Force) -> Result<Option<Holder>, Failure> {
+    fn force_release(&mut self, force: Force) -> Result<Broken, Failure> {
         let script = Script::new(FORCE);
         let (lock, signal) = (self.keys.lock.clone(), self.keys.signal.clone());
         let token = force.token.map(|t| t.to_string()).unwrap_or_default();
@@ -557,8 +570,17 @@ impl Inspect for Redis {
             })
             .with_context(|| format!("releasing {} on {}", self.name, self.display))
             .kind(Kind::Unavailable)?;
-        // Reply layout matches INSPECT's minus the revoked flag.
-        Self::holder_from(&v)
+        match v.first() {
+            Some(Value::Int(0)) => Ok(Broken::NotHeld),
+            Some(Value::Int(2)) => Ok(Broken::TokenMismatch(match v.get(1) {
+                Some(Value::BulkString(b)) => {
+                    std::str::from_utf8(b).ok().and_then(|t| t.parse().ok())
+                }
+                _ => None,
+            })),
+            // Reply layout matches INSPECT's minus the revoked flag.
+            _ => Ok(Self::holder_from(&v)?.map_or(Broken::NotHeld, Broken::Lease)),
+        }
     }
 }
 
