@@ -8,6 +8,7 @@ mod config;
 mod exit;
 mod lease;
 mod log;
+mod spawn;
 mod supervise;
 
 use std::io::Write;

@@ -5,10 +5,8 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{ErrorKind, Read};
-use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError, channel};
@@ -20,6 +18,7 @@ use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
 use crate::exit::{Failure, JobEnd, Kind, ResultExt, fail};
 use crate::lease::{Boot, BootTimer, Deadline, Event, Renewer, Timing, Watchdog};
 use crate::log;
+use crate::spawn::SpawnError;
 
 /// Signals lockrun passes on to the job's process group.
 const FORWARDED: [i32; 9] = [
@@ -60,17 +59,22 @@ pub struct Outcome {
     pub lost: Option<String>,
 }
 
-/// Signals that were ignored when lockrun started, from /proc/self/status.
-/// They stay ignored in the job (nohup), so lockrun leaves them alone.
+/// Signals that were ignored when lockrun started (nohup): they stay ignored
+/// in the job, so lockrun leaves them alone. A bit per signal, as in SigIgn.
 fn ignored_at_start() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("SigIgn:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0)
+    let mut mask = 0u64;
+    for sig in FORWARDED.iter().chain(JOB_CONTROL.iter()) {
+        // SAFETY: a query only (no new action); `old` is a local.
+        let ignored = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(*sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+        };
+        if ignored {
+            mask |= 1u64 << (sig - 1);
+        }
+    }
+    mask
 }
 
 fn is_ignored(mask: u64, sig: i32) -> bool {
@@ -97,6 +101,13 @@ fn signal_group(pgid: i32, sig: i32) {
 /// re-parented to us as subreaper, to any of our threads).
 fn children() -> Vec<i32> {
     let mut out = Vec::new();
+    // Only the main thread forks, and the kernel hands orphans to the first
+    // live thread of the reaper's group, the main thread: one file suffices
+    // (this runs on the main thread). The full scan is the fallback.
+    if let Ok(s) = std::fs::read_to_string("/proc/thread-self/children") {
+        out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        return out;
+    }
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
@@ -155,19 +166,25 @@ fn stop_like(sig: i32) {
     }
 }
 
-/// The signal plumbing: a flag per signal plus one wake-up socket for poll.
+/// A flag per signal, set by the handler and taken by the supervisor loop.
+static PENDING: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
+
+/// The signal plumbing: one handler per signal sets its flag and wakes poll.
 struct Signals {
-    flags: HashMap<i32, Arc<AtomicBool>>,
-    ids: Vec<signal_hook::SigId>,
+    /// The signals that now have lockrun's handler (the job resets them).
+    caught: Vec<i32>,
 }
 
 impl Signals {
     fn install(wake: &UnixStream, ignored: u64) -> std::io::Result<Signals> {
-        let mut flags = HashMap::new();
-        let mut ids = Vec::new();
+        // The handler owns a duplicate of the wake-up socket for good: lockrun
+        // exits soon after the job, and an uninstalled handler would let a
+        // late SIGTERM kill lockrun in the middle of its release.
+        let fd = wake.try_clone()?.into_raw_fd();
         // SAFETY: sigset manipulation on a local.
         let mut unblock: libc::sigset_t = unsafe { std::mem::zeroed() };
         unsafe { libc::sigemptyset(&mut unblock) };
+        let mut caught = Vec::new();
         for sig in FORWARDED
             .iter()
             .chain(JOB_CONTROL.iter())
@@ -178,94 +195,46 @@ impl Signals {
             }
             // A signal blocked when lockrun started could never be forwarded.
             unsafe { libc::sigaddset(&mut unblock, *sig) };
-            let flag = Arc::new(AtomicBool::new(false));
-            ids.push(signal_hook::flag::register(*sig, Arc::clone(&flag))?);
-            ids.push(signal_hook::low_level::pipe::register(
-                *sig,
-                wake.try_clone()?,
-            )?);
-            flags.insert(*sig, flag);
+            let sig = *sig;
+            caught.push(sig);
+            // SAFETY: the action only stores an atomic and calls send(2) with
+            // MSG_DONTWAIT, both async-signal-safe.
+            unsafe {
+                signal_hook::low_level::register(sig, move || {
+                    PENDING[sig as usize].store(true, Ordering::SeqCst);
+                    libc::send(fd, [1u8].as_ptr().cast(), 1, libc::MSG_DONTWAIT);
+                })?;
+            }
         }
         // SAFETY: changes only this thread's mask; the helper threads are
         // started later and inherit it.
         unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &unblock, std::ptr::null_mut()) };
-        Ok(Signals { flags, ids })
+        Ok(Signals { caught })
     }
 
     fn take(&self, sig: i32) -> bool {
-        self.flags
-            .get(&sig)
-            .is_some_and(|f| f.swap(false, Ordering::SeqCst))
+        PENDING[sig as usize].swap(false, Ordering::SeqCst)
     }
 }
 
-impl Drop for Signals {
-    fn drop(&mut self) {
-        for id in self.ids.drain(..) {
-            signal_hook::low_level::unregister(id);
+fn spawn(job: &Job, signals: &Signals, ignored: u64, tty: Option<&Tty>) -> Result<i32, Failure> {
+    let spec = crate::spawn::Spec {
+        argv: &job.command,
+        env: &job.env,
+        // An outer lockrun's lock descriptor must not leak through to this job.
+        env_remove: &[&["LOCKRUN_LOCK_FD"][..], &job.env_remove[..]].concat(),
+        inherit_fd: job.inherit_fd,
+        caught: &signals.caught,
+        tty_fd: tty.map(|t| t.fd),
+        keep_ttou_ignored: is_ignored(ignored, libc::SIGTTOU),
+    };
+    let shown = job.command[0].to_string_lossy();
+    crate::spawn::spawn(&spec).map_err(|e| match e {
+        SpawnError::NotFound => fail(Kind::NotFound, format!("{shown}: command not found")),
+        SpawnError::NotExecutable(e) => {
+            fail(Kind::NotExecutable, format!("{shown}: cannot execute: {e}"))
         }
-    }
-}
-
-fn spawn(job: &Job, ignored: u64, tty: Option<&Tty>) -> Result<std::process::Child, Failure> {
-    let mut cmd = Command::new(&job.command[0]);
-    cmd.args(&job.command[1..]);
-    // An outer lockrun's lock descriptor must not leak through to this job.
-    cmd.env_remove("LOCKRUN_LOCK_FD");
-    for k in &job.env_remove {
-        cmd.env_remove(k);
-    }
-    for (k, v) in &job.env {
-        cmd.env(k, v);
-    }
-    cmd.process_group(0);
-    let parent = std::process::id() as i32;
-    let inherit = job.inherit_fd;
-    let tty_fd = tty.map(|t| t.fd);
-    let keep_ttou_ignored = is_ignored(ignored, libc::SIGTTOU);
-    // SAFETY: only async-signal-safe calls (prctl, getppid, sigemptyset,
-    // pthread_sigmask, fcntl, signal, tcsetpgrp, getpid) run between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Die with lockrun: the death signal is tied to the spawning thread,
-            // which is lockrun's main thread and lives until the end.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                // lockrun died before the death signal was armed.
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            // The job starts with an empty signal mask, whatever lockrun inherited.
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            if let Some(fd) = inherit
-                && libc::fcntl(fd, libc::F_SETFD, 0) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            if let Some(fd) = tty_fd {
-                // Take the foreground from here too, so the job can never read
-                // the terminal before the parent's tcsetpgrp lands.
-                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                libc::tcsetpgrp(fd, libc::getpid());
-                if !keep_ttou_ignored {
-                    libc::signal(libc::SIGTTOU, libc::SIG_DFL);
-                }
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn().map_err(|e| {
-        let shown = job.command[0].to_string_lossy();
-        match e.kind() {
-            ErrorKind::NotFound => fail(Kind::NotFound, format!("{shown}: command not found")),
-            ErrorKind::PermissionDenied => {
-                fail(Kind::NotExecutable, format!("{shown}: permission denied"))
-            }
-            _ => fail(Kind::NotExecutable, format!("{shown}: cannot execute: {e}")),
-        }
+        SpawnError::Other(e) => fail(Kind::Internal, format!("{shown}: cannot start: {e}")),
     })
 }
 
@@ -322,9 +291,8 @@ pub fn run(
     let tty = foreground_tty();
     let timer = BootTimer::new().kind(Kind::Internal)?;
 
-    let child = spawn(&job, ignored, tty.as_ref())?;
-    let pid = child.id() as i32;
-    // The job's group id is its leader's pid (process_group(0)).
+    let pid = spawn(&job, &signals, ignored, tty.as_ref())?;
+    // The job's group id is its leader's pid (setpgid(0, 0) in the child).
     let pgid = pid;
     if let Some(t) = &tty {
         set_foreground(t.fd, pgid);

@@ -1,0 +1,250 @@
+//! Starting the job's process: a vfork-style clone that still sets the
+//! parent-death signal, a process group, default signal dispositions and an
+//! empty mask before exec.
+//!
+//! std's `Command` would do all of this but the parent-death signal, and the
+//! `pre_exec` hook it needs makes std fork (copying lockrun's page tables)
+//! instead of spawning with vfork semantics; measured here, that costs about
+//! 0.2 ms of the 1.6 ms a whole `flock FILE true` takes. So lockrun clones with
+//! CLONE_VM | CLONE_VFORK, as glibc's posix_spawn does, and runs a handful of
+//! raw system calls in the child.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+
+/// What the child does between clone and exec.
+pub struct Spec<'a> {
+    pub argv: &'a [OsString],
+    /// Variables set after (overriding) the inherited environment.
+    pub env: &'a [(String, String)],
+    /// Inherited variables to drop.
+    pub env_remove: &'a [&'a str],
+    /// A descriptor the job must inherit (its close-on-exec flag is cleared).
+    pub inherit_fd: Option<RawFd>,
+    /// Signals lockrun catches: the child resets them to the default action.
+    pub caught: &'a [i32],
+    /// Take the terminal's foreground for the job's new process group.
+    pub tty_fd: Option<RawFd>,
+    /// SIGTTOU was ignored when lockrun started: keep it so in the job.
+    pub keep_ttou_ignored: bool,
+}
+
+/// Why exec failed.
+#[derive(Debug)]
+pub enum SpawnError {
+    NotFound,
+    NotExecutable(std::io::Error),
+    Other(std::io::Error),
+}
+
+/// Everything the child reads, prepared before clone: the child may not
+/// allocate (it shares lockrun's memory and runs with all signals blocked).
+struct ChildArgs {
+    candidates: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    inherit_fd: RawFd,
+    caught: Vec<i32>,
+    tty_fd: RawFd,
+    keep_ttou_ignored: bool,
+    parent: libc::pid_t,
+    /// Written by the child when exec fails: its errno.
+    errno: i32,
+}
+
+fn cstring(s: &OsStr) -> std::io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "argument or environment contains a NUL byte",
+        )
+    })
+}
+
+/// The paths to try, as execvp would: the name itself if it has a slash,
+/// else each PATH directory in order.
+fn candidates(program: &OsStr) -> std::io::Result<Vec<CString>> {
+    if program.as_bytes().contains(&b'/') {
+        return Ok(vec![cstring(program)?]);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    let mut out = Vec::new();
+    for dir in path.as_bytes().split(|b| *b == b':') {
+        let mut full = if dir.is_empty() {
+            b".".to_vec()
+        } else {
+            dir.to_vec()
+        };
+        full.push(b'/');
+        full.extend_from_slice(program.as_bytes());
+        out.push(cstring(OsStr::from_bytes(&full))?);
+    }
+    Ok(out)
+}
+
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at the parent's ChildArgs, which outlives this call
+    // (the parent is suspended until we exec or exit). Only async-signal-safe
+    // system calls follow; nothing allocates or takes a lock.
+    unsafe {
+        let a = &mut *(arg as *mut ChildArgs);
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        for &sig in &a.caught {
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        }
+        // std ignores SIGPIPE in lockrun; the job gets the default.
+        libc::sigaction(libc::SIGPIPE, &dfl, std::ptr::null_mut());
+        libc::setpgid(0, 0);
+        // Die with lockrun. The signal is tied to the thread that created us,
+        // lockrun's main thread, which lives until lockrun exits.
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != a.parent {
+            a.errno = libc::ESRCH;
+            libc::_exit(127);
+        }
+        if a.inherit_fd >= 0 && libc::fcntl(a.inherit_fd, libc::F_SETFD, 0) != 0 {
+            a.errno = *libc::__errno_location();
+            libc::_exit(127);
+        }
+        if a.tty_fd >= 0 {
+            // Take the foreground from here too, so the job never reads the
+            // terminal before the parent's tcsetpgrp lands.
+            let mut ign: libc::sigaction = std::mem::zeroed();
+            ign.sa_sigaction = libc::SIG_IGN;
+            libc::sigaction(libc::SIGTTOU, &ign, std::ptr::null_mut());
+            libc::tcsetpgrp(a.tty_fd, libc::getpid());
+            if !a.keep_ttou_ignored {
+                libc::sigaction(libc::SIGTTOU, &dfl, std::ptr::null_mut());
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+
+        let mut saw_eacces = false;
+        let mut last = libc::ENOENT;
+        for path in &a.candidates {
+            libc::execve(path.as_ptr(), a.argv.as_ptr(), a.envp.as_ptr());
+            last = *libc::__errno_location();
+            match last {
+                libc::EACCES => saw_eacces = true,
+                libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => {}
+                // Found but not runnable (ENOEXEC, ETXTBSY, …): stop here.
+                _ => break,
+            }
+        }
+        a.errno = if saw_eacces && matches!(last, libc::ENOENT | libc::ENOTDIR) {
+            libc::EACCES
+        } else {
+            last
+        };
+        libc::_exit(127);
+    }
+}
+
+/// Start the job; returns its pid (also its process group id).
+pub fn spawn(spec: &Spec<'_>) -> Result<libc::pid_t, SpawnError> {
+    let argv_c: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| cstring(a))
+        .collect::<Result<_, _>>()
+        .map_err(SpawnError::Other)?;
+    let mut env_c: Vec<CString> = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        let key = k.as_bytes();
+        let dropped = spec.env_remove.iter().any(|r| r.as_bytes() == key)
+            || spec.env.iter().any(|(o, _)| o.as_bytes() == key);
+        if !dropped {
+            let mut kv = key.to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            env_c.push(cstring(OsStr::from_bytes(&kv)).map_err(SpawnError::Other)?);
+        }
+    }
+    for (k, v) in spec.env {
+        env_c.push(cstring(OsStr::new(&format!("{k}={v}"))).map_err(SpawnError::Other)?);
+    }
+    let mut args = ChildArgs {
+        candidates: candidates(&spec.argv[0]).map_err(SpawnError::Other)?,
+        argv: argv_c
+            .iter()
+            .map(|c| c.as_ptr())
+            .chain([std::ptr::null()])
+            .collect(),
+        envp: env_c
+            .iter()
+            .map(|c| c.as_ptr())
+            .chain([std::ptr::null()])
+            .collect(),
+        inherit_fd: spec.inherit_fd.unwrap_or(-1),
+        caught: spec.caught.to_vec(),
+        tty_fd: spec.tty_fd.unwrap_or(-1),
+        keep_ttou_ignored: spec.keep_ttou_ignored,
+        parent: std::process::id() as libc::pid_t,
+        errno: 0,
+    };
+    // The child's stack; the child only makes system calls.
+    let mut stack = vec![0u8; 64 * 1024];
+    // SAFETY: the stack grows down from its 16-byte-aligned top; all signals
+    // are blocked across clone so no handler of lockrun's runs in the child
+    // (which shares our memory); CLONE_VFORK keeps `args` and `stack` alive
+    // and untouched until the child has exec'd or exited.
+    let pid = unsafe {
+        let top = stack.as_mut_ptr().add(stack.len());
+        let top = (top as usize & !15) as *mut libc::c_void;
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            child_main,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut args as *mut ChildArgs).cast(),
+        );
+        let err = std::io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(SpawnError::Other(err));
+        }
+        pid
+    };
+    drop(stack);
+    // The child wrote `errno` before exiting (CLONE_VM): read it through a
+    // volatile load, since the compiler cannot see that write.
+    // SAFETY: reading our own live local.
+    let errno = unsafe { std::ptr::read_volatile(&args.errno) };
+    if errno == 0 {
+        return Ok(pid);
+    }
+    // It exited without exec: reap it here.
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let e = std::io::Error::from_raw_os_error(errno);
+    Err(match errno {
+        libc::ENOENT | libc::ENOTDIR => SpawnError::NotFound,
+        libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM => {
+            SpawnError::NotExecutable(e)
+        }
+        _ => SpawnError::Other(e),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_follow_path_rules() {
+        assert_eq!(candidates(OsStr::new("/bin/true")).unwrap().len(), 1);
+        assert_eq!(
+            candidates(OsStr::new("./x")).unwrap()[0].to_str().unwrap(),
+            "./x"
+        );
+        let c = candidates(OsStr::new("true")).unwrap();
+        assert!(c.iter().all(|p| p.to_str().unwrap().ends_with("/true")));
+    }
+}

@@ -1,0 +1,556 @@
+//! Benchmarks: lockrun next to flock (and etcdctl when installed), measured
+//! side by side and interleaved in one run so machine drift cancels out.
+//!
+//!     cargo bench                       # full run, writes target/lockrun-bench.json
+//!     LOCKRUN_BENCH_QUICK=1 cargo bench # fewer rounds, for a smoke test
+//!
+//! It starts its own redis-server on a free loopback port. The job processes
+//! are this very executable, re-run with a `job-*` argument, so a job's start
+//! and end are stamped without a shell in between.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use support::{BIN, Redis, wait_until};
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Job mode: `job-stamp FILE` writes the time and exits; `job-hold GO FILE`
+/// waits for GO to exist, then stamps FILE and exits; `job-sleep MS` sleeps.
+fn job_mode(args: &[String]) -> bool {
+    match args.first().map(String::as_str) {
+        Some("job-stamp") => {
+            std::fs::write(&args[1], now_ns().to_string()).unwrap();
+            true
+        }
+        Some("job-hold") => {
+            while !Path::new(&args[1]).exists() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            std::fs::write(&args[2], now_ns().to_string()).unwrap();
+            true
+        }
+        Some("job-sleep") => {
+            std::thread::sleep(Duration::from_millis(args[1].parse().unwrap()));
+            true
+        }
+        _ => false,
+    }
+}
+
+struct Stats {
+    median: f64,
+    p90: f64,
+}
+
+fn stats(mut v: Vec<f64>) -> Stats {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    Stats {
+        median: at(0.5),
+        p90: at(0.9),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Wall time of one run of a command, in ms.
+fn time_once(argv: &[String]) -> f64 {
+    let t = Instant::now();
+    let st = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    let d = ms(t.elapsed());
+    assert!(st.success(), "{argv:?} failed: {st:?}");
+    d
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+struct Bench {
+    exe: String,
+    redis: Redis,
+    dir: tempfile::TempDir,
+    quick: bool,
+    stats_conn: redis::Connection,
+    etcd: Option<EtcdServer>,
+    results: serde_json::Map<String, Value>,
+}
+
+/// An etcd of our own, when etcd and etcdctl are installed.
+struct EtcdServer {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_etcd(dir: &Path) -> Option<EtcdServer> {
+    Command::new("etcdctl").arg("version").output().ok()?;
+    let (client, peer) = (support::free_port(), support::free_port());
+    let endpoint = format!("http://127.0.0.1:{client}");
+    let child = Command::new("etcd")
+        .args(["--data-dir", &dir.join("etcd").display().to_string()])
+        .args([
+            "--listen-client-urls",
+            &endpoint,
+            "--advertise-client-urls",
+            &endpoint,
+        ])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let e = EtcdServer { child, endpoint };
+    let ok = wait_until(Duration::from_secs(10), || {
+        Command::new("etcdctl")
+            .args(["--endpoints", &e.endpoint, "endpoint", "health"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    ok.then_some(e)
+}
+
+impl Bench {
+    fn lockrun_redis(&self, name: &str, job: &[String]) -> Vec<String> {
+        let mut v = s(&[BIN, "--url", &self.redis.url(), name, "--"]);
+        v.extend_from_slice(job);
+        v
+    }
+    fn lockrun_local(&self, name: &str, job: &[String]) -> Vec<String> {
+        let dir = format!("file://{}", self.dir.path().join("locks").display());
+        let mut v = s(&[BIN, "--url", &dir, name, "--"]);
+        v.extend_from_slice(job);
+        v
+    }
+    fn flock(&self, name: &str, job: &[String]) -> Vec<String> {
+        let mut v = s(&["flock", &self.dir.path().join(name).display().to_string()]);
+        v.extend_from_slice(job);
+        v
+    }
+    fn path(&self, f: &str) -> PathBuf {
+        self.dir.path().join(f)
+    }
+
+    fn record(&mut self, key: &str, v: Value) {
+        self.results.insert(key.to_string(), v);
+    }
+
+    /// Uncontended `TOOL NAME true`, interleaved.
+    fn uncontended(&mut self) {
+        let rounds = if self.quick { 30 } else { 200 };
+        let t = s(&["/bin/true"]);
+        let mut variants: Vec<(&str, Vec<String>)> = vec![
+            ("true", t.clone()),
+            ("flock", self.flock("u", &t)),
+            ("lockrun-redis", self.lockrun_redis("u", &t)),
+            ("lockrun-local", self.lockrun_local("u", &t)),
+        ];
+        if let Some(e) = &self.etcd {
+            let mut v = s(&["etcdctl", "--endpoints", &e.endpoint, "lock", "u"]);
+            v.extend(t.clone());
+            variants.push(("etcdctl", v));
+        }
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+        for (_, argv) in &variants {
+            time_once(argv); // warm caches and the script cache
+        }
+        for _ in 0..rounds {
+            for (i, (_, argv)) in variants.iter().enumerate() {
+                samples[i].push(time_once(argv));
+            }
+        }
+        println!("\nUncontended `TOOL NAME true`, {rounds} interleaved rounds (ms)");
+        println!("{:<16} {:>8} {:>8}", "tool", "median", "p90");
+        let mut out = serde_json::Map::new();
+        let mut medians = std::collections::HashMap::new();
+        for (i, (name, _)) in variants.iter().enumerate() {
+            let st = stats(samples[i].clone());
+            println!("{name:<16} {:>8.3} {:>8.3}", st.median, st.p90);
+            medians.insert(*name, st.median);
+            out.insert(
+                name.to_string(),
+                json!({"median_ms": st.median, "p90_ms": st.p90}),
+            );
+        }
+        for tool in ["lockrun-redis", "lockrun-local"] {
+            let r = medians[tool] / medians["flock"];
+            println!("{tool}/flock: {r:.2}x (target ≤ 1.10x)");
+            out.insert(format!("{tool}_over_flock"), json!(r));
+        }
+        self.record("uncontended", Value::Object(out));
+    }
+
+    /// W workers × K acquisitions of one name around a short section.
+    fn contention(&mut self) {
+        let (w, k) = if self.quick { (4, 10) } else { (8, 25) };
+        let section = vec![self.exe.clone(), "job-sleep".into(), "5".into()];
+        let mut out = serde_json::Map::new();
+        let mut rates = std::collections::HashMap::new();
+        let reps = if self.quick { 1 } else { 3 };
+        for rep in 0..reps {
+            for tool in ["flock", "lockrun-redis", "lockrun-local"] {
+                let argv = match tool {
+                    "flock" => self.flock("c", &section),
+                    "lockrun-redis" => self.lockrun_redis("c", &section),
+                    _ => self.lockrun_local("c", &section),
+                };
+                let t = Instant::now();
+                let threads: Vec<_> = (0..w)
+                    .map(|_| {
+                        let argv = argv.clone();
+                        std::thread::spawn(move || {
+                            for _ in 0..k {
+                                time_once(&argv);
+                            }
+                        })
+                    })
+                    .collect();
+                for th in threads {
+                    th.join().unwrap();
+                }
+                let rate = (w * k) as f64 / t.elapsed().as_secs_f64();
+                rates.entry(tool).or_insert_with(Vec::new).push(rate);
+                let _ = rep;
+            }
+        }
+        println!(
+            "\nContention: {w} workers × {k} acquisitions around a 5 ms section (acquisitions/s, median of {reps})"
+        );
+        let mut med = std::collections::HashMap::new();
+        for tool in ["flock", "lockrun-redis", "lockrun-local"] {
+            let st = stats(rates[tool].clone());
+            println!("{tool:<16} {:>8.1}", st.median);
+            med.insert(tool, st.median);
+            out.insert(tool.to_string(), json!({"per_second": st.median}));
+        }
+        for tool in ["lockrun-redis", "lockrun-local"] {
+            let r = med[tool] / med["flock"];
+            println!("{tool}/flock: {r:.2}x (target ≥ 0.90x)");
+            out.insert(format!("{tool}_over_flock"), json!(r));
+        }
+        self.record("contention", Value::Object(out));
+    }
+
+    /// One hand-off: holder's job ends → waiter's job starts, in ms.
+    fn handoff_once(&self, tool: &str, name: &str, waiters: usize) -> f64 {
+        let go = self.path("go");
+        let end = self.path("end");
+        let _ = std::fs::remove_file(&go);
+        let _ = std::fs::remove_file(&end);
+        let hold_job = vec![
+            self.exe.clone(),
+            "job-hold".into(),
+            go.display().to_string(),
+            end.display().to_string(),
+        ];
+        let argv = |job: &[String]| match tool {
+            "flock" => self.flock(name, job),
+            "lockrun-redis" => self.lockrun_redis(name, job),
+            _ => self.lockrun_local(name, job),
+        };
+        let mut holder = Command::new(BIN)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let _ = holder.wait();
+        let ha = argv(&hold_job);
+        holder = Command::new(&ha[0])
+            .args(&ha[1..])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        // The holder holds once its job runs: wait for its lease.
+        std::thread::sleep(Duration::from_millis(30));
+        let mut kids = Vec::new();
+        let starts: Vec<PathBuf> = (0..waiters)
+            .map(|i| self.path(&format!("start{i}")))
+            .collect();
+        for st in &starts {
+            let _ = std::fs::remove_file(st);
+            let wa = argv(&[
+                self.exe.clone(),
+                "job-stamp".into(),
+                st.display().to_string(),
+            ]);
+            kids.push(
+                Command::new(&wa[0])
+                    .args(&wa[1..])
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        // Let every waiter block before the holder ends.
+        std::thread::sleep(Duration::from_millis(if waiters > 10 { 1500 } else { 150 }));
+        std::fs::write(&go, "").unwrap();
+        holder.wait().unwrap();
+        let first_start = loop {
+            let first = starts
+                .iter()
+                .filter_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u128>().ok())
+                .min();
+            if let Some(f) = first {
+                break f;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        for mut k in kids {
+            k.wait().unwrap();
+        }
+        let end_ns: u128 = std::fs::read_to_string(&end)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        (first_start as f64 - end_ns as f64) / 1e6
+    }
+
+    fn handoff(&mut self) {
+        let rounds = if self.quick { 10 } else { 40 };
+        let mut samples: std::collections::HashMap<&str, Vec<f64>> = Default::default();
+        for _ in 0..rounds {
+            for tool in ["flock", "lockrun-redis", "lockrun-local"] {
+                let v = self.handoff_once(tool, "h", 1);
+                samples.entry(tool).or_default().push(v);
+            }
+        }
+        println!(
+            "\nHand-off: holder's job ends → waiter's job starts, {rounds} interleaved rounds (ms)"
+        );
+        println!("{:<16} {:>8} {:>8}", "tool", "median", "p90");
+        let mut out = serde_json::Map::new();
+        let mut med = std::collections::HashMap::new();
+        for tool in ["flock", "lockrun-redis", "lockrun-local"] {
+            let st = stats(samples[tool].clone());
+            println!("{tool:<16} {:>8.3} {:>8.3}", st.median, st.p90);
+            med.insert(tool, st.median);
+            out.insert(
+                tool.to_string(),
+                json!({"median_ms": st.median, "p90_ms": st.p90}),
+            );
+        }
+        for tool in ["lockrun-redis", "lockrun-local"] {
+            println!(
+                "{tool}/flock: {:.2}x (target ≤ 1.00x)",
+                med[tool] / med["flock"]
+            );
+            out.insert(
+                format!("{tool}_over_flock"),
+                json!(med[tool] / med["flock"]),
+            );
+        }
+        self.record("handoff", Value::Object(out));
+    }
+
+    /// Commands the server has run so far. One connection, kept open, so
+    /// the only extra command counted between two readings is one INFO.
+    fn total_commands(&mut self) -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut self.stats_conn).unwrap();
+        info.lines()
+            .filter_map(|l| l.split("calls=").nth(1))
+            .filter_map(|c| c.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Redis commands per second per waiter while N waiters block on a held
+    /// lock at the default ttl, and the hand-off with 100 waiters.
+    fn waiting_load(&mut self) {
+        let window = Duration::from_secs(if self.quick { 5 } else { 20 });
+        let mut out = serde_json::Map::new();
+        println!("\nWaiting load at the default ttl (30 s), over {window:?}");
+        for n in [1usize, 10, 100] {
+            let go = self.path("wgo");
+            let _ = std::fs::remove_file(&go);
+            let holder_job = vec![
+                self.exe.clone(),
+                "job-hold".into(),
+                go.display().to_string(),
+                self.path("wend").display().to_string(),
+            ];
+            let ha = self.lockrun_redis("w", &holder_job);
+            let mut holder = Command::new(&ha[0]).args(&ha[1..]).spawn().unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            let wa = self.lockrun_redis("w", &s(&["/bin/true"]));
+            let mut kids: Vec<_> = (0..n)
+                .map(|_| Command::new(&wa[0]).args(&wa[1..]).spawn().unwrap())
+                .collect();
+            std::thread::sleep(Duration::from_secs(2));
+            let before = self.total_commands();
+            std::thread::sleep(window);
+            // INFO itself is one command per reading.
+            let used = self.total_commands() - before - 1;
+            let per = used as f64 / n as f64 / window.as_secs_f64();
+            println!(
+                "{n:>4} waiters: {used} commands, {per:.3} per second per waiter (target < 1, flat)"
+            );
+            out.insert(
+                format!("waiters_{n}"),
+                json!({"commands": used, "per_waiter_per_second": per}),
+            );
+            std::fs::write(&go, "").unwrap();
+            holder.wait().unwrap();
+            for k in kids.iter_mut() {
+                k.wait().unwrap();
+            }
+        }
+        let rounds = if self.quick { 3 } else { 7 };
+        let one: Vec<f64> = (0..rounds)
+            .map(|_| self.handoff_once("lockrun-redis", "hw", 1))
+            .collect();
+        let hundred: Vec<f64> = (0..rounds)
+            .map(|_| self.handoff_once("lockrun-redis", "hw", 100))
+            .collect();
+        let (a, b) = (stats(one).median, stats(hundred).median);
+        println!(
+            "hand-off with 1 waiter {a:.3} ms, with 100 waiters {b:.3} ms: {:.2}x (target ≤ 2x)",
+            b / a
+        );
+        out.insert("handoff_1_ms".into(), json!(a));
+        out.insert("handoff_100_ms".into(), json!(b));
+        self.record("waiting", Value::Object(out));
+    }
+
+    /// Redis commands per minute while one lease is held at the default ttl.
+    fn holding_cost(&mut self) {
+        let window = Duration::from_secs(if self.quick { 11 } else { 60 });
+        let go = self.path("hgo");
+        let _ = std::fs::remove_file(&go);
+        let job = vec![
+            self.exe.clone(),
+            "job-hold".into(),
+            go.display().to_string(),
+            self.path("hend").display().to_string(),
+        ];
+        let ha = self.lockrun_redis("hold", &job);
+        let mut holder = Command::new(&ha[0]).args(&ha[1..]).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let before = self.total_commands();
+        std::thread::sleep(window);
+        let used = self.total_commands() - before - 1;
+        std::fs::write(&go, "").unwrap();
+        holder.wait().unwrap();
+        let per_min = used as f64 * 60.0 / window.as_secs_f64();
+        println!(
+            "\nHolding one lease at the default ttl: {used} commands in {window:?} = {per_min:.1} per minute"
+        );
+        self.record("holding", json!({"commands_per_minute": per_min}));
+    }
+
+    fn footprint(&mut self) {
+        // Peak RSS of a lockrun process, from wait4's rusage of that child.
+        let argv = self.lockrun_redis("rss", &s(&["/bin/true"]));
+        // Reaped right here by wait4, which also returns its resource usage.
+        #[allow(clippy::zombie_processes)]
+        let child = Command::new(&argv[0]).args(&argv[1..]).spawn().unwrap();
+        let mut status = 0;
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
+        let rss_kib = ru.ru_maxrss as f64;
+        let size = std::fs::metadata(BIN).unwrap().len();
+        let version: Vec<f64> = (0..100)
+            .map(|_| time_once(&s(&[BIN, "--version"])))
+            .collect();
+        let v = stats(version).median;
+        println!(
+            "\nPeak RSS of lockrun: {:.2} MiB (target ≤ 5 MiB); binary {:.2} MiB; `lockrun --version` {v:.3} ms",
+            rss_kib / 1024.0,
+            size as f64 / 1048576.0
+        );
+        self.record(
+            "footprint",
+            json!({"peak_rss_kib": rss_kib, "binary_bytes": size, "version_ms": v}),
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if job_mode(&args) {
+        return;
+    }
+    if Command::new("flock").arg("--version").output().is_err() {
+        panic!(
+            "flock not found: the benchmark compares against it (apt-get install -y util-linux)"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("locks")).unwrap();
+    let quick = std::env::var_os("LOCKRUN_BENCH_QUICK").is_some();
+    let etcd = start_etcd(dir.path());
+    let redis = Redis::start();
+    let stats_conn = redis.conn();
+    let mut b = Bench {
+        exe: std::env::current_exe().unwrap().display().to_string(),
+        stats_conn,
+        redis,
+        dir,
+        quick,
+        etcd,
+        results: serde_json::Map::new(),
+    };
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    println!(
+        "lockrun benchmark on {cpu} ({cores} cores){}",
+        if quick { ", quick mode" } else { "" }
+    );
+    if b.etcd.is_none() {
+        println!("(etcd/etcdctl not installed: etcdctl lock is not measured)");
+    }
+    b.record(
+        "machine",
+        json!({"cpu": cpu, "cores": cores, "quick": quick}),
+    );
+    b.uncontended();
+    b.contention();
+    b.handoff();
+    b.waiting_load();
+    b.holding_cost();
+    b.footprint();
+    let out = std::env::var("LOCKRUN_BENCH_OUT").unwrap_or_else(|_| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target/lockrun-bench.json")
+            .display()
+            .to_string()
+    });
+    std::fs::write(
+        &out,
+        serde_json::to_string_pretty(&Value::Object(b.results)).unwrap(),
+    )
+    .unwrap();
+    println!("\nResults written to {out}");
+}
