@@ -11,7 +11,7 @@ use crate::backend::{self, Acquired, Broken, Force, Holder, Owner};
 use crate::cli::{Cli, Generate, Sub};
 use crate::config::{self, BackendSpec, Common};
 use crate::exit::{self, Failure, JobEnd, Kind, ResultExt, fail};
-use crate::lease::Deadline;
+use crate::lease::{Boot, Deadline};
 use crate::log;
 use crate::supervise::{self, Job};
 
@@ -57,15 +57,28 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     let label = owner.label.clone();
 
     let mut backend = backend::open(&cfg.common, &cfg.name, owner, cfg.timing)?;
-    let grant = match backend.acquire(cfg.wait)? {
-        Acquired::Granted(g) => g,
-        Acquired::Busy { holder } => {
-            log::info(format!(
-                "not acquired: {} is held by {}",
-                cfg.name,
-                holder.as_deref().unwrap_or("someone")
-            ));
-            return Ok(Finish::Exit(cfg.conflict_code));
+    let grant = loop {
+        match backend.acquire(cfg.wait)? {
+            // A grant whose lease is already (nearly) over, because lockrun was
+            // paused right after it, must not start the job: ask again.
+            Acquired::Granted(g)
+                if Boot::now() >= cfg.timing.lost_at(cfg.timing.deadline_from(g.t_send)) =>
+            {
+                log::warn(format!(
+                    "the lease on {} ran out before the job could start (was lockrun paused?); acquiring again",
+                    cfg.name
+                ));
+                let _ = backend.release();
+            }
+            Acquired::Granted(g) => break g,
+            Acquired::Busy { holder } => {
+                log::info(format!(
+                    "not acquired: {} is held by {}",
+                    cfg.name,
+                    holder.as_deref().unwrap_or("someone")
+                ));
+                return Ok(Finish::Exit(cfg.conflict_code));
+            }
         }
     };
 

@@ -10,3 +10,4 @@ mod ops;
 mod redis_core;
 mod supervise;
 mod terminal;
+mod torture;

@@ -16,13 +16,13 @@ use crate::log;
 /// Idempotent for our own owner value, so a retried acquire whose first reply
 /// was lost gets its token back with a fresh full ttl.
 const ACQUIRE: &str = r#"
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner == ARGV[1] then
+local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'label')
+if h[1] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1, tonumber(redis.call('HGET', KEYS[1], 'token'))}
+  return {1, tonumber(h[2])}
 end
-if owner then
-  return {0, redis.call('PTTL', KEYS[1]), redis.call('HGET', KEYS[1], 'label') or ''}
+if h[1] then
+  return {0, redis.call('PTTL', KEYS[1]), h[3] or ''}
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease')

@@ -370,7 +370,10 @@ impl Bench {
     /// Commands the server has run so far. One connection, kept open, so
     /// the only extra command counted between two readings is one INFO.
     fn total_commands(&mut self) -> u64 {
-        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut self.stats_conn).unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.stats_conn)
+            .unwrap();
         info.lines()
             .filter_map(|l| l.split("calls=").nth(1))
             .filter_map(|c| c.split(',').next()?.parse::<u64>().ok())
@@ -500,7 +503,7 @@ fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("locks")).unwrap();
-    let quick = std::env::var_os("LOCKRUN_BENCH_QUICK").is_some();
+    let quick = std::env::var_os("LOCKRUN_BENCH_QUICK").is_some_and(|v| !v.is_empty());
     let etcd = start_etcd(dir.path());
     let redis = Redis::start();
     let stats_conn = redis.conn();

@@ -1,0 +1,520 @@
+//! Safety under faults. Workers loop lockrun around a job that writes to a
+//! fenced resource while a chaos thread pauses lockruns, restarts and pauses
+//! Redis and breaks leases; a checker then verifies the history against the
+//! promises of README "Safety".
+//!
+//! LOCKRUN_TORTURE_SECS sets the duration (default 40), LOCKRUN_TORTURE_SEED
+//! replays a run, LOCKRUN_TORTURE_WORKERS sets the number of workers (6).
+//! Run a long one with
+//! `LOCKRUN_TORTURE_SECS=900 cargo test --release torture -- --nocapture`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::support::*;
+
+const TTL_MS: u64 = 2000;
+
+/// The job: a Perl script (Perl is part of every Debian system) that writes to
+/// a fenced store a few times. The store keeps the highest token it accepted,
+/// under a flock so its check and write are one step, and rejects a lower one.
+const JOB: &str = r#"
+use strict; use warnings;
+use Fcntl qw(:flock);
+use Time::HiRes qw(time sleep);
+my ($dir, $writes) = @ARGV;
+my $t = $ENV{LOCKRUN_TOKEN};
+my $w = $ENV{WORKER};
+sub now { sprintf("%.0f", time() * 1e6) }
+sub logl { open(my $f, '>>', "$dir/events.log") or die; print $f "@_\n"; close $f; }
+open(my $p, '>', "$dir/pid-$w") or die; print $p "$$\n"; close $p;
+logl("start $t " . now() . " $w");
+for (1 .. $writes) {
+  open(my $l, '>>', "$dir/fence.lock") or die; flock($l, LOCK_EX) or die;
+  my $last = 0;
+  if (open(my $r, '<', "$dir/fence")) { $last = <$r> // 0; chomp $last; close $r; }
+  $last = 0 if $last eq '';
+  if ($t >= $last) {
+    open(my $o, '>', "$dir/fence") or die; print $o "$t\n"; close $o;
+    logl("accept $t " . now() . " $w");
+  } else {
+    logl("reject $t " . now() . " $w");
+  }
+  close $l;
+  sleep(0.02 + rand(0.04));
+}
+logl("end $t " . now() . " $w");
+"#;
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// xorshift64*: enough randomness for a replayable schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Chaos {
+    /// A worker's lockrun and its job were stopped from `from` to `to` (µs).
+    Pause { worker: usize, from: u64, to: u64 },
+    /// The server lost every lease at `at`: restart, raw DEL, release --now.
+    Break { kind: &'static str, at: u64 },
+    /// Redis itself was stopped for a while; leases are not broken by it.
+    RedisPause { from: u64, to: u64 },
+    /// A safe revoke (release --force): must not cause any overlap.
+    Revoke { at: u64 },
+}
+
+#[derive(Debug, Default, Clone)]
+struct Job {
+    token: u64,
+    worker: usize,
+    start: u64,
+    /// Every action of the job after its start (writes and end), in µs.
+    actions: Vec<u64>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    url: String,
+    stop: AtomicBool,
+    /// Per worker, the pid of its running lockrun (0 when none).
+    lockrun_pid: Vec<AtomicI32>,
+    violations: Mutex<Vec<String>>,
+    exits: Mutex<HashMap<i32, u64>>,
+}
+
+fn worker(i: usize, sh: Arc<Shared>) {
+    let job = sh.dir.join("job.pl");
+    let pidfile = sh.dir.join(format!("pid-{i}"));
+    while !sh.stop.load(Ordering::SeqCst) {
+        let _ = std::fs::remove_file(&pidfile);
+        let mut child = lockrun()
+            .args([
+                "--url",
+                &sh.url,
+                "--ttl",
+                &format!("{TTL_MS}ms"),
+                "-q",
+                "torture",
+                "--",
+                "perl",
+            ])
+            .arg(&job)
+            .arg(&sh.dir)
+            .arg("4")
+            .env("WORKER", i.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(sh.dir.join(format!("stderr-{i}.log")))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        sh.lockrun_pid[i].store(child.id() as i32, Ordering::SeqCst);
+        let st = wait_child(&mut child, Duration::from_secs(120));
+        sh.lockrun_pid[i].store(0, Ordering::SeqCst);
+        let code = st.code().unwrap_or(-1);
+        *sh.exits.lock().unwrap().entry(code).or_default() += 1;
+        // (d) and (e): when lockrun is gone, nothing of its job may live on.
+        if let Ok(p) = std::fs::read_to_string(&pidfile)
+            && let Ok(pid) = p.trim().parse::<i32>()
+            && alive(pid)
+        {
+            // A zombie being reaped by init is not alive; give it a moment.
+            if !wait_until(Duration::from_millis(200), || !alive(pid)) {
+                sh.violations.lock().unwrap().push(format!(
+                    "worker {i}: job pid {pid} alive after lockrun exited with {code}"
+                ));
+            }
+        }
+        match code {
+            0 | 76 => {}
+            // Redis unreachable (restarting or paused) before the job started.
+            69 => std::thread::sleep(Duration::from_millis(100)),
+            other => sh
+                .violations
+                .lock()
+                .unwrap()
+                .push(format!("worker {i}: unexpected exit {other:?} ({st:?})")),
+        }
+    }
+}
+
+fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -> Vec<Chaos> {
+    let mut rng = Rng(seed | 1);
+    let mut log = Vec::new();
+    let workers = sh.lockrun_pid.len();
+    while Instant::now() + Duration::from_secs(4) < until {
+        std::thread::sleep(rng.ms(700, 2000));
+        match rng.below(5) {
+            0 => {
+                // Pause a lockrun together with its job for longer than the
+                // ttl: the one whose job runs now (the holder, most likely).
+                let start = rng.below(workers as u64) as usize;
+                let holder = (0..workers).map(|k| (start + k) % workers).find_map(|w| {
+                    let lr = sh.lockrun_pid[w].load(Ordering::SeqCst);
+                    let job = std::fs::read_to_string(sh.dir.join(format!("pid-{w}"))).ok()?;
+                    let job = job.trim().parse::<i32>().ok()?;
+                    (lr > 1 && job > 1 && alive(lr) && alive(job)).then_some((w, lr, job))
+                });
+                let Some((w, lr, job)) = holder else { continue };
+                let from = now_us();
+                signal(lr, libc::SIGSTOP);
+                // The job's process group id is its pid.
+                unsafe { libc::kill(-job, libc::SIGSTOP) };
+                std::thread::sleep(Duration::from_millis(TTL_MS) + rng.ms(300, 1500));
+                // lockrun first, as a resumed container would: it must notice
+                // the lost lease before the job gets far.
+                signal(lr, libc::SIGCONT);
+                unsafe { libc::kill(-job, libc::SIGCONT) };
+                log.push(Chaos::Pause {
+                    worker: w,
+                    from,
+                    to: now_us(),
+                });
+            }
+            1 => {
+                let at = now_us();
+                redis.lock().unwrap().restart();
+                log.push(Chaos::Break {
+                    kind: "restart",
+                    at,
+                });
+            }
+            2 => {
+                let r = redis.lock().unwrap();
+                let from = now_us();
+                r.pause();
+                std::thread::sleep(rng.ms(200, 900));
+                r.resume();
+                log.push(Chaos::RedisPause { from, to: now_us() });
+            }
+            3 => {
+                let at = now_us();
+                if rng.below(2) == 0 {
+                    let _: Result<i64, _> = redis::cmd("DEL")
+                        .arg("lockrun:{torture}")
+                        .query(&mut redis.lock().unwrap().conn());
+                    log.push(Chaos::Break { kind: "DEL", at });
+                } else {
+                    run(lockrun()
+                        .args(["--url", &sh.url, "release", "--force", "--now", "torture"]));
+                    log.push(Chaos::Break {
+                        kind: "release --now",
+                        at,
+                    });
+                }
+            }
+            _ => {
+                let at = now_us();
+                let out = run(lockrun().args(["--url", &sh.url, "release", "--force", "torture"]));
+                if out.status.code() == Some(0) {
+                    log.push(Chaos::Revoke { at });
+                }
+            }
+        }
+    }
+    log
+}
+
+struct History {
+    jobs: Vec<Job>,
+    accepted: Vec<(u64, u64)>,
+    rejected: usize,
+}
+
+fn read_history(dir: &Path) -> History {
+    let text = std::fs::read_to_string(dir.join("events.log")).unwrap_or_default();
+    let mut jobs: HashMap<u64, Job> = HashMap::new();
+    let mut accepted = Vec::new();
+    let mut rejected = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        let (token, at, w): (u64, u64, usize) = (
+            f[1].parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+        );
+        let job = jobs.entry(token).or_insert_with(|| Job {
+            token,
+            worker: w,
+            ..Job::default()
+        });
+        match f[0] {
+            "start" => job.start = at,
+            "accept" => {
+                job.actions.push(at);
+                accepted.push((token, at));
+            }
+            "reject" => {
+                job.actions.push(at);
+                rejected += 1;
+            }
+            "end" => job.actions.push(at),
+            _ => {}
+        }
+    }
+    let mut jobs: Vec<Job> = jobs.into_values().collect();
+    jobs.sort_by_key(|j| j.token);
+    History {
+        jobs,
+        accepted,
+        rejected,
+    }
+}
+
+/// The bound of README "Safety" for a lease broken on the server:
+/// ttl/3 + op + grace, plus a margin for scheduling on a loaded machine.
+fn break_bound_us() -> u64 {
+    (TTL_MS / 3 + TTL_MS / 6 + TTL_MS / 10 + 1000) * 1000
+}
+
+/// Why an action of job `a` at `x`, after job `b` (newer token) started, is
+/// admitted; None if it is not.
+fn admitted(a: &Job, b: &Job, x: u64, chaos: &[Chaos]) -> Option<&'static str> {
+    let grace_margin = (TTL_MS / 10 + 1000) * 1000;
+    for c in chaos {
+        match *c {
+            Chaos::Pause { worker, from, to }
+                if worker == a.worker && from <= x && x <= to + grace_margin =>
+            {
+                return Some("holder paused");
+            }
+            Chaos::Break { at, .. } if at <= b.start && x <= at + break_bound_us() => {
+                return Some("lease broken on the server");
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn check(h: &History, chaos: &[Chaos]) -> (Vec<String>, usize) {
+    let mut bad = Vec::new();
+    let mut overlaps = 0;
+    // (a) tokens strictly increase in grant order: a newer token never starts
+    // before an older one, unless the older one's holder was paused.
+    for pair in h.jobs.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.start > 0
+            && b.start > 0
+            && b.start < a.start
+            && admitted(a, b, a.start, chaos).is_none()
+        {
+            bad.push(format!(
+                "(a) token {} started before the older token {}",
+                b.token, a.token
+            ));
+        }
+    }
+    // (b) a job acts after a newer job started only where DESIGN admits it.
+    for (i, a) in h.jobs.iter().enumerate() {
+        for b in &h.jobs[i + 1..] {
+            if b.start == 0 {
+                continue;
+            }
+            for &x in a.actions.iter().filter(|&&x| x > b.start) {
+                overlaps += 1;
+                if admitted(a, b, x, chaos).is_none() {
+                    bad.push(format!(
+                        "(b) job {} (worker {}) acted {} µs after job {} started, with no pause or broken lease to admit it",
+                        a.token, a.worker, x - b.start, b.token
+                    ));
+                }
+            }
+        }
+    }
+    // (c) the resource never accepted a token lower than one it had accepted.
+    for pair in h.accepted.windows(2) {
+        if pair[1].0 < pair[0].0 {
+            bad.push(format!(
+                "(c) accepted token {} after token {}",
+                pair[1].0, pair[0].0
+            ));
+        }
+    }
+    (bad, overlaps)
+}
+
+fn describe(c: &Chaos) -> String {
+    match c {
+        Chaos::Pause { worker, from, to } => {
+            format!("{from}..{to} lockrun of worker {worker} paused")
+        }
+        Chaos::Break { kind, at } => format!("{at} lease broken: {kind}"),
+        Chaos::RedisPause { from, to } => format!("{from}..{to} Redis paused"),
+        Chaos::Revoke { at } => format!("{at} release --force (revoke)"),
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn torture_with_a_fenced_resource() {
+    if Command::new("perl").arg("-v").output().is_err() {
+        panic!("perl not found: the torture test's job needs it (apt-get install -y perl)");
+    }
+    let secs = env_u64("LOCKRUN_TORTURE_SECS", 40);
+    let workers = env_u64("LOCKRUN_TORTURE_WORKERS", 6) as usize;
+    let seed = env_u64("LOCKRUN_TORTURE_SEED", now_us());
+    println!(
+        "torture: seed {seed}, {workers} workers, {secs} s (replay with LOCKRUN_TORTURE_SEED={seed})"
+    );
+    let scratch = Scratch::new();
+    std::fs::write(scratch.path("job.pl"), JOB).unwrap();
+    let redis = Arc::new(Mutex::new(Redis::start()));
+    let url = redis.lock().unwrap().url();
+    let sh = Arc::new(Shared {
+        dir: scratch.dir.path().to_path_buf(),
+        url,
+        stop: AtomicBool::new(false),
+        lockrun_pid: (0..workers).map(|_| AtomicI32::new(0)).collect(),
+        violations: Mutex::new(Vec::new()),
+        exits: Mutex::new(HashMap::new()),
+    });
+    let until = Instant::now() + Duration::from_secs(secs);
+    let handles: Vec<_> = (0..workers)
+        .map(|i| {
+            let sh = Arc::clone(&sh);
+            std::thread::spawn(move || worker(i, sh))
+        })
+        .collect();
+    let chaos_log = {
+        let (sh, redis) = (Arc::clone(&sh), Arc::clone(&redis));
+        std::thread::spawn(move || chaos(sh, redis, seed, until))
+    };
+    let chaos_log = chaos_log.join().unwrap();
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    sh.stop.store(true, Ordering::SeqCst);
+    for h in handles {
+        h.join().unwrap();
+    }
+
+    let history = read_history(scratch.dir.path());
+    let (mut bad, overlaps) = check(&history, &chaos_log);
+    bad.extend(sh.violations.lock().unwrap().iter().cloned());
+    let exits = sh.exits.lock().unwrap().clone();
+    let count = |f: fn(&Chaos) -> bool| chaos_log.iter().filter(|c| f(c)).count();
+    let summary = format!(
+        "seed {seed}: {} grants, {} writes accepted, {} stale writes rejected, {} lost leases (exit 76), \
+         {} unreachable (69); chaos: {} lockrun pauses, {} Redis restarts, {} Redis pauses, {} raw deletes or release --now, \
+         {} revokes; {} admitted late actions",
+        history.jobs.len(),
+        history.accepted.len(),
+        history.rejected,
+        exits.get(&76).copied().unwrap_or(0),
+        exits.get(&69).copied().unwrap_or(0),
+        count(|c| matches!(c, Chaos::Pause { .. })),
+        count(|c| matches!(
+            c,
+            Chaos::Break {
+                kind: "restart",
+                ..
+            }
+        )),
+        count(|c| matches!(c, Chaos::RedisPause { .. })),
+        count(|c| matches!(c, Chaos::Break { kind, .. } if *kind != "restart")),
+        count(|c| matches!(c, Chaos::Revoke { .. })),
+        overlaps,
+    );
+    println!("torture: {summary}");
+    assert!(
+        history.jobs.len() >= 10,
+        "too few grants to mean anything: {summary}"
+    );
+    let timeline: Vec<String> = chaos_log.iter().map(describe).collect();
+    assert!(
+        bad.is_empty(),
+        "safety violations ({summary}):\n{}\nchaos:\n{}",
+        bad.join("\n"),
+        timeline.join("\n")
+    );
+}
+
+#[test]
+fn failover_to_a_lagging_replica_keeps_tokens_growing() {
+    let mut primary = Redis::start();
+    let replica = Redis::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    let on = |r: &Redis| {
+        let mut c = lockrun();
+        c.args([
+            "--url",
+            &r.url(),
+            "f",
+            "--",
+            "sh",
+            "-c",
+            "echo $LOCKRUN_TOKEN",
+        ]);
+        c
+    };
+    let token = |r: &Redis| -> u64 {
+        let out = run(&mut on(r));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout).trim().parse().unwrap()
+    };
+    let mut issued = vec![token(&primary)];
+    // Wait until the replica has the counter: replication works.
+    let synced = wait_until(Duration::from_secs(20), || {
+        replica.cmd::<Option<u64>>(&["GET", "lockrun:{f}:fence"]) == Some(issued[0])
+    });
+    assert!(synced, "the replica never caught up");
+
+    // Make it lag: stop it, cut its link, and issue more grants.
+    replica.pause();
+    let killed: i64 = primary.cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+    assert!(killed >= 1, "no replica link to cut");
+    for _ in 0..5 {
+        issued.push(token(&primary));
+    }
+    primary.kill();
+    replica.resume();
+    let lagging: Option<u64> = replica.cmd(&["GET", "lockrun:{f}:fence"]);
+    assert!(
+        lagging.unwrap_or(0) < *issued.last().unwrap(),
+        "the replica must really lag: it has {lagging:?}, the primary issued {issued:?}"
+    );
+    let _: () = replica.cmd(&["REPLICAOF", "NO", "ONE"]);
+    let after = token(&replica);
+    let highest = *issued.iter().max().unwrap();
+    assert!(
+        after > highest,
+        "token {after} after failover must exceed every earlier one ({highest})"
+    );
+}
