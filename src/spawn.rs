@@ -28,6 +28,8 @@ pub struct Spec<'a> {
     pub tty_fd: Option<RawFd>,
     /// SIGTTOU was ignored when lockrun started: keep it so in the job.
     pub keep_ttou_ignored: bool,
+    /// SIGPIPE was ignored when lockrun started: keep it so in the job.
+    pub keep_sigpipe_ignored: bool,
 }
 
 /// Why exec failed.
@@ -48,6 +50,7 @@ struct ChildArgs {
     caught: Vec<i32>,
     tty_fd: RawFd,
     keep_ttou_ignored: bool,
+    keep_sigpipe_ignored: bool,
     parent: libc::pid_t,
     /// Written by the child when exec fails: its errno.
     errno: i32,
@@ -94,8 +97,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         for &sig in &a.caught {
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
         }
-        // std ignores SIGPIPE in lockrun; the job gets the default.
-        libc::sigaction(libc::SIGPIPE, &dfl, std::ptr::null_mut());
+        // lockrun ignores SIGPIPE for itself; the job gets what lockrun got.
+        if !a.keep_sigpipe_ignored {
+            libc::sigaction(libc::SIGPIPE, &dfl, std::ptr::null_mut());
+        }
         libc::setpgid(0, 0);
         // Die with lockrun. The signal is tied to the thread that created us,
         // lockrun's main thread, which lives until lockrun exits.
@@ -182,6 +187,7 @@ pub fn spawn(spec: &Spec<'_>) -> Result<libc::pid_t, SpawnError> {
         caught: spec.caught.to_vec(),
         tty_fd: spec.tty_fd.unwrap_or(-1),
         keep_ttou_ignored: spec.keep_ttou_ignored,
+        keep_sigpipe_ignored: spec.keep_sigpipe_ignored,
         parent: std::process::id() as libc::pid_t,
         errno: 0,
     };

@@ -166,6 +166,14 @@ fn stop_like(sig: i32) {
     }
 }
 
+/// SIGPIPE was ignored when lockrun started (lockrun itself always ignores it).
+static SIGPIPE_IGNORED: AtomicBool = AtomicBool::new(false);
+
+#[cfg_attr(test, allow(dead_code))] // called from the C entry point only
+pub fn set_sigpipe_ignored_at_start(ignored: bool) {
+    SIGPIPE_IGNORED.store(ignored, Ordering::Relaxed);
+}
+
 /// A flag per signal, set by the handler and taken by the supervisor loop.
 static PENDING: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 
@@ -227,6 +235,7 @@ fn spawn(job: &Job, signals: &Signals, ignored: u64, tty: Option<&Tty>) -> Resul
         caught: &signals.caught,
         tty_fd: tty.map(|t| t.fd),
         keep_ttou_ignored: is_ignored(ignored, libc::SIGTTOU),
+        keep_sigpipe_ignored: SIGPIPE_IGNORED.load(Ordering::Relaxed),
     };
     let shown = job.command[0].to_string_lossy();
     crate::spawn::spawn(&spec).map_err(|e| match e {

@@ -232,11 +232,12 @@ fn status_field(status: &str, field: &str) -> u64 {
     u64::from_str_radix(line[field.len()..].trim(), 16).unwrap()
 }
 
-/// As under nohup: HUP ignored when lockrun starts, and USR1 blocked.
+/// As under nohup: HUP (and PIPE) ignored when lockrun starts, USR1 blocked.
 fn with_nohup_and_a_mask(cmd: &mut std::process::Command) {
     unsafe {
         cmd.pre_exec(|| {
             libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGUSR1);

@@ -16,7 +16,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use support::{BIN, Redis, wait_until};
+use support::{Redis, wait_until};
+
+/// The lockrun under test: this build's, or LOCKRUN_BENCH_BIN (say, a static build).
+fn bin() -> String {
+    std::env::var("LOCKRUN_BENCH_BIN").unwrap_or_else(|_| support::BIN.to_string())
+}
 
 fn now_ns() -> u128 {
     SystemTime::now()
@@ -136,13 +141,13 @@ fn start_etcd(dir: &Path) -> Option<EtcdServer> {
 
 impl Bench {
     fn lockrun_redis(&self, name: &str, job: &[String]) -> Vec<String> {
-        let mut v = s(&[BIN, "--url", &self.redis.url(), name, "--"]);
+        let mut v = s(&[&bin(), "--url", &self.redis.url(), name, "--"]);
         v.extend_from_slice(job);
         v
     }
     fn lockrun_local(&self, name: &str, job: &[String]) -> Vec<String> {
         let dir = format!("file://{}", self.dir.path().join("locks").display());
-        let mut v = s(&[BIN, "--url", &dir, name, "--"]);
+        let mut v = s(&[&bin(), "--url", &dir, name, "--"]);
         v.extend_from_slice(job);
         v
     }
@@ -272,14 +277,8 @@ impl Bench {
             "lockrun-redis" => self.lockrun_redis(name, job),
             _ => self.lockrun_local(name, job),
         };
-        let mut holder = Command::new(BIN)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let _ = holder.wait();
         let ha = argv(&hold_job);
-        holder = Command::new(&ha[0])
+        let mut holder = Command::new(&ha[0])
             .args(&ha[1..])
             .stdout(Stdio::null())
             .spawn()
@@ -474,9 +473,9 @@ impl Bench {
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
         unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
         let rss_kib = ru.ru_maxrss as f64;
-        let size = std::fs::metadata(BIN).unwrap().len();
+        let size = std::fs::metadata(bin()).unwrap().len();
         let version: Vec<f64> = (0..100)
-            .map(|_| time_once(&s(&[BIN, "--version"])))
+            .map(|_| time_once(&s(&[&bin(), "--version"])))
             .collect();
         let v = stats(version).median;
         println!(
