@@ -8,20 +8,6 @@ fn unique(name: &str) -> String {
     format!("{name}-{}-{}", std::process::id(), free_port())
 }
 
-fn hold_local(url: Option<&str>, name: &str, scratch: &Scratch, ttl: &str) -> std::process::Child {
-    let mut c = lockrun();
-    if let Some(u) = url {
-        c.args(["--url", u]);
-    }
-    c.args(["--ttl", ttl, name, "-c"])
-        .arg(format!(
-            "echo $$ > {}; exec sleep 60",
-            scratch.path("pid").display()
-        ))
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn works_with_no_url_and_no_server() {
     let name = unique("local-default");
@@ -43,7 +29,7 @@ fn works_with_no_url_and_no_server() {
 fn two_runs_exclude_each_other_and_tokens_grow() {
     let scratch = Scratch::new();
     let url = scratch.file_url();
-    let mut holder = hold_local(Some(&url), "x", &scratch, "30s");
+    let mut holder = hold(Some(&url), "x", "30s", &scratch);
     let job = scratch.pid_in("pid");
     let out = run(lockrun().args(["--url", &url, "-n", "x", "true"]));
     assert_eq!(out.status.code(), Some(75));
@@ -92,17 +78,7 @@ fn eight_local_processes_never_overlap() {
     for k in kids {
         k.join().unwrap();
     }
-    let text = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 400);
-    let mut last = 0u64;
-    for pair in lines.chunks(2) {
-        let ta: u64 = pair[0].strip_prefix("start ").unwrap().parse().unwrap();
-        let tb: u64 = pair[1].strip_prefix("end ").unwrap().parse().unwrap();
-        assert_eq!(ta, tb, "overlap: {pair:?}");
-        assert!(ta > last);
-        last = ta;
-    }
+    assert_serial(&std::fs::read_to_string(&log).unwrap(), 200);
 }
 
 #[test]
@@ -160,7 +136,7 @@ fn names_stay_inside_the_lock_directory() {
 fn deleting_the_lock_file_does_not_admit_a_second_holder() {
     let scratch = Scratch::new();
     let url = scratch.file_url();
-    let mut holder = hold_local(Some(&url), "del", &scratch, "30s");
+    let mut holder = hold(Some(&url), "del", "30s", &scratch);
     let job = scratch.pid_in("pid");
     std::fs::remove_file(scratch.path("locks/del.lock")).unwrap();
     let out = run(lockrun()
@@ -191,7 +167,7 @@ fn deleting_the_lock_file_does_not_admit_a_second_holder() {
 fn a_replaced_lock_file_ends_the_holder() {
     let scratch = Scratch::new();
     let url = scratch.file_url();
-    let mut holder = hold_local(Some(&url), "rep", &scratch, "1s");
+    let mut holder = hold(Some(&url), "rep", "1s", &scratch);
     let job = scratch.pid_in("pid");
     std::fs::remove_file(scratch.path("locks/rep.lock")).unwrap();
     std::fs::write(scratch.path("locks/rep.lock"), "").unwrap();

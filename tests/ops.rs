@@ -12,17 +12,6 @@ fn on(url: &str) -> Command {
     c
 }
 
-fn hold(url: &str, name: &str, ttl: &str, scratch: &Scratch) -> std::process::Child {
-    on(url)
-        .args(["--ttl", ttl, name, "-c"])
-        .arg(format!(
-            "echo $$ > {}; exec sleep 60",
-            scratch.path("pid").display()
-        ))
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn status_shows_held_and_free() {
     let redis = Redis::start();
@@ -31,7 +20,7 @@ fn status_shows_held_and_free() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out.stdout), "job: free\n");
 
-    let mut holder = hold(&redis.url(), "job", "30s", &scratch);
+    let mut holder = hold(Some(&redis.url()), "job", "30s", &scratch);
     scratch.pid_in("pid");
     let out = run(on(&redis.url()).args(["status", "job"]));
     assert_eq!(out.status.code(), Some(0));
@@ -79,7 +68,7 @@ fn status_works_on_the_local_backend() {
     let url = scratch.file_url();
     let out = run(on(&url).args(["status", "job"]));
     assert_eq!(out.status.code(), Some(1));
-    let mut holder = hold(&url, "job", "30s", &scratch);
+    let mut holder = hold(Some(&url), "job", "30s", &scratch);
     scratch.pid_in("pid");
     // status must not disturb the lock: a concurrent -n still sees it held.
     let out = run(on(&url).args(["status", "--json", "job"]));
@@ -130,7 +119,7 @@ fn force_release_revokes_safely() {
     let redis = Redis::start();
     let scratch = Scratch::new();
     let url = redis.url();
-    let mut holder = hold(&url, "rv", "6s", &scratch);
+    let mut holder = hold(Some(&url), "rv", "6s", &scratch);
     let job = scratch.pid_in("pid");
     let mut waiter = on(&url)
         .args(["--ttl", "6s", "rv", "-c"])
@@ -177,7 +166,7 @@ fn force_release_now_deletes_and_wakes_a_waiter() {
     let redis = Redis::start();
     let scratch = Scratch::new();
     let url = redis.url();
-    let mut holder = hold(&url, "now", "30s", &scratch);
+    let mut holder = hold(Some(&url), "now", "30s", &scratch);
     scratch.pid_in("pid");
     let mut waiter = on(&url)
         .args(["now", "-c"])
@@ -209,7 +198,7 @@ fn force_release_with_a_token_acts_only_on_that_lease() {
     let url = redis.url();
     let out = run(on(&url).args(["release", "--force", "t"]));
     assert_eq!(out.status.code(), Some(1), "nothing held");
-    let mut holder = hold(&url, "t", "3s", &scratch);
+    let mut holder = hold(Some(&url), "t", "3s", &scratch);
     scratch.pid_in("pid");
     let token: String = redis.cmd(&["HGET", "lockrun:{t}", "token"]);
     let out = run(on(&url).args(["release", "--force", "--token", "12345", "t"]));
@@ -358,7 +347,7 @@ fn acl_logins_and_least_privilege() {
     let url = format!("redis://locker:s3cret-locker-pw@127.0.0.1:{}", redis.port);
     let scratch = Scratch::new();
     // Run, wait and hand off, status, release: all with exactly these rules.
-    let mut holder = hold(&url, "acl", "3s", &scratch);
+    let mut holder = hold(Some(&url), "acl", "3s", &scratch);
     scratch.pid_in("pid");
     let out = run(on(&url).args(["-n", "acl", "true"]));
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));

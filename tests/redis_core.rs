@@ -123,21 +123,7 @@ fn eight_processes_never_overlap() {
     for k in kids {
         k.join().unwrap();
     }
-    let text = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 400);
-    let mut last = 0u64;
-    for pair in lines.chunks(2) {
-        let (a, b) = (pair[0], pair[1]);
-        let ta: u64 = a.strip_prefix("start ").expect(a).parse().unwrap();
-        let tb: u64 = b.strip_prefix("end ").expect(b).parse().unwrap();
-        assert_eq!(ta, tb, "two jobs overlapped: {a} / {b}");
-        assert!(
-            ta > last,
-            "tokens must strictly increase: {ta} after {last}"
-        );
-        last = ta;
-    }
+    assert_serial(&std::fs::read_to_string(&log).unwrap(), 200);
 }
 
 #[test]
@@ -252,23 +238,11 @@ fn a_short_lease_survives_a_long_job() {
     );
 }
 
-/// Start a long job on a lease; its pid lands in the scratch file `pid`.
-fn hold(redis: &Redis, scratch: &Scratch, name: &str, ttl: &str) -> std::process::Child {
-    on(redis)
-        .args(["--ttl", ttl, name, "-c"])
-        .arg(format!(
-            "echo $$ > {}; exec sleep 60",
-            scratch.path("pid").display()
-        ))
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn a_deleted_key_ends_the_job_with_76() {
     let redis = Redis::start();
     let scratch = Scratch::new();
-    let mut holder = hold(&redis, &scratch, "del", "2s");
+    let mut holder = hold(Some(&redis.url()), "del", "2s", &scratch);
     let job = scratch.pid_in("pid");
     let _: () = redis.cmd(&["DEL", "lockrun:{del}"]);
     let st = wait_child(&mut holder, Duration::from_secs(20));
@@ -280,7 +254,7 @@ fn a_deleted_key_ends_the_job_with_76() {
 fn an_overwritten_key_ends_the_job_with_76() {
     let redis = Redis::start();
     let scratch = Scratch::new();
-    let mut holder = hold(&redis, &scratch, "over", "2s");
+    let mut holder = hold(Some(&redis.url()), "over", "2s", &scratch);
     let job = scratch.pid_in("pid");
     let _: () = redis.cmd(&["HSET", "lockrun:{over}", "owner", "someone-else"]);
     let st = wait_child(&mut holder, Duration::from_secs(20));
@@ -293,7 +267,7 @@ fn an_overwritten_key_ends_the_job_with_76() {
 fn outage_kills_the_job_in_time(pause: bool) {
     let mut redis = Redis::start();
     let scratch = Scratch::new();
-    let mut holder = hold(&redis, &scratch, "outage", "3s");
+    let mut holder = hold(Some(&redis.url()), "outage", "3s", &scratch);
     let job = scratch.pid_in("pid");
     // Let a few renewals happen, then read when the server would expire the
     // lease: the last renewal before the outage set that time.

@@ -308,26 +308,14 @@ impl Local {
             Err(e) => return Err(self.unavailable("cannot create lock file", e)),
         };
         if self.inside_holder(&fd) {
-            return Err(fail(
-                Kind::Usage,
-                format!(
-                    "lock {} is held by the job this command runs in; waiting for it would deadlock",
-                    self.name
-                ),
-            ));
+            return Err(super::nested(&self.name));
         }
         match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(Errno::WOULDBLOCK) => {
                 let holder = read_record(&fd).map(|r| r.label);
                 if is_own_outer_holder(&self.name, holder.as_deref()) {
-                    return Err(fail(
-                        Kind::Usage,
-                        format!(
-                            "lock {} is held by the job this command runs in; waiting for it would deadlock",
-                            self.name
-                        ),
-                    ));
+                    return Err(super::nested(&self.name));
                 }
                 match wait {
                     Wait::No => return Ok(Try::Busy),

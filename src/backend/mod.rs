@@ -139,6 +139,16 @@ pub fn open_inspect(common: &Common, name: &str) -> Result<Box<dyn Inspect>, Fai
     })
 }
 
+/// Refusal for `lockrun X` run from inside the job that holds X.
+pub fn nested(name: &str) -> Failure {
+    crate::exit::fail(
+        crate::exit::Kind::Usage,
+        format!(
+            "lock {name} is held by the job this command runs in; waiting for it would deadlock"
+        ),
+    )
+}
+
 /// The environment says we run inside a job holding `name` with this holder label.
 pub fn is_own_outer_holder(name: &str, holder_label: Option<&str>) -> bool {
     let env_name = std::env::var_os("LOCKRUN_NAME");

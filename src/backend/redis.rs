@@ -424,13 +424,7 @@ impl Backend for Redis {
                         _ => None,
                     };
                     if is_own_outer_holder(&self.name, holder.as_deref()) {
-                        return Err(fail(
-                            Kind::Usage,
-                            format!(
-                                "lock {} is held by the job this command runs in; waiting for it would deadlock",
-                                self.name
-                            ),
-                        ));
+                        return Err(super::nested(&self.name));
                     }
                     let now = Boot::now();
                     if give_up_at.is_some_and(|g| now >= g) {

@@ -231,6 +231,48 @@ impl Scratch {
     }
 }
 
+/// Start lockrun around a long job (`exec sleep 60`) whose pid lands in the
+/// scratch file `pid`; `url` None means the default local backend.
+pub fn hold(url: Option<&str>, name: &str, ttl: &str, scratch: &Scratch) -> Child {
+    let mut c = lockrun();
+    if let Some(u) = url {
+        c.args(["--url", u]);
+    }
+    c.args(["--ttl", ttl, name, "-c"])
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("pid").display()
+        ))
+        .spawn()
+        .unwrap()
+}
+
+/// Check a log of "start TOKEN" / "end TOKEN" lines written by jobs under one
+/// lock: no two jobs overlapped, and tokens strictly increased.
+pub fn assert_serial(log: &str, jobs: usize) {
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2 * jobs, "every job must have run once");
+    let mut last = 0u64;
+    for pair in lines.chunks(2) {
+        let ta: u64 = pair[0]
+            .strip_prefix("start ")
+            .expect(pair[0])
+            .parse()
+            .unwrap();
+        let tb: u64 = pair[1]
+            .strip_prefix("end ")
+            .expect(pair[1])
+            .parse()
+            .unwrap();
+        assert_eq!(ta, tb, "two jobs overlapped: {pair:?}");
+        assert!(
+            ta > last,
+            "tokens must strictly increase: {ta} after {last}"
+        );
+        last = ta;
+    }
+}
+
 /// Wait (bounded) for a spawned lockrun and return its exit status.
 pub fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
