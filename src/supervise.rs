@@ -284,7 +284,7 @@ fn wait_for(wake: BorrowedFd<'_>, timer: &BootTimer, at: Option<Boot>) {
 }
 
 /// Run the job under the lease and return when nothing of it is left.
-/// `start_watchdog` is called once, when the first renewal is due.
+/// The watchdog starts on `renewer` only when the first renewal is due.
 pub fn run(
     job: Job,
     deadline: Arc<Deadline>,
