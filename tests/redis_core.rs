@@ -284,11 +284,14 @@ fn outage_kills_the_job_in_time(pause: bool) {
         wait_until(Duration::from_secs(10), || !alive(job)),
         "job still alive"
     );
-    let died = Instant::now();
+    // We see the death up to one 10 ms poll late (plus scheduling); lockrun
+    // aims to have the job dead `slack` (150 ms here) before the expiry.
+    let seen = Instant::now();
+    let observer_latency = Duration::from_millis(50);
     assert!(
-        died <= expires_at,
+        seen <= expires_at + observer_latency,
         "job outlived its lease by {:?}",
-        died - expires_at
+        seen - expires_at
     );
     let st = wait_child(&mut holder, Duration::from_secs(20));
     assert_eq!(st.code(), Some(76));
