@@ -85,18 +85,17 @@ fn ctrl_c_ends_the_job_and_stops_a_dash_loop() {
     ctrl_c_stops_the_loop("sh");
 }
 
-#[test]
-fn ctrl_z_suspends_and_fg_resumes_within_the_ttl() {
-    let redis = Redis::start();
-    let url = redis.url();
+/// Ctrl-Z a job under bash's job control, wait `suspended` seconds, `fg` it,
+/// and return everything the terminal showed.
+fn ctrl_z_then_fg(url: &str, ttl: &str, job_secs: u32, suspended: &str) -> String {
     let mut pty = Pty::bash(&format!(
-        "set -m; lockrun --url {url} --ttl 5s z -- sh -c 'echo ready; sleep 1; echo job-\"finished\"'; \
-         echo -n 'stopped rc='$?' '; {SHOW_FG}; sleep 0.5; fg %1 >/dev/null; echo final rc=$?; echo -n 'end '; {SHOW_FG}"
+        "set -m; lockrun --url {url} --ttl {ttl} z -- sh -c 'echo ready; sleep {job_secs}; echo job-\"finished\"'; \
+         echo -n 'stopped rc='$?' '; {SHOW_FG}; sleep {suspended}; fg %1 >/dev/null; echo final rc=$?; echo -n 'end '; {SHOW_FG}"
     ));
     pty.expect("ready", LONG);
     pty.type_(b"\x1a");
     let all = pty.expect("stopped rc=", LONG);
-    assert!(!all.contains("job-finished"));
+    assert!(!all.contains("job-finished"), "the job must stop: {all}");
     pty.expect("end fg=", LONG);
     let _ = pty.finish(LONG);
     let all = pty.seen.clone();
@@ -105,9 +104,16 @@ fn ctrl_z_suspends_and_fg_resumes_within_the_ttl() {
         "lockrun must stop with its job: {all}"
     );
     fg_is_callers(&all, "stopped");
+    fg_is_callers(&all, "end");
+    all
+}
+
+#[test]
+fn ctrl_z_suspends_and_fg_resumes_within_the_ttl() {
+    let redis = Redis::start();
+    let all = ctrl_z_then_fg(&redis.url(), "5s", 1, "0.5");
     assert!(all.contains("job-finished"), "{all}");
     assert!(all.contains("final rc=0"), "{all}");
-    fg_is_callers(&all, "end");
     let held: i64 = redis.cmd(&["EXISTS", "lockrun:{z}"]);
     assert_eq!(held, 0);
 }
@@ -115,23 +121,12 @@ fn ctrl_z_suspends_and_fg_resumes_within_the_ttl() {
 #[test]
 fn ctrl_z_past_the_ttl_ends_the_job_with_76() {
     let redis = Redis::start();
-    let url = redis.url();
-    let mut pty = Pty::bash(&format!(
-        "set -m; lockrun --url {url} --ttl 1s z -- sh -c 'echo ready; sleep 3; echo job-\"finished\"'; \
-         echo stopped rc=$?; sleep 2.5; fg %1 >/dev/null; echo final rc=$?; echo -n 'end '; {SHOW_FG}"
-    ));
-    pty.expect("ready", LONG);
-    pty.type_(b"\x1a");
-    pty.expect("stopped rc=148", LONG);
-    pty.expect("end fg=", LONG);
-    let _ = pty.finish(LONG);
-    let all = pty.seen.clone();
+    let all = ctrl_z_then_fg(&redis.url(), "1s", 3, "2.5");
     assert!(all.contains("final rc=76"), "{all}");
     assert!(
         !all.contains("job-finished"),
         "the job must not continue: {all}"
     );
-    fg_is_callers(&all, "end");
 }
 
 #[test]

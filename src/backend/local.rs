@@ -240,7 +240,8 @@ fn flock_blocking(fd: impl AsFd + Copy) -> std::io::Result<()> {
 
 enum Try {
     Locked,
-    Busy,
+    /// Held by someone else (their label, if the file has one).
+    Busy(Option<String>),
     /// The file changed under us; start over.
     Retry,
 }
@@ -317,22 +318,15 @@ impl Local {
                 if is_own_outer_holder(&self.name, holder.as_deref()) {
                     return Err(super::nested(&self.name));
                 }
-                match wait {
-                    Wait::No => return Ok(Try::Busy),
-                    Wait::Forever => {
-                        log::info(format!(
-                            "{} is held by {}; waiting",
-                            self.name,
-                            holder.as_deref().unwrap_or("someone")
-                        ));
-                        flock_blocking(&fd).map_err(|e| self.unavailable("locking", e))?;
-                    }
-                    Wait::For(d) => {
-                        let left = start.add(d).since(Boot::now());
-                        if left.is_zero() || !self.lock_within(&fd, left)? {
-                            return Ok(Try::Busy);
-                        }
-                    }
+                if wait != Wait::No {
+                    log::info(format!(
+                        "{} is held by {}; waiting",
+                        self.name,
+                        holder.as_deref().unwrap_or("someone")
+                    ));
+                }
+                if !self.wait_for_lock(&fd, wait, start)? {
+                    return Ok(Try::Busy(holder));
                 }
             }
             Err(e) => return Err(self.unavailable("cannot lock", e)),
@@ -353,23 +347,29 @@ impl Local {
                     "{} was deleted while held; waiting for its holder to finish",
                     self.path.display()
                 ));
-                match wait {
-                    Wait::No => return Ok(Try::Busy),
-                    Wait::Forever => {
-                        flock_blocking(&orphan).map_err(|e| self.unavailable("locking", e))?
-                    }
-                    Wait::For(d) => {
-                        let left = start.add(d).since(Boot::now());
-                        if left.is_zero() || !self.lock_within(&orphan, left)? {
-                            return Ok(Try::Busy);
-                        }
-                    }
+                if !self.wait_for_lock(&orphan, wait, start)? {
+                    return Ok(Try::Busy(read_record(&orphan).map(|r| r.label)));
                 }
             }
         }
         self.id = identity(&ours);
         self.fd = Some(fd);
         Ok(Try::Locked)
+    }
+
+    /// Block on `fd`'s lock as `wait` allows. Ok(false): gave up (or `-n`).
+    fn wait_for_lock(&self, fd: &OwnedFd, wait: Wait, start: Boot) -> Result<bool, Failure> {
+        match wait {
+            Wait::No => Ok(false),
+            Wait::Forever => {
+                flock_blocking(fd).map_err(|e| self.unavailable("locking", e))?;
+                Ok(true)
+            }
+            Wait::For(d) => {
+                let left = start.add(d).since(Boot::now());
+                Ok(!left.is_zero() && self.lock_within(fd, left)?)
+            }
+        }
     }
 
     /// flock with a time limit: a helper thread blocks in flock on a duplicate of
@@ -407,13 +407,10 @@ impl Backend for Local {
                     ));
                     return Ok(Acquired::Granted(Grant { token, t_send }));
                 }
-                Try::Busy => {
-                    let holder = std::fs::File::open(&self.path)
-                        .ok()
-                        .and_then(|f| read_record(&f))
-                        .map(|r| r.label)
-                        .filter(|l| !l.is_empty());
-                    return Ok(Acquired::Busy { holder });
+                Try::Busy(holder) => {
+                    return Ok(Acquired::Busy {
+                        holder: holder.filter(|l| !l.is_empty()),
+                    });
                 }
                 Try::Retry => continue,
             }

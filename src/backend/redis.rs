@@ -1,6 +1,7 @@
 //! The Redis backend: a lease is a hash key with an expiry, changed only by
 //! Lua scripts, with a fencing counter and a one-element wake-up list per lock.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
@@ -118,6 +119,13 @@ impl std::fmt::Display for Refused {
 }
 
 impl std::error::Error for Refused {}
+
+// Each script's SHA1 is computed once, on first use.
+static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
+static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
+static FORCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE));
 
 /// How long a release's wake-up waits for a waiter before it expires.
 const WAKE_LIFETIME_MS: u64 = 2000;
@@ -298,7 +306,7 @@ impl Redis {
     }
 
     fn try_acquire(&mut self) -> anyhow::Result<(Boot, Vec<Value>)> {
-        let script = Script::new(ACQUIRE);
+        let script = &*ACQUIRE_SCRIPT;
         let (lock, fence) = (self.keys.lock.clone(), self.keys.fence.clone());
         let (secret, label) = (self.owner.secret.clone(), self.owner.label.clone());
         let ttl_ms = self.timing.ttl.as_millis() as u64;
@@ -347,28 +355,16 @@ impl Redis {
         });
     }
 
-    fn holder_from(v: &[Value]) -> Result<Option<Holder>, Failure> {
-        let int = |i: usize| -> Option<i64> {
-            match v.get(i) {
-                Some(Value::Int(n)) => Some(*n),
-                Some(Value::BulkString(b)) => std::str::from_utf8(b).ok()?.parse().ok(),
-                _ => None,
-            }
-        };
-        let text = |i: usize| -> Option<String> {
-            match v.get(i) {
-                Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
-                _ => None,
-            }
-        };
+    fn holder_from(v: &[Value]) -> Option<Holder> {
+        let int = |i| int_at(v, i);
         if int(0) != Some(1) {
-            return Ok(None);
+            return None;
         }
         let pttl = int(4).unwrap_or(-1);
         let granted = int(3);
         let now = int(5);
-        Ok(Some(Holder {
-            label: text(1).filter(|s| !s.is_empty()),
+        Some(Holder {
+            label: text_at(v, 1).filter(|s| !s.is_empty()),
             token: int(2).map(|t| t as u64),
             ttl_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             held_for: match (granted, now) {
@@ -376,7 +372,25 @@ impl Redis {
                 _ => None,
             },
             revoked: int(6) == Some(1),
-        }))
+        })
+    }
+}
+
+/// An integer in a script's reply array (Lua numbers come back as integers,
+/// stored hash fields as strings).
+fn int_at(v: &[Value], i: usize) -> Option<i64> {
+    match v.get(i) {
+        Some(Value::Int(n)) => Some(*n),
+        Some(Value::BulkString(b)) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A string in a script's reply array.
+fn text_at(v: &[Value], i: usize) -> Option<String> {
+    match v.get(i) {
+        Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
     }
 }
 
@@ -401,10 +415,7 @@ impl Backend for Redis {
                 Ok((t_send, v)) => {
                     failing_since = None;
                     failures = 0;
-                    let int = |i: usize| match v.get(i) {
-                        Some(Value::Int(n)) => Some(*n),
-                        _ => None,
-                    };
+                    let int = |i| int_at(&v, i);
                     if int(0) == Some(1) {
                         let token = int(1).ok_or_else(|| {
                             fail(Kind::Internal, "acquire script returned no token")
@@ -417,12 +428,7 @@ impl Backend for Redis {
                         return Ok(Acquired::Granted(Grant { token, t_send }));
                     }
                     let pttl = int(1).unwrap_or(-1);
-                    let holder = match v.get(2) {
-                        Some(Value::BulkString(b)) if !b.is_empty() => {
-                            Some(String::from_utf8_lossy(b).into_owned())
-                        }
-                        _ => None,
-                    };
+                    let holder = text_at(&v, 2).filter(|l| !l.is_empty());
                     if is_own_outer_holder(&self.name, holder.as_deref()) {
                         return Err(super::nested(&self.name));
                     }
@@ -505,7 +511,7 @@ impl Backend for Redis {
     }
 
     fn release(&mut self) -> anyhow::Result<bool> {
-        let script = Script::new(RELEASE);
+        let script = &*RELEASE_SCRIPT;
         let (lock, signal) = (self.keys.lock.clone(), self.keys.signal.clone());
         let secret = self.owner.secret.clone();
         let started = Boot::now();
@@ -538,17 +544,17 @@ impl Backend for Redis {
 
 impl Inspect for Redis {
     fn inspect(&mut self) -> Result<Option<Holder>, Failure> {
-        let script = Script::new(INSPECT);
+        let script = &*INSPECT_SCRIPT;
         let lock = self.keys.lock.clone();
         let v = self
             .call(|c| script.key(&lock).invoke::<Vec<Value>>(c))
             .with_context(|| format!("reading {} on {}", self.name, self.display))
             .kind(Kind::Unavailable)?;
-        Self::holder_from(&v)
+        Ok(Self::holder_from(&v))
     }
 
     fn force_release(&mut self, force: Force) -> Result<Broken, Failure> {
-        let script = Script::new(FORCE);
+        let script = &*FORCE_SCRIPT;
         let (lock, signal) = (self.keys.lock.clone(), self.keys.signal.clone());
         let token = force.token.map(|t| t.to_string()).unwrap_or_default();
         let now = if force.now { "1" } else { "0" };
@@ -566,14 +572,9 @@ impl Inspect for Redis {
             .kind(Kind::Unavailable)?;
         match v.first() {
             Some(Value::Int(0)) => Ok(Broken::NotHeld),
-            Some(Value::Int(2)) => Ok(Broken::TokenMismatch(match v.get(1) {
-                Some(Value::BulkString(b)) => {
-                    std::str::from_utf8(b).ok().and_then(|t| t.parse().ok())
-                }
-                _ => None,
-            })),
+            Some(Value::Int(2)) => Ok(Broken::TokenMismatch(int_at(&v, 1).map(|t| t as u64))),
             // Reply layout matches INSPECT's minus the revoked flag.
-            _ => Ok(Self::holder_from(&v)?.map_or(Broken::NotHeld, Broken::Lease)),
+            _ => Ok(Self::holder_from(&v).map_or(Broken::NotHeld, Broken::Lease)),
         }
     }
 }
@@ -593,7 +594,7 @@ impl Renewer for RedisRenewer {
                 Some(connect(&self.client, self.timing.op).map_err(|e| anyhow!(describe(&e)))?);
         }
         let conn = self.conn.as_mut().expect("just connected");
-        let r = Script::new(RENEW)
+        let r = RENEW_SCRIPT
             .key(&self.lock)
             .arg(&self.secret)
             .arg(self.timing.ttl.as_millis() as u64)
