@@ -46,6 +46,9 @@ fn setup_logging(common: &Common) {
         && let Some(p) = &r.password
     {
         log::add_secret(p);
+        // The job runs as the same user: it must not read the password from
+        // our memory or /proc/PID/environ.
+        crate::sys::set_not_dumpable();
     }
 }
 
@@ -57,12 +60,14 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     let label = owner.label.clone();
 
     let mut backend = backend::open(&cfg.common, &cfg.name, owner, cfg.timing)?;
+    let expires = backend.expires();
     let grant = loop {
         match backend.acquire(cfg.wait)? {
             // A grant whose lease is already (nearly) over, because lockrun was
             // paused right after it, must not start the job: ask again.
             Acquired::Granted(g)
-                if Boot::now() >= cfg.timing.lost_at(cfg.timing.deadline_from(g.t_send)) =>
+                if expires
+                    && Boot::now() >= cfg.timing.lost_at(cfg.timing.deadline_from(g.t_send)) =>
             {
                 log::warn(format!(
                     "the lease on {} ran out before the job could start (was lockrun paused?); acquiring again",
@@ -82,7 +87,7 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
         }
     };
 
-    let deadline = Arc::new(Deadline::new(cfg.timing.deadline_from(grant.t_send)));
+    let deadline = expires.then(|| Arc::new(Deadline::new(cfg.timing.deadline_from(grant.t_send))));
     let renewer = match backend.renewer() {
         Ok(r) => r,
         Err(e) => {
@@ -108,7 +113,7 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     if let BackendSpec::Redis(r) = &cfg.common.backend
         && r.password.is_some()
     {
-        env_remove.push("LOCKRUN_URL");
+        env_remove.push("LOCKRUN_URL".to_string());
     }
     let job = Job {
         command: cfg.command.clone(),
@@ -122,12 +127,13 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     let outcome = match supervise::run(job, deadline, Some(renewer)) {
         Ok(o) => o,
         Err(e) => {
-            // The job never started (or could not be supervised): give the lease back.
+            // The job never started: give the lease back.
             let _ = backend.release();
             return Err(e);
         }
     };
 
+    // Nothing of the job is left: only now may the lease go.
     let released = backend.release();
     if let Some(reason) = outcome.lost {
         log::alert(format!(
@@ -135,6 +141,12 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
             cfg.name
         ));
         return Ok(Finish::Exit(exit::LEASE_LOST));
+    }
+    if let Some(reason) = outcome.failed {
+        return Err(fail(
+            Kind::Internal,
+            format!("{reason}; the job was stopped and the lease released"),
+        ));
     }
     match released {
         Ok(true) => {}
@@ -148,8 +160,9 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
         )),
     }
     Ok(match outcome.end {
-        JobEnd::Signaled(sig) if sig == libc::SIGINT => Finish::Raise(sig),
-        end => Finish::Exit(end.code()),
+        Some(JobEnd::Signaled(sig)) if sig == libc::SIGINT => Finish::Raise(sig),
+        Some(end) => Finish::Exit(end.code()),
+        None => Finish::Exit(exit::INTERNAL),
     })
 }
 

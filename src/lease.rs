@@ -7,7 +7,6 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, poll};
@@ -129,6 +128,9 @@ impl Timing {
 pub trait Renewer: Send {
     /// Ok(true): renewed for a full ttl; Ok(false): the lease is not ours any more.
     fn renew(&mut self) -> anyhow::Result<bool>;
+    /// A renewer for the same lease with no connection yet, used when an
+    /// attempt had to be abandoned (it may still be stuck somewhere).
+    fn fresh(&self) -> Box<dyn Renewer>;
 }
 
 /// The lease deadline, shared between the watchdog (writer) and the supervisor.
@@ -239,24 +241,25 @@ pub fn jitter(max: Duration) -> Duration {
     Duration::from_nanos(n % max_ns)
 }
 
-/// The running watchdog; dropping `stop` (via `stop()`) ends it.
+/// The running watchdog. Stopping it never waits for it: a renewal in
+/// flight may be stuck in name resolution or a trickling reply.
 pub struct Watchdog {
     stop: Option<OwnedFd>,
-    handle: Option<JoinHandle<()>>,
 }
 
 impl Watchdog {
-    /// Start renewing now (the first renewal is due) on the renewer's own connection.
+    /// Start renewing now (the first renewal is due). `deadline` is None for a
+    /// lease that cannot expire (it is only checked, never extended).
     pub fn spawn(
-        mut renewer: Box<dyn Renewer>,
+        renewer: Box<dyn Renewer>,
         timing: Timing,
-        deadline: Arc<Deadline>,
+        deadline: Option<Arc<Deadline>>,
         events: Sender<Event>,
         wake: UnixStream,
     ) -> std::io::Result<Watchdog> {
         let (stop_rx, stop_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         let timer = BootTimer::new()?;
-        let handle = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("lockrun-watchdog".into())
             .spawn(move || {
                 let mut wake = wake;
@@ -266,9 +269,9 @@ impl Watchdog {
                     let _ = wake.write(&[1]);
                 };
                 run(
-                    &mut *renewer,
+                    renewer,
                     &timing,
-                    &deadline,
+                    deadline.as_deref(),
                     &timer,
                     stop_rx.as_fd(),
                     &mut send,
@@ -276,77 +279,117 @@ impl Watchdog {
             })?;
         Ok(Watchdog {
             stop: Some(stop_tx),
-            handle: Some(handle),
         })
-    }
-
-    /// Stop renewing and wait for the thread (it finishes its current request first).
-    pub fn stop(&mut self) {
-        self.stop.take();
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
     }
 }
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        self.stop();
+        // The thread sees the pipe close and ends after its current attempt;
+        // nobody waits for that.
+        self.stop.take();
+    }
+}
+
+/// How one renewal attempt ended.
+enum Attempt {
+    Done(anyhow::Result<bool>),
+    /// It did not finish within its bound; it was left to finish on its own.
+    Abandoned,
+}
+
+/// One whole renewal attempt (name resolution, connect, handshake, script
+/// reload, call) on a thread of its own, waited for at most `limit`.
+fn attempt(
+    slot: &mut Option<Box<dyn Renewer>>,
+    template: &dyn Renewer,
+    limit: Duration,
+) -> Attempt {
+    let mut renewer = slot.take().unwrap_or_else(|| template.fresh());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("lockrun-renew".into())
+        .spawn(move || {
+            let r = renewer.renew();
+            let _ = tx.send((r, renewer));
+        });
+    if let Err(e) = spawned {
+        return Attempt::Done(Err(anyhow::anyhow!("cannot start a thread: {e}")));
+    }
+    match rx.recv_timeout(limit) {
+        Ok((r, renewer)) => {
+            *slot = Some(renewer);
+            Attempt::Done(r)
+        }
+        Err(_) => Attempt::Abandoned,
     }
 }
 
 fn run(
-    renewer: &mut dyn Renewer,
+    renewer: Box<dyn Renewer>,
     timing: &Timing,
-    deadline: &Deadline,
+    deadline: Option<&Deadline>,
     timer: &BootTimer,
     stop: BorrowedFd<'_>,
     send: &mut dyn FnMut(Event),
 ) {
+    let template = renewer.fresh();
+    let mut slot = Some(renewer);
     let mut failures: u32 = 0;
     loop {
-        let current = deadline.get();
+        let current = deadline.map(Deadline::get);
         let now = Boot::now();
-        if now > timing.last_attempt(current) {
+        if let Some(c) = current
+            && now > timing.last_attempt(c)
+        {
             send(Event::Lost {
                 reason: "could not renew the lease in time".into(),
             });
             return;
         }
+        let limit = match current {
+            Some(c) => timing.op.min(timing.lost_at(c).since(now)),
+            None => timing.op,
+        };
         let t_send = Boot::now();
-        match renewer.renew() {
-            Ok(true) => {
+        let error = match attempt(&mut slot, &*template, limit) {
+            Attempt::Done(Ok(true)) => {
                 failures = 0;
                 // A late success cannot undo "lost": the supervisor also checks
                 // the deadline it had, and lost is final there.
-                deadline.set(timing.deadline_from(t_send));
+                if let Some(d) = deadline {
+                    d.set(timing.deadline_from(t_send));
+                }
                 send(Event::Renewed {
                     took: Boot::now().since(t_send),
                 });
                 if wait_until(timer, stop, t_send.add(timing.renew_every)) {
                     return;
                 }
+                continue;
             }
-            Ok(false) => {
+            Attempt::Done(Ok(false)) => {
                 send(Event::Lost {
                     reason: "the lease is no longer ours (deleted, expired or taken over)".into(),
                 });
                 return;
             }
-            Err(e) => {
-                failures += 1;
-                send(Event::Retrying {
-                    error: format!("{e:#}"),
-                });
-                let cap = (timing.renew_every / 4).max(Duration::from_millis(10));
-                let base = Duration::from_millis(20).saturating_mul(1 << failures.min(16));
-                let retry_at = Boot::now()
-                    .add(jitter(base.min(cap)))
-                    .min(timing.last_attempt(current));
-                if wait_until(timer, stop, retry_at) {
-                    return;
-                }
-            }
+            Attempt::Done(Err(e)) => format!("{e:#}"),
+            Attempt::Abandoned => format!(
+                "no answer within {}",
+                humantime::format_duration(Duration::from_millis(limit.as_millis() as u64))
+            ),
+        };
+        failures += 1;
+        send(Event::Retrying { error });
+        let cap = (timing.renew_every / 4).max(Duration::from_millis(10));
+        let base = Duration::from_millis(20).saturating_mul(1 << failures.min(16));
+        let mut retry_at = Boot::now().add(jitter(base.min(cap)));
+        if let Some(c) = current {
+            retry_at = retry_at.min(timing.last_attempt(c));
+        }
+        if wait_until(timer, stop, retry_at) {
+            return;
         }
     }
 }

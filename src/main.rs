@@ -16,6 +16,7 @@ mod lease;
 mod log;
 mod spawn;
 mod supervise;
+mod sys;
 
 use std::io::Write;
 
@@ -26,12 +27,12 @@ use clap::Parser;
 #[cfg(not(test))]
 #[unsafe(no_mangle)]
 extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
-    // What std's start-up would have done: a closed stdout or stderr must
-    // give an error, not kill lockrun. Whether SIGPIPE was ignored before is
-    // kept for the job, like every other ignored signal.
-    // SAFETY: replacing a signal disposition before any thread exists.
-    let previous = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    supervise::set_sigpipe_ignored_at_start(previous == libc::SIG_IGN);
+    // What std's start-up would have done: descriptors 0–2 open (on /dev/null
+    // if they were closed, before lockrun opens anything of its own), and
+    // SIGPIPE ignored so a closed stdout gives an error instead of killing
+    // lockrun; whether it was ignored before is kept for the job.
+    sys::open_std_fds();
+    supervise::ignore_sigpipe();
     let code = lockrun();
     let _ = std::io::stdout().flush();
     libc::c_int::from(code)

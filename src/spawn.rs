@@ -24,10 +24,8 @@ pub struct Spec<'a> {
     pub inherit_fd: Option<RawFd>,
     /// Signals lockrun catches: the child resets them to the default action.
     pub caught: &'a [i32],
-    /// Take the terminal's foreground for the job's new process group.
-    pub tty_fd: Option<RawFd>,
-    /// SIGTTOU was ignored when lockrun started: keep it so in the job.
-    pub keep_ttou_ignored: bool,
+    /// Put the job in a process group of its own (not at a terminal).
+    pub own_group: bool,
     /// SIGPIPE was ignored when lockrun started: keep it so in the job.
     pub keep_sigpipe_ignored: bool,
 }
@@ -40,17 +38,38 @@ pub enum SpawnError {
     Other(std::io::Error),
 }
 
+impl SpawnError {
+    /// Classify the errno the child reported.
+    pub fn from_errno(errno: i32) -> SpawnError {
+        let e = std::io::Error::from_raw_os_error(errno);
+        match errno {
+            libc::ENOENT | libc::ENOTDIR => SpawnError::NotFound,
+            libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM => {
+                SpawnError::NotExecutable(e)
+            }
+            _ => SpawnError::Other(e),
+        }
+    }
+}
+
 /// Everything the child reads, prepared before clone: the child may not
-/// allocate (it shares lockrun's memory and runs with all signals blocked).
-struct ChildArgs {
+/// allocate (it shares its parent's memory and runs with all signals blocked).
+pub struct Prepared {
     candidates: Vec<CString>,
+    /// Owns the strings `argv` and `envp` point into.
+    _strings: Vec<CString>,
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
     inherit_fd: RawFd,
     caught: Vec<i32>,
-    tty_fd: RawFd,
-    keep_ttou_ignored: bool,
+    own_group: bool,
     keep_sigpipe_ignored: bool,
+    stack: Vec<u8>,
+}
+
+/// What the cloned child reads and writes.
+struct ChildArgs<'a> {
+    p: &'a Prepared,
     parent: libc::pid_t,
     /// Written by the child when exec fails: its errno.
     errno: i32,
@@ -92,36 +111,27 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // system calls follow; nothing allocates or takes a lock.
     unsafe {
         let a = &mut *(arg as *mut ChildArgs);
+        let p = a.p;
         let mut dfl: libc::sigaction = std::mem::zeroed();
         dfl.sa_sigaction = libc::SIG_DFL;
-        for &sig in &a.caught {
+        for &sig in &p.caught {
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
         }
         // lockrun ignores SIGPIPE for itself; the job gets what lockrun got.
-        if !a.keep_sigpipe_ignored {
+        if !p.keep_sigpipe_ignored {
             libc::sigaction(libc::SIGPIPE, &dfl, std::ptr::null_mut());
         }
-        libc::setpgid(0, 0);
-        // Die with lockrun. The signal is tied to the thread that created us,
-        // lockrun's main thread, which lives until lockrun exits.
+        if p.own_group {
+            libc::setpgid(0, 0);
+        }
+        // Die with our parent, the guard (which dies only after the job).
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != a.parent {
             a.errno = libc::ESRCH;
             libc::_exit(127);
         }
-        if a.inherit_fd >= 0 && libc::fcntl(a.inherit_fd, libc::F_SETFD, 0) != 0 {
+        if p.inherit_fd >= 0 && libc::fcntl(p.inherit_fd, libc::F_SETFD, 0) != 0 {
             a.errno = *libc::__errno_location();
             libc::_exit(127);
-        }
-        if a.tty_fd >= 0 {
-            // Take the foreground from here too, so the job never reads the
-            // terminal before the parent's tcsetpgrp lands.
-            let mut ign: libc::sigaction = std::mem::zeroed();
-            ign.sa_sigaction = libc::SIG_IGN;
-            libc::sigaction(libc::SIGTTOU, &ign, std::ptr::null_mut());
-            libc::tcsetpgrp(a.tty_fd, libc::getpid());
-            if !a.keep_ttou_ignored {
-                libc::sigaction(libc::SIGTTOU, &dfl, std::ptr::null_mut());
-            }
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
@@ -129,8 +139,8 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 
         let mut saw_eacces = false;
         let mut last = libc::ENOENT;
-        for path in &a.candidates {
-            libc::execve(path.as_ptr(), a.argv.as_ptr(), a.envp.as_ptr());
+        for path in &p.candidates {
+            libc::execve(path.as_ptr(), p.argv.as_ptr(), p.envp.as_ptr());
             last = *libc::__errno_location();
             match last {
                 libc::EACCES => saw_eacces = true,
@@ -148,95 +158,104 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
-/// Start the job; returns its pid (also its process group id).
-pub fn spawn(spec: &Spec<'_>) -> Result<libc::pid_t, SpawnError> {
-    let argv_c: Vec<CString> = spec
-        .argv
-        .iter()
-        .map(|a| cstring(a))
-        .collect::<Result<_, _>>()
-        .map_err(SpawnError::Other)?;
-    let mut env_c: Vec<CString> = Vec::new();
-    for (k, v) in std::env::vars_os() {
-        let key = k.as_bytes();
-        let dropped = spec.env_remove.iter().any(|r| r.as_bytes() == key)
-            || spec.env.iter().any(|(o, _)| o.as_bytes() == key);
-        if !dropped {
-            let mut kv = key.to_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            env_c.push(cstring(OsStr::from_bytes(&kv)).map_err(SpawnError::Other)?);
-        }
+impl Prepared {
+    /// The descriptor the job inherits, or -1.
+    pub fn inherit_fd(&self) -> RawFd {
+        self.inherit_fd
     }
-    for (k, v) in spec.env {
-        env_c.push(cstring(OsStr::new(&format!("{k}={v}"))).map_err(SpawnError::Other)?);
-    }
-    let mut args = ChildArgs {
-        candidates: candidates(&spec.argv[0]).map_err(SpawnError::Other)?,
-        argv: argv_c
+
+    /// Build every string the child needs, in the parent.
+    pub fn new(spec: &Spec<'_>) -> std::io::Result<Prepared> {
+        let mut strings: Vec<CString> = spec
+            .argv
             .iter()
-            .map(|c| c.as_ptr())
-            .chain([std::ptr::null()])
-            .collect(),
-        envp: env_c
-            .iter()
-            .map(|c| c.as_ptr())
-            .chain([std::ptr::null()])
-            .collect(),
-        inherit_fd: spec.inherit_fd.unwrap_or(-1),
-        caught: spec.caught.to_vec(),
-        tty_fd: spec.tty_fd.unwrap_or(-1),
-        keep_ttou_ignored: spec.keep_ttou_ignored,
-        keep_sigpipe_ignored: spec.keep_sigpipe_ignored,
-        parent: std::process::id() as libc::pid_t,
-        errno: 0,
-    };
-    // The child's stack; the child only makes system calls.
-    let mut stack = vec![0u8; 64 * 1024];
-    // SAFETY: the stack grows down from its 16-byte-aligned top; all signals
-    // are blocked across clone so no handler of lockrun's runs in the child
-    // (which shares our memory); CLONE_VFORK keeps `args` and `stack` alive
-    // and untouched until the child has exec'd or exited.
-    let pid = unsafe {
-        let top = stack.as_mut_ptr().add(stack.len());
-        let top = (top as usize & !15) as *mut libc::c_void;
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let pid = libc::clone(
-            child_main,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut args as *mut ChildArgs).cast(),
-        );
-        let err = std::io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if pid < 0 {
-            return Err(SpawnError::Other(err));
+            .map(|a| cstring(a))
+            .collect::<Result<_, _>>()?;
+        let argc = strings.len();
+        for (k, v) in std::env::vars_os() {
+            let key = k.as_bytes();
+            let dropped = spec.env_remove.iter().any(|r| r.as_bytes() == key)
+                || spec.env.iter().any(|(o, _)| o.as_bytes() == key);
+            if !dropped {
+                let mut kv = key.to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                strings.push(cstring(OsStr::from_bytes(&kv))?);
+            }
         }
-        pid
-    };
-    drop(stack);
-    // The child wrote `errno` before exiting (CLONE_VM): read it through a
-    // volatile load, since the compiler cannot see that write.
-    // SAFETY: reading our own live local.
-    let errno = unsafe { std::ptr::read_volatile(&args.errno) };
-    if errno == 0 {
-        return Ok(pid);
+        for (k, v) in spec.env {
+            strings.push(cstring(OsStr::new(&format!("{k}={v}")))?);
+        }
+        let ptrs = |s: &[CString]| -> Vec<*const libc::c_char> {
+            s.iter()
+                .map(|c| c.as_ptr())
+                .chain([std::ptr::null()])
+                .collect()
+        };
+        Ok(Prepared {
+            candidates: candidates(&spec.argv[0])?,
+            argv: ptrs(&strings[..argc]),
+            envp: ptrs(&strings[argc..]),
+            _strings: strings,
+            inherit_fd: spec.inherit_fd.unwrap_or(-1),
+            caught: spec.caught.to_vec(),
+            own_group: spec.own_group,
+            keep_sigpipe_ignored: spec.keep_sigpipe_ignored,
+            // The child's stack; the child only makes system calls.
+            stack: vec![0u8; 64 * 1024],
+        })
     }
-    // It exited without exec: reap it here.
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    let e = std::io::Error::from_raw_os_error(errno);
-    Err(match errno {
-        libc::ENOENT | libc::ENOTDIR => SpawnError::NotFound,
-        libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM => {
-            SpawnError::NotExecutable(e)
+
+    /// Start the job; returns its pid, or the errno of a failed exec. Does not
+    /// allocate, so it may run in a forked child of a threaded process.
+    pub fn launch(&mut self) -> Result<libc::pid_t, i32> {
+        let stack_top = {
+            let len = self.stack.len();
+            // SAFETY: one past the end of our own buffer.
+            let top = unsafe { self.stack.as_mut_ptr().add(len) };
+            (top as usize & !15) as *mut libc::c_void
+        };
+        let mut args = ChildArgs {
+            p: self,
+            // SAFETY: getpid has no preconditions.
+            parent: unsafe { libc::getpid() },
+            errno: 0,
+        };
+        // SAFETY: the stack grows down from its 16-byte-aligned top; all signals
+        // are blocked across clone so no handler runs in the child (which shares
+        // our memory); CLONE_VFORK keeps `args` and the stack alive and untouched
+        // until the child has exec'd or exited.
+        let pid = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            let pid = libc::clone(
+                child_main,
+                stack_top,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                (&mut args as *mut ChildArgs).cast(),
+            );
+            let err = *libc::__errno_location();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            if pid < 0 {
+                return Err(err);
+            }
+            pid
+        };
+        // The child wrote `errno` before exiting (CLONE_VM): read it through a
+        // volatile load, since the compiler cannot see that write.
+        // SAFETY: reading our own live local.
+        let errno = unsafe { std::ptr::read_volatile(&args.errno) };
+        if errno == 0 {
+            return Ok(pid);
         }
-        _ => SpawnError::Other(e),
-    })
+        // It exited without exec: reap it here.
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        Err(errno)
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod faults;
 mod generated;
 mod input;
 mod local;

@@ -440,6 +440,10 @@ impl Backend for Local {
     fn job_fd(&self) -> Option<RawFd> {
         self.fd.as_ref().map(|fd| fd.as_raw_fd())
     }
+
+    fn expires(&self) -> bool {
+        false
+    }
 }
 
 impl Inspect for Local {
@@ -480,6 +484,7 @@ impl Inspect for Local {
     }
 }
 
+#[derive(Clone)]
 struct LocalRenewer {
     path: PathBuf,
     id: (u64, u64),
@@ -490,6 +495,10 @@ impl Renewer for LocalRenewer {
         // The flock cannot expire; the lease is lost only if the path stops
         // naming our file, since a new file there would admit a second holder.
         Ok(matches!(stat(&self.path), Ok(st) if identity(&st) == self.id))
+    }
+
+    fn fresh(&self) -> Box<dyn Renewer> {
+        Box::new(self.clone())
     }
 }
 

@@ -91,6 +91,11 @@ pub trait Backend {
     fn job_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Whether a lease ends on its own when not renewed (false for a flock,
+    /// which lasts as long as its holder: no deadline, no loss by time).
+    fn expires(&self) -> bool {
+        true
+    }
 }
 
 /// Operator views that need no lease of their own.

@@ -588,6 +588,16 @@ struct RedisRenewer {
 }
 
 impl Renewer for RedisRenewer {
+    fn fresh(&self) -> Box<dyn Renewer> {
+        Box::new(RedisRenewer {
+            client: self.client.clone(),
+            conn: None,
+            lock: self.lock.clone(),
+            secret: self.secret.clone(),
+            timing: self.timing,
+        })
+    }
+
     fn renew(&mut self) -> anyhow::Result<bool> {
         if self.conn.is_none() {
             self.conn =

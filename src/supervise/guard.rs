@@ -1,0 +1,258 @@
+//! The guard: a small process between lockrun and the job. It starts the job,
+//! reaps everything the job leaves behind (it is their subreaper), tells
+//! lockrun when the job's main process ends, and exits only when no process
+//! of the job is left. If lockrun dies (`kill -9`, the OOM killer), the guard
+//! kills every process of the job before it exits, so none outlives the lease.
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::process::{Pid, WaitOptions, WaitStatus, wait, waitpid};
+
+use crate::exit::JobEnd;
+use crate::spawn::Prepared;
+use crate::sys;
+
+/// What the guard tells lockrun, one fixed-size message each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// The job runs with this pid.
+    Started(i32),
+    /// exec failed with this errno; nothing runs.
+    NotStarted(i32),
+    /// The job's main process ended (others may remain).
+    Ended(JobEnd),
+}
+
+const MSG: usize = 5;
+
+impl Report {
+    fn encode(self) -> [u8; MSG] {
+        let (tag, n) = match self {
+            Report::Started(p) => (b'S', p),
+            Report::NotStarted(e) => (b'N', e),
+            Report::Ended(JobEnd::Exited(c)) => (b'X', c),
+            Report::Ended(JobEnd::Signaled(s)) => (b'K', s),
+        };
+        let mut m = [0u8; MSG];
+        m[0] = tag;
+        m[1..].copy_from_slice(&n.to_le_bytes());
+        m
+    }
+
+    fn decode(m: &[u8]) -> Option<Report> {
+        let n = i32::from_le_bytes(m.get(1..MSG)?.try_into().ok()?);
+        Some(match m[0] {
+            b'S' => Report::Started(n),
+            b'N' => Report::NotStarted(n),
+            b'X' => Report::Ended(JobEnd::Exited(n)),
+            b'K' => Report::Ended(JobEnd::Signaled(n)),
+            _ => return None,
+        })
+    }
+}
+
+/// lockrun's side of a running guard.
+pub struct Guard {
+    pub pid: i32,
+    /// Held open while lockrun lives; the guard sees its end as lockrun's death.
+    _life: OwnedFd,
+    reports: std::fs::File,
+    /// Bytes read but not yet handed out (whole messages are handed out in order).
+    partial: Vec<u8>,
+}
+
+impl Guard {
+    /// Fork the guard, which starts the job from `job`. Call with no other
+    /// thread running (the guard is a copy of this process).
+    pub fn start(job: &mut Prepared) -> std::io::Result<Guard> {
+        let (life_rx, life_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let (rep_rx, rep_tx) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )?;
+        // The guard runs with every signal blocked: the terminal's keys and
+        // lockrun's forwarding are for the job, never for the guard.
+        let mask = sys::block_all();
+        let forked = sys::fork();
+        match forked {
+            Ok(sys::Forked::Child) => {
+                drop(life_tx);
+                drop(rep_rx);
+                guard_main(job, life_rx, rep_tx)
+            }
+            Ok(sys::Forked::Parent(pid)) => {
+                sys::set_mask(&mask);
+                drop(life_rx);
+                drop(rep_tx);
+                Ok(Guard {
+                    pid,
+                    _life: life_tx,
+                    reports: std::fs::File::from(rep_rx),
+                    partial: Vec::new(),
+                })
+            }
+            Err(e) => {
+                sys::set_mask(&mask);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn reports_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.reports.as_fd()
+    }
+
+    /// Reports that arrived, without blocking. `closed` becomes true once the
+    /// guard has exited (or died).
+    pub fn read(&mut self, closed: &mut bool) -> Vec<Report> {
+        let mut buf = [0u8; 64];
+        loop {
+            match self.reports.read(&mut buf) {
+                Ok(0) => {
+                    *closed = true;
+                    break;
+                }
+                Ok(n) => self.partial.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let whole = self.partial.len() / MSG * MSG;
+        let out = self.partial[..whole]
+            .chunks(MSG)
+            .filter_map(Report::decode)
+            .collect();
+        self.partial.drain(..whole);
+        out
+    }
+
+    /// Hand reports back, to be returned first by the next `read`.
+    pub fn unread(&mut self, reports: &[Report]) {
+        let mut bytes: Vec<u8> = reports.iter().flat_map(|r| r.encode()).collect();
+        bytes.append(&mut self.partial);
+        self.partial = bytes;
+    }
+
+    /// Block until the guard is reaped (its reports pipe has closed, so it is
+    /// exiting). True when it ended on its own after the last process of the job.
+    pub fn reap(&self) -> bool {
+        loop {
+            match waitpid(Pid::from_raw(self.pid), WaitOptions::empty()) {
+                Ok(Some((_, st))) => return st.exit_status() == Some(0),
+                Err(rustix::io::Errno::INTR) => continue,
+                _ => return false,
+            }
+        }
+    }
+}
+
+fn send(out: &mut std::fs::File, r: Report) {
+    // One message is far below PIPE_BUF, so it is written whole or not at all.
+    let _ = out.write_all(&r.encode());
+}
+
+fn job_end(st: WaitStatus) -> Option<JobEnd> {
+    if let Some(code) = st.exit_status() {
+        Some(JobEnd::Exited(code))
+    } else {
+        st.terminating_signal().map(JobEnd::Signaled)
+    }
+}
+
+/// The guard's whole life. Never returns.
+fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
+    let mut out = std::fs::File::from(reports);
+    let keep = [life.as_raw_fd(), out.as_raw_fd(), job.inherit_fd()];
+    // Nothing of lockrun's (its server connection, its signal pipe) stays open
+    // here but what the job inherits.
+    sys::close_own_but(&keep);
+    if sys::set_subreaper().is_err() {
+        send(&mut out, Report::NotStarted(libc::EPERM));
+        sys::exit_now(1);
+    }
+    let chld = sys::sigchld_fd();
+    let main = match job.launch() {
+        Ok(pid) => pid,
+        Err(errno) => {
+            send(&mut out, Report::NotStarted(errno));
+            sys::exit_now(0);
+        }
+    };
+    send(&mut out, Report::Started(main));
+    let mut main_ended = false;
+    loop {
+        // Reap whatever ended; the main process is reported, the rest is silent.
+        loop {
+            match wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, st))) => {
+                    if pid.as_raw_nonzero().get() == main
+                        && let Some(end) = job_end(st)
+                    {
+                        main_ended = true;
+                        send(&mut out, Report::Ended(end));
+                    }
+                }
+                Ok(None) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                // No child left: since orphans come to us, nothing of the job is.
+                Err(rustix::io::Errno::CHILD) if main_ended => sys::exit_now(0),
+                Err(_) => break,
+            }
+        }
+        let mut fds = vec![PollFd::from_borrowed_fd(life.as_fd(), PollFlags::IN)];
+        if let Ok(c) = &chld {
+            fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
+        }
+        // Without a SIGCHLD descriptor, look again every 50 ms.
+        let limit = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        let _ = poll(&mut fds, chld.is_err().then_some(&limit));
+        if !fds[0].revents().is_empty() {
+            kill_everything(main);
+        }
+        if let Ok(c) = &chld {
+            let mut buf = [0u8; 128];
+            while rustix::io::read(c, &mut buf).is_ok_and(|n| n > 0) {}
+        }
+    }
+}
+
+/// lockrun is gone: SIGKILL every descendant, again and again until none is left.
+fn kill_everything(main: i32) -> ! {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    loop {
+        sys::signal_group(main, libc::SIGKILL);
+        for p in sys::descendants(me) {
+            sys::signal_pid(p, libc::SIGKILL);
+        }
+        loop {
+            match wait(WaitOptions::NOHANG) {
+                Ok(Some(_)) => continue,
+                Err(rustix::io::Errno::CHILD) => sys::exit_now(1),
+                _ => break,
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_survive_the_pipe() {
+        for r in [
+            Report::Started(1234),
+            Report::NotStarted(libc::ENOENT),
+            Report::Ended(JobEnd::Exited(3)),
+            Report::Ended(JobEnd::Signaled(9)),
+        ] {
+            assert_eq!(Report::decode(&r.encode()), Some(r));
+        }
+        assert_eq!(Report::decode(b"?0000"), None);
+    }
+}

@@ -1,0 +1,413 @@
+//! Runs the job: start it under a guard process, pass signals on, and carry
+//! out the decisions of `policy` (the kill schedule, leftovers, terminal
+//! stops) until no process of the job is left. Knows nothing of engines: the
+//! lease reaches it as a deadline, a renewer and events.
+
+mod guard;
+mod policy;
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, TryRecvError, channel};
+
+use rustix::event::{PollFd, PollFlags, poll};
+use signal_hook::iterator::backend::SignalDelivery;
+use signal_hook::iterator::exfiltrator::WithRawSiginfo;
+
+use crate::exit::{Failure, Kind, ResultExt, fail};
+use crate::lease::{Boot, BootTimer, Deadline, Event as LeaseEvent, Renewer, Timing, Watchdog};
+use crate::log;
+use crate::spawn::{Prepared, SpawnError};
+use crate::sys;
+use guard::{Guard, Report};
+pub use policy::Outcome;
+use policy::{Action, Event, FORWARDED, JOB_CONTROL, Policy};
+
+/// Everything the supervisor needs to run one job under one lease.
+pub struct Job {
+    pub command: Vec<OsString>,
+    pub env: Vec<(String, String)>,
+    /// Inherited variables the job must not see (a URL with a password).
+    pub env_remove: Vec<String>,
+    /// The local backend's lock descriptor, inherited by the job.
+    pub inherit_fd: Option<RawFd>,
+    pub timing: Timing,
+    /// When the granting request was sent.
+    pub granted_at: Boot,
+}
+
+/// SIGPIPE was ignored when lockrun started (lockrun itself always ignores it).
+static SIGPIPE_IGNORED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Called first thing: lockrun ignores SIGPIPE (a closed stdout must give an
+/// error, not kill it), and the job later gets what lockrun was given.
+#[cfg_attr(test, allow(dead_code))] // called from the C entry point only
+pub fn ignore_sigpipe() {
+    SIGPIPE_IGNORED.store(sys::ignore_sigpipe(), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The signals lockrun catches: those it forwards or acts on, except the ones
+/// ignored when it started (nohup), which stay ignored for the job too.
+fn catchable() -> Vec<i32> {
+    FORWARDED
+        .iter()
+        .chain(JOB_CONTROL.iter())
+        .copied()
+        .filter(|&s| !sys::is_ignored(s))
+        .collect()
+}
+
+fn spawn_failure(shown: &str, e: SpawnError) -> Failure {
+    match e {
+        SpawnError::NotFound => fail(Kind::NotFound, format!("{shown}: command not found")),
+        SpawnError::NotExecutable(e) => {
+            fail(Kind::NotExecutable, format!("{shown}: cannot execute: {e}"))
+        }
+        SpawnError::Other(e) => fail(Kind::Internal, format!("{shown}: cannot start: {e}")),
+    }
+}
+
+/// Wait for the guard's first word: the job started, or could not.
+fn first_report(guard: &mut Guard) -> Result<i32, SpawnError> {
+    loop {
+        let mut closed = false;
+        let reports = guard.read(&mut closed);
+        for (i, r) in reports.iter().enumerate() {
+            match *r {
+                Report::Started(pid) => {
+                    // A short job may have ended already: keep that for the loop.
+                    guard.unread(&reports[i + 1..]);
+                    return Ok(pid);
+                }
+                Report::NotStarted(errno) => {
+                    guard.reap();
+                    return Err(SpawnError::from_errno(errno));
+                }
+                Report::Ended(_) => {}
+            }
+        }
+        if closed {
+            guard.reap();
+            return Err(SpawnError::Other(std::io::Error::other(
+                "the guard process died before the job started",
+            )));
+        }
+        let mut fds = [PollFd::from_borrowed_fd(guard.reports_fd(), PollFlags::IN)];
+        let _ = poll(&mut fds, None);
+    }
+}
+
+/// Run the job under the lease and return when nothing of it is left.
+/// `deadline` is None for a lease that cannot expire. The watchdog starts on
+/// `renewer` only when the first renewal is due. Err only when the job never
+/// started; after that, every failure of lockrun's own goes through the kill
+/// schedule and comes back in the outcome.
+pub fn run(
+    job: Job,
+    deadline: Option<Arc<Deadline>>,
+    renewer: Option<Box<dyn Renewer>>,
+) -> Result<Outcome, Failure> {
+    // Orphans of the job come to the guard; if the guard itself dies, to us.
+    sys::set_subreaper().kind(Kind::Internal)?;
+    let caught = catchable();
+    sys::unblock(&caught);
+    let (sig_rx, sig_tx) = UnixStream::pair().kind(Kind::Internal)?;
+    let mut signals =
+        SignalDelivery::with_pipe(sig_rx, sig_tx, WithRawSiginfo, &caught).kind(Kind::Internal)?;
+    let (wake_rx, wake_tx) = UnixStream::pair().kind(Kind::Internal)?;
+    wake_rx.set_nonblocking(true).kind(Kind::Internal)?;
+    wake_tx.set_nonblocking(true).kind(Kind::Internal)?;
+    let timer = BootTimer::new().kind(Kind::Internal)?;
+    let shares_group = sys::at_terminal();
+
+    let env_remove: Vec<&str> = std::iter::once("LOCKRUN_LOCK_FD")
+        .chain(job.env_remove.iter().map(String::as_str))
+        .collect();
+    let spec = crate::spawn::Spec {
+        argv: &job.command,
+        env: &job.env,
+        // An outer lockrun's lock descriptor must not leak through to this job.
+        env_remove: &env_remove,
+        inherit_fd: job.inherit_fd,
+        caught: &caught,
+        own_group: !shares_group,
+        keep_sigpipe_ignored: SIGPIPE_IGNORED.load(std::sync::atomic::Ordering::Relaxed),
+    };
+    let shown = job.command[0].to_string_lossy().into_owned();
+    let mut prepared =
+        Prepared::new(&spec).map_err(|e| spawn_failure(&shown, SpawnError::Other(e)))?;
+    let mut guard = Guard::start(&mut prepared).map_err(|e| {
+        fail(
+            Kind::Internal,
+            format!("cannot start the guard process: {e}"),
+        )
+    })?;
+    let main = first_report(&mut guard).map_err(|e| spawn_failure(&shown, e))?;
+    log::info(format!("started job as pid {main}"));
+    log::start_async();
+
+    let mut sup = Supervisor {
+        policy: Policy::new(job.timing, shares_group),
+        timing: job.timing,
+        deadline,
+        renewer,
+        watchdog: None,
+        first_renew: job.granted_at.add(job.timing.renew_every),
+        main,
+        guard,
+        guard_gone: false,
+        orphans_only: false,
+    };
+    let (ev_tx, ev_rx) = channel::<LeaseEvent>();
+    loop {
+        let now = Boot::now();
+        let mut events = Vec::new();
+        for info in signals.pending() {
+            events.push(Event::Signal {
+                sig: info.si_signo,
+                // The terminal's signals (Ctrl-C, Ctrl-Z, a resize) come from
+                // the kernel; `kill` from another process says SI_USER.
+                from_terminal: info.si_code == libc::SI_KERNEL,
+            });
+        }
+        events.extend(lease_events(&ev_rx));
+        let (gone, more) = sup.guard_news();
+        events.extend(more);
+        if !gone && let Some(e) = sup.start_watchdog(now, &ev_tx, &wake_tx) {
+            events.push(e);
+        }
+
+        let dl = sup.deadline.as_ref().map(|d| d.get());
+        let mut actions = Vec::new();
+        for ev in events {
+            actions.extend(sup.policy.on(ev, now, dl));
+        }
+        if gone {
+            break;
+        }
+        let forwards = actions.iter().any(|a| matches!(a, Action::Forward(_)));
+        let procs = if sup.policy.wants_procs() || (forwards && shares_group) {
+            sup.processes()
+        } else {
+            Vec::new()
+        };
+        actions.extend(sup.policy.tick(now, dl, &procs));
+        if sup.policy_is_stopping() {
+            // Abandon any renewal in flight; the kill schedule never waits for it.
+            sup.watchdog.take();
+            sup.renewer.take();
+        }
+        for a in actions {
+            sup.act(a, &procs);
+        }
+
+        let mut next = sup.policy.next_tick(Boot::now(), dl);
+        if sup.renewer.is_some() && !sup.policy_is_stopping() {
+            next = Some(next.map_or(sup.first_renew, |n| n.min(sup.first_renew)));
+        }
+        if sup.orphans_only {
+            next = Some(Boot::now().add(std::time::Duration::from_millis(50)));
+        }
+        wait(
+            &[
+                signals.get_read().as_fd(),
+                sup.guard.reports_fd(),
+                wake_rx.as_fd(),
+            ],
+            &timer,
+            next,
+        );
+        drain(&wake_rx);
+    }
+
+    // Nothing of the job is left.
+    sup.watchdog.take();
+    log::stop_async();
+    Ok(sup.policy.outcome())
+}
+
+fn lease_events(rx: &Receiver<LeaseEvent>) -> Vec<Event> {
+    let mut out = Vec::new();
+    loop {
+        match rx.try_recv() {
+            Ok(LeaseEvent::Renewed { took }) => log::debug(format!("renewed in {took:.1?}")),
+            Ok(LeaseEvent::Retrying { error }) => {
+                log::info(format!("renewal failed: {error}; retrying"))
+            }
+            Ok(LeaseEvent::Lost { reason }) => out.push(Event::Lost(reason)),
+            Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => return out,
+        }
+    }
+}
+
+struct Supervisor {
+    policy: Policy,
+    timing: Timing,
+    deadline: Option<Arc<Deadline>>,
+    renewer: Option<Box<dyn Renewer>>,
+    watchdog: Option<Watchdog>,
+    first_renew: Boot,
+    main: i32,
+    guard: Guard,
+    guard_gone: bool,
+    /// The guard died: lockrun reaps the job's orphans itself.
+    orphans_only: bool,
+}
+
+impl Supervisor {
+    fn policy_is_stopping(&self) -> bool {
+        self.policy.is_stopping()
+    }
+
+    /// What the guard said; (true, _) once nothing of the job is left.
+    fn guard_news(&mut self) -> (bool, Vec<Event>) {
+        let mut out = Vec::new();
+        if !self.guard_gone {
+            let mut closed = false;
+            for r in self.guard.read(&mut closed) {
+                if let Report::Ended(end) = r {
+                    log::info(format!("job {}", describe_end(end)));
+                    out.push(Event::JobEnded(end));
+                }
+            }
+            if closed {
+                self.guard_gone = true;
+                if self.guard.reap() {
+                    return (true, out);
+                }
+                // The guard died (OOM killer, kill -9): its orphans are ours now.
+                self.orphans_only = true;
+                out.push(Event::Failed("the guard process died".into()));
+            }
+        }
+        if self.orphans_only && reap_orphans() {
+            return (true, out);
+        }
+        (false, out)
+    }
+
+    /// Start renewing once the first renewal is due. Short jobs never pay for
+    /// the thread; failing to start it after the job started is a failure of
+    /// lockrun's own.
+    fn start_watchdog(
+        &mut self,
+        now: Boot,
+        ev_tx: &std::sync::mpsc::Sender<LeaseEvent>,
+        wake_tx: &UnixStream,
+    ) -> Option<Event> {
+        if self.watchdog.is_some() || now < self.first_renew || self.policy_is_stopping() {
+            return None;
+        }
+        let r = self.renewer.take()?;
+        let started = wake_tx.try_clone().and_then(|wake| {
+            Watchdog::spawn(r, self.timing, self.deadline.clone(), ev_tx.clone(), wake)
+        });
+        match started {
+            Ok(w) => {
+                self.watchdog = Some(w);
+                None
+            }
+            Err(e) => Some(Event::Failed(format!(
+                "cannot start renewing the lease: {e}"
+            ))),
+        }
+    }
+
+    /// Every live process of the job.
+    fn processes(&self) -> Vec<i32> {
+        let root = if self.orphans_only {
+            rustix::process::getpid().as_raw_nonzero().get()
+        } else {
+            self.guard.pid
+        };
+        sys::descendants(root)
+    }
+
+    fn act(&mut self, a: Action, procs: &[i32]) {
+        match a {
+            Action::Forward(sig) => {
+                log::info(format!("forwarding {}", signal_name(sig)));
+                if self.policy.shares_group() {
+                    for &p in procs {
+                        sys::signal_pid(p, sig);
+                    }
+                } else {
+                    sys::signal_group(self.main, sig);
+                }
+            }
+            Action::Signal(pids, sig) => {
+                if sig == libc::SIGTERM {
+                    log::info(format!("stopping {} process(es) of the job", pids.len()));
+                }
+                for p in pids {
+                    sys::signal_pid(p, sig);
+                }
+            }
+            Action::Suspend(sig) => {
+                log::info("stopped at the terminal; suspending lockrun with the job");
+                sys::stop_like(sig);
+            }
+            Action::Alert(msg) => log::alert(msg),
+        }
+    }
+}
+
+/// Reap whatever of the job came to lockrun; true once nothing is left.
+fn reap_orphans() -> bool {
+    use rustix::process::{WaitOptions, wait};
+    loop {
+        match wait(WaitOptions::NOHANG) {
+            Ok(Some(_)) => continue,
+            Ok(None) => return false,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// "exited with 3", "killed by SIGKILL".
+pub fn describe_end(end: crate::exit::JobEnd) -> String {
+    match end {
+        crate::exit::JobEnd::Exited(c) => format!("exited with {c}"),
+        crate::exit::JobEnd::Signaled(s) => format!("killed by {}", signal_name(s)),
+    }
+}
+
+pub fn signal_name(sig: i32) -> String {
+    signal_hook::low_level::signal_name(sig)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("signal {sig}"))
+}
+
+fn drain(wake: &UnixStream) {
+    use std::io::Read;
+    let mut buf = [0u8; 64];
+    let mut w = wake;
+    while w.read(&mut buf).is_ok_and(|n| n > 0) {}
+}
+
+/// Sleep until one of `fds` is readable or the boot clock reaches `at`.
+fn wait(fds: &[std::os::fd::BorrowedFd<'_>], timer: &BootTimer, at: Option<Boot>) {
+    let mut polled: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN))
+        .collect();
+    let mut fallback = None;
+    if let Some(at) = at {
+        if timer.arm(at).is_ok() {
+            polled.push(PollFd::from_borrowed_fd(timer.fd(), PollFlags::IN));
+        } else {
+            // Without a timer, look again soon so deadlines are still checked.
+            fallback = Some(rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 10_000_000,
+            });
+        }
+    }
+    let _ = poll(&mut polled, fallback.as_ref());
+    // Reading the timer resets it; a fired timer is otherwise level-triggered.
+    let mut buf = [0u8; 8];
+    let _ = rustix::io::read(timer.fd(), &mut buf);
+}

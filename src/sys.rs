@@ -1,0 +1,225 @@
+//! The system calls the supervisor needs that Rust's std does not wrap: signal
+//! dispositions, process groups and descendants, the terminal, fork. Every
+//! `unsafe` block of the supervisor lives here (and in `spawn`).
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::RawFd;
+
+/// Make sure descriptors 0–2 are open before lockrun opens anything of its
+/// own: a closed one would otherwise be reused by a lock file or a socket, and
+/// the job's output (or lockrun's log lines) would land in it.
+#[cfg_attr(test, allow(dead_code))] // called from the C entry point only
+pub fn open_std_fds() {
+    for fd in 0..=2 {
+        // SAFETY: fcntl on a descriptor number; open of a constant C string.
+        unsafe {
+            if libc::fcntl(fd, libc::F_GETFD) == -1 {
+                // The lowest free number is `fd`, since the lower ones are open.
+                let opened = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if opened >= 0 && opened != fd {
+                    libc::dup2(opened, fd);
+                    libc::close(opened);
+                }
+            }
+        }
+    }
+}
+
+/// Keep other processes of the same user (the job among them) from reading
+/// lockrun's memory or `/proc/PID/environ` while it holds a secret.
+pub fn set_not_dumpable() {
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+}
+
+/// Whether `sig` is ignored right now (a query, no change).
+pub fn is_ignored(sig: i32) -> bool {
+    // SAFETY: a query only (no new action); `old` is a local.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// Set the disposition of SIGPIPE to "ignore"; returns whether it was ignored before.
+#[cfg_attr(test, allow(dead_code))]
+pub fn ignore_sigpipe() -> bool {
+    // SAFETY: replacing a signal disposition; called before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) == libc::SIG_IGN }
+}
+
+/// Unblock these signals in the calling thread (a signal blocked when lockrun
+/// started could never be forwarded).
+pub fn unblock(sigs: &[i32]) {
+    // SAFETY: sigset manipulation on a local; changes only this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in sigs {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Block every signal in the calling thread; returns the previous mask.
+pub fn block_all() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on locals.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    }
+}
+
+pub fn set_mask(mask: &libc::sigset_t) {
+    // SAFETY: restores a mask obtained from `block_all`.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+}
+
+/// Send `sig` to a process, never to pid ≤ 1 (which would mean "everyone").
+pub fn signal_pid(pid: i32, sig: i32) {
+    if pid > 1 {
+        // SAFETY: kill(2) has no memory effects.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Send `sig` to a process group, never to pgid ≤ 1.
+pub fn signal_group(pgid: i32, sig: i32) {
+    if pgid > 1 {
+        // SAFETY: as above.
+        unsafe { libc::kill(-pgid, sig) };
+    }
+}
+
+/// Stop lockrun with the signal that stopped its terminal's foreground group,
+/// so the calling shell reports what it would without lockrun (as sudo does).
+/// Our handler is set aside for the moment and restored once we are continued.
+pub fn stop_like(sig: i32) {
+    // SAFETY: sigaction on local structs; raise on ourselves.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        let mut saved: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        let swapped = libc::sigaction(sig, &dfl, &mut saved) == 0;
+        libc::raise(if swapped { sig } else { libc::SIGSTOP });
+        if swapped {
+            libc::sigaction(sig, &saved, std::ptr::null_mut());
+        }
+    }
+}
+
+/// lockrun runs in the foreground of its controlling terminal (or leads a job
+/// of a job-control shell there): the job then stays in lockrun's process group,
+/// so the terminal's keys reach it, the calling shell and the other members of
+/// a pipeline together, as they would without lockrun.
+pub fn at_terminal() -> bool {
+    // SAFETY: plain queries on descriptor numbers and our own ids.
+    unsafe {
+        let ours = libc::getpgrp();
+        let session = libc::getsid(0);
+        (0..=2).any(|fd: RawFd| {
+            let fg = libc::tcgetpgrp(fd);
+            fg > 0 && libc::tcgetsid(fd) == session && (fg == ours || ours == libc::getpid())
+        })
+    }
+}
+
+/// Become the reaper of our descendants' orphans.
+pub fn set_subreaper() -> io::Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    Ok(())
+}
+
+/// Every descendant of `root` (not `root` itself), whatever group or session
+/// it moved to, found through the kernel's per-thread children lists. A
+/// process forking meanwhile may be missed: callers walk again.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Ok(s) = std::fs::read_to_string(t.path().join("children")) else {
+                continue;
+            };
+            for c in s.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+                if c > 1 && seen.insert(c) {
+                    out.push(c);
+                    todo.push(c);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The result of `fork`.
+pub enum Forked {
+    Child,
+    Parent(i32),
+}
+
+/// fork(2). glibc's fork keeps malloc usable in the child even when other
+/// threads exist.
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: fork has no memory-safety preconditions; the child only runs
+    // code that is safe after fork (no locks held by other threads: the
+    // caller forks before it starts any).
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid)),
+    }
+}
+
+/// End a forked child at once, without running lockrun's exit-time code.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit ends the process; nothing is left to be unsafe.
+    unsafe { libc::_exit(code) }
+}
+
+/// A descriptor that reports SIGCHLD (blocked by the caller) as readable.
+pub fn sigchld_fd() -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: sigset on a local; signalfd returns a new descriptor we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(std::os::fd::OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// Close lockrun's own descriptors (those marked close-on-exec) except
+/// `keep`; what lockrun inherited for the job stays open.
+pub fn close_own_but(keep: &[RawFd]) {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let open: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open {
+        // SAFETY: fcntl and close on descriptor numbers; no Rust object of
+        // this (forked) process uses them again; the read_dir handle is closed.
+        unsafe {
+            let cloexec = libc::fcntl(fd, libc::F_GETFD) & libc::FD_CLOEXEC != 0;
+            if fd > 2 && cloexec && !keep.contains(&fd) {
+                libc::close(fd);
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Faults found by users, operators and attackers: whatever happens to the
+//! network, to lockrun or to its descriptors, nothing of the job outlives
+//! its lease.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+const LONG: Duration = Duration::from_secs(20);
+
+fn key_exists(redis: &Redis, name: &str) -> bool {
+    let n: i64 = redis.cmd(&["EXISTS", &format!("lockrun:{{{name}}}")]);
+    n == 1
+}
+
+/// A renewal whose reply trickles in must not hold up the kill: the job is
+/// stopped on the loss schedule, not when the renewal finally returns.
+#[test]
+fn a_trickling_server_cannot_hold_up_the_kill() {
+    let redis = Redis::start();
+    let proxy = Proxy::start(redis.port);
+    let scratch = Scratch::new();
+    let mut lr = hold(Some(&proxy.url()), "slow", "3s", &scratch);
+    let job = scratch.pid_in("pid");
+    proxy.trickle();
+    let since = Instant::now();
+    let died = wait_until(Duration::from_secs(60), || !alive(job));
+    let took = since.elapsed();
+    assert!(died);
+    // The lease (3 s, counted from the last renewal before the trickle) is
+    // over by then; lockrun must have acted within it, not ~30 s later.
+    assert!(took < Duration::from_secs(3), "the job ran on for {took:?}");
+    // The release goes through the same slow link; it may take a while.
+    let st = wait_child(&mut lr, Duration::from_secs(90));
+    assert_eq!(st.code(), Some(76));
+}
+
+/// `kill -9` of lockrun (CI cancellation, the OOM killer) kills every process
+/// of the job: background children, and processes in other groups and sessions.
+#[test]
+fn kill_9_of_lockrun_kills_every_process_of_the_job() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    let script = format!(
+        "sleep 100 & echo $! > {d}/a; setsid sleep 100 & echo $! > {d}/b; \
+         (set -m; sleep 100 & echo $! > {d}/c; wait) & \
+         (sh -c 'sleep 100 & echo $! > {d}/d' &); echo $$ > {d}/pid; wait"
+    );
+    let mut lr = lockrun()
+        .args(["--url", &redis.url(), "k9", "-c", &script])
+        .spawn()
+        .unwrap();
+    let pids: Vec<i32> = ["a", "b", "c", "d", "pid"]
+        .iter()
+        .map(|f| scratch.pid_in(f))
+        .collect();
+    signal(lr.id() as i32, libc::SIGKILL);
+    let _ = lr.wait();
+    let died = Instant::now();
+    let all_dead = wait_until(Duration::from_secs(5), || pids.iter().all(|&p| !alive(p)));
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &left {
+        signal(p, libc::SIGKILL);
+    }
+    assert!(all_dead, "processes {left:?} outlived a SIGKILLed lockrun");
+    assert!(
+        died.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        died.elapsed()
+    );
+}
+
+/// On loss, a process in another process group gets SIGTERM (and can clean
+/// up) before SIGKILL, even when the job's main process ignores SIGTERM.
+#[test]
+fn on_loss_every_process_gets_sigterm_first() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let log = scratch.path("log");
+    let log = log.display();
+    let script = format!(
+        "trap '' TERM; \
+         setsid perl -e '$SIG{{TERM}} = sub {{ open my $f, \">>\", \"{log}\"; print $f \"worker got TERM\\n\"; close $f; exit 0 }}; \
+                  open my $f, \">>\", \"{log}\"; print $f \"ready\\n\"; close $f; sleep 1 while 1' & \
+         echo $$ > {d}/pid; wait; sleep 100",
+        d = scratch.dir.path().display()
+    );
+    let mut lr = lockrun()
+        .args([
+            "--url",
+            &redis.url(),
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "1s",
+            "grp",
+            "-c",
+        ])
+        .arg(&script)
+        .spawn()
+        .unwrap();
+    assert!(wait_until(LONG, || scratch.read("log").contains("ready")));
+    let _: () = redis.cmd(&["DEL", "lockrun:{grp}"]);
+    let st = wait_child(&mut lr, LONG);
+    assert_eq!(st.code(), Some(76));
+    assert!(
+        scratch.read("log").contains("worker got TERM"),
+        "the worker in its own group was killed without SIGTERM: {}",
+        scratch.read("log")
+    );
+}
+
+/// A SIGSTOP sent to the job by another process is not Ctrl-Z: lockrun keeps
+/// running and renewing, at a terminal too.
+#[test]
+fn sigstop_from_elsewhere_does_not_suspend_lockrun() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    let mut pty = Pty::bash(&format!(
+        "set -m; lockrun --url {} --ttl 2s st -c 'echo $$ > {d}/pid; echo ${{LOCKRUN_OWNER##*:}} > {d}/lr; echo ready; sleep 5'; echo rc=$?",
+        redis.url()
+    ));
+    pty.expect("ready", LONG);
+    let job = scratch.pid_in("pid");
+    let lr = scratch.pid_in("lr");
+    signal(job, libc::SIGSTOP);
+    // Longer than the ttl: without renewals the lease would be gone.
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_ne!(state_of(lr), Some('T'), "lockrun was suspended");
+    assert!(key_exists(&redis, "st"), "the lease must still be renewed");
+    signal(job, libc::SIGCONT);
+    let seen = pty.expect("rc=", LONG);
+    assert!(seen.contains("rc=0"), "{seen}");
+}
+
+/// One Ctrl-C stops a script that loops over lockrun, and its INT trap runs,
+/// as with a plain command (the script has no job control).
+#[test]
+fn ctrl_c_runs_the_trap_of_a_script_looping_over_lockrun() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let mut pty = Pty::bash(&format!(
+        "trap 'echo trapped; exit 7' INT; for i in 1 2 3; do \
+         lockrun --url {url} loop -- sh -c 'echo ready; exec sleep 30'; echo iteration-$i; done"
+    ));
+    pty.expect("ready", LONG);
+    pty.type_(b"\x03");
+    let st = pty.finish(LONG);
+    assert!(pty.seen.contains("trapped"), "{}", pty.seen);
+    assert!(!pty.seen.contains("iteration-1"), "{}", pty.seen);
+    assert_eq!(st.code(), Some(7), "{}", pty.seen);
+}
+
+/// Ctrl-C reaches the other members of a pipeline, as without lockrun.
+#[test]
+fn ctrl_c_reaches_the_other_members_of_a_pipeline() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let mut pty = Pty::bash(&format!(
+        "set -m; lockrun --url {url} pipe -- sh -c 'echo ready; exec sleep 30' | \
+         (trap 'echo member-saw-int; exit 0' INT; cat)"
+    ));
+    pty.expect("ready", LONG);
+    pty.type_(b"\x03");
+    pty.expect("member-saw-int", LONG);
+    pty.finish(LONG);
+}
+
+/// With stdout closed when lockrun starts, the job's output must not land in
+/// lockrun's own files (the local lock file's token record).
+#[test]
+fn a_closed_stdout_is_not_reused_for_the_lock_file() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let out = run(std::process::Command::new("sh").arg("-c").arg(format!(
+        "exec {BIN} --url {url} fd -- sh -c 'echo XXXXXXXXXXXXXXXXXXXXXXXX' >&-"
+    )));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let record = std::fs::read_to_string(scratch.path("locks").join("fd.lock")).unwrap();
+    assert!(
+        record.starts_with("token="),
+        "record overwritten: {record:?}"
+    );
+}
+
+/// With stderr closed, -v lines must not go into the Redis connection.
+#[test]
+fn a_closed_stderr_is_not_reused_for_the_redis_connection() {
+    let redis = Redis::start();
+    let out = run(std::process::Command::new("sh").arg("-c").arg(format!(
+        "exec {BIN} -v --url {} fd2 -- true 2>&-",
+        redis.url()
+    )));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!key_exists(&redis, "fd2"), "the lease must be released");
+}
+
+/// Whatever descriptor limit lockrun runs under, it either refuses before the
+/// job starts or keeps the lease until nothing of the job is left.
+#[test]
+fn exhausted_descriptors_never_release_a_live_job() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    for n in 4..=16 {
+        let name = format!("fd{n}");
+        let pidfile = format!("{d}/bg{n}");
+        let script = format!("sleep 30 & echo $! > {pidfile}; sleep 1.2");
+        let out = run(std::process::Command::new("sh").arg("-c").arg(format!(
+            "ulimit -n {n}; exec {BIN} --url {} --ttl 1500ms {name} -c '{script}'",
+            redis.url()
+        )));
+        let code = out.status.code();
+        let bg: i32 = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0);
+        if bg > 0 {
+            let was_alive = alive(bg);
+            if was_alive {
+                signal(bg, libc::SIGKILL);
+            }
+            assert!(
+                !was_alive,
+                "ulimit -n {n}: lockrun exited {code:?} with a process of the job alive: {}",
+                text(&out.stderr)
+            );
+        }
+        assert!(
+            matches!(code, Some(0) | Some(69) | Some(70) | Some(76)),
+            "ulimit -n {n}: exit {code:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// The local backend has no expiry: a pause of lockrun (SIGSTOP, a laptop
+/// suspend, `docker pause`) longer than the ttl must not stop the job.
+#[test]
+fn a_paused_lockrun_keeps_a_local_job() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let mut lr = lockrun()
+        .args(["--url", &url, "--ttl", "1s", "pause", "-c"])
+        .arg(format!(
+            "echo $$ > {}; sleep 3",
+            scratch.path("pid").display()
+        ))
+        .spawn()
+        .unwrap();
+    scratch.pid_in("pid");
+    signal(lr.id() as i32, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(2000));
+    signal(lr.id() as i32, libc::SIGCONT);
+    let st = wait_child(&mut lr, LONG);
+    assert_eq!(st.code(), Some(0));
+}
+
+/// A leftover that exits on SIGTERM, leaving a child of its own behind: that
+/// child is re-parented to lockrun's side and must be dead before release.
+#[test]
+fn children_of_a_dying_leftover_are_found() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    for i in 0..5 {
+        let g = scratch.path(&format!("g{i}"));
+        let g = g.display();
+        let name = format!("lo{i}");
+        let script = format!(
+            "sh -c 'trap \"sleep 30 & echo \\$! > {g}; exit 0\" TERM; while :; do sleep 0.01; done' & \
+             sleep 0.2; exit 0"
+        );
+        let mut lr = lockrun()
+            .args(["--url", &redis.url(), "--ttl", "3s", &name, "-c", &script])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let gone = wait_until(LONG, || !key_exists(&redis, &name));
+        let grandchild: i32 = scratch.read(&format!("g{i}")).trim().parse().unwrap_or(0);
+        let was_alive = grandchild > 0 && alive(grandchild);
+        wait_child(&mut lr, LONG);
+        assert!(gone);
+        assert!(
+            !was_alive,
+            "the leftover's child {grandchild} was alive at release"
+        );
+    }
+}
