@@ -1,7 +1,9 @@
 //! Safety under faults. Workers loop lockrun around a job that writes to a
-//! fenced resource while a chaos thread pauses lockruns, restarts and pauses
-//! Redis and breaks leases; a checker then verifies the history against the
-//! promises of README "Safety".
+//! fenced resource (from a child process of the job, so every job has a
+//! grandchild of lockrun) while a chaos thread pauses lockruns, kills them
+//! with SIGKILL, restarts and pauses Redis, trickles its replies through a
+//! proxy and breaks leases; some runs get a tiny descriptor limit. A checker
+//! then verifies the history against the promises of README "Safety".
 //!
 //! LOCKRUN_TORTURE_SECS sets the duration (default 40), LOCKRUN_TORTURE_SEED
 //! replays a run, LOCKRUN_TORTURE_WORKERS sets the number of workers (6).
@@ -33,6 +35,10 @@ sub now { sprintf("%.0f", time() * 1e6) }
 sub logl { open(my $f, '>>', "$dir/events.log") or die; print $f "@_\n"; close $f; }
 open(my $p, '>', "$dir/pid-$w") or die; print $p "$$\n"; close $p;
 logl("start $t " . now() . " $w");
+# The writes come from a child: killing lockrun outright must kill it too.
+my $child = fork() // die;
+if ($child) { waitpid($child, 0); logl("end $t " . now() . " $w"); exit($? >> 8); }
+open(my $g, '>', "$dir/grandchild-$w") or die; print $g "$$\n"; close $g;
 for (1 .. $writes) {
   open(my $l, '>>', "$dir/fence.lock") or die; flock($l, LOCK_EX) or die;
   my $last = 0;
@@ -47,7 +53,6 @@ for (1 .. $writes) {
   close $l;
   sleep(0.02 + rand(0.04));
 }
-logl("end $t " . now() . " $w");
 "#;
 
 fn now_us() -> u64 {
@@ -85,6 +90,10 @@ enum Chaos {
     RedisPause { from: u64, to: u64 },
     /// A safe revoke (release --force): must not cause any overlap.
     Revoke { at: u64 },
+    /// A holder's lockrun got SIGKILL: its job must die with it, no overlap.
+    Kill9 { worker: usize, at: u64 },
+    /// Replies trickled in through the proxy: leases may be lost, no overlap.
+    Stall { from: u64, to: u64 },
 }
 
 #[derive(Debug, Default, Clone)]
@@ -98,7 +107,9 @@ struct Job {
 
 struct Shared {
     dir: PathBuf,
+    /// Workers reach Redis through the proxy, so replies can be made to trickle.
     url: String,
+    proxy: Proxy,
     stop: AtomicBool,
     /// Per worker, the pid of its running lockrun (0 when none).
     lockrun_pid: Vec<AtomicI32>,
@@ -106,12 +117,35 @@ struct Shared {
     exits: Mutex<HashMap<i32, u64>>,
 }
 
-fn worker(i: usize, sh: Arc<Shared>) {
+fn worker(i: usize, sh: Arc<Shared>, seed: u64) {
     let job = sh.dir.join("job.pl");
     let pidfile = sh.dir.join(format!("pid-{i}"));
+    let grandfile = sh.dir.join(format!("grandchild-{i}"));
+    let mut rng = Rng((seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
     while !sh.stop.load(Ordering::SeqCst) {
         let _ = std::fs::remove_file(&pidfile);
-        let mut child = lockrun()
+        let _ = std::fs::remove_file(&grandfile);
+        // One run in ten under a descriptor limit that leaves lockrun only a
+        // few descriptors: it must refuse, or stop the job in time.
+        let limited = rng.below(10) == 0;
+        let mut cmd = if limited {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(format!(
+                    "ulimit -n {}; exec \"$0\" \"$@\"",
+                    6 + rng.below(12)
+                ))
+                .arg(BIN);
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("LOCKRUN_") {
+                    c.env_remove(k);
+                }
+            }
+            c
+        } else {
+            lockrun()
+        };
+        let mut child = cmd
             .args([
                 "--url",
                 &sh.url,
@@ -139,22 +173,27 @@ fn worker(i: usize, sh: Arc<Shared>) {
         sh.lockrun_pid[i].store(child.id() as i32, Ordering::SeqCst);
         let st = wait_child(&mut child, Duration::from_secs(120));
         sh.lockrun_pid[i].store(0, Ordering::SeqCst);
-        let code = st.code().unwrap_or(-1);
+        use std::os::unix::process::ExitStatusExt;
+        // -9: the chaos thread killed this lockrun outright.
+        let code = st.code().unwrap_or(-st.signal().unwrap_or(0));
         *sh.exits.lock().unwrap().entry(code).or_default() += 1;
-        // (d) and (e): when lockrun is gone, nothing of its job may live on.
-        if let Ok(p) = std::fs::read_to_string(&pidfile)
-            && let Ok(pid) = p.trim().parse::<i32>()
-            && alive(pid)
-        {
-            // A zombie being reaped by init is not alive; give it a moment.
-            if !wait_until(Duration::from_millis(200), || !alive(pid)) {
+        // (d) and (e): when lockrun is gone, nothing of its job may live on
+        // (after SIGKILL, its guard gets a moment to finish the job off).
+        for file in [&pidfile, &grandfile] {
+            if let Ok(p) = std::fs::read_to_string(file)
+                && let Ok(pid) = p.trim().parse::<i32>()
+                && alive(pid)
+                && !wait_until(Duration::from_millis(1000), || !alive(pid))
+            {
                 sh.violations.lock().unwrap().push(format!(
-                    "worker {i}: job pid {pid} alive after lockrun exited with {code}"
+                    "worker {i}: job process {pid} alive after lockrun exited with {code}"
                 ));
             }
         }
         match code {
-            0 | 76 => {}
+            0 | 76 | -9 => {}
+            // Out of descriptors before (or after) the job ran.
+            70 if limited => {}
             // Redis unreachable (restarting or paused) before the job started.
             69 => std::thread::sleep(Duration::from_millis(100)),
             other => sh
@@ -172,7 +211,7 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
     let workers = sh.lockrun_pid.len();
     while Instant::now() + Duration::from_secs(4) < until {
         std::thread::sleep(rng.ms(700, 2000));
-        match rng.below(5) {
+        match rng.below(7) {
             0 => {
                 // Pause a lockrun together with its job for longer than the
                 // ttl: the one whose job runs now (the holder, most likely).
@@ -230,6 +269,29 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
                         at,
                     });
                 }
+            }
+            4 => {
+                // SIGKILL a lockrun whose job (and its child) runs.
+                let start = rng.below(workers as u64) as usize;
+                let holder = (0..workers).map(|k| (start + k) % workers).find_map(|w| {
+                    let lr = sh.lockrun_pid[w].load(Ordering::SeqCst);
+                    let g = std::fs::read_to_string(sh.dir.join(format!("grandchild-{w}"))).ok()?;
+                    let g = g.trim().parse::<i32>().ok()?;
+                    (lr > 1 && alive(lr) && alive(g)).then_some((w, lr))
+                });
+                let Some((w, lr)) = holder else { continue };
+                log.push(Chaos::Kill9 {
+                    worker: w,
+                    at: now_us(),
+                });
+                signal(lr, libc::SIGKILL);
+            }
+            5 => {
+                let from = now_us();
+                sh.proxy.set_trickle(true);
+                std::thread::sleep(rng.ms(500, 3000));
+                sh.proxy.set_trickle(false);
+                log.push(Chaos::Stall { from, to: now_us() });
             }
             _ => {
                 let at = now_us();
@@ -373,6 +435,8 @@ fn describe(c: &Chaos) -> String {
         Chaos::Break { kind, at } => format!("{at} lease broken: {kind}"),
         Chaos::RedisPause { from, to } => format!("{from}..{to} Redis paused"),
         Chaos::Revoke { at } => format!("{at} release --force (revoke)"),
+        Chaos::Kill9 { worker, at } => format!("{at} lockrun of worker {worker} killed (SIGKILL)"),
+        Chaos::Stall { from, to } => format!("{from}..{to} replies trickled"),
     }
 }
 
@@ -397,10 +461,11 @@ fn torture_with_a_fenced_resource() {
     let scratch = Scratch::new();
     std::fs::write(scratch.path("job.pl"), JOB).unwrap();
     let redis = Arc::new(Mutex::new(Redis::start()));
-    let url = redis.lock().unwrap().url();
+    let proxy = Proxy::start(redis.lock().unwrap().port);
     let sh = Arc::new(Shared {
         dir: scratch.dir.path().to_path_buf(),
-        url,
+        url: proxy.url(),
+        proxy,
         stop: AtomicBool::new(false),
         lockrun_pid: (0..workers).map(|_| AtomicI32::new(0)).collect(),
         violations: Mutex::new(Vec::new()),
@@ -410,7 +475,7 @@ fn torture_with_a_fenced_resource() {
     let handles: Vec<_> = (0..workers)
         .map(|i| {
             let sh = Arc::clone(&sh);
-            std::thread::spawn(move || worker(i, sh))
+            std::thread::spawn(move || worker(i, sh, seed))
         })
         .collect();
     let chaos_log = {
@@ -433,14 +498,17 @@ fn torture_with_a_fenced_resource() {
     let count = |f: fn(&Chaos) -> bool| chaos_log.iter().filter(|c| f(c)).count();
     let summary = format!(
         "seed {seed}: {} grants, {} writes accepted, {} stale writes rejected, {} lost leases (exit 76), \
-         {} unreachable (69); chaos: {} lockrun pauses, {} Redis restarts, {} Redis pauses, {} raw deletes or release --now, \
-         {} revokes; {} admitted late actions",
+         {} unreachable (69), {} out of descriptors (70); chaos: {} lockrun pauses, {} lockrun SIGKILLs, {} stalls, \
+         {} Redis restarts, {} Redis pauses, {} raw deletes or release --now, {} revokes; {} admitted late actions",
         history.jobs.len(),
         history.accepted.len(),
         history.rejected,
         exits.get(&76).copied().unwrap_or(0),
         exits.get(&69).copied().unwrap_or(0),
+        exits.get(&70).copied().unwrap_or(0),
         count(|c| matches!(c, Chaos::Pause { .. })),
+        count(|c| matches!(c, Chaos::Kill9 { .. })),
+        count(|c| matches!(c, Chaos::Stall { .. })),
         count(|c| matches!(
             c,
             Chaos::Break {

@@ -475,8 +475,11 @@ impl Proxy {
     }
 
     pub fn trickle(&self) {
-        self.trickle
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.set_trickle(true);
+    }
+
+    pub fn set_trickle(&self, on: bool) {
+        self.trickle.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
