@@ -42,6 +42,9 @@ pub fn run(cli: Cli) -> Result<Finish, Failure> {
 
 fn setup_logging(common: &Common) {
     log::set_level(common.verbosity);
+    if config::inherited_url_has_password() {
+        crate::sys::set_not_dumpable();
+    }
     if let BackendSpec::Redis(r) = &common.backend
         && let Some(p) = &r.password
     {
@@ -108,11 +111,11 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     if let Some(fd) = inherit_fd {
         env.push(("LOCKRUN_LOCK_FD".to_string(), fd.to_string()));
     }
-    // A password must never reach the job, even through an inherited LOCKRUN_URL.
+    // A password must never reach the job, even through an inherited
+    // LOCKRUN_URL that another --url overrode.
     let mut env_remove = Vec::new();
-    if let BackendSpec::Redis(r) = &cfg.common.backend
-        && r.password.is_some()
-    {
+    let in_effect = matches!(&cfg.common.backend, BackendSpec::Redis(r) if r.password.is_some());
+    if in_effect || config::inherited_url_has_password() {
         env_remove.push("LOCKRUN_URL".to_string());
     }
     let job = Job {
@@ -268,6 +271,13 @@ fn release(
             let _ = writeln!(
                 std::io::stderr(),
                 "lockrun: {name} is not held; nothing to break"
+            );
+            Ok(Finish::Exit(exit::STATUS_FREE))
+        }
+        Broken::AlreadyRevoked => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "lockrun: {name} was already revoked; it comes free when the old lease ends"
             );
             Ok(Finish::Exit(exit::STATUS_FREE))
         }

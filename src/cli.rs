@@ -71,6 +71,11 @@ pub struct BackendArgs {
     #[arg(long, env = "LOCKRUN_TLS_CA", value_name = "PATH", global = true)]
     pub tls_ca: Option<std::path::PathBuf>,
 
+    /// --tls-ca came from LOCKRUN_TLS_CA, not the command line: then it only
+    /// applies to rediss:// URLs and never breaks a run on another engine.
+    #[arg(skip)]
+    pub tls_ca_from_env: bool,
+
     /// Key namespace in Redis.
     #[arg(
         long,

@@ -59,24 +59,63 @@ fn usage(msg: impl std::fmt::Display) -> Failure {
     fail(Kind::Usage, msg)
 }
 
-/// Parse a humantime duration, naming the option in the error.
-pub fn parse_duration(what: &str, s: &str) -> Result<Duration, Failure> {
-    humantime::parse_duration(s.trim()).map_err(|e| {
+/// The longest lease: every engine accepts it (etcd and Redis take far more)
+/// and no time arithmetic near it can overflow.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest `--wait`.
+pub const MAX_WAIT: Duration = Duration::from_secs(31_557_600); // humantime's 1y
+
+/// Parse a duration: humantime (`500ms`, `2m`, `1h 30m`) or a bare number of
+/// seconds with an optional fraction (`10`, `0.5`), as flock's `-w` takes it.
+/// Beyond `max` it is refused, naming the bound.
+pub fn parse_duration(what: &str, s: &str, max: Duration) -> Result<Duration, Failure> {
+    let t = s.trim();
+    let bare = !t.is_empty()
+        && t.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && t.chars().filter(|&c| c == '.').count() <= 1
+        && t.chars().any(|c| c.is_ascii_digit());
+    let parsed = if bare {
+        // f64 keeps far more than the bound needs; try_from refuses what does not fit.
+        t.parse::<f64>()
+            .ok()
+            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+            .ok_or_else(|| format!("{t} is not a number of seconds"))
+    } else {
+        humantime::parse_duration(t).map_err(|e| e.to_string())
+    };
+    let d = parsed.map_err(|e| {
         usage(format!(
-            "invalid {what} {s:?}: {e}; expected a duration such as 500ms, 30s, 2m or \"1h 30m\""
+            "invalid {what} {s:?}: {e}; expected a duration such as 500ms, 30s, 2m, \"1h 30m\" \
+             or a number of seconds such as 10 or 0.5"
         ))
-    })
+    })?;
+    if d > max {
+        return Err(usage(format!(
+            "invalid {what} {s:?}: longer than the limit of {}",
+            humantime::format_duration(max)
+        )));
+    }
+    Ok(d)
 }
 
 pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
-    let backend = match args.url.as_deref() {
-        None | Some("") => BackendSpec::Local { dir: None },
-        Some(url) => parse_url(url, args.tls_ca.clone())?,
+    let url = args.url.as_deref().unwrap_or_default();
+    // A CA file from the environment is meant for TLS URLs; on any other
+    // engine it is ignored rather than refused.
+    let tls_ca = if args.tls_ca_from_env && !url.starts_with("rediss://") {
+        None
+    } else {
+        args.tls_ca.clone()
     };
-    if matches!(backend, BackendSpec::Local { .. }) && args.tls_ca.is_some() {
+    let backend = match url {
+        "" => BackendSpec::Local { dir: None },
+        url => parse_url(url, tls_ca.clone())?,
+    };
+    if matches!(backend, BackendSpec::Local { .. }) && tls_ca.is_some() {
         return Err(usage("--tls-ca only applies to a rediss:// URL"));
     }
-    if args.prefix.contains(['{', '}']) {
+    // The prefix names keys on a server; the local backend has none.
+    if matches!(backend, BackendSpec::Redis(_)) && args.prefix.contains(['{', '}']) {
         return Err(usage(format!(
             "invalid --prefix {:?}: it may not contain '{{' or '}}' (the lock name is the hash tag)",
             args.prefix
@@ -124,9 +163,17 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<BackendSpec, Failure
                 )));
             }
             let db = url.path().trim_matches('/');
-            if !db.is_empty() && db.parse::<u32>().is_err() {
+            // Redis numbers its databases with a C int.
+            if !db.is_empty()
+                && db
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|d| *d <= i32::MAX as u32)
+                    .is_none()
+            {
                 return Err(usage(format!(
-                    "invalid --url {display}: database {db:?} is not a number; {expected}"
+                    "invalid --url {display}: database {db:?} is not a number from 0 to {}; {expected}",
+                    i32::MAX
                 )));
             }
             let tls = url.scheme() == "rediss";
@@ -168,7 +215,25 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<BackendSpec, Failure
     }
 }
 
+/// The inherited LOCKRUN_URL carries a password (whichever URL is in effect,
+/// it must not reach the job, nor be readable from our /proc entries).
+pub fn inherited_url_has_password() -> bool {
+    std::env::var("LOCKRUN_URL")
+        .ok()
+        .and_then(|u| url::Url::parse(&u).ok())
+        .is_some_and(|u| u.password().is_some())
+}
+
 /// A lock name must be printable and, on Redis, free of hash-tag braces.
+/// Characters that change how a name looks without showing themselves:
+/// bidirectional controls, zero-width characters, line and paragraph
+/// separators, soft hyphen, byte-order mark.
+fn is_invisible(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x061C | 0x180E | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064
+        | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB)
+}
+
 pub fn check_name(name: &str, backend: &BackendSpec) -> Result<(), Failure> {
     if name.is_empty() {
         return Err(usage(
@@ -178,6 +243,13 @@ pub fn check_name(name: &str, backend: &BackendSpec) -> Result<(), Failure> {
     if name.chars().any(char::is_control) {
         return Err(usage(format!(
             "invalid lock name {name:?}: control characters are not allowed"
+        )));
+    }
+    if let Some(c) = name.chars().find(|&c| is_invisible(c)) {
+        return Err(usage(format!(
+            "invalid lock name {name:?}: invisible or direction-changing character U+{:04X} \
+             is not allowed (two names must not look alike)",
+            c as u32
         )));
     }
     if matches!(backend, BackendSpec::Redis(_)) && name.contains(['{', '}']) {
@@ -193,18 +265,18 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
     let name = run.name.clone().unwrap_or_default();
     check_name(&name, &common.backend)?;
 
-    let ttl = parse_duration("--ttl", &run.ttl)?;
+    let ttl = parse_duration("--ttl", &run.ttl, MAX_TTL)?;
     let kill_after = run
         .kill_after
         .as_deref()
-        .map(|s| parse_duration("--kill-after", s))
+        .map(|s| parse_duration("--kill-after", s, MAX_TTL))
         .transpose()?;
     let timing = Timing::new(ttl, kill_after).map_err(usage)?;
 
     let wait = match (run.no_wait, run.wait.as_deref()) {
         (true, Some(_)) => return Err(usage("-n/--no-wait and -w/--wait exclude each other")),
         (true, None) => Wait::No,
-        (false, Some(s)) => Wait::For(parse_duration("--wait", s)?),
+        (false, Some(s)) => Wait::For(parse_duration("--wait", s, MAX_WAIT)?),
         (false, None) => Wait::Forever,
     };
 
@@ -273,12 +345,29 @@ mod tests {
             "http://h",
             "redis://",
             "redis://h/x",
+            "redis://h/4294967295",
+            "redis://h/2147483648",
             "redis://h#insecure",
             "nonsense",
             "file://h/x",
         ] {
             let e = spec(bad).unwrap_err();
             assert_eq!(e.kind, Kind::Usage, "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|)(://)?") {
+            let url = format!("{scheme}{raw}");
+            if let Err(e) = parse_url(&url, None) {
+                proptest::prop_assert_eq!(e.kind, Kind::Usage);
+            }
+        }
+
+        #[test]
+        fn durations_never_panic(s in "\\PC{0,30}|[0-9.]{1,25}[a-z ]{0,6}") {
+            let _ = parse_duration("--ttl", &s, MAX_TTL);
         }
     }
 
@@ -304,15 +393,51 @@ mod tests {
         assert!(check_name("a{b}", &redis).is_err());
         assert!(check_name("a{b}", &local).is_ok());
         assert!(check_name("../../x", &local).is_ok());
+        for sneaky in ["a\u{202E}b", "a\u{200B}", "x\u{2028}y", "\u{FEFF}z"] {
+            assert!(check_name(sneaky, &local).is_err(), "{sneaky:?}");
+        }
+        assert!(check_name("café-Ünïcode", &local).is_ok());
     }
 
     #[test]
     fn durations_name_the_option() {
-        let e = parse_duration("--ttl", "ten seconds").unwrap_err();
+        let e = parse_duration("--ttl", "ten seconds", MAX_TTL).unwrap_err();
         assert!(e.to_string().contains("--ttl"));
         assert_eq!(
-            parse_duration("--ttl", "1h 30m").unwrap(),
+            parse_duration("--ttl", "1h 30m", MAX_TTL).unwrap(),
             Duration::from_secs(5400)
         );
+    }
+
+    #[test]
+    fn bare_seconds_and_fractions_are_durations() {
+        let d = |s| parse_duration("-w", s, MAX_WAIT).unwrap();
+        assert_eq!(d("10"), Duration::from_secs(10));
+        assert_eq!(d("0.5"), Duration::from_millis(500));
+        assert_eq!(d(" 2 "), Duration::from_secs(2));
+        assert_eq!(d("0"), Duration::ZERO);
+        for bad in [".", "1.2.3", "-1", "1e3", ""] {
+            assert!(parse_duration("-w", bad, MAX_WAIT).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_past_the_bounds_name_them() {
+        for (s, max) in [
+            ("99999999999999h", MAX_TTL),
+            ("600y", MAX_TTL),
+            ("18446744073709551615s", MAX_TTL),
+            ("18446744073709551615", MAX_WAIT),
+            ("100000000000000000s", MAX_TTL),
+            ("8days", MAX_TTL),
+        ] {
+            let e = parse_duration("--ttl", s, max).unwrap_err();
+            assert_eq!(e.kind, Kind::Usage, "{s}");
+            assert!(
+                e.to_string().contains("limit") || e.to_string().contains("invalid"),
+                "{e}"
+            );
+        }
+        assert!(parse_duration("--ttl", "7days", MAX_TTL).is_ok());
     }
 }

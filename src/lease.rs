@@ -24,8 +24,9 @@ impl Boot {
         let ts = clock_gettime(ClockId::Boottime);
         Boot(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
     }
+    /// `self + d`, saturating (durations are bounded far below overflow).
     pub fn add(self, d: Duration) -> Boot {
-        Boot(self.0 + d)
+        Boot(self.0.saturating_add(d))
     }
     /// `self - d`, clamped at boot.
     pub fn sub(self, d: Duration) -> Boot {
@@ -36,7 +37,7 @@ impl Boot {
         self.0.saturating_sub(earlier.0)
     }
     fn nanos(self) -> u64 {
-        self.0.as_nanos() as u64
+        u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX)
     }
     fn from_nanos(n: u64) -> Boot {
         Boot(Duration::from_nanos(n))

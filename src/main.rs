@@ -20,8 +20,6 @@ mod sys;
 
 use std::io::Write;
 
-use clap::Parser;
-
 /// The C entry point (std's `main` is not used, see above). std still gets
 /// the arguments and environment on glibc, through its own init hook.
 #[cfg(not(test))]
@@ -41,7 +39,7 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
 // Unit-test builds have the harness's entry point, not ours.
 #[cfg_attr(test, allow(dead_code))]
 fn lockrun() -> u8 {
-    let cli = match cli::Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
@@ -62,6 +60,15 @@ fn lockrun() -> u8 {
             f.kind.code()
         }
     }
+}
+
+/// Parse the command line, noting which settings came from the environment.
+fn parse() -> Result<cli::Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+    let matches = cli::Cli::command().try_get_matches()?;
+    let mut cli = cli::Cli::from_arg_matches(&matches)?;
+    cli.backend.tls_ca_from_env = matches.value_source("tls_ca") == Some(ValueSource::EnvVariable);
+    Ok(cli)
 }
 
 /// clap's help and version go to stdout with 0; a usage error is one line and 64.

@@ -5,9 +5,11 @@ mod support;
 
 mod faults;
 mod generated;
+mod hostile;
 mod input;
 mod local;
 mod ops;
+mod props;
 mod redis_core;
 mod supervise;
 mod terminal;

@@ -58,16 +58,27 @@ fn prepare_dir(given: Option<&Path>) -> Result<PathBuf, Failure> {
         let st = lstat(&dir).map_err(|e| unusable(e.to_string()))?;
         let is_dir =
             rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+        // Failing closed is right here; the message says what is wrong and
+        // how to get going again.
+        let elsewhere = "or choose a directory of your own with --url file:///path";
         if !is_dir {
-            return Err(unusable("not a directory (or a symbolic link)".into()));
+            return Err(unusable(format!(
+                "not a directory (a symbolic link or a file, perhaps planted by another user); \
+                 have it removed (it is in a shared place), {elsewhere}"
+            )));
         }
         if st.st_uid != rustix::process::getuid().as_raw() {
-            return Err(unusable("owned by another user".into()));
+            return Err(unusable(format!(
+                "owned by uid {}, not by you, so that user could hold or fake your locks; \
+                 have it removed (as root), {elsewhere}",
+                st.st_uid
+            )));
         }
         if st.st_mode & 0o077 != 0 {
             return Err(unusable(format!(
-                "mode {:o} lets other users in; expected 700",
-                st.st_mode & 0o777
+                "mode {:o} lets other users in; run chmod 700 {}, {elsewhere}",
+                st.st_mode & 0o777,
+                dir.display()
             )));
         }
     } else if !dir.is_dir() {
@@ -108,6 +119,9 @@ struct Record {
     token: u64,
     granted_ms: u64,
     label: String,
+    /// The inode the record was written to: a copy of the file carries the
+    /// old one, which tells a replaced file from the one that was locked.
+    ino: Option<u64>,
 }
 
 fn read_record(fd: impl AsFd) -> Option<Record> {
@@ -117,6 +131,7 @@ fn read_record(fd: impl AsFd) -> Option<Record> {
     let mut token = None;
     let mut granted_ms = None;
     let mut label = None;
+    let mut ino = None;
     for field in text.trim_end().split(' ') {
         if let Some(v) = field.strip_prefix("token=") {
             token = v.parse().ok();
@@ -124,12 +139,15 @@ fn read_record(fd: impl AsFd) -> Option<Record> {
             granted_ms = v.parse().ok();
         } else if let Some(v) = field.strip_prefix("label=") {
             label = Some(v.to_string());
+        } else if let Some(v) = field.strip_prefix("ino=") {
+            ino = v.parse().ok();
         }
     }
     Some(Record {
         token: token?,
         granted_ms: granted_ms.unwrap_or(0),
         label: label.unwrap_or_default(),
+        ino,
     })
 }
 
@@ -144,13 +162,21 @@ fn now_since_epoch() -> Duration {
 fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
     let now = now_since_epoch();
     let stored = read_record(fd).map(|r| r.token).unwrap_or(0);
-    let token = (stored + 1).max(now.as_micros() as u64);
+    // Saturating: a record the job wrote at u64::MAX must not wrap to a lower token.
+    let token = stored
+        .saturating_add(1)
+        .max(u64::try_from(now.as_micros()).unwrap_or(u64::MAX));
     let label: String = label
         .chars()
         .filter(|c| !c.is_whitespace())
         .take(180)
         .collect();
-    let mut text = format!("token={token} granted_ms={} label={label}", now.as_millis());
+    let ino = fstat(fd).map(|st| st.st_ino).unwrap_or(0);
+    // The label goes last: it is cut to fit.
+    let mut text = format!(
+        "token={token} granted_ms={} ino={ino} label={label}",
+        now.as_millis()
+    );
     text.truncate(RECORD - 1);
     let mut buf = [b' '; RECORD];
     buf[..text.len()].copy_from_slice(text.as_bytes());
@@ -278,9 +304,11 @@ impl Local {
 
     /// True when this process runs inside the job that holds this very file.
     fn inside_holder(&self, fd: &OwnedFd) -> bool {
+        // Anything but a plain descriptor number is not ours to look at.
         let Some(n) = std::env::var("LOCKRUN_LOCK_FD")
             .ok()
             .and_then(|v| v.parse::<RawFd>().ok())
+            .filter(|n| *n >= 0)
         else {
             return false;
         };
@@ -338,10 +366,11 @@ impl Local {
             Ok(now) if identity(&now) == identity(&ours) => {}
             _ => return Ok(Try::Retry),
         }
-        if created || read_record(&fd).is_none() {
-            // A file no holder has written to yet may have replaced a deleted
-            // one whose holder still runs (a `-n` run may have created it and
-            // given up); its holder must finish first.
+        let fresh = read_record(&fd).is_none_or(|r| r.ino != Some(ours.st_ino));
+        if created || fresh {
+            // A file no holder has written to yet, or a copy of another one
+            // (`cp NAME.lock t && mv t NAME.lock`), may have replaced a
+            // deleted one whose holder still runs; its holder must finish first.
             while let Some(orphan) = find_orphan_holder(&self.path, ours.st_dev, ours.st_ino) {
                 log::info(format!(
                     "{} was deleted while held; waiting for its holder to finish",

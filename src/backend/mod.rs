@@ -69,6 +69,8 @@ pub enum Broken {
     /// This lease was revoked (or deleted with `--now`).
     Lease(Holder),
     NotHeld,
+    /// Revoked before: no one runs, the name comes free when the old lease ends.
+    AlreadyRevoked,
     /// `--token` did not match; the current token, if any.
     TokenMismatch(Option<u64>),
 }

@@ -17,6 +17,11 @@ use crate::log;
 /// Idempotent for our own owner value, so a retried acquire whose first reply
 /// was lost gets its token back with a fresh full ttl.
 const ACQUIRE: &str = r#"
+-- Arguments are checked before anything is written: no key without expiry.
+local ttl = tonumber(ARGV[3])
+if not ttl or ttl < 1 or ttl > 604800000 or ttl % 1 ~= 0 then
+  return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[3]))
+end
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'label')
 if h[1] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -45,6 +50,11 @@ return {1, token}
 
 /// KEYS: lock. ARGV: owner, ttl ms. 1 renewed, 0 not ours.
 const RENEW: &str = r#"
+-- Arguments are checked before anything is written: no key without expiry.
+local ttl = tonumber(ARGV[2])
+if not ttl or ttl < 1 or ttl > 604800000 or ttl % 1 ~= 0 then
+  return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[2]))
+end
 local owner = redis.pcall('HGET', KEYS[1], 'owner')
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -55,6 +65,11 @@ return 0
 
 /// KEYS: lock, signal. ARGV: owner, wake-up lifetime ms. 1 released, 0 not ours.
 const RELEASE: &str = r#"
+-- Arguments are checked before anything is written: no key without expiry.
+local ttl = tonumber(ARGV[2])
+if not ttl or ttl < 1 or ttl > 604800000 or ttl % 1 ~= 0 then
+  return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[2]))
+end
 local owner = redis.pcall('HGET', KEYS[1], 'owner')
 if owner ~= ARGV[1] then
   return 0
@@ -83,13 +98,22 @@ return {1, h[2] or '', h[3] or '', h[4] or '', redis.call('PTTL', KEYS[1]),
 "#;
 
 /// KEYS: lock, signal. ARGV: token ('' = any), now ('1'/'0'), wake-up lifetime ms.
-/// {0} nothing held, {2, token} token mismatch, {1, label, token, granted, pttl, now ms}.
+/// {0} nothing held, {2, token} token mismatch, {3} already revoked,
+/// {1, label, token, granted, pttl, now ms}.
 /// Without `now`, the owner value is replaced: the holder's next renewal fails
 /// and new grants still wait for the old expiry.
 const FORCE: &str = r#"
+-- Arguments are checked before anything is written: no key without expiry.
+local ttl = tonumber(ARGV[3])
+if not ttl or ttl < 1 or ttl > 604800000 or ttl % 1 ~= 0 then
+  return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[3]))
+end
 local h = redis.call('HMGET', KEYS[1], 'owner', 'label', 'token', 'granted')
 if not h[1] then
   return {0}
+end
+if h[1] == 'revoked' and ARGV[2] ~= '1' then
+  return {3}
 end
 if ARGV[1] ~= '' and h[3] ~= ARGV[1] then
   return {2, h[3] or ''}
@@ -108,7 +132,43 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return {1, h[2] or '', h[3] or '', h[4] or '', pttl, now_ms}
 "#;
 
-/// The server answered with an error (wrong key type, ACL denial, script error).
+/// Server error codes that a restart, a failover or a cluster change produce
+/// for a while: ridden out like a lost connection, never final.
+const TRANSIENT: [&str; 7] = [
+    "LOADING",
+    "BUSY",
+    "READONLY",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+];
+
+/// Whether an error is worth retrying: a transport failure (timeout, reset,
+/// refused) or one of the transient server states. Everything else the server
+/// says (a wrong password, an ACL denial, a key of the wrong type, a script
+/// error) is final.
+fn is_transient(e: &redis::RedisError) -> bool {
+    if matches!(e.kind(), redis::ErrorKind::Io | redis::ErrorKind::Parse)
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+    {
+        return true;
+    }
+    if e.code().is_some_and(|c| TRANSIENT.contains(&c)) {
+        return true;
+    }
+    // A script that fails on a write (a replica, a cluster in trouble) may
+    // carry the code inside its own error text.
+    let text = e.to_string();
+    TRANSIENT.iter().any(|c| {
+        text.split(|ch: char| !ch.is_ascii_alphabetic())
+            .any(|w| w == *c)
+    })
+}
+
+/// The server answered with a final error (wrong key type, ACL denial, script error).
 #[derive(Debug)]
 struct Refused(String);
 
@@ -213,6 +273,10 @@ fn describe(e: &redis::RedisError) -> String {
                 remove it or choose another --prefix"
             .into();
     }
+    // A server error reads as the server said it ("LOADING Redis is loading…").
+    if let (Some(code), Some(detail)) = (e.code(), e.detail()) {
+        return log::scrub(&format!("{code} {detail}"));
+    }
     log::scrub(&text)
 }
 
@@ -292,13 +356,16 @@ impl Redis {
                 Ok(v)
             }
             Err(e) => {
-                let transport = matches!(e.kind(), redis::ErrorKind::Io | redis::ErrorKind::Parse)
-                    || e.is_timeout()
-                    || e.is_connection_dropped();
-                if !transport {
-                    // The server answered: the connection is fine, retrying won't help.
+                if !is_transient(&e) {
+                    // The server answered for good: retrying won't help.
+                    self.replied = true;
                     return Err(anyhow::Error::new(Refused(describe(&e))));
                 }
+                if e.code().is_some() {
+                    // A transient state reported by a server that does answer.
+                    self.replied = true;
+                }
+                // Its state is unknown after an error: start over on a new connection.
                 self.conn = None;
                 Err(anyhow!(describe(&e)))
             }
@@ -394,6 +461,12 @@ fn text_at(v: &[Value], i: usize) -> Option<String> {
     }
 }
 
+/// Jittered exponential backoff after `failures` failed requests in a row.
+fn backoff(failures: u32) -> Duration {
+    let base = Duration::from_millis(25).saturating_mul(1 << failures.min(10));
+    jitter(base.min(Duration::from_secs(1)))
+}
+
 /// Keep trying after transport errors for this long before giving up with 69.
 fn outage_budget(timing: &Timing) -> Duration {
     timing.ttl.max(Duration::from_secs(5))
@@ -465,8 +538,18 @@ impl Backend for Redis {
                             }
                         }
                         Ok(false) => {}
+                        Err(e) if e.downcast_ref::<Refused>().is_some() => {
+                            // BLPOP refused (an ACL without it, a foreign value
+                            // at the wake-up key): final, never a retry loop.
+                            return Err(fail(
+                                Kind::Unavailable,
+                                format!("waiting for {} on {}: {e:#}", self.name, self.display),
+                            ));
+                        }
                         Err(e) => {
                             log::info(format!("waiting failed: {e:#}; retrying"));
+                            failures += 1;
+                            std::thread::sleep(backoff(failures));
                         }
                     }
                 }
@@ -492,9 +575,7 @@ impl Backend for Redis {
                         ));
                     }
                     log::info(format!("acquire failed: {e:#}; retrying"));
-                    let base = Duration::from_millis(25).saturating_mul(1 << failures.min(10));
-                    let pause = jitter(base.min(Duration::from_secs(1)));
-                    std::thread::sleep(pause);
+                    std::thread::sleep(backoff(failures));
                 }
             }
         }
@@ -573,6 +654,7 @@ impl Inspect for Redis {
         match v.first() {
             Some(Value::Int(0)) => Ok(Broken::NotHeld),
             Some(Value::Int(2)) => Ok(Broken::TokenMismatch(int_at(&v, 1).map(|t| t as u64))),
+            Some(Value::Int(3)) => Ok(Broken::AlreadyRevoked),
             // Reply layout matches INSPECT's minus the revoked flag.
             _ => Ok(Self::holder_from(&v).map_or(Broken::NotHeld, Broken::Lease)),
         }
