@@ -41,7 +41,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-u -v -q -c -t -n -w -E -h -V --url --tls-ca --prefix --verbose --quiet --command --ttl --no-wait --wait --conflict-exit-code --kill-after --generate --help --version status release help"
+            opts="-u -v -q -c -t -n -w -x -E -h -V --url --tls-ca --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --conflict-exit-code --label --kill-after --generate --help --version status release help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -83,6 +83,10 @@ _lockrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 -w)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -92,6 +96,10 @@ _lockrun() {
                     return 0
                     ;;
                 -E)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --label)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n u/url= tls-ca= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= E/conflict-exit-code= kill-after= generate= h/help V/version
+    string join \n u/url= tls-ca= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive E/conflict-exit-code= label= kill-after= generate= h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -24,13 +24,14 @@ function __fish_lockrun_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c lockrun -n "__fish_lockrun_needs_command" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
 complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key namespace in Redis' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s t -l ttl -d 'Lease length, e.g. 500ms, 30s, 2m, "1h 30m"' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l wait -d 'Give up after waiting this long for the lock (default: wait forever)' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit code when the lock was not acquired' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l wait -l timeout -d 'Give up after waiting this long for the lock (default: wait forever); DUR may be a bare number of seconds, as flock\'s -w takes it' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips quietly, as with flock -n -E 0 in a crontab)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l label -d 'A note shown by `status` and in waiting messages beside host:pid (a pipeline id, a ticket)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l generate -d 'Print a shell completion script or the man page to stdout' -r -f -a "man\t''
 bash\t''
@@ -40,13 +41,14 @@ elvish\t''
 powershell\t''"
 complete -c lockrun -n "__fish_lockrun_needs_command" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'Print only errors'
-complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -d 'Give up at once if the lock is held'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -l nonblock -l nb -d 'Give up at once if the lock is held (flock\'s --nonblock and --nb work too)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s x -l exclusive -d 'An exclusive lock, the default (as flock\'s -x and -e)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key namespace in Redis' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print one JSON object instead of text'
@@ -54,7 +56,7 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose 
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 'Print help'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l token -d 'Act only if the current token is T' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key namespace in Redis' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Required: breaking a lock someone holds is deliberate'

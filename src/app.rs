@@ -58,7 +58,7 @@ fn setup_logging(common: &Common) {
 fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     let cfg = config::run_config(&cli.backend, &cli.run)?;
     setup_logging(&cfg.common);
-    let owner = Owner::new().kind(Kind::Internal)?;
+    let owner = Owner::new(cfg.label.as_deref()).kind(Kind::Internal)?;
     log::add_secret(&owner.secret);
     let label = owner.label.clone();
 
@@ -80,11 +80,21 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
             }
             Acquired::Granted(g) => break g,
             Acquired::Busy { holder } => {
-                log::info(format!(
-                    "not acquired: {} is held by {}",
-                    cfg.name,
-                    holder.as_deref().unwrap_or("someone")
-                ));
+                let holder = holder
+                    .as_deref()
+                    .unwrap_or("another process (no holder recorded)");
+                match cfg.wait {
+                    // Cron mails every line: a skipped run stays silent.
+                    config::Wait::No => {
+                        log::info(format!("not acquired: {} is held by {holder}", cfg.name))
+                    }
+                    config::Wait::For(d) => log::warn(format!(
+                        "gave up waiting for {} after {}: held by {holder}",
+                        cfg.name,
+                        human(d)
+                    )),
+                    config::Wait::Forever => {}
+                }
                 return Ok(Finish::Exit(cfg.conflict_code));
             }
         }
@@ -192,6 +202,12 @@ fn describe_holder(h: &Holder) -> String {
     if let Some(f) = h.held_for {
         parts.push(format!("for {}", human(f)));
     }
+    if let Some(pid) = h.label.as_deref().and_then(backend::gone_holder) {
+        // A lockrun killed outright leaves its Redis lease until it expires.
+        parts.push(format!(
+            "but its lockrun (pid {pid}) no longer runs on this host"
+        ));
+    }
     parts.join(", ")
 }
 
@@ -211,6 +227,11 @@ fn status(cli: &Cli, name: &str, json: bool) -> Result<Finish, Failure> {
             "ttl_left_ms": millis(holder.as_ref().and_then(|h| h.ttl_left)),
             "held_for_ms": millis(holder.as_ref().and_then(|h| h.held_for)),
             "revoked": holder.as_ref().is_some_and(|h| h.revoked),
+            "holder_gone": holder
+                .as_ref()
+                .and_then(|h| h.label.as_deref())
+                .and_then(backend::gone_holder)
+                .is_some(),
         });
         let _ = writeln!(out, "{v}");
     } else {
@@ -248,11 +269,17 @@ fn release(
     let common = config::common(&cli.backend)?;
     config::check_name(name, &common.backend)?;
     if !force {
-        return Err(fail(
-            Kind::Usage,
-            "refusing to break a lock without --force: the holder's job is stopped \
-             (exit 76); add --force, and --token T to act only on the lease you looked at",
-        ));
+        let why = match common.backend {
+            BackendSpec::Local { .. } => {
+                "refusing without --force (and local locks cannot be broken at all: \
+                 a flock ends only with its holder; stop the holder's process instead)"
+            }
+            BackendSpec::Redis(_) => {
+                "refusing to break a lock without --force: the holder's job is stopped \
+                 (exit 76); add --force, and --token T to act only on the lease you looked at"
+            }
+        };
+        return Err(fail(Kind::Usage, why));
     }
     let token = token
         .map(|t| {
@@ -285,7 +312,7 @@ fn release(
             let current = current.map_or_else(|| "unknown".to_string(), |t| t.to_string());
             let _ = writeln!(
                 std::io::stderr(),
-                "lockrun: {name} not broken: its token is {current}, not {} (it changed hands)",
+                "lockrun: {name} not broken: its token is {current}, not {}",
                 token.unwrap_or_default()
             );
             Ok(Finish::Exit(exit::STATUS_FREE))
@@ -315,16 +342,82 @@ fn release(
     }
 }
 
+/// The man page: clap's sections, then the subcommands, exit status and
+/// environment written here (one page; there are no lockrun-status(1) pages).
+fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
+    let man = clap_mangen::Man::new(cmd);
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    man.render_description_section(out)?;
+    man.render_options_section(out)?;
+    out.write_all(MAN_TAIL.as_bytes())?;
+    man.render_version_section(out)
+}
+
+const MAN_TAIL: &str = r#".SH COMMANDS
+.TP
+\fBlockrun status\fR [\fB\-\-json\fR] \fINAME\fR
+Show whether NAME is held, by whom (host:pid and \fB\-\-label\fR), with which token, how long is left and for how long it has been held; says when the holder's lockrun no longer runs on this host. Exit 0 held, 1 free, 69 unreachable.
+.TP
+\fBlockrun release \-\-force\fR [\fB\-\-token\fR \fIT\fR] [\fB\-\-now\fR] \fINAME\fR
+Break a Redis lease (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on that grant. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported (local locks), 69 unreachable.
+.SH EXIT STATUS
+.TP
+\fIthe job's code\fR
+The job ran and exited on its own.
+.TP
+\fB128+N\fR
+The job died of signal N.
+.TP
+\fB75\fR
+Not acquired: held (\fB\-n\fR) or \fB\-\-wait\fR ran out; \fB\-E\fR changes it (0 to 255 but 76).
+.TP
+\fB76\fR
+The lease was lost while a process of the job was alive; lockrun stopped the job.
+.TP
+\fB64\fR
+Usage or configuration error; nothing was contacted or started.
+.TP
+\fB69\fR
+The backend was unreachable or refused lockrun before the job started.
+.TP
+\fB70\fR
+Internal error; after the job started, only once every process of the job is gone.
+.TP
+\fB126\fR, \fB127\fR
+The command was found but is not executable, or was not found.
+.SH ENVIRONMENT
+.TP
+\fBLOCKRUN_URL\fR, \fBLOCKRUN_TTL\fR, \fBLOCKRUN_PREFIX\fR, \fBLOCKRUN_TLS_CA\fR, \fBLOCKRUN_LABEL\fR
+Defaults for \fB\-\-url\fR, \fB\-\-ttl\fR, \fB\-\-prefix\fR, \fB\-\-tls\-ca\fR and \fB\-\-label\fR. A setting only one engine uses is ignored by the others. Give a password through LOCKRUN_URL rather than \fB\-\-url\fR: the command line is visible to every user.
+.PP
+The job sees, set over its inherited environment:
+.TP
+\fBLOCKRUN_NAME\fR
+The lock's name.
+.TP
+\fBLOCKRUN_TOKEN\fR
+The fencing token, decimal, strictly increasing with every grant of the name.
+.TP
+\fBLOCKRUN_OWNER\fR
+host:pid of the lockrun that holds the lease.
+.TP
+\fBLOCKRUN_TTL_MS\fR
+The lease length in milliseconds.
+.TP
+\fBLOCKRUN_LOCK_FD\fR
+The locked descriptor it inherited (local backend only).
+.PP
+A LOCKRUN_URL that carries a password is removed from the job's environment.
+"#;
+
 fn generate(kind: Generate) -> Result<(), Failure> {
     use clap_complete::Shell;
     let mut cmd = Cli::command();
     let mut out = std::io::stdout().lock();
     let shell = match kind {
-        Generate::Man => {
-            return clap_mangen::Man::new(cmd)
-                .render(&mut out)
-                .kind(Kind::Internal);
-        }
+        Generate::Man => return man_page(cmd, &mut out).kind(Kind::Internal),
         Generate::Bash => Shell::Bash,
         Generate::Zsh => Shell::Zsh,
         Generate::Fish => Shell::Fish,

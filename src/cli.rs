@@ -56,7 +56,7 @@ pub enum Generate {
 /// Where the lock lives and how lockrun talks; shared by every subcommand.
 #[derive(Debug, Args)]
 pub struct BackendArgs {
-    /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://… (TLS), or
+    /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or
     /// file:///dir. Default: a per-user directory on this machine.
     #[arg(
         short = 'u',
@@ -125,17 +125,28 @@ pub struct RunArgs {
     )]
     pub ttl: String,
 
-    /// Give up at once if the lock is held.
-    #[arg(short, long, conflicts_with = "wait")]
+    /// Give up at once if the lock is held (flock's --nonblock and --nb work too).
+    #[arg(short, long, conflicts_with = "wait", visible_aliases = ["nonblock", "nb"])]
     pub no_wait: bool,
 
-    /// Give up after waiting this long for the lock (default: wait forever).
-    #[arg(short, long, value_name = "DUR")]
+    /// Give up after waiting this long for the lock (default: wait forever);
+    /// DUR may be a bare number of seconds, as flock's -w takes it.
+    #[arg(short, long, value_name = "DUR", visible_alias = "timeout")]
     pub wait: Option<String>,
 
-    /// Exit code when the lock was not acquired.
+    /// An exclusive lock, the default (as flock's -x and -e).
+    #[arg(short = 'x', long, short_alias = 'e')]
+    pub exclusive: bool,
+
+    /// Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips
+    /// quietly, as with flock -n -E 0 in a crontab).
     #[arg(short = 'E', long, value_name = "N", default_value_t = crate::exit::NOT_ACQUIRED.to_string())]
     pub conflict_exit_code: String,
+
+    /// A note shown by `status` and in waiting messages beside host:pid
+    /// (a pipeline id, a ticket).
+    #[arg(long, env = "LOCKRUN_LABEL", value_name = "TEXT")]
+    pub label: Option<String>,
 
     /// Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10).
     #[arg(long, value_name = "DUR")]
@@ -171,6 +182,88 @@ pub enum Sub {
         /// Name of the lock.
         name: String,
     },
+}
+
+/// Long options, lockrun's and those of the tools it replaces, as someone
+/// might spell them with one dash (consul's style: `-timeout=10s`).
+const LONG_WORDS: [&str; 16] = [
+    "url",
+    "ttl",
+    "wait",
+    "timeout",
+    "label",
+    "prefix",
+    "verbose",
+    "quiet",
+    "command",
+    "nonblock",
+    "exclusive",
+    "shared",
+    "name",
+    "limit",
+    "shell",
+    "conflict-exit-code",
+];
+
+/// One line for an option spelling from flock or consul that lockrun does not
+/// take, saying what lockrun does instead; None when the line looks like ours.
+/// Only the options before the lock name are looked at: the rest is the job's.
+pub fn foreign_spelling(args: &[OsString]) -> Option<String> {
+    let mut positionals = 0;
+    for a in args {
+        let Some(a) = a.to_str() else { break };
+        if a == "--" || !a.starts_with('-') {
+            positionals += 1;
+            break;
+        }
+        let said = match a {
+            "-o" | "--close" => Some(
+                "lockrun has no -o/--close: the job never holds lockrun's descriptors (on the \
+                 local backend it inherits the lock itself, as LOCKRUN_LOCK_FD)",
+            ),
+            "-F" | "--no-fork" => Some(
+                "lockrun has no -F/--no-fork: it always runs the job as its child, to renew \
+                 the lease and stop the job in time",
+            ),
+            "--unlock" => Some(
+                "lockrun has no --unlock: the lock ends when the job ends (operators break a \
+                 Redis lease with `lockrun release --force NAME`)",
+            ),
+            _ => None,
+        };
+        if let Some(s) = said {
+            return Some(s.to_string());
+        }
+        let word = a[1..].split('=').next().unwrap_or("");
+        if !a.starts_with("--") && word.len() > 2 && LONG_WORDS.contains(&word) {
+            let hint = match word {
+                "name" => " (consul's -name is lockrun's --label)".to_string(),
+                "limit" | "shared" => format!(" (--{word} is not available yet)"),
+                _ => format!(": use -{a}"),
+            };
+            return Some(format!(
+                "{a}: lockrun spells long options with two dashes{hint}"
+            ));
+        }
+    }
+    // flock's descriptor form, `flock 9` inside `( … ) 9>file`.
+    let rest: Vec<&str> = args
+        .iter()
+        .filter_map(|a| a.to_str())
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if positionals == 1
+        && rest.len() == 1
+        && rest[0].chars().all(|c| c.is_ascii_digit())
+        && !args.iter().any(|a| a == "-c" || a == "--command")
+    {
+        return Some(format!(
+            "lockrun has no descriptor form (flock {n}): run the command under the lock instead, \
+             lockrun NAME -- COMMAND",
+            n = rest[0]
+        ));
+    }
+    None
 }
 
 #[cfg(test)]
@@ -217,6 +310,32 @@ mod tests {
             cli.subcommand,
             Some(Sub::Release { force: true, .. })
         ));
+    }
+
+    #[test]
+    fn foreign_spellings_get_one_line() {
+        let said = |args: &[&str]| {
+            let v: Vec<OsString> = args.iter().map(OsString::from).collect();
+            foreign_spelling(&v)
+        };
+        assert!(
+            said(&["-timeout=10s", "x", "true"])
+                .unwrap()
+                .contains("--timeout")
+        );
+        assert!(
+            said(&["-name=ci", "x", "true"])
+                .unwrap()
+                .contains("--label")
+        );
+        assert!(said(&["-o", "x", "true"]).is_some());
+        assert!(said(&["-F", "x", "true"]).is_some());
+        assert!(said(&["-n", "9"]).unwrap().contains("descriptor"));
+        // Ours, and the job's own options, pass.
+        assert!(said(&["-nv", "x", "true"]).is_none());
+        assert!(said(&["-vv", "x", "--", "ls", "-timeout=3"]).is_none());
+        assert!(said(&["--timeout", "3", "x", "true"]).is_none());
+        assert!(said(&["-w", "10", "x", "-c", "true"]).is_none());
     }
 
     #[test]

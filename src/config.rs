@@ -53,6 +53,8 @@ pub struct RunConfig {
     pub wait: Wait,
     pub conflict_code: u8,
     pub command: Vec<OsString>,
+    /// `--label`, checked: printable, at most 100 characters.
+    pub label: Option<String>,
 }
 
 fn usage(msg: impl std::fmt::Display) -> Failure {
@@ -283,12 +285,12 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
     let conflict_code = match run.conflict_exit_code.trim().parse::<u8>() {
         Ok(76) => {
             return Err(usage(
-                "-E 76 is not allowed: 76 means the lease was lost; pick another code from 1 to 255",
+                "-E 76 is not allowed: 76 means the lease was lost; pick another code from 0 to 255",
             ));
         }
-        Ok(0) | Err(_) => {
+        Err(_) => {
             return Err(usage(format!(
-                "invalid -E {:?}: expected an exit code from 1 to 255 (not 76)",
+                "invalid -E {:?}: expected an exit code from 0 to 255 (not 76)",
                 run.conflict_exit_code
             )));
         }
@@ -312,6 +314,19 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         ));
     }
 
+    let label = match run.label.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(l) if l.chars().count() > 100 => {
+            return Err(usage("invalid --label: longer than 100 characters"));
+        }
+        Some(l) if l.chars().any(|c| c.is_control() || is_invisible(c)) => {
+            return Err(usage(format!(
+                "invalid --label {l:?}: control and invisible characters are not allowed"
+            )));
+        }
+        Some(l) => Some(l.to_string()),
+    };
+
     Ok(RunConfig {
         common,
         name,
@@ -319,6 +334,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         wait,
         conflict_code,
         command,
+        label,
     })
 }
 

@@ -39,6 +39,11 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
 // Unit-test builds have the harness's entry point, not ours.
 #[cfg_attr(test, allow(dead_code))]
 fn lockrun() -> u8 {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(msg) = cli::foreign_spelling(&args[1..]) {
+        let _ = writeln!(std::io::stderr(), "lockrun: {msg}");
+        return exit::USAGE;
+    }
     let cli = match parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),

@@ -60,6 +60,9 @@ pub struct Prepared {
     _strings: Vec<CString>,
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
+    /// argv for a file without `#!`: /bin/sh, the file (filled in by the
+    /// child), the arguments; as execvp does on ENOEXEC.
+    sh_argv: Vec<*const libc::c_char>,
     inherit_fd: RawFd,
     caught: Vec<i32>,
     own_group: bool,
@@ -69,11 +72,13 @@ pub struct Prepared {
 
 /// What the cloned child reads and writes.
 struct ChildArgs<'a> {
-    p: &'a Prepared,
+    p: &'a mut Prepared,
     parent: libc::pid_t,
     /// Written by the child when exec fails: its errno.
     errno: i32,
 }
+
+const SH: &std::ffi::CStr = c"/bin/sh";
 
 fn cstring(s: &OsStr) -> std::io::Result<CString> {
     CString::new(s.as_bytes()).map_err(|_| {
@@ -111,7 +116,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // system calls follow; nothing allocates or takes a lock.
     unsafe {
         let a = &mut *(arg as *mut ChildArgs);
-        let p = a.p;
+        let p = &mut *a.p;
         let mut dfl: libc::sigaction = std::mem::zeroed();
         dfl.sa_sigaction = libc::SIG_DFL;
         for &sig in &p.caught {
@@ -142,6 +147,12 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         for path in &p.candidates {
             libc::execve(path.as_ptr(), p.argv.as_ptr(), p.envp.as_ptr());
             last = *libc::__errno_location();
+            if last == libc::ENOEXEC {
+                // No `#!` line: a shell script, as the shell and execvp see it.
+                p.sh_argv[1] = path.as_ptr();
+                libc::execve(SH.as_ptr(), p.sh_argv.as_ptr(), p.envp.as_ptr());
+                last = *libc::__errno_location();
+            }
             match last {
                 libc::EACCES => saw_eacces = true,
                 libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => {}
@@ -192,9 +203,13 @@ impl Prepared {
                 .chain([std::ptr::null()])
                 .collect()
         };
+        let argv = ptrs(&strings[..argc]);
+        let mut sh_argv = vec![SH.as_ptr(), std::ptr::null()];
+        sh_argv.extend_from_slice(&argv[1..]);
         Ok(Prepared {
             candidates: candidates(&spec.argv[0])?,
-            argv: ptrs(&strings[..argc]),
+            sh_argv,
+            argv,
             envp: ptrs(&strings[argc..]),
             _strings: strings,
             inherit_fd: spec.inherit_fd.unwrap_or(-1),

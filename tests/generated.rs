@@ -36,3 +36,30 @@ fn completions_and_man_page_are_up_to_date() {
         "out of date: {stale:?}; run `LOCKRUN_REGENERATE=1 cargo test generated` and commit"
     );
 }
+
+/// The man page renders without a single groff warning, and has the
+/// sections a man page reader looks for.
+#[test]
+fn the_man_page_is_clean_groff() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("groff")
+        .args(["-ww", "-z", "-man"])
+        .arg(root.join("man/lockrun.1"))
+        .output()
+        .unwrap_or_else(|_| {
+            panic!("groff not found: this test needs it (apt-get install -y groff-base)")
+        });
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        text(&out.stderr)
+    );
+    let page = std::fs::read_to_string(root.join("man/lockrun.1")).unwrap();
+    for section in [".SH EXIT STATUS", ".SH ENVIRONMENT", ".SH COMMANDS"] {
+        assert!(page.contains(section), "no {section}");
+    }
+    assert!(
+        !page.contains("lockrun-status(1)"),
+        "refers to a page that is not shipped"
+    );
+}

@@ -12,5 +12,6 @@ mod ops;
 mod props;
 mod redis_core;
 mod supervise;
+mod switching;
 mod terminal;
 mod torture;

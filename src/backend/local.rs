@@ -137,8 +137,14 @@ fn read_record(fd: impl AsFd) -> Option<Record> {
             token = v.parse().ok();
         } else if let Some(v) = field.strip_prefix("granted_ms=") {
             granted_ms = v.parse().ok();
-        } else if let Some(v) = field.strip_prefix("label=") {
-            label = Some(v.to_string());
+        } else if field.starts_with("label=") {
+            // The label is the rest of the line (it may hold spaces).
+            let at = text.find(" label=").map_or(0, |i| i + 1);
+            label = text[at..]
+                .trim_end()
+                .strip_prefix("label=")
+                .map(str::to_string);
+            break;
         } else if let Some(v) = field.strip_prefix("ino=") {
             ino = v.parse().ok();
         }
@@ -168,8 +174,8 @@ fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
         .max(u64::try_from(now.as_micros()).unwrap_or(u64::MAX));
     let label: String = label
         .chars()
-        .filter(|c| !c.is_whitespace())
-        .take(180)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(150)
         .collect();
     let ino = fstat(fd).map(|st| st.st_ino).unwrap_or(0);
     // The label goes last: it is cut to fit.
@@ -177,7 +183,12 @@ fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
         "token={token} granted_ms={} ino={ino} label={label}",
         now.as_millis()
     );
-    text.truncate(RECORD - 1);
+    // Cut at a character boundary: the label may be any text.
+    let mut cut = text.len().min(RECORD - 1);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
     let mut buf = [b' '; RECORD];
     buf[..text.len()].copy_from_slice(text.as_bytes());
     buf[RECORD - 1] = b'\n';
@@ -291,6 +302,7 @@ impl Local {
             Owner {
                 secret: String::new(),
                 label: String::new(),
+                shown: String::new(),
             },
         )
     }
@@ -346,14 +358,7 @@ impl Local {
                 if is_own_outer_holder(&self.name, holder.as_deref()) {
                     return Err(super::nested(&self.name));
                 }
-                if wait != Wait::No {
-                    log::info(format!(
-                        "{} is held by {}; waiting",
-                        self.name,
-                        holder.as_deref().unwrap_or("someone")
-                    ));
-                }
-                if !self.wait_for_lock(&fd, wait, start)? {
+                if !self.wait_for_lock(&fd, wait, start, holder.as_deref())? {
                     return Ok(Try::Busy(holder));
                 }
             }
@@ -376,8 +381,9 @@ impl Local {
                     "{} was deleted while held; waiting for its holder to finish",
                     self.path.display()
                 ));
-                if !self.wait_for_lock(&orphan, wait, start)? {
-                    return Ok(Try::Busy(read_record(&orphan).map(|r| r.label)));
+                let holder = read_record(&orphan).map(|r| r.label);
+                if !self.wait_for_lock(&orphan, wait, start, holder.as_deref())? {
+                    return Ok(Try::Busy(holder));
                 }
             }
         }
@@ -387,33 +393,61 @@ impl Local {
     }
 
     /// Block on `fd`'s lock as `wait` allows. Ok(false): gave up (or `-n`).
-    fn wait_for_lock(&self, fd: &OwnedFd, wait: Wait, start: Boot) -> Result<bool, Failure> {
-        match wait {
-            Wait::No => Ok(false),
-            Wait::Forever => {
-                flock_blocking(fd).map_err(|e| self.unavailable("locking", e))?;
-                Ok(true)
-            }
-            Wait::For(d) => {
-                let left = start.add(d).since(Boot::now());
-                Ok(!left.is_zero() && self.lock_within(fd, left)?)
-            }
-        }
-    }
-
-    /// flock with a time limit: a helper thread blocks in flock on a duplicate of
-    /// the same open file (the lock belongs to it). On timeout the process is
-    /// about to exit, which ends the helper and drops any lock it got.
-    fn lock_within(&self, fd: &OwnedFd, limit: Duration) -> Result<bool, Failure> {
+    /// A wait that lasts over a second says once who holds the lock.
+    fn wait_for_lock(
+        &self,
+        fd: &OwnedFd,
+        wait: Wait,
+        start: Boot,
+        holder: Option<&str>,
+    ) -> Result<bool, Failure> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let limit = match wait {
+            Wait::No => return Ok(false),
+            Wait::For(d) => Some(start.add(d)),
+            Wait::Forever => None,
+        };
+        // A helper thread blocks in flock on a duplicate of the same open file
+        // (the lock belongs to the open file, so it is ours when it comes). If
+        // we give up, lockrun is about to exit, which ends the helper and
+        // drops any lock it got.
         let dup = fd.try_clone().map_err(|e| self.unavailable("dup", e))?;
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(flock_blocking(&dup));
-        });
-        match rx.recv_timeout(limit) {
-            Ok(Ok(())) => Ok(true),
-            Ok(Err(e)) => Err(self.unavailable("locking", e)),
-            Err(_) => Ok(false),
+        std::thread::Builder::new()
+            .spawn(move || {
+                let _ = tx.send(flock_blocking(&dup));
+            })
+            .map_err(|e| self.unavailable("cannot start a thread to wait for", e))?;
+        let announce_at = start.add(Duration::from_secs(1));
+        let mut announced = false;
+        loop {
+            let now = Boot::now();
+            let next = match (limit, announced) {
+                (Some(l), false) => Some(l.min(announce_at)),
+                (Some(l), true) => Some(l),
+                (None, false) => Some(announce_at),
+                (None, true) => None,
+            };
+            let got = match next {
+                Some(at) => rx.recv_timeout(at.since(now)),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match got {
+                Ok(Ok(())) => return Ok(true),
+                Ok(Err(e)) => return Err(self.unavailable("locking", e)),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(self.unavailable("locking", "the waiting thread ended"));
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if limit.is_some_and(|l| Boot::now() >= l) {
+                        return Ok(false);
+                    }
+                    if !announced {
+                        announced = true;
+                        super::announce_wait(&self.name, holder);
+                    }
+                }
+            }
         }
     }
 }
@@ -427,7 +461,7 @@ impl Backend for Local {
                 Try::Locked => {
                     let fd = self.fd.as_ref().expect("locked");
                     let t_send = Boot::now();
-                    let token = write_token(fd, &self.owner.label)
+                    let token = write_token(fd, &self.owner.shown)
                         .map_err(|e| self.unavailable("writing the token to", e))?;
                     log::info(format!(
                         "acquired {} with token {token} after {:.1?}",

@@ -16,12 +16,14 @@ use crate::lease::{Boot, Renewer, Timing};
 pub struct Owner {
     /// ≥128 random bits, hex; never printed or given to the job.
     pub secret: String,
-    /// `host:pid`, shown by `status` and given to the job as LOCKRUN_OWNER.
+    /// `host:pid`, given to the job as LOCKRUN_OWNER.
     pub label: String,
+    /// What `status` shows: `host:pid`, or `host:pid (--label text)`.
+    pub shown: String,
 }
 
 impl Owner {
-    pub fn new() -> anyhow::Result<Owner> {
+    pub fn new(note: Option<&str>) -> anyhow::Result<Owner> {
         let mut bytes = [0u8; 16];
         rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
             .map_err(|e| anyhow::anyhow!("reading random bytes for the owner value: {e}"))?;
@@ -31,7 +33,15 @@ impl Owner {
             .to_string_lossy()
             .into_owned();
         let label = format!("{host}:{}", std::process::id());
-        Ok(Owner { secret, label })
+        let shown = match note {
+            Some(n) => format!("{label} ({n})"),
+            None => label.clone(),
+        };
+        Ok(Owner {
+            secret,
+            label,
+            shown,
+        })
     }
 }
 
@@ -140,10 +150,20 @@ pub fn open_inspect(common: &Common, name: &str) -> Result<Box<dyn Inspect>, Fai
             Owner {
                 secret: String::new(),
                 label: String::new(),
+                shown: String::new(),
             },
             timing,
         )?),
     })
+}
+
+/// The one line a wait prints once it has lasted a second (unless -q), so a
+/// CI log says why it is stuck.
+pub fn announce_wait(name: &str, holder: Option<&str>) {
+    crate::log::warn(format!(
+        "waiting for {name}: held by {}",
+        holder.unwrap_or("another process (no holder recorded)")
+    ));
 }
 
 /// Refusal for `lockrun X` run from inside the job that holds X.
@@ -160,7 +180,21 @@ pub fn nested(name: &str) -> Failure {
 pub fn is_own_outer_holder(name: &str, holder_label: Option<&str>) -> bool {
     let env_name = std::env::var_os("LOCKRUN_NAME");
     let env_owner = std::env::var("LOCKRUN_OWNER").ok();
+    // A stored label is `host:pid`, perhaps followed by ` (note)`.
+    let holder = holder_label.and_then(|l| l.split(' ').next());
     env_name.as_deref() == Some(std::ffi::OsStr::new(name))
-        && holder_label.is_some()
-        && env_owner.as_deref() == holder_label
+        && holder.is_some()
+        && env_owner.as_deref() == holder
+}
+
+/// For a holder shown as `host:pid…` on this very host whose process is gone:
+/// its pid (the lease outlives a lockrun killed outright until it expires).
+pub fn gone_holder(label: &str) -> Option<u32> {
+    let (host, rest) = label.split_once(':')?;
+    let pid: u32 = rest.split(' ').next()?.parse().ok()?;
+    let here = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    (host == here && !std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
 }

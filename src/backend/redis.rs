@@ -253,6 +253,11 @@ fn client_for(spec: &RedisSpec) -> Result<Client, Failure> {
     .map_err(bad_url)
 }
 
+fn is_auth_error(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || e.code().is_some_and(|c| c == "WRONGPASS" || c == "NOAUTH")
+}
+
 /// Describe a Redis error without ever including the server's echo of our arguments.
 fn describe(e: &redis::RedisError) -> String {
     if e.is_timeout() {
@@ -260,6 +265,10 @@ fn describe(e: &redis::RedisError) -> String {
     }
     if e.is_connection_refusal() {
         return "connection refused".into();
+    }
+    if is_auth_error(e) {
+        return "the server refused the credentials (check the user and password in the URL)"
+            .into();
     }
     let text = e.to_string();
     if text.contains("certificate") {
@@ -292,10 +301,20 @@ impl Redis {
         log::info(format!("connecting to {}", spec.display));
         let started = Boot::now();
         let conn = connect(&client, timing.op.max(Duration::from_millis(500))).map_err(|e| {
-            fail(
-                Kind::Unavailable,
-                format!("cannot reach Redis at {}: {}", spec.display, describe(&e)),
-            )
+            let msg = if is_auth_error(&e) {
+                let user = url::Url::parse(&spec.url)
+                    .ok()
+                    .map(|u| u.username().to_string())
+                    .filter(|u| !u.is_empty())
+                    .unwrap_or_else(|| "default".into());
+                format!(
+                    "Redis at {} refused the credentials of user {user}: check the user and password in the URL",
+                    spec.display
+                )
+            } else {
+                format!("cannot reach Redis at {}: {}", spec.display, describe(&e))
+            };
+            fail(Kind::Unavailable, msg)
         })?;
         log::info(format!("connected in {:.1?}", Boot::now().since(started)));
         let lock = format!("{prefix}{{{name}}}");
@@ -375,7 +394,7 @@ impl Redis {
     fn try_acquire(&mut self) -> anyhow::Result<(Boot, Vec<Value>)> {
         let script = &*ACQUIRE_SCRIPT;
         let (lock, fence) = (self.keys.lock.clone(), self.keys.fence.clone());
-        let (secret, label) = (self.owner.secret.clone(), self.owner.label.clone());
+        let (secret, label) = (self.owner.secret.clone(), self.owner.shown.clone());
         let ttl_ms = self.timing.ttl.as_millis() as u64;
         let t_send = Boot::now();
         let v = self.call(|c| {
@@ -509,13 +528,9 @@ impl Backend for Redis {
                     if give_up_at.is_some_and(|g| now >= g) {
                         return Ok(Acquired::Busy { holder });
                     }
-                    if !announced_wait {
+                    if !announced_wait && now >= start.add(Duration::from_secs(1)) {
                         announced_wait = true;
-                        log::info(format!(
-                            "{} is held by {}; waiting",
-                            self.name,
-                            holder.as_deref().unwrap_or("someone")
-                        ));
+                        super::announce_wait(&self.name, holder.as_deref());
                     }
                     // Block until a release wakes us, but never longer than the
                     // holder's lease could last or ttl/3 (a lease without expiry
@@ -528,6 +543,10 @@ impl Backend for Redis {
                     timeout = timeout.min(self.timing.renew_every);
                     if let Some(g) = give_up_at {
                         timeout = timeout.min(g.since(now));
+                    }
+                    if !announced_wait {
+                        // Look again when the wait has lasted a second, to say so.
+                        timeout = timeout.min(start.add(Duration::from_secs(1)).since(now));
                     }
                     let timeout = timeout.max(Duration::from_millis(1));
                     match self.wait_for_wakeup(timeout) {

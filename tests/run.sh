@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
+# need (redis-server, openssl, perl, bash, util-linux) when it is missing,
+# then run `cargo test` with any arguments given.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v perl >/dev/null 2>&1 || missing+=(perl)
+command -v bash >/dev/null 2>&1 || missing+=(bash)
+command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
+command -v groff >/dev/null 2>&1 || missing+=(groff-base)
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    as_root=()
+  elif command -v sudo >/dev/null 2>&1; then
+    as_root=(sudo)
+  else
+    echo "tests/run.sh: the tests need ${missing[*]}; install them (apt-get install -y ${missing[*]}) as root, or install sudo" >&2
+    exit 1
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "tests/run.sh: the tests need ${missing[*]}, and this machine has no apt-get; install them with its package manager" >&2
+    exit 1
+  fi
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+
+exec cargo test "$@"
