@@ -201,25 +201,3 @@ pub fn sigchld_fd() -> io::Result<std::os::fd::OwnedFd> {
         Ok(std::os::fd::OwnedFd::from_raw_fd(fd))
     }
 }
-
-/// Close lockrun's own descriptors (those marked close-on-exec) except
-/// `keep`; what lockrun inherited for the job stays open.
-pub fn close_own_but(keep: &[RawFd]) {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let open: Vec<RawFd> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
-    for fd in open {
-        // SAFETY: fcntl and close on descriptor numbers; no Rust object of
-        // this (forked) process uses them again; the read_dir handle is closed.
-        unsafe {
-            let cloexec = libc::fcntl(fd, libc::F_GETFD) & libc::FD_CLOEXEC != 0;
-            if fd > 2 && cloexec && !keep.contains(&fd) {
-                libc::close(fd);
-            }
-        }
-    }
-}

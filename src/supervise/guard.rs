@@ -5,7 +5,7 @@
 //! kills every process of the job before it exits, so none outlives the lease.
 
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::process::{Pid, WaitOptions, WaitStatus, wait, waitpid};
@@ -163,10 +163,9 @@ fn job_end(st: WaitStatus) -> Option<JobEnd> {
 /// The guard's whole life. Never returns.
 fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
     let mut out = std::fs::File::from(reports);
-    let keep = [life.as_raw_fd(), out.as_raw_fd(), job.inherit_fd()];
-    // Nothing of lockrun's (its server connection, its signal pipe) stays open
-    // here but what the job inherits.
-    sys::close_own_but(&keep);
+    // lockrun's other descriptors (its server connection, its signal pipe)
+    // stay open here unused: they are close-on-exec, so the job never sees
+    // them, and closing each would cost every run a /proc scan.
     if sys::set_subreaper().is_err() {
         send(&mut out, Report::NotStarted(libc::EPERM));
         sys::exit_now(1);

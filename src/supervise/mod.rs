@@ -180,6 +180,7 @@ pub fn run(
         }
 
         let dl = sup.deadline.as_ref().map(|d| d.get());
+        let just_ended = events.iter().any(|e| matches!(e, Event::JobEnded(_)));
         let mut actions = Vec::new();
         for ev in events {
             actions.extend(sup.policy.on(ev, now, dl));
@@ -188,7 +189,11 @@ pub fn run(
             break;
         }
         let forwards = actions.iter().any(|a| matches!(a, Action::Forward(_)));
-        let procs = if sup.policy.wants_procs() || (forwards && shares_group) {
+        // Right after the main process ended, the guard usually exits within
+        // microseconds (nothing left): look for leftovers a moment later
+        // rather than walk /proc on every run.
+        let settling = just_ended && !sup.policy_is_stopping();
+        let procs = if (sup.policy.wants_procs() && !settling) || (forwards && shares_group) {
             sup.processes()
         } else {
             Vec::new()
@@ -209,6 +214,9 @@ pub fn run(
         }
         if sup.orphans_only {
             next = Some(Boot::now().add(std::time::Duration::from_millis(50)));
+        }
+        if settling {
+            next = Some(Boot::now().add(std::time::Duration::from_millis(2)));
         }
         wait(
             &[

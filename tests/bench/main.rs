@@ -141,13 +141,13 @@ fn start_etcd(dir: &Path) -> Option<EtcdServer> {
 
 impl Bench {
     fn lockrun_redis(&self, name: &str, job: &[String]) -> Vec<String> {
-        let mut v = s(&[&bin(), "--url", &self.redis.url(), name, "--"]);
+        let mut v = s(&[&bin(), "-q", "--url", &self.redis.url(), name, "--"]);
         v.extend_from_slice(job);
         v
     }
     fn lockrun_local(&self, name: &str, job: &[String]) -> Vec<String> {
         let dir = format!("file://{}", self.dir.path().join("locks").display());
-        let mut v = s(&[&bin(), "--url", &dir, name, "--"]);
+        let mut v = s(&[&bin(), "-q", "--url", &dir, name, "--"]);
         v.extend_from_slice(job);
         v
     }
