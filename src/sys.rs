@@ -201,3 +201,24 @@ pub fn sigchld_fd() -> io::Result<std::os::fd::OwnedFd> {
         Ok(std::os::fd::OwnedFd::from_raw_fd(fd))
     }
 }
+
+/// Close every descriptor from `first` up (a dying guard needs none, and
+/// its walk of /proc must not fail for want of one).
+pub fn close_from(first: RawFd) {
+    // SAFETY: close_range takes plain integers; the caller owns no Rust
+    // object that uses these descriptors again.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        )
+    };
+    if r != 0 {
+        for fd in first..1024 {
+            // SAFETY: as above, on kernels without close_range.
+            unsafe { libc::close(fd) };
+        }
+    }
+}

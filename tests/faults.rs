@@ -289,3 +289,50 @@ fn children_of_a_dying_leftover_are_found() {
         );
     }
 }
+
+/// `kill -9` of lockrun at a descriptor limit: the guard still finds and
+/// kills every process of the job.
+#[test]
+fn kill_9_at_a_descriptor_limit_still_kills_everything() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    let mut tried = 0;
+    for n in 8..=14 {
+        let _ = std::fs::remove_file(scratch.path("a"));
+        let _ = std::fs::remove_file(scratch.path("b"));
+        let mut lr = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -n {n}; exec {BIN} --url {} k9fd{n} -c 'sleep 100 & echo $! > {d}/a; setsid sleep 100 & echo $! > {d}/b; wait'",
+                redis.url()
+            ))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut exited = false;
+        let started = wait_until(Duration::from_secs(5), || {
+            exited = exited || lr.try_wait().unwrap().is_some();
+            exited
+                || (scratch.read("a").trim().parse::<i32>().is_ok()
+                    && scratch.read("b").trim().parse::<i32>().is_ok())
+        }) && !exited;
+        if !started {
+            // Refused before the job started at this limit.
+            wait_child(&mut lr, LONG);
+            continue;
+        }
+        tried += 1;
+        let pids = [scratch.pid_in("a"), scratch.pid_in("b")];
+        signal(lr.id() as i32, libc::SIGKILL);
+        let _ = lr.wait();
+        let dead = wait_until(Duration::from_secs(2), || pids.iter().all(|&p| !alive(p)));
+        for &p in &pids {
+            if alive(p) {
+                signal(p, libc::SIGKILL);
+            }
+        }
+        assert!(dead, "ulimit -n {n}: processes of the job outlived lockrun");
+    }
+    assert!(tried > 0, "no limit let the job start");
+}

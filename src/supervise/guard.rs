@@ -221,6 +221,8 @@ fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
 
 /// lockrun is gone: SIGKILL every descendant, again and again until none is left.
 fn kill_everything(main: i32) -> ! {
+    // Every descriptor free for the walk below, whatever limit lockrun ran under.
+    sys::close_from(3);
     let me = rustix::process::getpid().as_raw_nonzero().get();
     loop {
         sys::signal_group(main, libc::SIGKILL);
