@@ -336,3 +336,68 @@ fn kill_9_at_a_descriptor_limit_still_kills_everything() {
     }
     assert!(tried > 0, "no limit let the job start");
 }
+
+/// A name server that stops answering (here: /etc/hosts turned into a FIFO
+/// nobody writes, in a private mount namespace) must not hold up the kill:
+/// renewals stall in name resolution, and the job still dies before the lease
+/// can expire on the server.
+#[test]
+fn stalled_name_resolution_cannot_hold_up_the_kill() {
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test makes a private mount namespace and needs root");
+    }
+    for tool in ["unshare", "nsenter", "mount"] {
+        if std::process::Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            panic!(
+                "{tool} not found: this test needs util-linux (apt-get install -y util-linux mount)"
+            );
+        }
+    }
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    let fifo = scratch.path("hosts-fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut lr = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "echo $$ > {d}/ns; exec {BIN} --url redis://localhost:{} --ttl 3s dns -c 'echo $$ > {d}/pid; exec sleep 60'",
+            redis.port
+        ))
+        .spawn()
+        .unwrap();
+    let ns = scratch.pid_in("ns");
+    let job = scratch.pid_in("pid");
+    // From now on, resolving "localhost" blocks in lockrun's namespace.
+    let bound = std::process::Command::new("nsenter")
+        .args(["-t", &ns.to_string(), "-m", "mount", "--bind"])
+        .arg(&fifo)
+        .arg("/etc/hosts")
+        .status()
+        .unwrap();
+    assert!(bound.success(), "could not bind the FIFO over /etc/hosts");
+    let pttl: i64 = redis.cmd(&["PTTL", "lockrun:{dns}"]);
+    assert!(pttl > 0);
+    let expires_at = Instant::now() + Duration::from_millis(pttl as u64);
+    let died = wait_until(Duration::from_secs(30), || !alive(job));
+    let seen = Instant::now();
+    assert!(died, "the job never stopped");
+    assert!(
+        seen <= expires_at + Duration::from_millis(50),
+        "the job outlived its lease by {:?}",
+        seen - expires_at
+    );
+    // lockrun's release gives up on the stalled resolver within its bound.
+    let st = wait_child(&mut lr, Duration::from_secs(30));
+    assert_eq!(st.code(), Some(76));
+}

@@ -260,6 +260,7 @@ fn the_job_starts_with_a_clean_slate() {
     // environment may ignore signals too, so compare with a direct run).
     let mut direct = std::process::Command::new("cat");
     direct.arg("/proc/self/status");
+    default_interrupts(&mut direct);
     with_nohup_and_a_mask(&mut direct);
     let expected = status_field(&text(&direct.output().unwrap().stdout), "SigIgn:");
     let ign = status_field(&st, "SigIgn:");

@@ -216,6 +216,28 @@ fn connect(client: &Client, timeout: Duration) -> redis::RedisResult<Connection>
     Ok(conn)
 }
 
+/// A new connection after the first one, bounded as a whole (name resolution
+/// included, which no socket timeout covers): a resolver that stopped
+/// answering must not hang a waiter or the release at the end of a run.
+fn reconnect(client: &Client, timeout: Duration) -> anyhow::Result<Connection> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let client = client.clone();
+    std::thread::Builder::new()
+        .name("lockrun-connect".into())
+        .spawn(move || {
+            let _ = tx.send(connect(&client, timeout));
+        })
+        .map_err(|e| anyhow!("cannot start a thread to connect: {e}"))?;
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(anyhow!(describe(&e))),
+        Err(_) => Err(anyhow!(
+            "no connection within {:?} (name resolution or connect stalled)",
+            timeout
+        )),
+    }
+}
+
 fn client_for(spec: &RedisSpec) -> Result<Client, Failure> {
     let bad_url =
         |e: redis::RedisError| fail(Kind::Usage, format!("invalid --url {}: {e}", spec.display));
@@ -357,8 +379,7 @@ impl Redis {
 
     fn conn(&mut self) -> anyhow::Result<&mut Connection> {
         if self.conn.is_none() {
-            let c = connect(&self.client, self.timing.op).map_err(|e| anyhow!(describe(&e)))?;
-            self.conn = Some(c);
+            self.conn = Some(reconnect(&self.client, self.timing.op)?);
         }
         Ok(self.conn.as_mut().expect("just connected"))
     }

@@ -180,7 +180,23 @@ pub fn lockrun() -> Command {
         }
     }
     cmd.stdin(Stdio::null());
+    default_interrupts(&mut cmd);
     cmd
+}
+
+/// A shell runs background commands with SIGINT and SIGQUIT ignored, and
+/// lockrun keeps ignored signals ignored for its job (as nohup wants): tests
+/// started that way would see no Ctrl-C at all. Start from the defaults.
+pub fn default_interrupts(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal(2) is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
 }
 
 pub fn run(cmd: &mut Command) -> Output {
@@ -334,6 +350,7 @@ impl Pty {
                 cmd.env_remove(k);
             }
         }
+        default_interrupts(&mut cmd);
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
