@@ -24,8 +24,9 @@ pub struct Spec<'a> {
     pub inherit_fd: Option<RawFd>,
     /// Signals lockrun catches: the child resets them to the default action.
     pub caught: &'a [i32],
-    /// Put the job in a process group of its own (not at a terminal).
-    pub own_group: bool,
+    /// The process group the job joins: 0 for a new one of its own (away
+    /// from a terminal), else lockrun's (at a terminal).
+    pub group: i32,
     /// SIGPIPE was ignored when lockrun started: keep it so in the job.
     pub keep_sigpipe_ignored: bool,
 }
@@ -65,7 +66,7 @@ pub struct Prepared {
     sh_argv: Vec<*const libc::c_char>,
     inherit_fd: RawFd,
     caught: Vec<i32>,
-    own_group: bool,
+    group: i32,
     keep_sigpipe_ignored: bool,
     stack: Vec<u8>,
 }
@@ -126,9 +127,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if !p.keep_sigpipe_ignored {
             libc::sigaction(libc::SIGPIPE, &dfl, std::ptr::null_mut());
         }
-        if p.own_group {
-            libc::setpgid(0, 0);
-        }
+        libc::setpgid(0, p.group);
         // Die with our parent, the guard (which dies only after the job).
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != a.parent {
             a.errno = libc::ESRCH;
@@ -209,7 +208,7 @@ impl Prepared {
             _strings: strings,
             inherit_fd: spec.inherit_fd.unwrap_or(-1),
             caught: spec.caught.to_vec(),
-            own_group: spec.own_group,
+            group: spec.group,
             keep_sigpipe_ignored: spec.keep_sigpipe_ignored,
             // The child's stack; the child only makes system calls.
             stack: vec![0u8; 64 * 1024],

@@ -205,10 +205,12 @@ fn exhausted_descriptors_never_release_a_live_job() {
     let redis = Redis::start();
     let scratch = Scratch::new();
     let d = scratch.dir.path().display();
-    for n in 4..=16 {
+    // Wide enough for whatever descriptors the test runner passes down: the
+    // limit that lets the job start but not the watchdog must be in range.
+    for n in 8..=24 {
         let name = format!("fd{n}");
         let pidfile = format!("{d}/bg{n}");
-        let script = format!("sleep 30 & echo $! > {pidfile}; sleep 1.2");
+        let script = format!("sleep 30 & echo $! > {pidfile}; sleep 0.8");
         let out = run(std::process::Command::new("sh").arg("-c").arg(format!(
             "ulimit -n {n}; exec {BIN} --url {} --ttl 1500ms {name} -c '{script}'",
             redis.url()
@@ -400,4 +402,31 @@ fn stalled_name_resolution_cannot_hold_up_the_kill() {
     // lockrun's release gives up on the stalled resolver within its bound.
     let st = wait_child(&mut lr, Duration::from_secs(30));
     assert_eq!(st.code(), Some(76));
+}
+
+/// `timeout -s KILL` kills lockrun's whole process group, lockrun and all
+/// that shares its group: the job must die too, grandchildren included.
+#[test]
+fn a_sigkill_to_lockrun_s_whole_group_kills_the_job() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    let mut t = std::process::Command::new("timeout")
+        .args(["-s", "KILL", "2", BIN, "--url", &redis.url(), "tk", "-c"])
+        .arg(format!(
+            "sleep 100 & echo $! > {d}/a; setsid sleep 100 & echo $! > {d}/b; echo $$ > {d}/pid; wait"
+        ))
+        .spawn()
+        .unwrap();
+    let pids: Vec<i32> = ["a", "b", "pid"]
+        .iter()
+        .map(|f| scratch.pid_in(f))
+        .collect();
+    let _ = wait_child(&mut t, LONG);
+    let dead = wait_until(Duration::from_secs(2), || pids.iter().all(|&p| !alive(p)));
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &left {
+        signal(p, libc::SIGKILL);
+    }
+    assert!(dead, "processes {left:?} outlived a group-wide SIGKILL");
 }

@@ -163,6 +163,9 @@ fn job_end(st: WaitStatus) -> Option<JobEnd> {
 /// The guard's whole life. Never returns.
 fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
     let mut out = std::fs::File::from(reports);
+    // A group of its own: a SIGKILL to lockrun's whole process group (as
+    // `timeout -k` and CI runners send) must not take the guard along.
+    let _ = rustix::process::setpgid(None, None);
     // lockrun's other descriptors (its server connection, its signal pipe)
     // stay open here unused: they are close-on-exec, so the job never sees
     // them, and closing each would cost every run a /proc scan.

@@ -132,7 +132,12 @@ pub fn run(
         env_remove: &env_remove,
         inherit_fd: job.inherit_fd,
         caught: &caught,
-        own_group: !shares_group,
+        // At a terminal the job joins lockrun's group (the guard has its own).
+        group: if shares_group {
+            rustix::process::getpgrp().as_raw_nonzero().get()
+        } else {
+            0
+        },
         keep_sigpipe_ignored: SIGPIPE_IGNORED.load(std::sync::atomic::Ordering::Relaxed),
     };
     let shown = job.command[0].to_string_lossy().into_owned();
@@ -158,6 +163,7 @@ pub fn run(
         main,
         guard,
         guard_gone: false,
+        reserve: reserve_fds(),
         orphans_only: false,
     };
     let (ev_tx, ev_rx) = channel::<LeaseEvent>();
@@ -262,6 +268,16 @@ struct Supervisor {
     guard_gone: bool,
     /// The guard died: lockrun reaps the job's orphans itself.
     orphans_only: bool,
+    /// Descriptors held back for the walk of /proc (see `processes`).
+    reserve: Vec<std::os::fd::OwnedFd>,
+}
+
+/// Two descriptors (copies of stdin) to free when lockrun needs to open files
+/// while it may be at its descriptor limit.
+fn reserve_fds() -> Vec<std::os::fd::OwnedFd> {
+    (0..2)
+        .filter_map(|_| rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stdin(), 3).ok())
+        .collect()
 }
 
 impl Supervisor {
@@ -324,13 +340,18 @@ impl Supervisor {
     }
 
     /// Every live process of the job.
-    fn processes(&self) -> Vec<i32> {
+    fn processes(&mut self) -> Vec<i32> {
         let root = if self.orphans_only {
             rustix::process::getpid().as_raw_nonzero().get()
         } else {
             self.guard.pid
         };
-        sys::descendants(root)
+        // The walk opens files: give it the descriptors kept in reserve, so
+        // that lockrun at its descriptor limit still finds every process.
+        self.reserve.clear();
+        let found = sys::descendants(root);
+        self.reserve = reserve_fds();
+        found
     }
 
     fn act(&mut self, a: Action, procs: &[i32]) {
@@ -351,6 +372,12 @@ impl Supervisor {
                 }
                 for p in pids {
                     sys::signal_pid(p, sig);
+                }
+                // The job's own group too, in case a walk of /proc missed some.
+                if matches!(sig, libc::SIGTERM | libc::SIGKILL | libc::SIGCONT)
+                    && !self.policy.shares_group()
+                {
+                    sys::signal_group(self.main, sig);
                 }
             }
             Action::Suspend(sig) => {
