@@ -430,3 +430,37 @@ fn a_sigkill_to_lockrun_s_whole_group_kills_the_job() {
     }
     assert!(dead, "processes {left:?} outlived a group-wide SIGKILL");
 }
+
+/// The guard itself killed (the OOM killer picks it): lockrun takes over its
+/// orphans, stops them, and only then releases and exits 70.
+#[test]
+fn a_killed_guard_leaves_lockrun_in_charge() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    let mut lr = lockrun()
+        .args(["--url", &redis.url(), "--ttl", "3s", "gk", "-c"])
+        .arg(format!(
+            "echo $PPID > {d}/guard; setsid sh -c 'trap \"\" TERM; echo $$ > {d}/bg; exec sleep 100' & wait"
+        ))
+        .spawn()
+        .unwrap();
+    let guard = scratch.pid_in("guard");
+    let bg = scratch.pid_in("bg");
+    let start = Instant::now();
+    signal(guard, libc::SIGKILL);
+    let released = wait_until(LONG, || !key_exists(&redis, "gk"));
+    let bg_alive = alive(bg);
+    let st = wait_child(&mut lr, LONG);
+    if bg_alive {
+        signal(bg, libc::SIGKILL);
+    }
+    assert!(released);
+    assert!(!bg_alive, "a process of the job was alive at release");
+    assert_eq!(st.code(), Some(70));
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+}

@@ -224,15 +224,12 @@ pub fn run(
         if settling {
             next = Some(Boot::now().add(std::time::Duration::from_millis(2)));
         }
-        wait(
-            &[
-                signals.get_read().as_fd(),
-                sup.guard.reports_fd(),
-                wake_rx.as_fd(),
-            ],
-            &timer,
-            next,
-        );
+        let mut fds = vec![signals.get_read().as_fd(), wake_rx.as_fd()];
+        // Once the guard is gone its pipe stays at end-of-file: not a wake-up.
+        if !sup.guard_gone {
+            fds.push(sup.guard.reports_fd());
+        }
+        wait(&fds, &timer, next);
         drain(&wake_rx);
     }
 
