@@ -44,7 +44,7 @@ impl Boot {
     }
 }
 
-/// The lease schedule of DESIGN §5, derived from the ttl and the kill grace.
+/// The lease schedule of README "Lease timing", derived from the ttl and the kill grace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
     pub ttl: Duration,

@@ -398,7 +398,7 @@ fn check(h: &History, chaos: &[Chaos]) -> (Vec<String>, usize) {
             ));
         }
     }
-    // (b) a job acts after a newer job started only where DESIGN admits it.
+    // (b) a job acts after a newer job started only where README "Safety" admits it.
     for (i, a) in h.jobs.iter().enumerate() {
         for b in &h.jobs[i + 1..] {
             if b.start == 0 {
