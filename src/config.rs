@@ -61,8 +61,7 @@ fn usage(msg: impl std::fmt::Display) -> Failure {
     fail(Kind::Usage, msg)
 }
 
-/// The longest lease: every engine accepts it (etcd and Redis take far more)
-/// and no time arithmetic near it can overflow.
+/// The longest lease: Redis accepts far more, and no time arithmetic near it can overflow.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The longest `--wait`.
 pub const MAX_WAIT: Duration = Duration::from_secs(31_557_600); // humantime's 1y
