@@ -8,29 +8,29 @@ use std::time::Duration;
 use clap::CommandFactory;
 
 use crate::backend::{self, Acquired, Broken, Force, Holder, Owner};
-use crate::cli::{Cli, Generate, Sub};
-use crate::config::{self, BackendSpec, Common};
-use crate::exit::{self, Failure, JobEnd, Kind, ResultExt, fail};
+use crate::cli::{Cli, Generate, OperatorCommand};
+use crate::config::{self, Endpoint, Common};
+use crate::exit::{self, Failure, JobEnd, Class, ResultExt, fail};
 use crate::lease::{Boot, Deadline};
 use crate::log;
 use crate::supervise::{self, Job};
 
 /// What `main` should do at the end.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Finish {
+pub enum Ending {
     Exit(u8),
     /// The job died of this signal (SIGINT): die of it too, so a calling
     /// shell stops its loop as it would without lockrun.
     Raise(i32),
 }
 
-pub fn run(cli: Cli) -> Result<Finish, Failure> {
+pub fn dispatch(cli: Cli) -> Result<Ending, Failure> {
     if let Some(kind) = cli.generate {
-        return generate(kind).map(|()| Finish::Exit(0));
+        return generate(kind).map(|()| Ending::Exit(0));
     }
     match &cli.subcommand {
-        Some(Sub::Status { json, name }) => status(&cli, name, *json),
-        Some(Sub::Release {
+        Some(OperatorCommand::Status { json, name }) => status(&cli, name, *json),
+        Some(OperatorCommand::Release {
             force,
             token,
             now,
@@ -45,7 +45,7 @@ fn setup_logging(common: &Common) {
     if config::inherited_url_has_password() {
         crate::sys::set_not_dumpable();
     }
-    if let BackendSpec::Redis(r) = &common.backend
+    if let Endpoint::Redis(r) = &common.backend
         && let Some(p) = &r.password
     {
         log::add_secret(p);
@@ -55,10 +55,10 @@ fn setup_logging(common: &Common) {
     }
 }
 
-fn run_job(cli: &Cli) -> Result<Finish, Failure> {
+fn run_job(cli: &Cli) -> Result<Ending, Failure> {
     let cfg = config::run_config(&cli.backend, &cli.run)?;
     setup_logging(&cfg.common);
-    let owner = Owner::new(cfg.label.as_deref()).kind(Kind::Internal)?;
+    let owner = Owner::new(cfg.label.as_deref()).exit_as(Class::Internal)?;
     log::add_secret(&owner.secret);
     let label = owner.label.clone();
 
@@ -70,7 +70,7 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
             // paused right after it, must not start the job: ask again.
             Acquired::Granted(g)
                 if expires
-                    && Boot::now() >= cfg.timing.lost_at(cfg.timing.deadline_from(g.t_send)) =>
+                    && Boot::now() >= cfg.timing.lost_at(cfg.timing.deadline_from(g.sent_at)) =>
             {
                 log::warn(format!(
                     "the lease on {} ran out before the job could start (was lockrun paused?); acquiring again",
@@ -95,17 +95,17 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
                     )),
                     config::Wait::Forever => {}
                 }
-                return Ok(Finish::Exit(cfg.conflict_code));
+                return Ok(Ending::Exit(cfg.conflict_code));
             }
         }
     };
 
-    let deadline = expires.then(|| Arc::new(Deadline::new(cfg.timing.deadline_from(grant.t_send))));
+    let deadline = expires.then(|| Arc::new(Deadline::new(cfg.timing.deadline_from(grant.sent_at))));
     let renewer = match backend.renewer() {
         Ok(r) => r,
         Err(e) => {
             let _ = backend.release();
-            return Err(e).kind(Kind::Internal);
+            return Err(e).exit_as(Class::Internal);
         }
     };
     let mut env = vec![
@@ -124,7 +124,7 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
     // A password must never reach the job, even through an inherited
     // LOCKRUN_URL that another --url overrode.
     let mut env_remove = Vec::new();
-    let in_effect = matches!(&cfg.common.backend, BackendSpec::Redis(r) if r.password.is_some());
+    let in_effect = matches!(&cfg.common.backend, Endpoint::Redis(r) if r.password.is_some());
     if in_effect || config::inherited_url_has_password() {
         env_remove.push("LOCKRUN_URL".to_string());
     }
@@ -134,10 +134,10 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
         env_remove,
         inherit_fd,
         timing: cfg.timing,
-        granted_at: grant.t_send,
+        sent_at: grant.sent_at,
     };
 
-    let outcome = match supervise::run(job, deadline, Some(renewer)) {
+    let outcome = match supervise::supervise_job(job, deadline, Some(renewer)) {
         Ok(o) => o,
         Err(e) => {
             // The job never started: give the lease back.
@@ -153,11 +153,11 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
             "lease on {} lost: {reason}; the job was stopped",
             cfg.name
         ));
-        return Ok(Finish::Exit(exit::LEASE_LOST));
+        return Ok(Ending::Exit(exit::LEASE_LOST));
     }
     if let Some(reason) = outcome.failed {
         return Err(fail(
-            Kind::Internal,
+            Class::Internal,
             format!("{reason}; the job was stopped and the lease released"),
         ));
     }
@@ -173,9 +173,9 @@ fn run_job(cli: &Cli) -> Result<Finish, Failure> {
         )),
     }
     Ok(match outcome.end {
-        Some(JobEnd::Signaled(sig)) if sig == libc::SIGINT => Finish::Raise(sig),
-        Some(end) => Finish::Exit(end.code()),
-        None => Finish::Exit(exit::INTERNAL),
+        Some(JobEnd::Signaled(sig)) if sig == libc::SIGINT => Ending::Raise(sig),
+        Some(end) => Ending::Exit(end.code()),
+        None => Ending::Exit(exit::INTERNAL),
     })
 }
 
@@ -211,7 +211,7 @@ fn describe_holder(h: &Holder) -> String {
     parts.join(", ")
 }
 
-fn status(cli: &Cli, name: &str, json: bool) -> Result<Finish, Failure> {
+fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
     config::check_name(name, &common.backend)?;
     setup_logging(&common);
@@ -252,7 +252,7 @@ fn status(cli: &Cli, name: &str, json: bool) -> Result<Finish, Failure> {
             }
         }
     }
-    Ok(Finish::Exit(if holder.is_some() {
+    Ok(Ending::Exit(if holder.is_some() {
         exit::STATUS_HELD
     } else {
         exit::STATUS_FREE
@@ -265,27 +265,27 @@ fn release(
     force: bool,
     token: Option<&str>,
     now: bool,
-) -> Result<Finish, Failure> {
+) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
     config::check_name(name, &common.backend)?;
     if !force {
         let why = match common.backend {
-            BackendSpec::Local { .. } => {
+            Endpoint::Local { .. } => {
                 "refusing without --force (and local locks cannot be broken at all: \
                  a flock ends only with its holder; stop the holder's process instead)"
             }
-            BackendSpec::Redis(_) => {
+            Endpoint::Redis(_) => {
                 "refusing to break a lock without --force: the holder's job is stopped \
                  (exit 76); add --force, and --token T to act only on the lease you looked at"
             }
         };
-        return Err(fail(Kind::Usage, why));
+        return Err(fail(Class::Usage, why));
     }
     let token = token
         .map(|t| {
             t.trim().parse::<u64>().map_err(|_| {
                 fail(
-                    Kind::Usage,
+                    Class::Usage,
                     format!("invalid --token {t:?}: expected a number"),
                 )
             })
@@ -299,14 +299,14 @@ fn release(
                 std::io::stderr(),
                 "lockrun: {name} is not held; nothing to break"
             );
-            Ok(Finish::Exit(exit::STATUS_FREE))
+            Ok(Ending::Exit(exit::STATUS_FREE))
         }
         Broken::AlreadyRevoked => {
             let _ = writeln!(
                 std::io::stderr(),
                 "lockrun: {name} was already revoked; it comes free when the old lease ends"
             );
-            Ok(Finish::Exit(exit::STATUS_FREE))
+            Ok(Ending::Exit(exit::STATUS_FREE))
         }
         Broken::TokenMismatch(current) => {
             let current = current.map_or_else(|| "unknown".to_string(), |t| t.to_string());
@@ -315,7 +315,7 @@ fn release(
                 "lockrun: {name} not broken: its token is {current}, not {}",
                 token.unwrap_or_default()
             );
-            Ok(Finish::Exit(exit::STATUS_FREE))
+            Ok(Ending::Exit(exit::STATUS_FREE))
         }
         Broken::Lease(h) => {
             let what = if now {
@@ -337,7 +337,7 @@ fn release(
                     ..h.clone()
                 })
             );
-            Ok(Finish::Exit(0))
+            Ok(Ending::Exit(0))
         }
     }
 }
@@ -417,7 +417,7 @@ fn generate(kind: Generate) -> Result<(), Failure> {
     let mut cmd = Cli::command();
     let mut out = std::io::stdout().lock();
     let shell = match kind {
-        Generate::Man => return man_page(cmd, &mut out).kind(Kind::Internal),
+        Generate::Man => return man_page(cmd, &mut out).exit_as(Class::Internal),
         Generate::Bash => Shell::Bash,
         Generate::Zsh => Shell::Zsh,
         Generate::Fish => Shell::Fish,

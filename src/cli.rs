@@ -30,7 +30,7 @@ lockrun release --force [--token T] [--now] <NAME>",
 )]
 pub struct Cli {
     #[command(subcommand)]
-    pub subcommand: Option<Sub>,
+    pub subcommand: Option<OperatorCommand>,
 
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -154,7 +154,7 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Sub {
+pub enum OperatorCommand {
     /// Show whether NAME is held, by whom, with which token and how long is left.
     /// Exit 0 held, 1 free, 69 backend unreachable.
     Status {
@@ -303,12 +303,12 @@ mod tests {
         let cli = parse(&["lockrun", "status", "--json", "job"]);
         assert!(matches!(
             cli.subcommand,
-            Some(Sub::Status { json: true, .. })
+            Some(OperatorCommand::Status { json: true, .. })
         ));
         let cli = parse(&["lockrun", "--url", "redis://h", "release", "--force", "job"]);
         assert!(matches!(
             cli.subcommand,
-            Some(Sub::Release { force: true, .. })
+            Some(OperatorCommand::Release { force: true, .. })
         ));
     }
 

@@ -6,21 +6,21 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::{BackendArgs, RunArgs};
-use crate::exit::{Failure, Kind, fail};
+use crate::exit::{Failure, Class, fail};
 use crate::lease::Timing;
 
 /// Where locks live.
 #[derive(Debug, Clone)]
-pub enum BackendSpec {
+pub enum Endpoint {
     /// `flock(2)` files in a directory; `None` means the per-user default.
     Local {
         dir: Option<PathBuf>,
     },
-    Redis(RedisSpec),
+    Redis(RedisUrl),
 }
 
 #[derive(Debug, Clone)]
-pub struct RedisSpec {
+pub struct RedisUrl {
     /// The URL as given, handed to the redis crate; holds the password, never printed.
     pub url: String,
     /// The URL with any password replaced, for messages.
@@ -40,7 +40,7 @@ pub enum Wait {
 
 #[derive(Debug, Clone)]
 pub struct Common {
-    pub backend: BackendSpec,
+    pub backend: Endpoint,
     pub prefix: String,
     pub verbosity: u8,
 }
@@ -58,7 +58,7 @@ pub struct RunConfig {
 }
 
 fn usage(msg: impl std::fmt::Display) -> Failure {
-    fail(Kind::Usage, msg)
+    fail(Class::Usage, msg)
 }
 
 /// The longest lease: Redis accepts far more, and no time arithmetic near it can overflow.
@@ -109,14 +109,14 @@ pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
         args.tls_ca.clone()
     };
     let backend = match url {
-        "" => BackendSpec::Local { dir: None },
+        "" => Endpoint::Local { dir: None },
         url => parse_url(url, tls_ca.clone())?,
     };
-    if matches!(backend, BackendSpec::Local { .. }) && tls_ca.is_some() {
+    if matches!(backend, Endpoint::Local { .. }) && tls_ca.is_some() {
         return Err(usage("--tls-ca only applies to a rediss:// URL"));
     }
     // The prefix names keys on a server; the local backend has none.
-    if matches!(backend, BackendSpec::Redis(_)) && args.prefix.contains(['{', '}']) {
+    if matches!(backend, Endpoint::Redis(_)) && args.prefix.contains(['{', '}']) {
         return Err(usage(format!(
             "invalid --prefix {:?}: it may not contain '{{' or '}}' (the lock name is the hash tag)",
             args.prefix
@@ -130,7 +130,7 @@ pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
     })
 }
 
-fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<BackendSpec, Failure> {
+fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<Endpoint, Failure> {
     let expected = "expected redis://[user][:pass@]host[:port][/db], rediss://… or file:///dir";
     // Never echo the raw URL: it may hold a password.
     let url = url::Url::parse(raw).map_err(|e| usage(format!("invalid --url: {e}; {expected}")))?;
@@ -155,7 +155,7 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<BackendSpec, Failure
             if ca_file.is_some() {
                 return Err(usage("--tls-ca only applies to a rediss:// URL"));
             }
-            Ok(BackendSpec::Local { dir: Some(dir) })
+            Ok(Endpoint::Local { dir: Some(dir) })
         }
         "redis" | "rediss" => {
             if url.host_str().is_none_or(str::is_empty) {
@@ -201,7 +201,7 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<BackendSpec, Failure
                     .map(|(_, v)| v.into_owned())
                     .unwrap_or_default()
             });
-            Ok(BackendSpec::Redis(RedisSpec {
+            Ok(Endpoint::Redis(RedisUrl {
                 url: raw.to_string(),
                 display,
                 password,
@@ -235,7 +235,7 @@ fn is_invisible(c: char) -> bool {
         | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB)
 }
 
-pub fn check_name(name: &str, backend: &BackendSpec) -> Result<(), Failure> {
+pub fn check_name(name: &str, backend: &Endpoint) -> Result<(), Failure> {
     if name.is_empty() {
         return Err(usage(
             "the lock name is empty; give a name such as nightly-report",
@@ -253,7 +253,7 @@ pub fn check_name(name: &str, backend: &BackendSpec) -> Result<(), Failure> {
             c as u32
         )));
     }
-    if matches!(backend, BackendSpec::Redis(_)) && name.contains(['{', '}']) {
+    if matches!(backend, Endpoint::Redis(_)) && name.contains(['{', '}']) {
         return Err(usage(format!(
             "invalid lock name {name:?}: '{{' and '}}' are not allowed on Redis (the name is the key's hash tag)"
         )));
@@ -341,7 +341,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
 mod tests {
     use super::*;
 
-    fn spec(url: &str) -> Result<BackendSpec, Failure> {
+    fn spec(url: &str) -> Result<Endpoint, Failure> {
         parse_url(url, None)
     }
 
@@ -349,12 +349,12 @@ mod tests {
     fn urls_are_validated() {
         assert!(matches!(
             spec("redis://127.0.0.1:6379/2"),
-            Ok(BackendSpec::Redis(_))
+            Ok(Endpoint::Redis(_))
         ));
-        assert!(matches!(spec("rediss://h#insecure"), Ok(BackendSpec::Redis(r)) if r.insecure));
+        assert!(matches!(spec("rediss://h#insecure"), Ok(Endpoint::Redis(r)) if r.insecure));
         assert!(matches!(
             spec("file:///tmp/x"),
-            Ok(BackendSpec::Local { dir: Some(_) })
+            Ok(Endpoint::Local { dir: Some(_) })
         ));
         for bad in [
             "http://h",
@@ -367,7 +367,7 @@ mod tests {
             "file://h/x",
         ] {
             let e = spec(bad).unwrap_err();
-            assert_eq!(e.kind, Kind::Usage, "{bad}");
+            assert_eq!(e.kind, Class::Usage, "{bad}");
         }
     }
 
@@ -376,7 +376,7 @@ mod tests {
         fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|)(://)?") {
             let url = format!("{scheme}{raw}");
             if let Err(e) = parse_url(&url, None) {
-                proptest::prop_assert_eq!(e.kind, Kind::Usage);
+                proptest::prop_assert_eq!(e.kind, Class::Usage);
             }
         }
 
@@ -388,7 +388,7 @@ mod tests {
 
     #[test]
     fn passwords_never_reach_messages() {
-        let BackendSpec::Redis(r) = spec("redis://u:s3cret@h:1/0").unwrap() else {
+        let Endpoint::Redis(r) = spec("redis://u:s3cret@h:1/0").unwrap() else {
             panic!()
         };
         assert!(!r.display.contains("s3cret"));
@@ -402,7 +402,7 @@ mod tests {
     #[test]
     fn names_are_checked() {
         let redis = spec("redis://h").unwrap();
-        let local = BackendSpec::Local { dir: None };
+        let local = Endpoint::Local { dir: None };
         assert!(check_name("", &local).is_err());
         assert!(check_name("a\nb", &local).is_err());
         assert!(check_name("a{b}", &redis).is_err());
@@ -447,7 +447,7 @@ mod tests {
             ("8days", MAX_TTL),
         ] {
             let e = parse_duration("--ttl", s, max).unwrap_err();
-            assert_eq!(e.kind, Kind::Usage, "{s}");
+            assert_eq!(e.kind, Class::Usage, "{s}");
             assert!(
                 e.to_string().contains("limit") || e.to_string().contains("invalid"),
                 "{e}"

@@ -25,7 +25,7 @@ pub const STATUS_FREE: u8 = 1;
 
 /// The class of a failure, which decides the exit code of lockrun.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum Class {
     Usage,
     Unavailable,
     Internal,
@@ -33,14 +33,14 @@ pub enum Kind {
     NotFound,
 }
 
-impl Kind {
+impl Class {
     pub fn code(self) -> u8 {
         match self {
-            Kind::Usage => USAGE,
-            Kind::Unavailable => UNAVAILABLE,
-            Kind::Internal => INTERNAL,
-            Kind::NotExecutable => NOT_EXECUTABLE,
-            Kind::NotFound => NOT_FOUND,
+            Class::Usage => USAGE,
+            Class::Unavailable => UNAVAILABLE,
+            Class::Internal => INTERNAL,
+            Class::NotExecutable => NOT_EXECUTABLE,
+            Class::NotFound => NOT_FOUND,
         }
     }
 }
@@ -48,7 +48,7 @@ impl Kind {
 /// An error with the exit code it should end lockrun with.
 #[derive(Debug)]
 pub struct Failure {
-    pub kind: Kind,
+    pub class: Class,
     pub error: anyhow::Error,
 }
 
@@ -58,24 +58,24 @@ impl fmt::Display for Failure {
     }
 }
 
-/// Attach an exit class to any fallible step: `step().kind(Kind::Unavailable)?`.
+/// Attach an exit class to any fallible step: `step().exit_as(Class::Unavailable)?`.
 pub trait ResultExt<T> {
-    fn kind(self, kind: Kind) -> Result<T, Failure>;
+    fn exit_as(self, class: Class) -> Result<T, Failure>;
 }
 
 impl<T, E: Into<anyhow::Error>> ResultExt<T> for Result<T, E> {
-    fn kind(self, kind: Kind) -> Result<T, Failure> {
+    fn exit_as(self, class: Class) -> Result<T, Failure> {
         self.map_err(|e| Failure {
-            kind,
+            class,
             error: e.into(),
         })
     }
 }
 
 /// Build a failure from a message.
-pub fn fail(kind: Kind, msg: impl fmt::Display) -> Failure {
+pub fn fail(class: Class, msg: impl fmt::Display) -> Failure {
     Failure {
-        kind,
+        class,
         error: anyhow::anyhow!("{msg}"),
     }
 }
@@ -117,21 +117,21 @@ mod tests {
     }
 
     #[test]
-    fn failure_kinds_map_to_sysexits() {
-        assert_eq!(Kind::Usage.code(), 64);
-        assert_eq!(Kind::Unavailable.code(), 69);
-        assert_eq!(Kind::Internal.code(), 70);
-        assert_eq!(Kind::NotExecutable.code(), 126);
-        assert_eq!(Kind::NotFound.code(), 127);
+    fn failure_classes_map_to_sysexits() {
+        assert_eq!(Class::Usage.code(), 64);
+        assert_eq!(Class::Unavailable.code(), 69);
+        assert_eq!(Class::Internal.code(), 70);
+        assert_eq!(Class::NotExecutable.code(), 126);
+        assert_eq!(Class::NotFound.code(), 127);
         assert_eq!(NOT_ACQUIRED, 75);
         assert_eq!(LEASE_LOST, 76);
     }
 
     #[test]
-    fn failures_keep_their_kind() {
+    fn failures_keep_their_class() {
         let r: Result<(), std::io::Error> = Err(std::io::Error::other("boom"));
-        let f = r.kind(Kind::Unavailable).unwrap_err();
-        assert_eq!(f.kind.code(), 69);
+        let f = r.exit_as(Class::Unavailable).unwrap_err();
+        assert_eq!(f.class.code(), 69);
         assert_eq!(f.to_string(), "boom");
     }
 }

@@ -120,8 +120,8 @@ impl Timing {
     }
 
     /// Local expiry estimate from the moment the granting request was sent.
-    pub fn deadline_from(&self, t_send: Boot) -> Boot {
-        t_send.add(self.ttl).sub(self.drift)
+    pub fn deadline_from(&self, sent_at: Boot) -> Boot {
+        sent_at.add(self.ttl).sub(self.drift)
     }
 }
 
@@ -269,7 +269,7 @@ impl Watchdog {
                     // Non-blocking: a full wake socket already means "look".
                     let _ = wake.write(&[1]);
                 };
-                run(
+                renew_loop(
                     renewer,
                     &timing,
                     deadline.as_deref(),
@@ -326,7 +326,7 @@ fn attempt(
     }
 }
 
-fn run(
+fn renew_loop(
     renewer: Box<dyn Renewer>,
     timing: &Timing,
     deadline: Option<&Deadline>,
@@ -352,19 +352,19 @@ fn run(
             Some(c) => timing.op.min(timing.lost_at(c).since(now)),
             None => timing.op,
         };
-        let t_send = Boot::now();
+        let sent_at = Boot::now();
         let error = match attempt(&mut slot, &*template, limit) {
             Attempt::Done(Ok(true)) => {
                 failures = 0;
                 // A late success cannot undo "lost": the supervisor also checks
                 // the deadline it had, and lost is final there.
                 if let Some(d) = deadline {
-                    d.set(timing.deadline_from(t_send));
+                    d.set(timing.deadline_from(sent_at));
                 }
                 send(Event::Renewed {
-                    took: Boot::now().since(t_send),
+                    took: Boot::now().since(sent_at),
                 });
-                if wait_until(timer, stop, t_send.add(timing.renew_every)) {
+                if wait_until(timer, stop, sent_at.add(timing.renew_every)) {
                     return;
                 }
                 continue;

@@ -48,9 +48,9 @@ fn lockrun() -> u8 {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    match app::run(cli) {
-        Ok(app::Finish::Exit(code)) => code,
-        Ok(app::Finish::Raise(sig)) => {
+    match app::dispatch(cli) {
+        Ok(app::Ending::Exit(code)) => code,
+        Ok(app::Ending::Raise(sig)) => {
             let _ = std::io::stdout().flush();
             // SAFETY: restoring the default action and raising a signal on ourselves.
             unsafe {
@@ -62,7 +62,7 @@ fn lockrun() -> u8 {
         }
         Err(f) => {
             let _ = writeln!(std::io::stderr(), "lockrun: {}", log::scrub(&f.to_string()));
-            f.kind.code()
+            f.class.code()
         }
     }
 }
@@ -76,30 +76,47 @@ fn parse() -> Result<cli::Cli, clap::Error> {
     Ok(cli)
 }
 
-/// clap's help and version go to stdout with 0; a usage error is one line and 64.
+/// clap's help and version go to stdout with 0; a usage error is one line and 64,
+/// built from clap's error kind and context rather than its rendered text.
 fn usage_error(e: clap::Error) -> u8 {
-    use clap::error::ErrorKind;
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         let _ = e.print();
         return 0;
     }
-    let text = e.render().to_string();
-    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    let mut first = lines
-        .next()
-        .unwrap_or("invalid arguments")
-        .trim_start_matches("error: ")
-        .to_string();
-    // "the following required arguments were not provided:" names them on the next line.
-    if first.ends_with(':')
-        && let Some(next) = lines.next()
-    {
-        first = format!("{first} {next}");
-    }
+    let context = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(v)) => Some(v.join(", ")),
+        _ => None,
+    };
+    let arg = context(ContextKind::InvalidArg);
+    let line = match (e.kind(), arg) {
+        (ErrorKind::MissingRequiredArgument, Some(a)) => format!("missing {a}"),
+        (ErrorKind::UnknownArgument, Some(a)) => match context(ContextKind::SuggestedArg) {
+            Some(s) => format!("unknown option {a} (did you mean {s}?)"),
+            None => format!("unknown option {a}"),
+        },
+        (ErrorKind::ArgumentConflict, Some(a)) => match context(ContextKind::PriorArg) {
+            Some(p) => format!("{a} cannot be used with {p}"),
+            None => format!("{a} cannot be used with another option given"),
+        },
+        (ErrorKind::InvalidValue | ErrorKind::ValueValidation, Some(a)) => {
+            match context(ContextKind::InvalidValue).filter(|v| !v.is_empty()) {
+                Some(v) => format!("invalid value {v:?} for {a}"),
+                None => format!("{a} needs a value"),
+            }
+        }
+        (ErrorKind::InvalidSubcommand, _) => match context(ContextKind::InvalidSubcommand) {
+            Some(s) => format!("unknown command {s}"),
+            None => e.kind().to_string(),
+        },
+        (kind, Some(a)) => format!("{kind}: {a}"),
+        (kind, None) => kind.to_string(),
+    };
     let _ = writeln!(
         std::io::stderr(),
         "lockrun: {}; see lockrun --help",
-        log::scrub(&first)
+        log::scrub(&line)
     );
     exit::USAGE
 }

@@ -11,7 +11,7 @@ use rustix::io::Errno;
 
 use super::{Acquired, Backend, Broken, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
 use crate::config::Wait;
-use crate::exit::{Failure, Kind, fail};
+use crate::exit::{Failure, Class, fail};
 use crate::lease::{Boot, Renewer};
 use crate::log;
 
@@ -44,7 +44,7 @@ fn prepare_dir(given: Option<&Path>) -> Result<PathBuf, Failure> {
     let dir = given.map(Path::to_path_buf).unwrap_or_else(default_dir);
     let unusable = |why: String| {
         fail(
-            Kind::Unavailable,
+            Class::Unavailable,
             format!("lock directory {}: {why}", dir.display()),
         )
     };
@@ -309,7 +309,7 @@ impl Local {
 
     fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> Failure {
         fail(
-            Kind::Unavailable,
+            Class::Unavailable,
             format!("{what} {}: {e}", self.path.display()),
         )
     }
@@ -460,7 +460,7 @@ impl Backend for Local {
             match self.try_lock(wait, start)? {
                 Try::Locked => {
                     let fd = self.fd.as_ref().expect("locked");
-                    let t_send = Boot::now();
+                    let sent_at = Boot::now();
                     let token = write_token(fd, &self.owner.shown)
                         .map_err(|e| self.unavailable("writing the token to", e))?;
                     log::info(format!(
@@ -468,7 +468,7 @@ impl Backend for Local {
                         self.name,
                         Boot::now().since(start)
                     ));
-                    return Ok(Acquired::Granted(Grant { token, t_send }));
+                    return Ok(Acquired::Granted(Grant { token, sent_at }));
                 }
                 Try::Busy(holder) => {
                     return Ok(Acquired::Busy {
@@ -479,7 +479,7 @@ impl Backend for Local {
             }
         }
         Err(fail(
-            Kind::Unavailable,
+            Class::Unavailable,
             format!("lock file {} keeps changing under us", self.path.display()),
         ))
     }
@@ -540,7 +540,7 @@ impl Inspect for Local {
 
     fn force_release(&mut self, _force: Force) -> Result<Broken, Failure> {
         Err(fail(
-            Kind::Usage,
+            Class::Usage,
             "release --force is not available on the local backend: flock locks end only \
              with their holder; stop the holder's process instead",
         ))

@@ -7,7 +7,7 @@ pub mod redis;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-use crate::config::{BackendSpec, Common, Wait};
+use crate::config::{Endpoint, Common, Wait};
 use crate::exit::Failure;
 use crate::lease::{Boot, Renewer, Timing};
 
@@ -50,7 +50,7 @@ impl Owner {
 pub struct Grant {
     pub token: u64,
     /// When the granting request was sent: the lease deadline counts from here.
-    pub t_send: Boot,
+    pub sent_at: Boot,
 }
 
 pub enum Acquired {
@@ -125,8 +125,8 @@ pub fn open(
     timing: Timing,
 ) -> Result<Box<dyn Backend>, Failure> {
     Ok(match &common.backend {
-        BackendSpec::Local { dir } => Box::new(local::Local::open(dir.as_deref(), name, owner)?),
-        BackendSpec::Redis(spec) => Box::new(redis::Redis::connect(
+        Endpoint::Local { dir } => Box::new(local::Local::open(dir.as_deref(), name, owner)?),
+        Endpoint::Redis(spec) => Box::new(redis::Redis::connect(
             spec,
             &common.prefix,
             name,
@@ -140,10 +140,10 @@ pub fn open(
 pub fn open_inspect(common: &Common, name: &str) -> Result<Box<dyn Inspect>, Failure> {
     let timing = Timing::new(Duration::from_secs(30), None).expect("default timing fits");
     Ok(match &common.backend {
-        BackendSpec::Local { dir } => {
+        Endpoint::Local { dir } => {
             Box::new(local::Local::open_for_inspect(dir.as_deref(), name)?)
         }
-        BackendSpec::Redis(spec) => Box::new(redis::Redis::connect(
+        Endpoint::Redis(spec) => Box::new(redis::Redis::connect(
             spec,
             &common.prefix,
             name,
@@ -169,7 +169,7 @@ pub fn announce_wait(name: &str, holder: Option<&str>) {
 /// Refusal for `lockrun X` run from inside the job that holds X.
 pub fn nested(name: &str) -> Failure {
     crate::exit::fail(
-        crate::exit::Kind::Usage,
+        crate::exit::Class::Usage,
         format!(
             "lock {name} is held by the job this command runs in; waiting for it would deadlock"
         ),

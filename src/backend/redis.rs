@@ -8,8 +8,8 @@ use anyhow::{Context, anyhow};
 use redis::{Client, Connection, IntoConnectionInfo, Script, Value};
 
 use super::{Acquired, Backend, Broken, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
-use crate::config::{RedisSpec, Wait};
-use crate::exit::{Failure, Kind, ResultExt, fail};
+use crate::config::{RedisUrl, Wait};
+use crate::exit::{Failure, Class, ResultExt, fail};
 use crate::lease::{Boot, Renewer, Timing, jitter};
 use crate::log;
 
@@ -238,9 +238,9 @@ fn reconnect(client: &Client, timeout: Duration) -> anyhow::Result<Connection> {
     }
 }
 
-fn client_for(spec: &RedisSpec) -> Result<Client, Failure> {
+fn client_for(spec: &RedisUrl) -> Result<Client, Failure> {
     let bad_url =
-        |e: redis::RedisError| fail(Kind::Usage, format!("invalid --url {}: {e}", spec.display));
+        |e: redis::RedisError| fail(Class::Usage, format!("invalid --url {}: {e}", spec.display));
     let info = spec.url.as_str().into_connection_info().map_err(bad_url)?;
     // CLIENT SETINFO costs a round trip on every connect and tells the server nothing it needs.
     let settings = info.redis_settings().clone().set_skip_set_lib_name();
@@ -260,7 +260,7 @@ fn client_for(spec: &RedisSpec) -> Result<Client, Failure> {
         None => None,
         Some(path) => Some(std::fs::read(path).map_err(|e| {
             fail(
-                Kind::Usage,
+                Class::Usage,
                 format!("cannot read --tls-ca {}: {e}", path.display()),
             )
         })?),
@@ -313,7 +313,7 @@ fn describe(e: &redis::RedisError) -> String {
 
 impl Redis {
     pub fn connect(
-        spec: &RedisSpec,
+        spec: &RedisUrl,
         prefix: &str,
         name: &str,
         owner: Owner,
@@ -336,7 +336,7 @@ impl Redis {
             } else {
                 format!("cannot reach Redis at {}: {}", spec.display, describe(&e))
             };
-            fail(Kind::Unavailable, msg)
+            fail(Class::Unavailable, msg)
         })?;
         log::info(format!("connected in {:.1?}", Boot::now().since(started)));
         let lock = format!("{prefix}{{{name}}}");
@@ -417,7 +417,7 @@ impl Redis {
         let (lock, fence) = (self.keys.lock.clone(), self.keys.fence.clone());
         let (secret, label) = (self.owner.secret.clone(), self.owner.shown.clone());
         let ttl_ms = self.timing.ttl.as_millis() as u64;
-        let t_send = Boot::now();
+        let sent_at = Boot::now();
         let v = self.call(|c| {
             script
                 .key(&lock)
@@ -427,7 +427,7 @@ impl Redis {
                 .arg(ttl_ms)
                 .invoke::<Vec<Value>>(c)
         })?;
-        Ok((t_send, v))
+        Ok((sent_at, v))
     }
 
     /// Block on the wake-up list for at most `timeout`. Ok(true): woken by a release.
@@ -525,20 +525,20 @@ impl Backend for Redis {
         let mut announced_wait = false;
         loop {
             match self.try_acquire() {
-                Ok((t_send, v)) => {
+                Ok((sent_at, v)) => {
                     failing_since = None;
                     failures = 0;
                     let int = |i| int_at(&v, i);
                     if int(0) == Some(1) {
                         let token = int(1).ok_or_else(|| {
-                            fail(Kind::Internal, "acquire script returned no token")
+                            fail(Class::Internal, "acquire script returned no token")
                         })? as u64;
                         log::info(format!(
                             "acquired {} with token {token} after {:.1?}",
                             self.name,
                             Boot::now().since(start)
                         ));
-                        return Ok(Acquired::Granted(Grant { token, t_send }));
+                        return Ok(Acquired::Granted(Grant { token, sent_at }));
                     }
                     let pttl = int(1).unwrap_or(-1);
                     let holder = text_at(&v, 2).filter(|l| !l.is_empty());
@@ -582,7 +582,7 @@ impl Backend for Redis {
                             // BLPOP refused (an ACL without it, a foreign value
                             // at the wake-up key): final, never a retry loop.
                             return Err(fail(
-                                Kind::Unavailable,
+                                Class::Unavailable,
                                 format!("waiting for {} on {}: {e:#}", self.name, self.display),
                             ));
                         }
@@ -595,7 +595,7 @@ impl Backend for Redis {
                 }
                 Err(e) if e.downcast_ref::<Refused>().is_some() || !self.replied => {
                     return Err(fail(
-                        Kind::Unavailable,
+                        Class::Unavailable,
                         format!("acquiring {} on {}: {e:#}", self.name, self.display),
                     ));
                 }
@@ -610,7 +610,7 @@ impl Backend for Redis {
                         // it; release only deletes a lease that is ours.
                         let _ = self.release();
                         return Err(fail(
-                            Kind::Unavailable,
+                            Class::Unavailable,
                             format!("acquiring {} on {}: {e:#}", self.name, self.display),
                         ));
                     }
@@ -670,7 +670,7 @@ impl Inspect for Redis {
         let v = self
             .call(|c| script.key(&lock).invoke::<Vec<Value>>(c))
             .with_context(|| format!("reading {} on {}", self.name, self.display))
-            .kind(Kind::Unavailable)?;
+            .exit_as(Class::Unavailable)?;
         Ok(Self::holder_from(&v))
     }
 
@@ -690,7 +690,7 @@ impl Inspect for Redis {
                     .invoke::<Vec<Value>>(c)
             })
             .with_context(|| format!("releasing {} on {}", self.name, self.display))
-            .kind(Kind::Unavailable)?;
+            .exit_as(Class::Unavailable)?;
         match v.first() {
             Some(Value::Int(0)) => Ok(Broken::NotHeld),
             Some(Value::Int(2)) => Ok(Broken::TokenMismatch(int_at(&v, 1).map(|t| t as u64))),

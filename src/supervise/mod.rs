@@ -16,7 +16,7 @@ use rustix::event::{PollFd, PollFlags, poll};
 use signal_hook::iterator::backend::SignalDelivery;
 use signal_hook::iterator::exfiltrator::WithRawSiginfo;
 
-use crate::exit::{Failure, Kind, ResultExt, fail};
+use crate::exit::{Failure, Class, ResultExt, fail};
 use crate::lease::{Boot, BootTimer, Deadline, Event as LeaseEvent, Renewer, Timing, Watchdog};
 use crate::log;
 use crate::spawn::{Prepared, SpawnError};
@@ -35,7 +35,7 @@ pub struct Job {
     pub inherit_fd: Option<RawFd>,
     pub timing: Timing,
     /// When the granting request was sent.
-    pub granted_at: Boot,
+    pub sent_at: Boot,
 }
 
 /// SIGPIPE was ignored when lockrun started (lockrun itself always ignores it).
@@ -61,11 +61,11 @@ fn catchable() -> Vec<i32> {
 
 fn spawn_failure(shown: &str, e: SpawnError) -> Failure {
     match e {
-        SpawnError::NotFound => fail(Kind::NotFound, format!("{shown}: command not found")),
+        SpawnError::NotFound => fail(Class::NotFound, format!("{shown}: command not found")),
         SpawnError::NotExecutable(e) => {
-            fail(Kind::NotExecutable, format!("{shown}: cannot execute: {e}"))
+            fail(Class::NotExecutable, format!("{shown}: cannot execute: {e}"))
         }
-        SpawnError::Other(e) => fail(Kind::Internal, format!("{shown}: cannot start: {e}")),
+        SpawnError::Other(e) => fail(Class::Internal, format!("{shown}: cannot start: {e}")),
     }
 }
 
@@ -104,22 +104,22 @@ fn first_report(guard: &mut Guard) -> Result<i32, SpawnError> {
 /// `renewer` only when the first renewal is due. Err only when the job never
 /// started; after that, every failure of lockrun's own goes through the kill
 /// schedule and comes back in the outcome.
-pub fn run(
+pub fn supervise_job(
     job: Job,
     deadline: Option<Arc<Deadline>>,
     renewer: Option<Box<dyn Renewer>>,
 ) -> Result<Outcome, Failure> {
     // Orphans of the job come to the guard; if the guard itself dies, to us.
-    sys::set_subreaper().kind(Kind::Internal)?;
+    sys::set_subreaper().exit_as(Class::Internal)?;
     let caught = catchable();
     sys::unblock(&caught);
-    let (sig_rx, sig_tx) = UnixStream::pair().kind(Kind::Internal)?;
+    let (sig_rx, sig_tx) = UnixStream::pair().exit_as(Class::Internal)?;
     let mut signals =
-        SignalDelivery::with_pipe(sig_rx, sig_tx, WithRawSiginfo, &caught).kind(Kind::Internal)?;
-    let (wake_rx, wake_tx) = UnixStream::pair().kind(Kind::Internal)?;
-    wake_rx.set_nonblocking(true).kind(Kind::Internal)?;
-    wake_tx.set_nonblocking(true).kind(Kind::Internal)?;
-    let timer = BootTimer::new().kind(Kind::Internal)?;
+        SignalDelivery::with_pipe(sig_rx, sig_tx, WithRawSiginfo, &caught).exit_as(Class::Internal)?;
+    let (wake_rx, wake_tx) = UnixStream::pair().exit_as(Class::Internal)?;
+    wake_rx.set_nonblocking(true).exit_as(Class::Internal)?;
+    wake_tx.set_nonblocking(true).exit_as(Class::Internal)?;
+    let timer = BootTimer::new().exit_as(Class::Internal)?;
     let shares_group = sys::at_terminal();
 
     let env_remove: Vec<&str> = std::iter::once("LOCKRUN_LOCK_FD")
@@ -145,7 +145,7 @@ pub fn run(
         Prepared::new(&spec).map_err(|e| spawn_failure(&shown, SpawnError::Other(e)))?;
     let mut guard = Guard::start(&mut prepared).map_err(|e| {
         fail(
-            Kind::Internal,
+            Class::Internal,
             format!("cannot start the guard process: {e}"),
         )
     })?;
@@ -159,7 +159,7 @@ pub fn run(
         deadline,
         renewer,
         watchdog: None,
-        first_renew: job.granted_at.add(job.timing.renew_every),
+        first_renew: job.sent_at.add(job.timing.renew_every),
         main,
         guard,
         guard_gone: false,
