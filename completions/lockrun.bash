@@ -41,7 +41,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-u -v -q -c -t -n -w -x -E -h -V --url --tls-ca --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --conflict-exit-code --label --kill-after --generate --help --version status release help"
+            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --kill-after --generate --help --version status release help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -88,6 +88,10 @@ _lockrun() {
                     return 0
                     ;;
                 -w)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --limit)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n u/url= tls-ca= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive E/conflict-exit-code= label= kill-after= generate= h/help V/version
+    string join \n u/url= tls-ca= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive s/shared limit= E/conflict-exit-code= label= kill-after= generate= h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -30,6 +30,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key namespac
 complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s t -l ttl -d 'Lease length, e.g. 500ms, 30s, 2m, "1h 30m"' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l wait -l timeout -d 'Give up after waiting this long for the lock (default: wait forever); DUR may be a bare number of seconds, as flock\'s -w takes it' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l limit -d 'Up to N holders at once (a counting semaphore); each job gets its place 0..N-1 in LOCKRUN_SLOT. Every user of the name must agree on N' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips quietly, as with flock -n -E 0 in a crontab)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l label -d 'A note shown by `status` and in waiting messages beside host:pid (a pipeline id, a ticket)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)' -r
@@ -43,6 +44,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s v -l verbose -d 'Timest
 complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -l nonblock -l nb -d 'Give up at once if the lock is held (flock\'s --nonblock and --nb work too)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s x -l exclusive -d 'An exclusive lock, the default (as flock\'s -x and -e)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s s -l shared -d 'A shared (reader) lock, as flock\'s -s: shared holders run together, never beside an exclusive one'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'

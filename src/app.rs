@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use clap::CommandFactory;
 
-use crate::backend::{self, Acquired, Broken, Force, Holder, Owner};
+use crate::backend::{self, Acquired, Broken, Force, Holder, Mode, Owner, Request};
 use crate::cli::{Cli, Generate, OperatorCommand};
-use crate::config::{self, Endpoint, Common};
-use crate::exit::{self, Failure, JobEnd, Class, ResultExt, fail};
+use crate::config::{self, Common, Endpoint};
+use crate::exit::{self, Class, Failure, JobEnd, ResultExt, fail};
 use crate::lease::{Boot, Deadline};
 use crate::log;
 use crate::supervise::{self, Job};
@@ -58,27 +58,32 @@ fn setup_logging(common: &Common) {
 fn run_job(cli: &Cli) -> Result<Ending, Failure> {
     let cfg = config::run_config(&cli.backend, &cli.run)?;
     setup_logging(&cfg.common);
-    let owner = Owner::new(cfg.label.as_deref()).exit_as(Class::Internal)?;
+    let owner = Owner::new(cfg.label.as_deref())?;
     log::add_secret(&owner.secret);
-    let label = owner.label.clone();
+    let req = Request {
+        name: &cfg.name,
+        owner: &owner,
+        timing: cfg.timing,
+        mode: cfg.mode,
+    };
+    let expires = cfg.common.backend.engine().caps.expires;
 
-    let mut backend = backend::open(&cfg.common, &cfg.name, owner, cfg.timing)?;
-    let expires = backend.expires();
-    let grant = loop {
-        match backend.acquire(cfg.wait)? {
+    let mut engine = backend::open(&cfg.common.backend, &cfg.common.prefix, cfg.timing.op)?;
+    let lease = loop {
+        match engine.acquire(&req, cfg.wait)? {
             // A grant whose lease is already (nearly) over, because lockrun was
             // paused right after it, must not start the job: ask again.
-            Acquired::Granted(g)
+            Acquired::Granted(l)
                 if expires
-                    && Boot::now() >= cfg.timing.lost_at(cfg.timing.deadline_from(g.sent_at)) =>
+                    && Boot::now() >= cfg.timing.lost_at(cfg.timing.deadline_from(l.sent_at)) =>
             {
                 log::warn(format!(
                     "the lease on {} ran out before the job could start (was lockrun paused?); acquiring again",
                     cfg.name
                 ));
-                let _ = backend.release();
+                let _ = l.release();
             }
-            Acquired::Granted(g) => break g,
+            Acquired::Granted(l) => break l,
             Acquired::Busy { holder } => {
                 let holder = holder
                     .as_deref()
@@ -99,55 +104,38 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
             }
         }
     };
+    drop(engine);
 
-    let deadline = expires.then(|| Arc::new(Deadline::new(cfg.timing.deadline_from(grant.sent_at))));
-    let renewer = match backend.renewer() {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = backend.release();
-            return Err(e).exit_as(Class::Internal);
-        }
-    };
-    let mut env = vec![
-        ("LOCKRUN_NAME".to_string(), cfg.name.clone()),
-        ("LOCKRUN_TOKEN".to_string(), grant.token.to_string()),
-        ("LOCKRUN_OWNER".to_string(), label),
-        (
-            "LOCKRUN_TTL_MS".to_string(),
-            cfg.timing.ttl.as_millis().to_string(),
-        ),
-    ];
-    let inherit_fd = backend.job_fd();
-    if let Some(fd) = inherit_fd {
-        env.push(("LOCKRUN_LOCK_FD".to_string(), fd.to_string()));
-    }
+    let deadline =
+        expires.then(|| Arc::new(Deadline::new(cfg.timing.deadline_from(lease.sent_at))));
     // A password must never reach the job, even through an inherited
     // LOCKRUN_URL that another --url overrode.
-    let mut env_remove = Vec::new();
-    let in_effect = matches!(&cfg.common.backend, Endpoint::Redis(r) if r.password.is_some());
-    if in_effect || config::inherited_url_has_password() {
-        env_remove.push("LOCKRUN_URL".to_string());
-    }
+    let password_in_effect =
+        matches!(&cfg.common.backend, Endpoint::Redis(r) if r.password.is_some());
+    let env = lease.job_env(
+        &req,
+        password_in_effect || config::inherited_url_has_password(),
+    );
     let job = Job {
         command: cfg.command.clone(),
-        env,
-        env_remove,
-        inherit_fd,
+        env: env.set,
+        env_remove: env.remove,
+        inherit_fd: env.inherit_fd,
         timing: cfg.timing,
-        sent_at: grant.sent_at,
+        sent_at: lease.sent_at,
     };
 
-    let outcome = match supervise::supervise_job(job, deadline, Some(renewer)) {
+    let outcome = match supervise::supervise_job(job, deadline, lease.renewer()) {
         Ok(o) => o,
         Err(e) => {
             // The job never started: give the lease back.
-            let _ = backend.release();
+            let _ = lease.release();
             return Err(e);
         }
     };
 
     // Nothing of the job is left: only now may the lease go.
-    let released = backend.release();
+    let released = lease.release();
     if let Some(reason) = outcome.lost {
         log::alert(format!(
             "lease on {} lost: {reason}; the job was stopped",
@@ -168,7 +156,7 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
             cfg.name
         )),
         Err(e) => log::alert(format!(
-            "{e:#}; the lease expires on its own within {}",
+            "{e}; the lease expires on its own within {}",
             humantime::format_duration(cfg.timing.ttl)
         )),
     }
@@ -188,6 +176,14 @@ fn human(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
+fn mode_name(mode: Mode) -> String {
+    match mode {
+        Mode::Exclusive => "exclusive".into(),
+        Mode::Shared => "shared".into(),
+        Mode::Limit(n) => format!("limit {n}"),
+    }
+}
+
 fn describe_holder(h: &Holder) -> String {
     let mut parts = vec![format!(
         "held by {}",
@@ -202,6 +198,9 @@ fn describe_holder(h: &Holder) -> String {
     if let Some(f) = h.held_for {
         parts.push(format!("for {}", human(f)));
     }
+    if h.revoked {
+        parts.push("revoked by release --force".into());
+    }
     if let Some(pid) = h.label.as_deref().and_then(backend::gone_holder) {
         // A lockrun killed outright leaves its Redis lease until it expires.
         parts.push(format!(
@@ -211,51 +210,96 @@ fn describe_holder(h: &Holder) -> String {
     parts.join(", ")
 }
 
+fn holder_json(h: &Holder) -> serde_json::Value {
+    serde_json::json!({
+        "label": h.label,
+        "token": h.token,
+        "slot": h.slot,
+        "mode": mode_name(h.mode),
+        "ttl_left_ms": millis(h.ttl_left),
+        "held_for_ms": millis(h.held_for),
+        "revoked": h.revoked,
+        "holder_gone": h.label.as_deref().and_then(backend::gone_holder).is_some(),
+    })
+}
+
+fn open_engine(common: &Common) -> Result<Box<dyn backend::Engine>, Failure> {
+    // No lease of our own: the default ttl's bound on one request will do.
+    let op = crate::lease::Timing::new(Duration::from_secs(30), None)
+        .map(|t| t.op)
+        .unwrap_or(Duration::from_secs(2));
+    backend::open(&common.backend, &common.prefix, op)
+}
+
 fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
     config::check_name(name, &common.backend)?;
     setup_logging(&common);
-    let mut b = backend::open_inspect(&common, name)?;
-    let holder = b.inspect()?;
+    let st = open_engine(&common)?.status(name)?;
+    let first = st.holders.first();
     let mut out = std::io::stdout().lock();
     if json {
+        // The first holder's fields stay at the top level, as before there
+        // were several holders; `holders` lists them all.
         let v = serde_json::json!({
             "name": name,
-            "held": holder.is_some(),
-            "holder": holder.as_ref().and_then(|h| h.label.clone()),
-            "token": holder.as_ref().and_then(|h| h.token),
-            "ttl_left_ms": millis(holder.as_ref().and_then(|h| h.ttl_left)),
-            "held_for_ms": millis(holder.as_ref().and_then(|h| h.held_for)),
-            "revoked": holder.as_ref().is_some_and(|h| h.revoked),
-            "holder_gone": holder
-                .as_ref()
+            "held": first.is_some(),
+            "mode": first.map(|h| mode_name(h.mode)),
+            "holder": first.and_then(|h| h.label.clone()),
+            "token": first.and_then(|h| h.token),
+            "ttl_left_ms": millis(first.and_then(|h| h.ttl_left)),
+            "held_for_ms": millis(first.and_then(|h| h.held_for)),
+            "revoked": !st.holders.is_empty() && st.holders.iter().all(|h| h.revoked),
+            "holder_gone": first
                 .and_then(|h| h.label.as_deref())
                 .and_then(backend::gone_holder)
                 .is_some(),
+            "holders": st.holders.iter().map(holder_json).collect::<Vec<_>>(),
+            "waiters": st.waiters,
         });
         let _ = writeln!(out, "{v}");
     } else {
-        match &holder {
-            None => {
-                let _ = writeln!(out, "{name}: free");
+        let waiting = match st.waiters {
+            Some(n) if n > 0 => format!("; {n} waiting"),
+            _ => String::new(),
+        };
+        match st.holders.as_slice() {
+            [] => {
+                let _ = writeln!(out, "{name}: free{waiting}");
             }
-            Some(h) if h.revoked => {
+            [h] if h.revoked && h.mode == Mode::Exclusive => {
                 let _ = writeln!(
                     out,
-                    "{name}: revoked by release --force, free in {} ({})",
+                    "{name}: revoked by release --force, free in {} ({}){waiting}",
                     h.ttl_left.map(human).unwrap_or_else(|| "?".into()),
-                    describe_holder(h)
+                    describe_holder(&Holder {
+                        revoked: false,
+                        ..h.clone()
+                    })
                 );
             }
-            Some(h) => {
-                let _ = writeln!(out, "{name}: {}", describe_holder(h));
+            [h] if h.mode == Mode::Exclusive => {
+                let _ = writeln!(out, "{name}: {}{waiting}", describe_holder(h));
+            }
+            hs => {
+                let _ = writeln!(
+                    out,
+                    "{name}: {} holder{} ({}){waiting}",
+                    hs.len(),
+                    if hs.len() == 1 { "" } else { "s" },
+                    mode_name(hs[0].mode)
+                );
+                for h in hs {
+                    let slot = h.slot.map(|s| format!("slot {s}: ")).unwrap_or_default();
+                    let _ = writeln!(out, "  {slot}{}", describe_holder(h));
+                }
             }
         }
     }
-    Ok(Ending::Exit(if holder.is_some() {
-        exit::STATUS_HELD
-    } else {
+    Ok(Ending::Exit(if st.holders.is_empty() {
         exit::STATUS_FREE
+    } else {
+        exit::STATUS_HELD
     }))
 }
 
@@ -268,18 +312,22 @@ fn release(
 ) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
     config::check_name(name, &common.backend)?;
+    if !common.backend.engine().caps.force_release {
+        return Err(fail(
+            Class::Usage,
+            format!(
+                "release --force is not available on the {} engine: its locks end only \
+                 with their holder; stop the holder's process instead",
+                common.backend.engine().name
+            ),
+        ));
+    }
     if !force {
-        let why = match common.backend {
-            Endpoint::Local { .. } => {
-                "refusing without --force (and local locks cannot be broken at all: \
-                 a flock ends only with its holder; stop the holder's process instead)"
-            }
-            Endpoint::Redis(_) => {
-                "refusing to break a lock without --force: the holder's job is stopped \
-                 (exit 76); add --force, and --token T to act only on the lease you looked at"
-            }
-        };
-        return Err(fail(Class::Usage, why));
+        return Err(fail(
+            Class::Usage,
+            "refusing to break a lock without --force: the holder's job is stopped \
+             (exit 76); add --force, and --token T to act only on the lease you looked at",
+        ));
     }
     let token = token
         .map(|t| {
@@ -292,51 +340,61 @@ fn release(
         })
         .transpose()?;
     setup_logging(&common);
-    let mut b = backend::open_inspect(&common, name)?;
-    match b.force_release(Force { token, now })? {
+    let broken = open_engine(&common)?.force_release(name, Force { token, now })?;
+    let mut err = std::io::stderr();
+    match broken {
         Broken::NotHeld => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "lockrun: {name} is not held; nothing to break"
-            );
+            let _ = writeln!(err, "lockrun: {name} is not held; nothing to break");
             Ok(Ending::Exit(exit::STATUS_FREE))
         }
         Broken::AlreadyRevoked => {
             let _ = writeln!(
-                std::io::stderr(),
+                err,
                 "lockrun: {name} was already revoked; it comes free when the old lease ends"
             );
             Ok(Ending::Exit(exit::STATUS_FREE))
         }
         Broken::TokenMismatch(current) => {
-            let current = current.map_or_else(|| "unknown".to_string(), |t| t.to_string());
+            let current = if current.is_empty() {
+                "unknown".to_string()
+            } else {
+                current
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             let _ = writeln!(
-                std::io::stderr(),
-                "lockrun: {name} not broken: its token is {current}, not {}",
+                err,
+                "lockrun: {name} not broken: no holder has token {}; the tokens in force: {current}",
                 token.unwrap_or_default()
             );
             Ok(Ending::Exit(exit::STATUS_FREE))
         }
-        Broken::Lease(h) => {
-            let what = if now {
-                "deleted; a waiter may start now, while the old job may still be stopping"
-                    .to_string()
-            } else {
-                format!(
-                    "revoked; its job stops at its next renewal, new grants wait {} until the old lease ends",
-                    h.ttl_left
-                        .map(human)
-                        .unwrap_or_else(|| "until it expires".into())
-                )
-            };
-            let _ = writeln!(
-                std::io::stdout(),
-                "{name}: broke the lease {}: {what}",
-                describe_holder(&Holder {
-                    ttl_left: None,
-                    ..h.clone()
-                })
-            );
+        Broken::Leases(holders) => {
+            let mut out = std::io::stdout();
+            for h in holders {
+                let what = if now {
+                    "deleted; a waiter may start now, while the old job may still be stopping"
+                        .to_string()
+                } else {
+                    format!(
+                        "revoked; its job stops at its next renewal, new grants wait {} until the old lease ends",
+                        h.ttl_left
+                            .map(human)
+                            .unwrap_or_else(|| "until it expires".into())
+                    )
+                };
+                let _ = writeln!(
+                    out,
+                    "{name}: broke the lease {}: {what}",
+                    describe_holder(&Holder {
+                        ttl_left: None,
+                        revoked: false,
+                        ..h.clone()
+                    })
+                );
+            }
             Ok(Ending::Exit(0))
         }
     }

@@ -135,8 +135,18 @@ pub struct RunArgs {
     pub wait: Option<String>,
 
     /// An exclusive lock, the default (as flock's -x and -e).
-    #[arg(short = 'x', long, short_alias = 'e')]
+    #[arg(short = 'x', long, short_alias = 'e', conflicts_with_all = ["shared", "limit"])]
     pub exclusive: bool,
+
+    /// A shared (reader) lock, as flock's -s: shared holders run together,
+    /// never beside an exclusive one.
+    #[arg(short = 's', long)]
+    pub shared: bool,
+
+    /// Up to N holders at once (a counting semaphore); each job gets its
+    /// place 0..N-1 in LOCKRUN_SLOT. Every user of the name must agree on N.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<String>,
 
     /// Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips
     /// quietly, as with flock -n -E 0 in a crontab).
@@ -238,7 +248,6 @@ pub fn foreign_spelling(args: &[OsString]) -> Option<String> {
         if !a.starts_with("--") && word.len() > 2 && LONG_WORDS.contains(&word) {
             let hint = match word {
                 "name" => " (consul's -name is lockrun's --label)".to_string(),
-                "limit" | "shared" => format!(" (--{word} is not available yet)"),
                 _ => format!(": use -{a}"),
             };
             return Some(format!(

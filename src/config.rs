@@ -5,8 +5,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::backend::{EngineId, EngineInfo, Mode, engine_for};
 use crate::cli::{BackendArgs, RunArgs};
-use crate::exit::{Failure, Class, fail};
+use crate::exit::{Class, Failure, fail};
 use crate::lease::Timing;
 
 /// Where locks live.
@@ -17,6 +18,16 @@ pub enum Endpoint {
         dir: Option<PathBuf>,
     },
     Redis(RedisUrl),
+}
+
+impl Endpoint {
+    /// The engine's row in the scheme table.
+    pub fn engine(&self) -> &'static EngineInfo {
+        crate::backend::engine(match self {
+            Endpoint::Local { .. } => EngineId::Local,
+            Endpoint::Redis(_) => EngineId::Redis,
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +60,7 @@ pub struct Common {
 pub struct RunConfig {
     pub common: Common,
     pub name: String,
+    pub mode: Mode,
     pub timing: Timing,
     pub wait: Wait,
     pub conflict_code: u8,
@@ -139,8 +151,14 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<Endpoint, Failure> {
         let _ = shown.set_password(Some("***"));
     }
     let display = shown.to_string();
-    match url.scheme() {
-        "file" => {
+    let engine = engine_for(url.scheme()).ok_or_else(|| {
+        usage(format!(
+            "invalid --url: unknown scheme {:?}; {expected}",
+            url.scheme()
+        ))
+    })?;
+    match engine.id {
+        EngineId::Local => {
             if url
                 .host_str()
                 .is_some_and(|h| !h.is_empty() && h != "localhost")
@@ -157,7 +175,7 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<Endpoint, Failure> {
             }
             Ok(Endpoint::Local { dir: Some(dir) })
         }
-        "redis" | "rediss" => {
+        EngineId::Redis => {
             if url.host_str().is_none_or(str::is_empty) {
                 return Err(usage(format!(
                     "invalid --url {display}: missing host; {expected}"
@@ -210,9 +228,6 @@ fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<Endpoint, Failure> {
                 ca_file,
             }))
         }
-        other => Err(usage(format!(
-            "invalid --url: unknown scheme {other:?}; {expected}"
-        ))),
     }
 }
 
@@ -259,6 +274,47 @@ pub fn check_name(name: &str, backend: &Endpoint) -> Result<(), Failure> {
         )));
     }
     Ok(())
+}
+
+/// The most holders `--limit` allows: each is a slot file on the local
+/// engine and an entry walked by every script on Redis.
+pub const MAX_LIMIT: u32 = 1000;
+
+/// The mode asked for, checked against what the engine can do.
+fn mode(run: &RunArgs, endpoint: &Endpoint) -> Result<Mode, Failure> {
+    let limit = run
+        .limit
+        .as_deref()
+        .map(|s| match s.trim().parse::<u32>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+            _ => Err(usage(format!(
+                "invalid --limit {s:?}: expected a number of holders from 1 to {MAX_LIMIT}"
+            ))),
+        })
+        .transpose()?;
+    let mode = match (run.shared, limit) {
+        (true, Some(_)) => {
+            return Err(usage(
+                "-s/--shared and --limit exclude each other: shared holders have no limit",
+            ));
+        }
+        (true, None) => Mode::Shared,
+        (false, Some(n)) => Mode::Limit(n),
+        (false, None) => Mode::Exclusive,
+    };
+    let caps = endpoint.engine().caps;
+    let missing = match mode {
+        Mode::Shared if !caps.shared => Some("shared locks (-s)"),
+        Mode::Limit(_) if !caps.limit => Some("--limit"),
+        _ => None,
+    };
+    if let Some(what) = missing {
+        return Err(usage(format!(
+            "the {} engine does not offer {what}",
+            endpoint.engine().name
+        )));
+    }
+    Ok(mode)
 }
 
 pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Failure> {
@@ -326,9 +382,12 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         Some(l) => Some(l.to_string()),
     };
 
+    let mode = mode(run, &common.backend)?;
+
     Ok(RunConfig {
         common,
         name,
+        mode,
         timing,
         wait,
         conflict_code,
@@ -367,7 +426,7 @@ mod tests {
             "file://h/x",
         ] {
             let e = spec(bad).unwrap_err();
-            assert_eq!(e.kind, Class::Usage, "{bad}");
+            assert_eq!(e.class, Class::Usage, "{bad}");
         }
     }
 
@@ -376,7 +435,7 @@ mod tests {
         fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|)(://)?") {
             let url = format!("{scheme}{raw}");
             if let Err(e) = parse_url(&url, None) {
-                proptest::prop_assert_eq!(e.kind, Class::Usage);
+                proptest::prop_assert_eq!(e.class, Class::Usage);
             }
         }
 
@@ -447,7 +506,7 @@ mod tests {
             ("8days", MAX_TTL),
         ] {
             let e = parse_duration("--ttl", s, max).unwrap_err();
-            assert_eq!(e.kind, Class::Usage, "{s}");
+            assert_eq!(e.class, Class::Usage, "{s}");
             assert!(
                 e.to_string().contains("limit") || e.to_string().contains("invalid"),
                 "{e}"

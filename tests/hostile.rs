@@ -62,15 +62,16 @@ fn durations_past_their_bounds_are_refused_and_leave_nothing() {
     assert_nothing_without_expiry(&redis);
 }
 
-/// A waiter whose BLPOP is refused must stop at once, not spin.
+/// A waiter refused by the server (here: a foreign value at the queue's key)
+/// must stop at once, not spin.
 #[test]
 fn a_refused_wait_is_final_and_never_spins() {
     let redis = Redis::start();
     let scratch = Scratch::new();
     let mut holder = hold(Some(&redis.url()), "spin", "30s", &scratch);
     scratch.pid_in("pid");
-    // A foreign value at the wake-up key.
-    let _: () = redis.cmd(&["SET", "lockrun:{spin}:signal", "x", "EX", "60"]);
+    // A foreign value at the queue's key.
+    let _: () = redis.cmd(&["SET", "lockrun:{spin}:queue", "x", "EX", "60"]);
     let _: () = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let start = Instant::now();
     let out = run(on(&redis.url()).args(["-w", "5s", "spin", "true"]));

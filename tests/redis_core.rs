@@ -73,8 +73,8 @@ fn the_job_sees_its_lease_in_the_environment() {
     assert_eq!(f[3], "20000");
     assert_eq!(f[4], "none", "no lock descriptor on Redis");
     // The secret owner value is not what the job sees.
-    let stored: Option<String> = redis.cmd(&["HGET", "lockrun:{report}", "owner"]);
-    assert!(stored.is_none(), "released after the job");
+    let stored: i64 = redis.cmd(&["EXISTS", "lockrun:{report}"]);
+    assert_eq!(stored, 0, "released after the job");
 }
 
 fn token_of(redis: &Redis, name: &str) -> u64 {
@@ -256,7 +256,14 @@ fn an_overwritten_key_ends_the_job_with_76() {
     let scratch = Scratch::new();
     let mut holder = hold(Some(&redis.url()), "over", "2s", &scratch);
     let job = scratch.pid_in("pid");
-    let _: () = redis.cmd(&["HSET", "lockrun:{over}", "owner", "someone-else"]);
+    // Another owner's record in place of ours.
+    let _: () = redis.cmd(&["DEL", "lockrun:{over}"]);
+    let _: () = redis.cmd(&[
+        "HSET",
+        "lockrun:{over}",
+        "h:00ff00ff00ff00ff00ff00ff00ff00ff",
+        "1|99999999999999|x|1|-1|0|someone-else",
+    ]);
     let st = wait_child(&mut holder, Duration::from_secs(20));
     assert_eq!(st.code(), Some(76));
     assert!(!alive(job));

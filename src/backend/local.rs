@@ -1,30 +1,30 @@
-//! The local backend: `flock(2)` on one file per lock name in a per-user
-//! directory. The locked descriptor is inherited by the job, as flock(1) does.
+//! The local engine: `flock(2)` on files in a per-user directory, one per
+//! name (LOCK_EX or LOCK_SH), N slot files for `--limit N`, and a gate that
+//! every request passes in turn, so that waiters are served in arrival
+//! order across modes. The locked descriptor is inherited by the job, as
+//! flock(1) does.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rustix::fs::{FlockOperation, Mode, OFlags, flock, fstat, lstat, mkdir, open, stat};
+use rustix::fs::{
+    FlockOperation, Mode as FileMode, OFlags, flock, fstat, lstat, mkdir, open, stat,
+};
 use rustix::io::Errno;
 
-use super::{Acquired, Backend, Broken, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
+use super::{
+    Acquired, Broken, Engine, Force, Held, Holder, Lease, Mode, Request, Status,
+    is_own_outer_holder,
+};
 use crate::config::Wait;
-use crate::exit::{Failure, Class, fail};
+use crate::exit::{Class, Failure, fail};
 use crate::lease::{Boot, Renewer};
 use crate::log;
 
 /// Size of the record at the start of each lock file, written in one `pwrite`.
 const RECORD: usize = 256;
-
-pub struct Local {
-    path: PathBuf,
-    name: String,
-    owner: Owner,
-    fd: Option<OwnedFd>,
-    id: (u64, u64),
-}
 
 /// The per-user default directory; it depends only on the uid, so cron and a
 /// login shell find the same files.
@@ -48,7 +48,7 @@ fn prepare_dir(given: Option<&Path>) -> Result<PathBuf, Failure> {
             format!("lock directory {}: {why}", dir.display()),
         )
     };
-    match mkdir(&dir, Mode::from_raw_mode(0o700)) {
+    match mkdir(&dir, FileMode::from_raw_mode(0o700)) {
         Ok(()) | Err(Errno::EXIST) => {}
         Err(e) => return Err(unusable(format!("cannot create it: {e}"))),
     }
@@ -122,6 +122,26 @@ struct Record {
     /// The inode the record was written to: a copy of the file carries the
     /// old one, which tells a replaced file from the one that was locked.
     ino: Option<u64>,
+    /// The mode of the grant that wrote it: with the file locked, the mode in force.
+    mode: Mode,
+}
+
+fn mode_code(mode: Mode) -> String {
+    match mode {
+        Mode::Exclusive => "x".into(),
+        Mode::Shared => "s".into(),
+        Mode::Limit(n) => format!("n{n}"),
+    }
+}
+
+fn mode_from_code(code: &str) -> Mode {
+    match code {
+        "s" => Mode::Shared,
+        c => c
+            .strip_prefix('n')
+            .and_then(|n| n.parse().ok())
+            .map_or(Mode::Exclusive, Mode::Limit),
+    }
 }
 
 fn read_record(fd: impl AsFd) -> Option<Record> {
@@ -132,6 +152,7 @@ fn read_record(fd: impl AsFd) -> Option<Record> {
     let mut granted_ms = None;
     let mut label = None;
     let mut ino = None;
+    let mut mode = Mode::Exclusive;
     for field in text.trim_end().split(' ') {
         if let Some(v) = field.strip_prefix("token=") {
             token = v.parse().ok();
@@ -147,6 +168,8 @@ fn read_record(fd: impl AsFd) -> Option<Record> {
             break;
         } else if let Some(v) = field.strip_prefix("ino=") {
             ino = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("mode=") {
+            mode = mode_from_code(v);
         }
     }
     Some(Record {
@@ -154,6 +177,7 @@ fn read_record(fd: impl AsFd) -> Option<Record> {
         granted_ms: granted_ms.unwrap_or(0),
         label: label.unwrap_or_default(),
         ino,
+        mode,
     })
 }
 
@@ -163,15 +187,18 @@ fn now_since_epoch() -> Duration {
         .unwrap_or_default()
 }
 
-/// Next token: max(stored + 1, wall clock in µs), written in place in one write
-/// of fixed size, so a torn or lost write never makes tokens go backwards.
-fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
-    let now = now_since_epoch();
+/// Next token: max(stored + 1, wall clock in µs), saturating (a record the
+/// job wrote at u64::MAX must not wrap to a lower token).
+fn next_token(fd: impl AsFd) -> u64 {
     let stored = read_record(fd).map(|r| r.token).unwrap_or(0);
-    // Saturating: a record the job wrote at u64::MAX must not wrap to a lower token.
-    let token = stored
+    stored
         .saturating_add(1)
-        .max(u64::try_from(now.as_micros()).unwrap_or(u64::MAX));
+        .max(u64::try_from(now_since_epoch().as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Write a grant's record in place in one write of fixed size, so a torn or
+/// lost write never makes tokens go backwards.
+fn write_record(fd: impl AsFd + Copy, token: u64, label: &str, mode: Mode) -> std::io::Result<()> {
     let label: String = label
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -180,8 +207,9 @@ fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
     let ino = fstat(fd).map(|st| st.st_ino).unwrap_or(0);
     // The label goes last: it is cut to fit.
     let mut text = format!(
-        "token={token} granted_ms={} ino={ino} label={label}",
-        now.as_millis()
+        "token={token} granted_ms={} ino={ino} mode={} label={label}",
+        now_since_epoch().as_millis(),
+        mode_code(mode)
     );
     // Cut at a character boundary: the label may be any text.
     let mut cut = text.len().min(RECORD - 1);
@@ -196,11 +224,26 @@ fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
     if n != RECORD {
         return Err(std::io::Error::other("short write of the token record"));
     }
+    Ok(())
+}
+
+#[cfg(test)]
+fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
+    let token = next_token(fd);
+    write_record(fd, token, label, Mode::Exclusive)?;
     Ok(token)
 }
 
-/// Inodes on `dev` that /proc/locks shows under an exclusive flock, except `ours`.
-fn other_flocked_inodes(dev: u64, ours: u64) -> Vec<u64> {
+/// One flock in /proc/locks: the inode, the pid that took it, and whether
+/// it is exclusive.
+struct Flock {
+    ino: u64,
+    pid: u32,
+    exclusive: bool,
+}
+
+/// The flocks held (not waited for) on files of device `dev`.
+fn flocks(dev: u64) -> Vec<Flock> {
     let Ok(text) = std::fs::read_to_string("/proc/locks") else {
         return Vec::new();
     };
@@ -209,7 +252,7 @@ fn other_flocked_inodes(dev: u64, ours: u64) -> Vec<u64> {
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a "->" marks a waiter).
-        if f.len() < 6 || f.contains(&"->") || f[1] != "FLOCK" || f[3] != "WRITE" {
+        if f.len() < 6 || f.contains(&"->") || f[1] != "FLOCK" {
             continue;
         }
         let parts: Vec<&str> = f[5].split(':').collect();
@@ -218,24 +261,31 @@ fn other_flocked_inodes(dev: u64, ours: u64) -> Vec<u64> {
         }
         let ok = u32::from_str_radix(parts[0], 16) == Ok(maj)
             && u32::from_str_radix(parts[1], 16) == Ok(min);
-        if let (true, Ok(ino)) = (ok, parts[2].parse::<u64>())
-            && ino != ours
-        {
-            out.push(ino);
+        if let (true, Ok(ino), Ok(pid)) = (ok, parts[2].parse::<u64>(), f[4].parse::<u32>()) {
+            out.push(Flock {
+                ino,
+                pid,
+                exclusive: f[3] == "WRITE",
+            });
         }
     }
     out
 }
 
-/// Whether `ino` on `dev` is under an exclusive flock right now.
-fn is_flocked(dev: u64, ino: u64) -> bool {
-    other_flocked_inodes(dev, u64::MAX).contains(&ino)
+/// Inodes on `dev` under a flock other than `ours` (exclusive ones only,
+/// unless `any`).
+fn other_flocked_inodes(dev: u64, ours: u64, any: bool) -> Vec<u64> {
+    flocks(dev)
+        .into_iter()
+        .filter(|l| l.ino != ours && (any || l.exclusive))
+        .map(|l| l.ino)
+        .collect()
 }
 
 /// A descriptor (reopened through /proc) of a deleted lock file for `path` that
 /// some process still holds locked: its holder must finish before we may run.
-fn find_orphan_holder(path: &Path, dev: u64, ours: u64) -> Option<OwnedFd> {
-    let candidates = other_flocked_inodes(dev, ours);
+fn find_orphan_holder(path: &Path, dev: u64, ours: u64, any: bool) -> Option<OwnedFd> {
+    let candidates = other_flocked_inodes(dev, ours, any);
     if candidates.is_empty() {
         return None;
     }
@@ -252,8 +302,11 @@ fn find_orphan_holder(path: &Path, dev: u64, ours: u64) -> Option<OwnedFd> {
             if target.as_os_str().as_bytes() != deleted.as_slice() {
                 continue;
             }
-            if let Ok(opened) = open(fd.path(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-                && let Ok(st) = fstat(&opened)
+            if let Ok(opened) = open(
+                fd.path(),
+                OFlags::RDONLY | OFlags::CLOEXEC,
+                FileMode::empty(),
+            ) && let Ok(st) = fstat(&opened)
                 && st.st_dev == dev
                 && candidates.contains(&st.st_ino)
             {
@@ -265,9 +318,9 @@ fn find_orphan_holder(path: &Path, dev: u64, ours: u64) -> Option<OwnedFd> {
 }
 
 /// Block in flock(2) until it is ours, retrying interrupted calls.
-fn flock_blocking(fd: impl AsFd + Copy) -> std::io::Result<()> {
+fn flock_blocking(fd: impl AsFd + Copy, op: FlockOperation) -> std::io::Result<()> {
     loop {
-        match flock(fd, FlockOperation::LockExclusive) {
+        match flock(fd, op) {
             Ok(()) => return Ok(()),
             Err(Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
@@ -275,47 +328,259 @@ fn flock_blocking(fd: impl AsFd + Copy) -> std::io::Result<()> {
     }
 }
 
+fn nonblocking(op: FlockOperation) -> FlockOperation {
+    match op {
+        FlockOperation::LockShared => FlockOperation::NonBlockingLockShared,
+        _ => FlockOperation::NonBlockingLockExclusive,
+    }
+}
+
 enum Try {
-    Locked,
+    Locked(OwnedFd, (u64, u64)),
     /// Held by someone else (their label, if the file has one).
     Busy(Option<String>),
     /// The file changed under us; start over.
     Retry,
 }
 
+/// Open a lock file, creating it if needed. None: it vanished meanwhile.
+fn open_lock_file(path: &Path) -> Result<Option<(OwnedFd, bool)>, Errno> {
+    let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    match open(
+        path,
+        flags | OFlags::CREATE | OFlags::EXCL,
+        FileMode::from_raw_mode(0o666),
+    ) {
+        Ok(fd) => Ok(Some((fd, true))),
+        Err(Errno::EXIST) => match open(path, flags, FileMode::empty()) {
+            Ok(fd) => Ok(Some((fd, false))),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// One request's wait: its limit, and the one line a long wait prints.
+struct Waiter<'a> {
+    name: &'a str,
+    wait: Wait,
+    start: Boot,
+    announced: bool,
+}
+
+impl Waiter<'_> {
+    fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> Failure {
+        fail(Class::Unavailable, format!("{what} {}: {e}", self.name))
+    }
+
+    /// Block until `rx` delivers, as the wait allows. None: gave up.
+    fn receive<T>(&mut self, rx: &std::sync::mpsc::Receiver<T>, holder: Option<&str>) -> Option<T> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let limit = match self.wait {
+            Wait::No => Some(self.start),
+            Wait::For(d) => Some(self.start.add(d)),
+            Wait::Forever => None,
+        };
+        let announce_at = self.start.add(Duration::from_secs(1));
+        loop {
+            let now = Boot::now();
+            let next = match (limit, self.announced) {
+                (Some(l), false) => Some(l.min(announce_at)),
+                (Some(l), true) => Some(l),
+                (None, false) => Some(announce_at),
+                (None, true) => None,
+            };
+            let got = match next {
+                Some(at) => rx.recv_timeout(at.since(now)),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match got {
+                Ok(v) => return Some(v),
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) => {
+                    if limit.is_some_and(|l| Boot::now() >= l) {
+                        return None;
+                    }
+                    if !self.announced && Boot::now() >= announce_at {
+                        self.announced = true;
+                        super::announce_wait(self.name, holder);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Block on `fd`'s lock as the wait allows. Ok(false): gave up (or `-n`).
+    fn block(
+        &mut self,
+        fd: &OwnedFd,
+        op: FlockOperation,
+        holder: Option<&str>,
+    ) -> Result<bool, Failure> {
+        if self.wait == Wait::No {
+            return Ok(false);
+        }
+        // A helper thread blocks in flock on a duplicate of the same open file
+        // (the lock belongs to the open file, so it is ours when it comes). If
+        // we give up, lockrun is about to exit, which ends the helper and
+        // drops any lock it got.
+        let dup = fd.try_clone().map_err(|e| self.unavailable("dup", e))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .spawn(move || {
+                let _ = tx.send(flock_blocking(&dup, op));
+            })
+            .map_err(|e| self.unavailable("cannot start a thread to wait for", e))?;
+        match self.receive(&rx, holder) {
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(self.unavailable("locking", e)),
+            None => Ok(false),
+        }
+    }
+}
+
+/// The local engine: a directory of lock files.
+pub struct Local {
+    dir: PathBuf,
+}
+
+/// Paths of one name's files. The suffixes never end in `.lock`, so they
+/// cannot meet another name's main file.
+struct Files {
+    main: PathBuf,
+    gate: PathBuf,
+    readers: PathBuf,
+}
+
+impl Files {
+    fn slot(&self, k: u32) -> PathBuf {
+        let mut p = self.main.clone().into_os_string();
+        p.push(format!(".slot{k}"));
+        p.into()
+    }
+}
+
+/// A shared holder as the readers file lists it: `pid token granted_ms label`.
+struct Reader {
+    pid: u32,
+    token: u64,
+    granted_ms: u64,
+    label: String,
+}
+
+fn read_readers(path: &Path) -> Vec<Reader> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(4, ' ');
+            Some(Reader {
+                pid: f.next()?.parse().ok()?,
+                token: f.next()?.parse().ok()?,
+                granted_ms: f.next()?.parse().ok()?,
+                label: f.next().unwrap_or("").to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The pids holding a flock on `ino` (of device `dev`).
+fn lockers(dev: u64, ino: u64) -> Vec<(u32, bool)> {
+    flocks(dev)
+        .into_iter()
+        .filter(|l| l.ino == ino)
+        .map(|l| (l.pid, l.exclusive))
+        .collect()
+}
+
 impl Local {
-    pub fn open(dir: Option<&Path>, name: &str, owner: Owner) -> Result<Local, Failure> {
-        let dir = prepare_dir(dir)?;
+    pub fn open(dir: Option<&Path>) -> Result<Local, Failure> {
         Ok(Local {
-            path: dir.join(file_name(name)),
-            name: name.to_string(),
-            owner,
-            fd: None,
-            id: (0, 0),
+            dir: prepare_dir(dir)?,
         })
     }
 
-    pub fn open_for_inspect(dir: Option<&Path>, name: &str) -> Result<Local, Failure> {
-        Local::open(
-            dir,
-            name,
-            Owner {
-                secret: String::new(),
-                label: String::new(),
-                shown: String::new(),
-            },
-        )
+    fn files(&self, name: &str) -> Files {
+        let main = self.dir.join(file_name(name));
+        let with = |suffix: &str| {
+            let mut p = main.clone().into_os_string();
+            p.push(suffix);
+            PathBuf::from(p)
+        };
+        Files {
+            gate: with(".gate"),
+            readers: with(".readers"),
+            main,
+        }
     }
 
-    fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> Failure {
+    fn unavailable(&self, what: &str, path: &Path, e: impl std::fmt::Display) -> Failure {
         fail(
             Class::Unavailable,
-            format!("{what} {}: {e}", self.path.display()),
+            format!("{what} {}: {e}", path.display()),
         )
     }
 
-    /// True when this process runs inside the job that holds this very file.
-    fn inside_holder(&self, fd: &OwnedFd) -> bool {
+    /// Take one lock file: at once, or (`block`) waiting as the request allows.
+    /// Checks that the path still names the file locked, and waits for the
+    /// holder of a deleted or replaced file that still runs.
+    fn lock_path(
+        &self,
+        w: &mut Waiter,
+        path: &Path,
+        op: FlockOperation,
+        block: bool,
+    ) -> Result<Try, Failure> {
+        let Some((fd, created)) =
+            open_lock_file(path).map_err(|e| self.unavailable("cannot open lock file", path, e))?
+        else {
+            return Ok(Try::Retry);
+        };
+        match flock(&fd, nonblocking(op)) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => {
+                let holder = read_record(&fd).map(|r| r.label).filter(|l| !l.is_empty());
+                if is_own_outer_holder(w.name, holder.as_deref()) {
+                    return Err(super::nested(w.name));
+                }
+                if !block || !w.block(&fd, op, holder.as_deref())? {
+                    return Ok(Try::Busy(holder));
+                }
+            }
+            Err(e) => return Err(self.unavailable("cannot lock", path, e)),
+        }
+        // The path must still name the file we locked: a file deleted or
+        // replaced meanwhile would let someone else lock the new one.
+        let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", path, e))?;
+        match stat(path) {
+            Ok(now) if identity(&now) == identity(&ours) => {}
+            _ => return Ok(Try::Retry),
+        }
+        let fresh = read_record(&fd).is_none_or(|r| r.ino != Some(ours.st_ino));
+        if created || fresh {
+            // A file no holder has written to yet, or a copy of another one
+            // (`cp NAME.lock t && mv t NAME.lock`), may have replaced a
+            // deleted one whose holder still runs; its holder must finish
+            // first. A shared lock only conflicts with an exclusive one.
+            let any = op != FlockOperation::LockShared;
+            while let Some(orphan) = find_orphan_holder(path, ours.st_dev, ours.st_ino, any) {
+                log::info(format!(
+                    "{} was deleted while held; waiting for its holder to finish",
+                    path.display()
+                ));
+                let holder = read_record(&orphan).map(|r| r.label);
+                if !block || !w.block(&orphan, FlockOperation::LockExclusive, holder.as_deref())? {
+                    return Ok(Try::Busy(holder));
+                }
+            }
+        }
+        Ok(Try::Locked(fd, identity(&ours)))
+    }
+
+    /// True when this process runs inside a job that holds a lock of `files`.
+    fn inside_holder(files: &Files) -> bool {
         // Anything but a plain descriptor number is not ours to look at.
         let Some(n) = std::env::var("LOCKRUN_LOCK_FD")
             .ok()
@@ -327,223 +592,403 @@ impl Local {
         // SAFETY: the descriptor number only lives for this call; fstat on a
         // closed or foreign number just fails.
         let inherited = unsafe { std::os::fd::BorrowedFd::borrow_raw(n) };
-        match (fstat(inherited), fstat(fd)) {
-            (Ok(a), Ok(b)) => identity(&a) == identity(&b),
-            _ => false,
-        }
-    }
-
-    fn try_lock(&mut self, wait: Wait, start: Boot) -> Result<Try, Failure> {
-        let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-        let (fd, created) = match open(
-            &self.path,
-            flags | OFlags::CREATE | OFlags::EXCL,
-            Mode::from_raw_mode(0o666),
-        ) {
-            Ok(fd) => (fd, true),
-            Err(Errno::EXIST) => match open(&self.path, flags, Mode::empty()) {
-                Ok(fd) => (fd, false),
-                Err(Errno::NOENT) => return Ok(Try::Retry),
-                Err(e) => return Err(self.unavailable("cannot open lock file", e)),
-            },
-            Err(e) => return Err(self.unavailable("cannot create lock file", e)),
+        let Ok(st) = fstat(inherited) else {
+            return false;
         };
-        if self.inside_holder(&fd) {
-            return Err(super::nested(&self.name));
+        let same = |p: &Path| matches!(stat(p), Ok(s) if identity(&s) == identity(&st));
+        if same(&files.main) {
+            return true;
         }
-        match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(Errno::WOULDBLOCK) => {
-                let holder = read_record(&fd).map(|r| r.label);
-                if is_own_outer_holder(&self.name, holder.as_deref()) {
-                    return Err(super::nested(&self.name));
-                }
-                if !self.wait_for_lock(&fd, wait, start, holder.as_deref())? {
-                    return Ok(Try::Busy(holder));
-                }
-            }
-            Err(e) => return Err(self.unavailable("cannot lock", e)),
-        }
-        // The path must still name the file we locked: a file deleted or
-        // replaced meanwhile would let someone else lock the new one.
-        let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", e))?;
-        match stat(&self.path) {
-            Ok(now) if identity(&now) == identity(&ours) => {}
-            _ => return Ok(Try::Retry),
-        }
-        let fresh = read_record(&fd).is_none_or(|r| r.ino != Some(ours.st_ino));
-        if created || fresh {
-            // A file no holder has written to yet, or a copy of another one
-            // (`cp NAME.lock t && mv t NAME.lock`), may have replaced a
-            // deleted one whose holder still runs; its holder must finish first.
-            while let Some(orphan) = find_orphan_holder(&self.path, ours.st_dev, ours.st_ino) {
-                log::info(format!(
-                    "{} was deleted while held; waiting for its holder to finish",
-                    self.path.display()
-                ));
-                let holder = read_record(&orphan).map(|r| r.label);
-                if !self.wait_for_lock(&orphan, wait, start, holder.as_deref())? {
-                    return Ok(Try::Busy(holder));
-                }
-            }
-        }
-        self.id = identity(&ours);
-        self.fd = Some(fd);
-        Ok(Try::Locked)
+        // A slot of this name: the inherited file's path starts with the main one's.
+        std::fs::read_link(format!("/proc/self/fd/{n}")).is_ok_and(|target| {
+            let mut slot = files.main.clone().into_os_string();
+            slot.push(".slot");
+            target.as_os_str().as_bytes().starts_with(slot.as_bytes())
+        })
     }
 
-    /// Block on `fd`'s lock as `wait` allows. Ok(false): gave up (or `-n`).
-    /// A wait that lasts over a second says once who holds the lock.
-    fn wait_for_lock(
+    /// The mode of the holders in force, read from the main file's record:
+    /// every grant writes it while passing the gate, which we hold.
+    fn mode_in_force(files: &Files) -> Option<Mode> {
+        let file = std::fs::File::open(&files.main).ok()?;
+        let st = fstat(&file).ok()?;
+        let me = std::process::id();
+        if lockers(st.st_dev, st.st_ino)
+            .iter()
+            .all(|(pid, _)| *pid == me)
+        {
+            return None;
+        }
+        read_record(&file).map(|r| r.mode)
+    }
+
+    /// Wait for any of the slot files; the first one locked wins. Threads
+    /// that lock another later let it go at once.
+    fn wait_any_slot(
         &self,
-        fd: &OwnedFd,
-        wait: Wait,
-        start: Boot,
+        w: &mut Waiter,
+        files: &Files,
+        n: u32,
         holder: Option<&str>,
-    ) -> Result<bool, Failure> {
-        use std::sync::mpsc::RecvTimeoutError;
-        let limit = match wait {
-            Wait::No => return Ok(false),
-            Wait::For(d) => Some(start.add(d)),
-            Wait::Forever => None,
-        };
-        // A helper thread blocks in flock on a duplicate of the same open file
-        // (the lock belongs to the open file, so it is ours when it comes). If
-        // we give up, lockrun is about to exit, which ends the helper and
-        // drops any lock it got.
-        let dup = fd.try_clone().map_err(|e| self.unavailable("dup", e))?;
+    ) -> Result<Option<(u32, OwnedFd)>, Failure> {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        if w.wait == Wait::No {
+            return Ok(None);
+        }
+        let won = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .spawn(move || {
-                let _ = tx.send(flock_blocking(&dup));
-            })
-            .map_err(|e| self.unavailable("cannot start a thread to wait for", e))?;
-        let announce_at = start.add(Duration::from_secs(1));
-        let mut announced = false;
-        loop {
-            let now = Boot::now();
-            let next = match (limit, announced) {
-                (Some(l), false) => Some(l.min(announce_at)),
-                (Some(l), true) => Some(l),
-                (None, false) => Some(announce_at),
-                (None, true) => None,
+        for k in 0..n {
+            let path = files.slot(k);
+            let Some((fd, _)) = open_lock_file(&path)
+                .map_err(|e| self.unavailable("cannot open lock file", &path, e))?
+            else {
+                continue;
             };
-            let got = match next {
-                Some(at) => rx.recv_timeout(at.since(now)),
-                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
-            match got {
-                Ok(Ok(())) => return Ok(true),
-                Ok(Err(e)) => return Err(self.unavailable("locking", e)),
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(self.unavailable("locking", "the waiting thread ended"));
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    if limit.is_some_and(|l| Boot::now() >= l) {
-                        return Ok(false);
+            let (tx, won) = (tx.clone(), won.clone());
+            std::thread::Builder::new()
+                .spawn(move || {
+                    if flock_blocking(&fd, FlockOperation::LockExclusive).is_ok()
+                        && !won.swap(true, Ordering::SeqCst)
+                    {
+                        let _ = tx.send((k, fd));
                     }
-                    if !announced {
-                        announced = true;
-                        super::announce_wait(&self.name, holder);
+                    // Otherwise the descriptor closes here, letting the slot go.
+                })
+                .map_err(|e| w.unavailable("cannot start a thread to wait for", e))?;
+        }
+        drop(tx);
+        let got = w.receive(&rx, holder);
+        // Giving up: a slot locked after this is let go by its thread.
+        won.store(true, Ordering::SeqCst);
+        Ok(got.or_else(|| rx.try_recv().ok()))
+    }
+
+    /// Take one of `n` slots (main file shared, slot file exclusive).
+    fn lock_slot(&self, w: &mut Waiter, files: &Files, n: u32) -> Result<Try, Failure> {
+        let (main, _) = match self.lock_path(w, &files.main, FlockOperation::LockShared, true)? {
+            Try::Locked(fd, id) => (fd, id),
+            other => return Ok(other),
+        };
+        let mut holder = None;
+        for k in 0..n {
+            match self.lock_path(w, &files.slot(k), FlockOperation::LockExclusive, false)? {
+                Try::Locked(fd, id) => return Ok(self.slotted(main, k, fd, id)),
+                Try::Busy(h) => holder = holder.or(h),
+                Try::Retry => return Ok(Try::Retry),
+            }
+        }
+        match self.wait_any_slot(w, files, n, holder.as_deref())? {
+            None => Ok(Try::Busy(holder)),
+            Some((k, fd)) => {
+                let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", &files.slot(k), e))?;
+                match stat(files.slot(k)) {
+                    Ok(now) if identity(&now) == identity(&ours) => {
+                        Ok(self.slotted(main, k, fd, identity(&ours)))
                     }
+                    _ => Ok(Try::Retry),
                 }
             }
         }
+    }
+
+    fn slotted(&self, main: OwnedFd, k: u32, fd: OwnedFd, id: (u64, u64)) -> Try {
+        SLOT_MAIN.with(|m| *m.borrow_mut() = Some((main, k)));
+        Try::Locked(fd, id)
     }
 }
 
-impl Backend for Local {
-    fn acquire(&mut self, wait: Wait) -> Result<Acquired, Failure> {
-        let start = Boot::now();
-        // Bounded: each retry means the file was deleted or replaced meanwhile.
+thread_local! {
+    /// The main file's shared lock and the slot number of a `--limit` grant,
+    /// passed from `lock_slot` to `acquire` beside the slot's descriptor.
+    static SLOT_MAIN: std::cell::RefCell<Option<(OwnedFd, u32)>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Engine for Local {
+    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Failure> {
+        let files = self.files(req.name);
+        if Self::inside_holder(&files) {
+            return Err(super::nested(req.name));
+        }
+        let mut w = Waiter {
+            name: req.name,
+            wait,
+            start: Boot::now(),
+            announced: false,
+        };
+        // Bounded: each retry means a file was deleted or replaced meanwhile.
         for _ in 0..100 {
-            match self.try_lock(wait, start)? {
-                Try::Locked => {
-                    let fd = self.fd.as_ref().expect("locked");
-                    let sent_at = Boot::now();
-                    let token = write_token(fd, &self.owner.shown)
-                        .map_err(|e| self.unavailable("writing the token to", e))?;
-                    log::info(format!(
-                        "acquired {} with token {token} after {:.1?}",
-                        self.name,
-                        Boot::now().since(start)
-                    ));
-                    return Ok(Acquired::Granted(Grant { token, sent_at }));
-                }
-                Try::Busy(holder) => {
-                    return Ok(Acquired::Busy {
-                        holder: holder.filter(|l| !l.is_empty()),
-                    });
-                }
-                Try::Retry => continue,
+            // The gate: requests pass it one at a time, in the order the
+            // kernel queues them, so a waiting exclusive request is not
+            // overtaken by shared ones that come later. It is held until the
+            // grant's record is written, which also orders the tokens.
+            let Some((gate, _)) = open_lock_file(&files.gate)
+                .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
+            else {
+                continue;
+            };
+            let holder = std::fs::File::open(&files.main)
+                .ok()
+                .and_then(|f| read_record(&f))
+                .map(|r| r.label)
+                .filter(|l| !l.is_empty());
+            if !self.pass_gate(&mut w, &gate, holder.as_deref())? {
+                return Ok(Acquired::Busy { holder });
             }
+            if let Some(in_force) = Self::mode_in_force(&files)
+                && !req.mode.agrees_with(in_force)
+            {
+                return Err(req.mode.disagreement(req.name, in_force));
+            }
+            let got = match req.mode {
+                Mode::Exclusive => {
+                    self.lock_path(&mut w, &files.main, FlockOperation::LockExclusive, true)?
+                }
+                Mode::Shared => {
+                    self.lock_path(&mut w, &files.main, FlockOperation::LockShared, true)?
+                }
+                Mode::Limit(n) => self.lock_slot(&mut w, &files, n)?,
+            };
+            let (fd, id) = match got {
+                Try::Locked(fd, id) => (fd, id),
+                Try::Busy(holder) => return Ok(Acquired::Busy { holder }),
+                Try::Retry => continue,
+            };
+            let sent_at = Boot::now();
+            let slotted = SLOT_MAIN.with(|m| m.borrow_mut().take());
+            let (main, slot) = match slotted {
+                Some((main, k)) => (Some(main), Some(k)),
+                None => (None, None),
+            };
+            let store = main.as_ref().unwrap_or(&fd);
+            let token = next_token(store);
+            let label = &req.owner.shown;
+            let written = write_record(store, token, label, req.mode).and_then(|()| {
+                if slot.is_some() {
+                    write_record(&fd, token, label, req.mode)?;
+                }
+                if req.mode == Mode::Shared {
+                    self.add_reader(&files, id, token, label)?;
+                }
+                Ok(())
+            });
+            written.map_err(|e| self.unavailable("writing the token to", &files.main, e))?;
+            drop(gate);
+            log::info(format!(
+                "acquired {} with token {token} after {:.1?}",
+                req.name,
+                Boot::now().since(w.start)
+            ));
+            let path = slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
+            let held = LocalHeld {
+                fd,
+                main,
+                path,
+                id,
+                name: req.name.to_string(),
+            };
+            return Ok(Acquired::Granted(Lease::new(
+                token,
+                slot,
+                sent_at,
+                Box::new(held),
+            )));
         }
         Err(fail(
             Class::Unavailable,
-            format!("lock file {} keeps changing under us", self.path.display()),
+            format!("lock file {} keeps changing under us", files.main.display()),
         ))
     }
 
-    fn renewer(&mut self) -> anyhow::Result<Box<dyn Renewer>> {
-        Ok(Box::new(LocalRenewer {
+    fn status(&mut self, name: &str) -> Result<Status, Failure> {
+        let files = self.files(name);
+        // Read-only: a probing flock could make a concurrent `-n` fail.
+        let file = match std::fs::File::open(&files.main) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Status::default()),
+            Err(e) => return Err(self.unavailable("cannot read", &files.main, e)),
+        };
+        let st = fstat(&file).map_err(|e| self.unavailable("fstat", &files.main, e))?;
+        let now_ms = now_since_epoch().as_millis() as u64;
+        let held_for = |granted_ms: u64| {
+            (granted_ms > 0 && granted_ms <= now_ms)
+                .then(|| Duration::from_millis(now_ms - granted_ms))
+        };
+        let holder = |r: &Record, mode, slot| Holder {
+            label: Some(r.label.clone()).filter(|l| !l.is_empty()),
+            token: Some(r.token),
+            mode,
+            slot,
+            ttl_left: None,
+            held_for: held_for(r.granted_ms),
+            revoked: false,
+        };
+        let lockers = lockers(st.st_dev, st.st_ino);
+        let rec = read_record(&file);
+        let mut holders = Vec::new();
+        match rec.as_ref().map(|r| r.mode) {
+            _ if lockers.is_empty() => {}
+            Some(Mode::Limit(n)) => {
+                for k in 0..n {
+                    let Ok(slot) = std::fs::File::open(files.slot(k)) else {
+                        continue;
+                    };
+                    if let (Ok(s), Some(r)) = (fstat(&slot), read_record(&slot))
+                        && !self::lockers(s.st_dev, s.st_ino).is_empty()
+                    {
+                        holders.push(holder(&r, Mode::Limit(n), Some(k)));
+                    }
+                }
+            }
+            Some(Mode::Shared) if lockers.iter().all(|(_, x)| !x) => {
+                for r in read_readers(&files.readers) {
+                    if lockers.iter().any(|(pid, _)| *pid == r.pid) {
+                        holders.push(Holder {
+                            label: Some(r.label).filter(|l| !l.is_empty()),
+                            token: Some(r.token),
+                            mode: Mode::Shared,
+                            slot: None,
+                            ttl_left: None,
+                            held_for: held_for(r.granted_ms),
+                            revoked: false,
+                        });
+                    }
+                }
+            }
+            _ => {
+                if let Some(r) = &rec {
+                    holders.push(holder(r, Mode::Exclusive, None));
+                } else {
+                    holders.push(Holder {
+                        label: None,
+                        token: None,
+                        mode: Mode::Exclusive,
+                        slot: None,
+                        ttl_left: None,
+                        held_for: None,
+                        revoked: false,
+                    });
+                }
+            }
+        }
+        // Waiters: whoever holds the gate waits, and those queued behind it.
+        let waiters = std::fs::File::open(&files.gate)
+            .ok()
+            .and_then(|g| fstat(&g).ok())
+            .map_or(0, |g| waiting_on(g.st_dev, g.st_ino));
+        Ok(Status {
+            holders,
+            waiters: Some(waiters),
+        })
+    }
+
+    fn force_release(&mut self, _name: &str, _force: Force) -> Result<Broken, Failure> {
+        Err(fail(
+            Class::Usage,
+            "release --force is not available on the local engine: flock locks end only \
+             with their holder; stop the holder's process instead",
+        ))
+    }
+}
+
+/// Requests at the gate `ino`: the one holding it and those queued behind it.
+fn waiting_on(dev: u64, ino: u64) -> u64 {
+    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
+        return 0;
+    };
+    let (maj, min) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let id = format!("{maj:02x}:{min:02x}:{ino}");
+    text.lines()
+        .filter(|l| l.split_whitespace().any(|f| f == id))
+        .count() as u64
+}
+
+impl Local {
+    /// Pass the gate: wait for it as the request allows. With `-n` a gate
+    /// held for a moment by another request on its way through is waited
+    /// for briefly; one held longer means a waiter ahead of us.
+    fn pass_gate(
+        &self,
+        w: &mut Waiter,
+        gate: &OwnedFd,
+        holder: Option<&str>,
+    ) -> Result<bool, Failure> {
+        if w.wait != Wait::No {
+            return w.block(gate, FlockOperation::LockExclusive, holder);
+        }
+        for _ in 0..20 {
+            match flock(gate, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(true),
+                Err(Errno::WOULDBLOCK) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => return Err(w.unavailable("cannot lock the gate of", e)),
+            }
+        }
+        Ok(false)
+    }
+
+    /// List a shared holder in the readers file (replaced whole, under the
+    /// gate), dropping those no longer holding the main file.
+    fn add_reader(
+        &self,
+        files: &Files,
+        id: (u64, u64),
+        token: u64,
+        label: &str,
+    ) -> std::io::Result<()> {
+        let lockers = lockers(id.0, id.1);
+        let me = std::process::id();
+        let mut text = String::new();
+        for r in read_readers(&files.readers) {
+            if r.pid != me && lockers.iter().any(|(pid, _)| *pid == r.pid) {
+                text.push_str(&format!(
+                    "{} {} {} {}\n",
+                    r.pid, r.token, r.granted_ms, r.label
+                ));
+            }
+        }
+        let label: String = label.chars().filter(|c| !c.is_control()).collect();
+        text.push_str(&format!(
+            "{me} {token} {} {label}\n",
+            now_since_epoch().as_millis()
+        ));
+        let mut tmp = files.readers.clone().into_os_string();
+        tmp.push(".new");
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &files.readers)
+    }
+}
+
+/// A local lease: the locked descriptor (inherited by the job), and with
+/// `--limit` the main file's shared lock beside the slot's.
+struct LocalHeld {
+    fd: OwnedFd,
+    main: Option<OwnedFd>,
+    path: PathBuf,
+    id: (u64, u64),
+    name: String,
+}
+
+impl Held for LocalHeld {
+    fn renewer(&self) -> Option<Box<dyn Renewer>> {
+        Some(Box::new(LocalRenewer {
             path: self.path.clone(),
             id: self.id,
         }))
     }
 
-    fn release(&mut self) -> anyhow::Result<bool> {
+    fn inherit_fd(&self) -> Option<RawFd> {
+        Some(self.fd.as_raw_fd())
+    }
+
+    fn release(self: Box<Self>) -> Result<bool, Failure> {
         // Closing (not LOCK_UN) releases only when no process of the job still
         // holds the inherited descriptor: the safe side if one escaped.
         let still_ours = matches!(stat(&self.path), Ok(st) if identity(&st) == self.id);
-        self.fd = None;
+        drop(self.fd);
+        drop(self.main);
         log::info(format!("released {}", self.name));
         Ok(still_ours)
-    }
-
-    fn job_fd(&self) -> Option<RawFd> {
-        self.fd.as_ref().map(|fd| fd.as_raw_fd())
-    }
-
-    fn expires(&self) -> bool {
-        false
-    }
-}
-
-impl Inspect for Local {
-    fn inspect(&mut self) -> Result<Option<Holder>, Failure> {
-        // Read-only: a probing flock could make a concurrent `-n` fail.
-        let file = match std::fs::File::open(&self.path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(self.unavailable("cannot read", e)),
-        };
-        let st = fstat(&file).map_err(|e| self.unavailable("fstat", e))?;
-        if !is_flocked(st.st_dev, st.st_ino) {
-            return Ok(None);
-        }
-        let rec = read_record(&file);
-        let now_ms = now_since_epoch().as_millis() as u64;
-        Ok(Some(Holder {
-            label: rec
-                .as_ref()
-                .map(|r| r.label.clone())
-                .filter(|l| !l.is_empty()),
-            token: rec.as_ref().map(|r| r.token),
-            ttl_left: None,
-            held_for: rec
-                .as_ref()
-                .filter(|r| r.granted_ms > 0 && r.granted_ms <= now_ms)
-                .map(|r| Duration::from_millis(now_ms - r.granted_ms)),
-            revoked: false,
-        }))
-    }
-
-    fn force_release(&mut self, _force: Force) -> Result<Broken, Failure> {
-        Err(fail(
-            Class::Usage,
-            "release --force is not available on the local backend: flock locks end only \
-             with their holder; stop the holder's process instead",
-        ))
     }
 }
 

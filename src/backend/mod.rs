@@ -1,5 +1,7 @@
-//! The lock backends behind one trait: Redis leases and local flock files.
-//! Backends know nothing of processes; they grant, renew, release and inspect.
+//! The seam every engine plugs into: a request in, a granted lease out (which
+//! owns its renewal, its hand-off to the job and its release), operator views
+//! beside it. Engines know names, owners, modes, slots and tokens, nothing of
+//! processes; every failure is a `Failure` whose class decides the exit code.
 
 pub mod local;
 pub mod redis;
@@ -7,11 +9,124 @@ pub mod redis;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-use crate::config::{Endpoint, Common, Wait};
-use crate::exit::Failure;
+use crate::config::{Endpoint, Wait};
+use crate::exit::{Class, Failure, fail};
 use crate::lease::{Boot, Renewer, Timing};
 
-/// Who we are to the backend: a secret that proves ownership, and a label for humans.
+/// How a name is held (README "Modes"). Exclusive and shared are the two
+/// sides of one readers–writer lock; `Limit(n)` is a counting semaphore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Exclusive,
+    Shared,
+    Limit(u32),
+}
+
+impl Mode {
+    /// The flag that asks for this mode, for messages.
+    pub fn flag(self) -> String {
+        match self {
+            Mode::Exclusive => "an exclusive lock".into(),
+            Mode::Shared => "a shared lock (-s)".into(),
+            Mode::Limit(n) => format!("--limit {n}"),
+        }
+    }
+
+    /// Two requests agree when they can share a name: exclusive and shared
+    /// are one readers–writer lock; a limit only agrees with the same limit.
+    pub fn agrees_with(self, other: Mode) -> bool {
+        match (self, other) {
+            (Mode::Limit(a), Mode::Limit(b)) => a == b,
+            (Mode::Limit(_), _) | (_, Mode::Limit(_)) => false,
+            _ => true,
+        }
+    }
+
+    /// The one line for a request that disagrees with the holders in force.
+    pub fn disagreement(self, name: &str, in_force: Mode) -> Failure {
+        let held = match in_force {
+            Mode::Limit(n) => format!("--limit {n}"),
+            _ => "a plain lock (exclusive or -s, without --limit)".into(),
+        };
+        fail(
+            Class::Usage,
+            format!(
+                "{name} is held as {held}; this request asks for {}: every user of a name \
+                 must agree on its mode and limit",
+                self.flag()
+            ),
+        )
+    }
+}
+
+/// What an engine can do, known before anything is contacted.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// A lease ends on its own when not renewed (a flock does not: it lasts
+    /// as long as its holder, with no deadline and no loss by time).
+    pub expires: bool,
+    /// `release --force` can break a holder.
+    pub force_release: bool,
+    pub shared: bool,
+    pub limit: bool,
+}
+
+/// The engines lockrun has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineId {
+    Local,
+    Redis,
+}
+
+/// One row of the scheme table: which URL schemes name an engine, and what it can do.
+pub struct EngineInfo {
+    pub id: EngineId,
+    /// As messages name it.
+    pub name: &'static str,
+    pub schemes: &'static [&'static str],
+    pub caps: Caps,
+}
+
+/// Every engine lockrun has, by URL scheme. No URL means the local engine.
+pub const ENGINES: [EngineInfo; 2] = [
+    EngineInfo {
+        id: EngineId::Local,
+        name: "local",
+        schemes: &["file"],
+        caps: Caps {
+            expires: false,
+            force_release: false,
+            shared: true,
+            limit: true,
+        },
+    },
+    EngineInfo {
+        id: EngineId::Redis,
+        name: "Redis",
+        schemes: &["redis", "rediss"],
+        caps: Caps {
+            expires: true,
+            force_release: true,
+            shared: true,
+            limit: true,
+        },
+    },
+];
+
+/// An engine's row.
+pub fn engine(id: EngineId) -> &'static EngineInfo {
+    ENGINES
+        .iter()
+        .find(|e| e.id == id)
+        .expect("every engine has a row")
+}
+
+/// The engine a URL scheme names.
+pub fn engine_for(scheme: &str) -> Option<&'static EngineInfo> {
+    ENGINES.iter().find(|e| e.schemes.contains(&scheme))
+}
+
+/// Who we are to the engine: a secret that proves ownership, and a label for humans.
 #[derive(Debug, Clone)]
 pub struct Owner {
     /// ≥128 random bits, hex; never printed or given to the job.
@@ -23,10 +138,16 @@ pub struct Owner {
 }
 
 impl Owner {
-    pub fn new(note: Option<&str>) -> anyhow::Result<Owner> {
+    pub fn new(note: Option<&str>) -> Result<Owner, Failure> {
         let mut bytes = [0u8; 16];
-        rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
-            .map_err(|e| anyhow::anyhow!("reading random bytes for the owner value: {e}"))?;
+        rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).map_err(
+            |e| {
+                fail(
+                    Class::Internal,
+                    format!("reading random bytes for the owner value: {e}"),
+                )
+            },
+        )?;
         let secret = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let host = rustix::system::uname()
             .nodename()
@@ -45,44 +166,137 @@ impl Owner {
     }
 }
 
-/// A lease we hold.
-#[derive(Debug, Clone)]
-pub struct Grant {
+/// What a run asks an engine for.
+pub struct Request<'a> {
+    pub name: &'a str,
+    pub owner: &'a Owner,
+    pub timing: Timing,
+    pub mode: Mode,
+}
+
+/// A granted lease. It owns what keeps it (a connection, a locked
+/// descriptor), hands the job what it needs, and is given back by `release`.
+pub struct Lease {
     pub token: u64,
-    /// When the granting request was sent: the lease deadline counts from here.
+    /// With `--limit`: which of the N places this grant holds.
+    pub slot: Option<u32>,
+    /// When the request that started the lease was sent (or earlier): the
+    /// lease deadline counts from here.
     pub sent_at: Boot,
+    held: Box<dyn Held>,
+}
+
+/// An engine's side of a granted lease.
+pub trait Held: Send {
+    /// A renewer on a connection of its own (None: nothing to renew).
+    fn renewer(&self) -> Option<Box<dyn Renewer>>;
+    /// A descriptor the job must inherit to keep the lease (a flock).
+    fn inherit_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Give the lease up. Ok(false): it was no longer ours.
+    fn release(self: Box<Self>) -> Result<bool, Failure>;
+}
+
+impl Lease {
+    pub fn new(token: u64, slot: Option<u32>, sent_at: Boot, held: Box<dyn Held>) -> Lease {
+        Lease {
+            token,
+            slot,
+            sent_at,
+            held,
+        }
+    }
+
+    pub fn renewer(&self) -> Option<Box<dyn Renewer>> {
+        self.held.renewer()
+    }
+
+    /// What the job gets (README "What the job sees"): variables set over its
+    /// inherited environment, variables removed from it, and the descriptor
+    /// it inherits. An outer lockrun's LOCKRUN_SLOT and LOCKRUN_LOCK_FD never
+    /// pass through to a job that has none of its own.
+    pub fn job_env(&self, req: &Request, remove_url: bool) -> JobEnv {
+        let mut set = vec![
+            ("LOCKRUN_NAME".to_string(), req.name.to_string()),
+            ("LOCKRUN_TOKEN".to_string(), self.token.to_string()),
+            ("LOCKRUN_OWNER".to_string(), req.owner.label.clone()),
+            (
+                "LOCKRUN_TTL_MS".to_string(),
+                req.timing.ttl.as_millis().to_string(),
+            ),
+        ];
+        if let Some(slot) = self.slot {
+            set.push(("LOCKRUN_SLOT".to_string(), slot.to_string()));
+        }
+        let inherit_fd = self.held.inherit_fd();
+        if let Some(fd) = inherit_fd {
+            set.push(("LOCKRUN_LOCK_FD".to_string(), fd.to_string()));
+        }
+        let mut remove = vec!["LOCKRUN_SLOT".to_string(), "LOCKRUN_LOCK_FD".to_string()];
+        if remove_url {
+            remove.push("LOCKRUN_URL".to_string());
+        }
+        remove.retain(|r| !set.iter().any(|(k, _)| k == r));
+        JobEnv {
+            set,
+            remove,
+            inherit_fd,
+        }
+    }
+
+    pub fn release(self) -> Result<bool, Failure> {
+        self.held.release()
+    }
+}
+
+/// The job's side of a lease.
+pub struct JobEnv {
+    pub set: Vec<(String, String)>,
+    pub remove: Vec<String>,
+    pub inherit_fd: Option<RawFd>,
 }
 
 pub enum Acquired {
-    Granted(Grant),
-    /// Not acquired (-n, or --wait ran out).
+    Granted(Lease),
+    /// Not acquired (-n, or --wait ran out): who holds it, if known.
     Busy {
         holder: Option<String>,
     },
 }
 
-/// A lock's state as `status` shows it; never includes the owner value.
-#[derive(Debug, Clone, Default)]
+/// One holder as `status` shows it; never includes the owner value.
+#[derive(Debug, Clone)]
 pub struct Holder {
     pub label: Option<String>,
     pub token: Option<u64>,
+    pub mode: Mode,
+    pub slot: Option<u32>,
     /// Time left on the lease (None: no expiry, as on the local backend).
     pub ttl_left: Option<Duration>,
     pub held_for: Option<Duration>,
-    /// Revoked by `release --force`: no one runs, but the name is not free yet.
+    /// Revoked by `release --force`: no one runs, but the place is not free yet.
     pub revoked: bool,
+}
+
+/// A name's state for `status`.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub holders: Vec<Holder>,
+    /// Requests queued for the name (None: the engine cannot tell).
+    pub waiters: Option<u64>,
 }
 
 /// What `release --force` did.
 #[derive(Debug, Clone)]
 pub enum Broken {
-    /// This lease was revoked (or deleted with `--now`).
-    Lease(Holder),
+    /// These holders were revoked (or deleted with `--now`).
+    Leases(Vec<Holder>),
     NotHeld,
     /// Revoked before: no one runs, the name comes free when the old lease ends.
     AlreadyRevoked,
-    /// `--token` did not match; the current token, if any.
-    TokenMismatch(Option<u64>),
+    /// `--token` matched no holder; the tokens in force.
+    TokenMismatch(Vec<u64>),
 }
 
 /// What `release --force` may do.
@@ -92,68 +306,21 @@ pub struct Force {
     pub now: bool,
 }
 
-pub trait Backend {
-    /// Take the lock, waiting as `wait` says. The owner and timing are the backend's.
-    fn acquire(&mut self, wait: Wait) -> Result<Acquired, Failure>;
-    /// A renewer for the lease just granted, on its own connection.
-    fn renewer(&mut self) -> anyhow::Result<Box<dyn Renewer>>;
-    /// Give the lease up. Ok(false): it was no longer ours.
-    fn release(&mut self) -> anyhow::Result<bool>;
-    /// A descriptor the job must inherit to keep the lock (local backend).
-    fn job_fd(&self) -> Option<RawFd> {
-        None
-    }
-    /// Whether a lease ends on its own when not renewed (false for a flock,
-    /// which lasts as long as its holder: no deadline, no loss by time).
-    fn expires(&self) -> bool {
-        true
-    }
+/// One engine at one address.
+pub trait Engine {
+    /// Take a lease as `req` asks, waiting as `wait` says.
+    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Failure>;
+    /// Every holder of `name` and the number of waiters.
+    fn status(&mut self, name: &str) -> Result<Status, Failure>;
+    /// Break `name`'s holders (only engines whose caps say so are asked).
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Failure>;
 }
 
-/// Operator views that need no lease of their own.
-pub trait Inspect {
-    fn inspect(&mut self) -> Result<Option<Holder>, Failure>;
-    /// Break the lock.
-    fn force_release(&mut self, force: Force) -> Result<Broken, Failure>;
-}
-
-/// Open the backend for one lock name.
-pub fn open(
-    common: &Common,
-    name: &str,
-    owner: Owner,
-    timing: Timing,
-) -> Result<Box<dyn Backend>, Failure> {
-    Ok(match &common.backend {
-        Endpoint::Local { dir } => Box::new(local::Local::open(dir.as_deref(), name, owner)?),
-        Endpoint::Redis(spec) => Box::new(redis::Redis::connect(
-            spec,
-            &common.prefix,
-            name,
-            owner,
-            timing,
-        )?),
-    })
-}
-
-/// Open a backend for `status` and `release`.
-pub fn open_inspect(common: &Common, name: &str) -> Result<Box<dyn Inspect>, Failure> {
-    let timing = Timing::new(Duration::from_secs(30), None).expect("default timing fits");
-    Ok(match &common.backend {
-        Endpoint::Local { dir } => {
-            Box::new(local::Local::open_for_inspect(dir.as_deref(), name)?)
-        }
-        Endpoint::Redis(spec) => Box::new(redis::Redis::connect(
-            spec,
-            &common.prefix,
-            name,
-            Owner {
-                secret: String::new(),
-                label: String::new(),
-                shown: String::new(),
-            },
-            timing,
-        )?),
+/// Open the engine an endpoint names. `op` bounds one request.
+pub fn open(endpoint: &Endpoint, prefix: &str, op: Duration) -> Result<Box<dyn Engine>, Failure> {
+    Ok(match endpoint {
+        Endpoint::Local { dir } => Box::new(local::Local::open(dir.as_deref())?),
+        Endpoint::Redis(url) => Box::new(redis::Redis::connect(url, prefix, op)?),
     })
 }
 
@@ -168,8 +335,8 @@ pub fn announce_wait(name: &str, holder: Option<&str>) {
 
 /// Refusal for `lockrun X` run from inside the job that holds X.
 pub fn nested(name: &str) -> Failure {
-    crate::exit::fail(
-        crate::exit::Class::Usage,
+    fail(
+        Class::Usage,
         format!(
             "lock {name} is held by the job this command runs in; waiting for it would deadlock"
         ),
@@ -197,4 +364,31 @@ pub fn gone_holder(label: &str) -> Option<u32> {
         .to_string_lossy()
         .into_owned();
     (host == here && !std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_agree_as_the_readme_says() {
+        assert!(Mode::Exclusive.agrees_with(Mode::Shared));
+        assert!(Mode::Shared.agrees_with(Mode::Shared));
+        assert!(Mode::Limit(3).agrees_with(Mode::Limit(3)));
+        assert!(!Mode::Limit(3).agrees_with(Mode::Limit(4)));
+        assert!(!Mode::Limit(3).agrees_with(Mode::Exclusive));
+        assert!(!Mode::Shared.agrees_with(Mode::Limit(2)));
+    }
+
+    #[test]
+    fn every_scheme_names_one_engine() {
+        let mut seen = std::collections::HashSet::new();
+        for e in &ENGINES {
+            for s in e.schemes {
+                assert!(seen.insert(*s), "{s} twice");
+                assert_eq!(engine_for(s).unwrap().name, e.name);
+            }
+        }
+        assert!(engine_for("etcd").is_none());
+    }
 }

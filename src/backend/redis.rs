@@ -1,135 +1,352 @@
-//! The Redis backend: a lease is a hash key with an expiry, changed only by
-//! Lua scripts, with a fencing counter and a one-element wake-up list per lock.
+//! The Redis engine: a name's holders live in one hash with an expiry, its
+//! waiters in a queue, both changed only by Lua scripts that serve waiters
+//! in arrival order and hand a release's lease to the next in the same call.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use redis::{Client, Connection, IntoConnectionInfo, Script, Value};
 
-use super::{Acquired, Backend, Broken, Force, Grant, Holder, Inspect, Owner, is_own_outer_holder};
+use super::{
+    Acquired, Broken, Engine, Force, Held, Holder, Lease, Mode, Request, Status,
+    is_own_outer_holder,
+};
 use crate::config::{RedisUrl, Wait};
-use crate::exit::{Failure, Class, ResultExt, fail};
+use crate::exit::{Class, Failure, fail};
 use crate::lease::{Boot, Renewer, Timing, jitter};
 use crate::log;
 
-/// KEYS: lock, fence. ARGV: owner, label, ttl ms.
-/// Idempotent for our own owner value, so a retried acquire whose first reply
-/// was lost gets its token back with a fresh full ttl.
-const ACQUIRE: &str = r#"
--- Arguments are checked before anything is written: no key without expiry.
-local ttl = tonumber(ARGV[3])
-if not ttl or ttl < 1 or ttl > 604800000 or ttl % 1 ~= 0 then
-  return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[3]))
+/// Shared by every script. A name's state is one hash of holders, each
+/// field `h:<owner>` (or `r:<token>` once revoked) with the value
+/// `token|expires ms|mode|limit|slot|granted ms|label`, a waiter queue (a
+/// sorted set of waiter ids by arrival, details in a hash) and one wake-up
+/// list per waiter. Times are the server's `TIME`; expired holders and dead
+/// waiters are purged by whichever script looks first.
+/// KEYS: lock, fence, queue, waiters, wake-up prefix.
+const PRELUDE: &str = r#"
+local NOW_US
+local function now_us()
+  if not NOW_US then
+    local t = redis.call('TIME')
+    NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return NOW_US
 end
-local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'label')
-if h[1] == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1, tonumber(h[2])}
+local function now_ms() return math.floor(now_us() / 1000) end
+local function fmt(n) return string.format('%d', n) end
+local function bad_ms(v)
+  local n = tonumber(v)
+  return not n or n < 1 or n > 604800000 or n % 1 ~= 0
 end
-if h[1] then
-  return {0, redis.call('PTTL', KEYS[1]), h[3] or ''}
+local function parse(v)
+  local tok, exp, mode, lim, slot, granted, label =
+    string.match(v, '^(%d+)|(%d+)|([xsn])|(%d+)|(%-?%d+)|(%d+)|(.*)$')
+  if not tok then return nil end
+  return {token = tok, exp = tonumber(exp), mode = mode, limit = tonumber(lim),
+    slot = tonumber(slot), granted = tonumber(granted), label = label}
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease')
+local function encode(r)
+  return r.token .. '|' .. fmt(r.exp) .. '|' .. r.mode .. '|' .. fmt(r.limit) .. '|' ..
+    fmt(r.slot) .. '|' .. fmt(r.granted) .. '|' .. r.label
 end
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- The holders in force, expired ones purged; nil if the key is not ours.
+local function holders()
+  local all = redis.call('HGETALL', KEYS[1])
+  local out = {}
+  for i = 1, #all, 2 do
+    local f = all[i]
+    local r = parse(all[i + 1])
+    local kind = string.sub(f, 1, 2)
+    if not r or (kind ~= 'h:' and kind ~= 'r:') then return nil end
+    if r.exp <= now_ms() then
+      redis.call('HDEL', KEYS[1], f)
+    else
+      r.field = f
+      out[#out + 1] = r
+    end
+  end
+  return out
+end
+-- The key lives as long as its longest holder: nothing stays behind.
+local function settle(hs)
+  local far = 0
+  for _, r in ipairs(hs) do if r.exp > far then far = r.exp end end
+  if far == 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIREAT', KEYS[1], far) end
+end
+-- A holder that disagrees with a request of this mode and limit, if any.
+local function disagreeing(mode, limit, hs)
+  for _, r in ipairs(hs) do
+    if (r.mode == 'n') ~= (mode == 'n') or (mode == 'n' and r.limit ~= limit) then
+      return r
+    end
+  end
+  return nil
+end
+local function can_grant(mode, limit, hs)
+  if mode == 'x' then return #hs == 0, -1 end
+  if mode == 's' then
+    for _, r in ipairs(hs) do if r.mode ~= 's' then return false end end
+    return true, -1
+  end
+  if #hs >= limit then return false end
+  local used = {}
+  for _, r in ipairs(hs) do used[r.slot] = true end
+  for s = 0, limit - 1 do if not used[s] then return true, s end end
+  return false
+end
 -- The counter floored by the server clock: tokens keep growing even when a
 -- restart or a failover lost the counter.
-local token = redis.call('INCR', KEYS[2])
-if token < now_us then
-  token = now_us
-  redis.call('SET', KEYS[2], string.format('%d', token))
+local function next_token()
+  local token = redis.call('INCR', KEYS[2])
+  if token < now_us() then
+    token = now_us()
+    redis.call('SET', KEYS[2], fmt(token))
+  end
+  return fmt(token)
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'label', ARGV[2],
-  'token', string.format('%d', token), 'granted', string.format('%d', math.floor(now_us / 1000)))
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {1, token}
+local function grant(hs, owner, label, ttl, mode, limit, slot)
+  local r = {token = next_token(), exp = now_ms() + ttl, mode = mode, limit = limit,
+    slot = slot, granted = now_ms(), label = label, field = 'h:' .. owner}
+  redis.call('HSET', KEYS[1], r.field, encode(r))
+  hs[#hs + 1] = r
+  return r
+end
+local function parse_waiter(v)
+  if not v then return nil end
+  local alive, ttl, mode, lim, owner, label =
+    string.match(v, '^(%d+)|(%d+)|([xsn])|(%d+)|(%x+)|(.*)$')
+  if not alive then return nil end
+  return {alive = tonumber(alive), ttl = tonumber(ttl), mode = mode, limit = tonumber(lim),
+    owner = owner, label = label}
+end
+local function dequeue(id)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('HDEL', KEYS[4], id)
+end
+-- Serve the queue in arrival order: grant to its head while the head fits
+-- beside the holders (a later request never overtakes an earlier one), wake
+-- each one served. A handed grant lasts a third of the waiter's ttl until the
+-- waiter confirms it, so a waiter that died in the queue delays the next by
+-- at most that. A head that disagrees with the holders is woken to hear so.
+-- Returns the number of live waiters left.
+local function serve(hs)
+  local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
+  local live, blocked, far = 0, false, 0
+  for _, id in ipairs(ids) do
+    local w = parse_waiter(redis.call('HGET', KEYS[4], id))
+    if not w or w.alive <= now_ms() then
+      dequeue(id)
+    elseif not blocked and disagreeing(w.mode, w.limit, hs) then
+      dequeue(id)
+      redis.call('RPUSH', KEYS[5] .. id, 'refused')
+      redis.call('PEXPIRE', KEYS[5] .. id, w.ttl)
+    else
+      local ok, slot = false, -1
+      if not blocked then ok, slot = can_grant(w.mode, w.limit, hs) end
+      if ok then
+        local r = grant(hs, w.owner, w.label, math.max(1, math.floor(w.ttl / 3)), w.mode,
+          w.limit, slot)
+        dequeue(id)
+        redis.call('RPUSH', KEYS[5] .. id, r.token)
+        redis.call('PEXPIRE', KEYS[5] .. id, w.ttl)
+      else
+        blocked = true
+        live = live + 1
+        if w.alive > far then far = w.alive end
+      end
+    end
+  end
+  if live == 0 then
+    redis.call('DEL', KEYS[3], KEYS[4])
+  else
+    redis.call('PEXPIREAT', KEYS[3], far)
+    redis.call('PEXPIREAT', KEYS[4], far)
+  end
+  return live
+end
+local function first_label(hs)
+  if hs[1] then return hs[1].label end
+  return ''
+end
+local function soonest_end(hs)
+  local soon = -1
+  for _, r in ipairs(hs) do
+    local left = r.exp - now_ms()
+    if soon < 0 or left < soon then soon = left end
+  end
+  return soon
+end
+"#;
+
+/// ARGV: owner, label, ttl ms, mode (x s n), limit, queue ('1' wait, '0' -n),
+/// waiter id, waiter lifetime ms.
+/// {1, token, slot} granted (idempotent for our owner value: a retried
+/// acquire, or the confirmation of a grant handed over in the queue, gets a
+/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends} queued;
+/// {3, mode, limit} the holders disagree with this request.
+const ACQUIRE: &str = r#"
+-- Arguments are checked before anything is written: no key without expiry.
+if bad_ms(ARGV[3]) then return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[3])) end
+if bad_ms(ARGV[8]) then return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[8])) end
+local ttl, mode, limit = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+if not string.match(mode, '^[xsn]$') or not limit or limit < 1 or limit > 1000000 then
+  return redis.error_reply('LOCKRUN invalid mode')
+end
+local hs = holders()
+if not hs then return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease') end
+local live = serve(hs)
+local mine = 'h:' .. ARGV[1]
+for _, r in ipairs(hs) do
+  if r.field == mine then
+    r.exp = now_ms() + ttl
+    redis.call('HSET', KEYS[1], mine, encode(r))
+    settle(hs)
+    dequeue(ARGV[7])
+    redis.call('DEL', KEYS[5] .. ARGV[7])
+    return {1, r.token, r.slot}
+  end
+end
+local other = disagreeing(mode, limit, hs)
+if other then
+  dequeue(ARGV[7])
+  redis.call('DEL', KEYS[5] .. ARGV[7])
+  settle(hs)
+  return {3, other.mode, other.limit}
+end
+local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
+if queued then
+  redis.call('HSET', KEYS[4], ARGV[7], fmt(now_ms() + tonumber(ARGV[8])) .. '|' .. ARGV[3] ..
+    '|' .. mode .. '|' .. ARGV[5] .. '|' .. ARGV[1] .. '|' .. ARGV[2])
+  settle(hs)
+  return {2, first_label(hs), soonest_end(hs)}
+end
+local ok, slot = can_grant(mode, limit, hs)
+if live == 0 and ok then
+  local r = grant(hs, ARGV[1], ARGV[2], ttl, mode, limit, slot)
+  settle(hs)
+  return {1, r.token, r.slot}
+end
+settle(hs)
+if ARGV[6] ~= '1' then return {0, first_label(hs)} end
+-- Behind everyone already queued, also within one microsecond.
+local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+local seq = now_us()
+if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
+local alive = now_ms() + tonumber(ARGV[8])
+redis.call('ZADD', KEYS[3], seq, ARGV[7])
+redis.call('HSET', KEYS[4], ARGV[7], fmt(alive) .. '|' .. ARGV[3] .. '|' .. mode .. '|' ..
+  ARGV[5] .. '|' .. ARGV[1] .. '|' .. ARGV[2])
+for i = 3, 4 do
+  if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[8]) then redis.call('PEXPIREAT', KEYS[i], alive) end
+end
+return {2, first_label(hs), soonest_end(hs)}
 "#;
 
 /// KEYS: lock. ARGV: owner, ttl ms. 1 renewed, 0 not ours.
 const RENEW: &str = r#"
 -- Arguments are checked before anything is written: no key without expiry.
-local ttl = tonumber(ARGV[2])
-if not ttl or ttl < 1 or ttl > 604800000 or ttl % 1 ~= 0 then
-  return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[2]))
+if bad_ms(ARGV[2]) then return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[2])) end
+local field = 'h:' .. ARGV[1]
+local v = redis.pcall('HGET', KEYS[1], field)
+if type(v) ~= 'string' then return 0 end
+local r = parse(v)
+if not r or r.exp <= now_ms() then return 0 end
+r.exp = now_ms() + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], field, encode(r))
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIREAT', KEYS[1], r.exp)
 end
-local owner = redis.pcall('HGET', KEYS[1], 'owner')
-if owner == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"#;
-
-/// KEYS: lock, signal. ARGV: owner, wake-up lifetime ms. 1 released, 0 not ours.
-const RELEASE: &str = r#"
--- Arguments are checked before anything is written: no key without expiry.
-local ttl = tonumber(ARGV[2])
-if not ttl or ttl < 1 or ttl > 604800000 or ttl % 1 ~= 0 then
-  return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[2]))
-end
-local owner = redis.pcall('HGET', KEYS[1], 'owner')
-if owner ~= ARGV[1] then
-  return 0
-end
-redis.call('DEL', KEYS[1])
-redis.call('DEL', KEYS[2])
-redis.call('RPUSH', KEYS[2], '1')
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 "#;
 
-/// KEYS: lock. Never returns the owner value.
-/// {0} free, or {1, label, token, granted ms, pttl, now ms, revoked}.
-const INSPECT: &str = r#"
-local h = redis.call('HMGET', KEYS[1], 'owner', 'label', 'token', 'granted')
-if not h[1] then
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease')
+/// ARGV: owner, waiter id. Gives up a lease (or a place in the queue, with
+/// any grant handed over meanwhile) and serves the queue in the same call:
+/// the next holder's grant is made here, one round trip for the hand-off.
+/// 1 released, 0 not ours.
+const RELEASE: &str = r#"
+local hs = holders()
+if not hs then return 0 end
+local found = 0
+local kept = {}
+for _, r in ipairs(hs) do
+  if r.field == 'h:' .. ARGV[1] then
+    redis.call('HDEL', KEYS[1], r.field)
+    found = 1
+  else
+    kept[#kept + 1] = r
   end
-  return {0}
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {1, h[2] or '', h[3] or '', h[4] or '', redis.call('PTTL', KEYS[1]),
-  now_ms, h[1] == 'revoked' and 1 or 0}
+dequeue(ARGV[2])
+redis.call('DEL', KEYS[5] .. ARGV[2])
+serve(kept)
+settle(kept)
+return found
 "#;
 
-/// KEYS: lock, signal. ARGV: token ('' = any), now ('1'/'0'), wake-up lifetime ms.
-/// {0} nothing held, {2, token} token mismatch, {3} already revoked,
-/// {1, label, token, granted, pttl, now ms}.
-/// Without `now`, the owner value is replaced: the holder's next renewal fails
-/// and new grants still wait for the old expiry.
+/// Never returns an owner value. {now ms, waiters, rows…}, each holder as
+/// eight fields: label, token, slot, mode, limit, ms left, ms held, revoked.
+const INSPECT: &str = r#"
+local all = redis.call('HGETALL', KEYS[1])
+local out = {now_ms(), 0}
+for i = 1, #all, 2 do
+  local r = parse(all[i + 1])
+  local kind = string.sub(all[i], 1, 2)
+  if not r or (kind ~= 'h:' and kind ~= 'r:') then
+    return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease')
+  end
+  if r.exp > now_ms() then
+    for _, v in ipairs({r.label, r.token, r.slot, r.mode, r.limit, r.exp - now_ms(),
+        now_ms() - r.granted, kind == 'r:' and 1 or 0}) do
+      out[#out + 1] = v
+    end
+  end
+end
+local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
+for _, id in ipairs(ids) do
+  local w = parse_waiter(redis.call('HGET', KEYS[4], id))
+  if w and w.alive > now_ms() then out[2] = out[2] + 1 end
+end
+return out
+"#;
+
+/// ARGV: token ('' = every holder), now ('1'/'0').
+/// {0} nothing held, {2, tokens…} no holder has that token, {3} already
+/// revoked, {1, rows…} as INSPECT's rows for the holders broken.
+/// Without `now`, a holder's owner value is replaced: its next renewal fails
+/// and new grants still wait for the old expiry. With `now`, the holder goes
+/// and the queue is served at once.
 const FORCE: &str = r#"
--- Arguments are checked before anything is written: no key without expiry.
-local ttl = tonumber(ARGV[3])
-if not ttl or ttl < 1 or ttl > 604800000 or ttl % 1 ~= 0 then
-  return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[3]))
+local hs = holders()
+if not hs then return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease') end
+if #hs == 0 then return {0} end
+local out = {1}
+local kept, tokens, matched = {}, {2}, false
+for _, r in ipairs(hs) do
+  tokens[#tokens + 1] = r.token
+  local hit = ARGV[1] == '' or r.token == ARGV[1]
+  matched = matched or hit
+  local revoked = string.sub(r.field, 1, 2) == 'r:'
+  if hit and (ARGV[2] == '1' or not revoked) then
+    for _, v in ipairs({r.label, r.token, r.slot, r.mode, r.limit, r.exp - now_ms(),
+        now_ms() - r.granted, revoked and 1 or 0}) do
+      out[#out + 1] = v
+    end
+    redis.call('HDEL', KEYS[1], r.field)
+    if ARGV[2] ~= '1' then
+      r.field = 'r:' .. r.token
+      redis.call('HSET', KEYS[1], r.field, encode(r))
+      kept[#kept + 1] = r
+    end
+  else
+    kept[#kept + 1] = r
+  end
 end
-local h = redis.call('HMGET', KEYS[1], 'owner', 'label', 'token', 'granted')
-if not h[1] then
-  return {0}
-end
-if h[1] == 'revoked' and ARGV[2] ~= '1' then
-  return {3}
-end
-if ARGV[1] ~= '' and h[3] ~= ARGV[1] then
-  return {2, h[3] or ''}
-end
-local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[2] == '1' then
-  redis.call('DEL', KEYS[1])
-  redis.call('DEL', KEYS[2])
-  redis.call('RPUSH', KEYS[2], '1')
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-else
-  redis.call('HSET', KEYS[1], 'owner', 'revoked')
-end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {1, h[2] or '', h[3] or '', h[4] or '', pttl, now_ms}
+if not matched then return tokens end
+if #out == 1 then return {3} end
+if ARGV[2] == '1' then serve(kept) end
+settle(kept)
+return out
 "#;
 
 /// Server error codes that a restart, a failover or a cluster change produce
@@ -168,45 +385,120 @@ fn is_transient(e: &redis::RedisError) -> bool {
     })
 }
 
-/// The server answered with a final error (wrong key type, ACL denial, script error).
+/// How one call to the server failed: worth retrying, or final.
 #[derive(Debug)]
-struct Refused(String);
+enum CallError {
+    /// A lost connection, a timeout, a transient server state.
+    Transient(String),
+    /// The server answered for good (a wrong key type, an ACL denial, a
+    /// script error): retrying will not help.
+    Refused(String),
+}
 
-impl std::fmt::Display for Refused {
+impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            CallError::Transient(m) | CallError::Refused(m) => f.write_str(m),
+        }
     }
 }
 
-impl std::error::Error for Refused {}
-
 // Each script's SHA1 is computed once, on first use.
-static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
-static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
-static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
-static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
-static FORCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE));
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}{body}"))
+}
+static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(ACQUIRE));
+static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RENEW));
+static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
+static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(INSPECT));
+static FORCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(FORCE));
 
-/// How long a release's wake-up waits for a waiter before it expires.
-const WAKE_LIFETIME_MS: u64 = 2000;
-
+/// Every key of one name, all under one hash tag (one Cluster slot).
+#[derive(Clone)]
 struct Keys {
     lock: String,
     fence: String,
-    signal: String,
+    queue: String,
+    waiters: String,
+    wake: String,
 }
 
-pub struct Redis {
+impl Keys {
+    fn new(prefix: &str, name: &str) -> Keys {
+        let lock = format!("{prefix}{{{name}}}");
+        Keys {
+            fence: format!("{lock}:fence"),
+            queue: format!("{lock}:queue"),
+            waiters: format!("{lock}:waiters"),
+            wake: format!("{lock}:wake:"),
+            lock,
+        }
+    }
+
+    fn on<'a>(&self, script: &'a Script) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        inv.key(&self.lock)
+            .key(&self.fence)
+            .key(&self.queue)
+            .key(&self.waiters)
+            .key(&self.wake);
+        inv
+    }
+}
+
+/// One connection to one server, reconnected on demand.
+struct Link {
     client: Client,
     conn: Option<Connection>,
     display: String,
-    name: String,
-    keys: Keys,
-    owner: Owner,
-    timing: Timing,
+    /// Bounds one request, connect included.
+    op: Duration,
     /// The server has answered at least once: later transport errors may be
     /// a restart worth waiting out, earlier ones are misconfiguration.
     replied: bool,
+}
+
+impl Link {
+    fn conn(&mut self) -> Result<&mut Connection, CallError> {
+        if self.conn.is_none() {
+            self.conn = Some(reconnect(&self.client, self.op).map_err(CallError::Transient)?);
+        }
+        Ok(self.conn.as_mut().expect("just connected"))
+    }
+
+    /// Run a call; any transport error drops the connection, since its state is unknown.
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, CallError> {
+        let conn = self.conn()?;
+        match f(conn) {
+            Ok(v) => {
+                self.replied = true;
+                Ok(v)
+            }
+            Err(e) => {
+                if !is_transient(&e) {
+                    self.replied = true;
+                    return Err(CallError::Refused(describe(&e)));
+                }
+                if e.code().is_some() {
+                    // A transient state reported by a server that does answer.
+                    self.replied = true;
+                }
+                self.conn = None;
+                Err(CallError::Transient(describe(&e)))
+            }
+        }
+    }
+
+    /// The end of an operation that failed: 69 with what was being done.
+    fn unavailable(&self, doing: &str, e: CallError) -> Failure {
+        fail(
+            Class::Unavailable,
+            format!("{doing} on {}: {e}", self.display),
+        )
+    }
 }
 
 fn connect(client: &Client, timeout: Duration) -> redis::RedisResult<Connection> {
@@ -219,7 +511,7 @@ fn connect(client: &Client, timeout: Duration) -> redis::RedisResult<Connection>
 /// A new connection after the first one, bounded as a whole (name resolution
 /// included, which no socket timeout covers): a resolver that stopped
 /// answering must not hang a waiter or the release at the end of a run.
-fn reconnect(client: &Client, timeout: Duration) -> anyhow::Result<Connection> {
+fn reconnect(client: &Client, timeout: Duration) -> Result<Connection, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let client = client.clone();
     std::thread::Builder::new()
@@ -227,13 +519,12 @@ fn reconnect(client: &Client, timeout: Duration) -> anyhow::Result<Connection> {
         .spawn(move || {
             let _ = tx.send(connect(&client, timeout));
         })
-        .map_err(|e| anyhow!("cannot start a thread to connect: {e}"))?;
+        .map_err(|e| format!("cannot start a thread to connect: {e}"))?;
     match rx.recv_timeout(timeout) {
         Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(anyhow!(describe(&e))),
-        Err(_) => Err(anyhow!(
-            "no connection within {:?} (name resolution or connect stalled)",
-            timeout
+        Ok(Err(e)) => Err(describe(&e)),
+        Err(_) => Err(format!(
+            "no connection within {timeout:?} (name resolution or connect stalled)"
         )),
     }
 }
@@ -311,178 +602,6 @@ fn describe(e: &redis::RedisError) -> String {
     log::scrub(&text)
 }
 
-impl Redis {
-    pub fn connect(
-        spec: &RedisUrl,
-        prefix: &str,
-        name: &str,
-        owner: Owner,
-        timing: Timing,
-    ) -> Result<Redis, Failure> {
-        let client = client_for(spec)?;
-        log::info(format!("connecting to {}", spec.display));
-        let started = Boot::now();
-        let conn = connect(&client, timing.op.max(Duration::from_millis(500))).map_err(|e| {
-            let msg = if is_auth_error(&e) {
-                let user = url::Url::parse(&spec.url)
-                    .ok()
-                    .map(|u| u.username().to_string())
-                    .filter(|u| !u.is_empty())
-                    .unwrap_or_else(|| "default".into());
-                format!(
-                    "Redis at {} refused the credentials of user {user}: check the user and password in the URL",
-                    spec.display
-                )
-            } else {
-                format!("cannot reach Redis at {}: {}", spec.display, describe(&e))
-            };
-            fail(Class::Unavailable, msg)
-        })?;
-        log::info(format!("connected in {:.1?}", Boot::now().since(started)));
-        let lock = format!("{prefix}{{{name}}}");
-        let mut r = Redis {
-            client,
-            conn: Some(conn),
-            display: spec.display.clone(),
-            name: name.to_string(),
-            keys: Keys {
-                fence: format!("{lock}:fence"),
-                signal: format!("{lock}:signal"),
-                lock,
-            },
-            owner,
-            timing,
-            replied: false,
-        };
-        if log::level() >= 2 {
-            r.warn_on_eviction();
-        }
-        Ok(r)
-    }
-
-    /// An evicted lease is a broken lock: say so when the policy is readable.
-    fn warn_on_eviction(&mut self) {
-        let Ok(conn) = self.conn() else { return };
-        let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("maxmemory-policy")
-            .query(conn);
-        if let Ok(v) = reply
-            && let Some(policy) = v.get(1)
-            && policy != "noeviction"
-        {
-            log::warn(format!(
-                "Redis maxmemory-policy is {policy}; lockrun needs noeviction (an evicted lease is a broken lock)"
-            ));
-        }
-    }
-
-    fn conn(&mut self) -> anyhow::Result<&mut Connection> {
-        if self.conn.is_none() {
-            self.conn = Some(reconnect(&self.client, self.timing.op)?);
-        }
-        Ok(self.conn.as_mut().expect("just connected"))
-    }
-
-    /// Run a call; any error drops the connection, since its state is unknown.
-    fn call<T>(
-        &mut self,
-        f: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
-    ) -> anyhow::Result<T> {
-        let conn = self.conn()?;
-        match f(conn) {
-            Ok(v) => {
-                self.replied = true;
-                Ok(v)
-            }
-            Err(e) => {
-                if !is_transient(&e) {
-                    // The server answered for good: retrying won't help.
-                    self.replied = true;
-                    return Err(anyhow::Error::new(Refused(describe(&e))));
-                }
-                if e.code().is_some() {
-                    // A transient state reported by a server that does answer.
-                    self.replied = true;
-                }
-                // Its state is unknown after an error: start over on a new connection.
-                self.conn = None;
-                Err(anyhow!(describe(&e)))
-            }
-        }
-    }
-
-    fn try_acquire(&mut self) -> anyhow::Result<(Boot, Vec<Value>)> {
-        let script = &*ACQUIRE_SCRIPT;
-        let (lock, fence) = (self.keys.lock.clone(), self.keys.fence.clone());
-        let (secret, label) = (self.owner.secret.clone(), self.owner.shown.clone());
-        let ttl_ms = self.timing.ttl.as_millis() as u64;
-        let sent_at = Boot::now();
-        let v = self.call(|c| {
-            script
-                .key(&lock)
-                .key(&fence)
-                .arg(&secret)
-                .arg(&label)
-                .arg(ttl_ms)
-                .invoke::<Vec<Value>>(c)
-        })?;
-        Ok((sent_at, v))
-    }
-
-    /// Block on the wake-up list for at most `timeout`. Ok(true): woken by a release.
-    fn wait_for_wakeup(&mut self, timeout: Duration) -> anyhow::Result<bool> {
-        let signal = self.keys.signal.clone();
-        let op = self.timing.op;
-        self.call(|c| {
-            c.set_read_timeout(Some(timeout + op))?;
-            let popped: Option<(String, String)> = redis::cmd("BLPOP")
-                .arg(&signal)
-                .arg(format!("{:.3}", timeout.as_secs_f64()))
-                .query(c)?;
-            c.set_read_timeout(Some(op))?;
-            Ok(popped.is_some())
-        })
-    }
-
-    /// Hand a wake-up we took but will not use to the next waiter.
-    fn put_back_wakeup(&mut self) {
-        let signal = self.keys.signal.clone();
-        let _ = self.call(|c| {
-            redis::pipe()
-                .cmd("RPUSH")
-                .arg(&signal)
-                .arg("1")
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(&signal)
-                .arg(WAKE_LIFETIME_MS)
-                .ignore()
-                .query::<()>(c)
-        });
-    }
-
-    fn holder_from(v: &[Value]) -> Option<Holder> {
-        let int = |i| int_at(v, i);
-        if int(0) != Some(1) {
-            return None;
-        }
-        let pttl = int(4).unwrap_or(-1);
-        let granted = int(3);
-        let now = int(5);
-        Some(Holder {
-            label: text_at(v, 1).filter(|s| !s.is_empty()),
-            token: int(2).map(|t| t as u64),
-            ttl_left: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-            held_for: match (granted, now) {
-                (Some(g), Some(n)) if n >= g => Some(Duration::from_millis((n - g) as u64)),
-                _ => None,
-            },
-            revoked: int(6) == Some(1),
-        })
-    }
-}
-
 /// An integer in a script's reply array (Lua numbers come back as integers,
 /// stored hash fields as strings).
 fn int_at(v: &[Value], i: usize) -> Option<i64> {
@@ -512,8 +631,150 @@ fn outage_budget(timing: &Timing) -> Duration {
     timing.ttl.max(Duration::from_secs(5))
 }
 
-impl Backend for Redis {
-    fn acquire(&mut self, wait: Wait) -> Result<Acquired, Failure> {
+fn mode_args(mode: Mode) -> (&'static str, u32) {
+    match mode {
+        Mode::Exclusive => ("x", 1),
+        Mode::Shared => ("s", 1),
+        Mode::Limit(n) => ("n", n),
+    }
+}
+
+fn mode_from(code: Option<&str>, limit: Option<i64>) -> Mode {
+    match code {
+        Some("s") => Mode::Shared,
+        Some("n") => Mode::Limit(limit.unwrap_or(1).clamp(1, i64::from(u32::MAX)) as u32),
+        _ => Mode::Exclusive,
+    }
+}
+
+/// Holders from a reply's rows of eight fields, starting at `at`.
+fn holders_from(v: &[Value], at: usize) -> Vec<Holder> {
+    let mut out = Vec::new();
+    let mut i = at;
+    while i + 8 <= v.len() {
+        let mode = mode_from(text_at(v, i + 3).as_deref(), int_at(v, i + 4));
+        out.push(Holder {
+            label: text_at(v, i).filter(|s| !s.is_empty()),
+            token: int_at(v, i + 1).map(|t| t as u64),
+            slot: int_at(v, i + 2)
+                .filter(|s| *s >= 0 && matches!(mode, Mode::Limit(_)))
+                .map(|s| s as u32),
+            mode,
+            ttl_left: int_at(v, i + 5).map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            held_for: int_at(v, i + 6).map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            revoked: int_at(v, i + 7) == Some(1),
+        });
+        i += 8;
+    }
+    out
+}
+
+/// Random hex for a waiter's place in the queue (public, unlike the owner value).
+fn waiter_id() -> String {
+    let mut bytes = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
+    let pid = std::process::id();
+    let mut id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    id.push_str(&format!("{pid:x}"));
+    id
+}
+
+/// The Redis engine at one address.
+pub struct Redis {
+    link: Link,
+    prefix: String,
+}
+
+impl Redis {
+    pub fn connect(url: &RedisUrl, prefix: &str, op: Duration) -> Result<Redis, Failure> {
+        let client = client_for(url)?;
+        log::info(format!("connecting to {}", url.display));
+        let started = Boot::now();
+        let conn = connect(&client, op.max(Duration::from_millis(500))).map_err(|e| {
+            let msg = if is_auth_error(&e) {
+                let user = url::Url::parse(&url.url)
+                    .ok()
+                    .map(|u| u.username().to_string())
+                    .filter(|u| !u.is_empty())
+                    .unwrap_or_else(|| "default".into());
+                format!(
+                    "Redis at {} refused the credentials of user {user}: check the user and password in the URL",
+                    url.display
+                )
+            } else {
+                format!("cannot reach Redis at {}: {}", url.display, describe(&e))
+            };
+            fail(Class::Unavailable, msg)
+        })?;
+        log::info(format!("connected in {:.1?}", Boot::now().since(started)));
+        let mut r = Redis {
+            link: Link {
+                client,
+                conn: Some(conn),
+                display: url.display.clone(),
+                op,
+                replied: false,
+            },
+            prefix: prefix.to_string(),
+        };
+        if log::level() >= 2 {
+            r.warn_on_eviction();
+        }
+        Ok(r)
+    }
+
+    /// An evicted lease is a broken lock: say so when the policy is readable.
+    fn warn_on_eviction(&mut self) {
+        let reply: Result<Vec<String>, _> = self.link.call(|c| {
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query(c)
+        });
+        if let Ok(v) = reply
+            && let Some(policy) = v.get(1)
+            && policy != "noeviction"
+        {
+            log::warn(format!(
+                "Redis maxmemory-policy is {policy}; lockrun needs noeviction (an evicted lease is a broken lock)"
+            ));
+        }
+    }
+
+    /// Block on our wake-up list for at most `timeout`.
+    /// Some(true): woken by a grant; Some(false): by a refusal; None: timed out.
+    fn wait_for_wakeup(&mut self, key: &str, timeout: Duration) -> Result<Option<bool>, CallError> {
+        let op = self.link.op;
+        self.link.call(|c| {
+            c.set_read_timeout(Some(timeout + op))?;
+            let popped: Option<(String, String)> = redis::cmd("BLPOP")
+                .arg(key)
+                .arg(format!("{:.3}", timeout.as_secs_f64()))
+                .query(c)?;
+            c.set_read_timeout(Some(op))?;
+            Ok(popped.map(|(_, v)| v != "refused"))
+        })
+    }
+
+    fn leave_queue(link: &mut Link, keys: &Keys, owner: &str, id: &str) -> Result<bool, CallError> {
+        let script = &*RELEASE_SCRIPT;
+        link.call(|c| keys.on(script).arg(owner).arg(id).invoke::<i64>(c))
+            .map(|n| n == 1)
+    }
+}
+
+impl Engine for Redis {
+    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Failure> {
+        let keys = Keys::new(&self.prefix, req.name);
+        let id = waiter_id();
+        let wake_key = format!("{}{id}", keys.wake);
+        let timing = req.timing;
+        let ttl_ms = timing.ttl.as_millis() as u64;
+        // A queued waiter refreshes its place every half of its lifetime; one
+        // killed in the queue is dropped from it within a third of its ttl.
+        let alive = (timing.ttl / 3).max(Duration::from_millis(100));
+        let (mode, limit) = mode_args(req.mode);
+        let queue = if wait == Wait::No { "0" } else { "1" };
         let start = Boot::now();
         let give_up_at = match wait {
             Wait::No => Some(start),
@@ -522,182 +783,222 @@ impl Backend for Redis {
         };
         let mut failing_since: Option<Boot> = None;
         let mut failures = 0u32;
-        let mut announced_wait = false;
+        let mut announced = false;
         loop {
-            match self.try_acquire() {
-                Ok((sent_at, v)) => {
+            let script = &*ACQUIRE_SCRIPT;
+            let sent_at = Boot::now();
+            let reply = self.link.call(|c| {
+                keys.on(script)
+                    .arg(&req.owner.secret)
+                    .arg(&req.owner.shown)
+                    .arg(ttl_ms)
+                    .arg(mode)
+                    .arg(limit)
+                    .arg(queue)
+                    .arg(&id)
+                    .arg(alive.as_millis() as u64)
+                    .invoke::<Vec<Value>>(c)
+            });
+            let v = match reply {
+                Ok(v) => {
                     failing_since = None;
                     failures = 0;
-                    let int = |i| int_at(&v, i);
-                    if int(0) == Some(1) {
-                        let token = int(1).ok_or_else(|| {
-                            fail(Class::Internal, "acquire script returned no token")
-                        })? as u64;
-                        log::info(format!(
-                            "acquired {} with token {token} after {:.1?}",
-                            self.name,
-                            Boot::now().since(start)
-                        ));
-                        return Ok(Acquired::Granted(Grant { token, sent_at }));
-                    }
-                    let pttl = int(1).unwrap_or(-1);
-                    let holder = text_at(&v, 2).filter(|l| !l.is_empty());
-                    if is_own_outer_holder(&self.name, holder.as_deref()) {
-                        return Err(super::nested(&self.name));
-                    }
-                    let now = Boot::now();
-                    if give_up_at.is_some_and(|g| now >= g) {
-                        return Ok(Acquired::Busy { holder });
-                    }
-                    if !announced_wait && now >= start.add(Duration::from_secs(1)) {
-                        announced_wait = true;
-                        super::announce_wait(&self.name, holder.as_deref());
-                    }
-                    // Block until a release wakes us, but never longer than the
-                    // holder's lease could last or ttl/3 (a lease without expiry
-                    // must not turn into an endless block).
-                    let mut timeout = if pttl > 0 {
-                        Duration::from_millis(pttl as u64)
-                    } else {
-                        self.timing.renew_every
-                    };
-                    timeout = timeout.min(self.timing.renew_every);
-                    if let Some(g) = give_up_at {
-                        timeout = timeout.min(g.since(now));
-                    }
-                    if !announced_wait {
-                        // Look again when the wait has lasted a second, to say so.
-                        timeout = timeout.min(start.add(Duration::from_secs(1)).since(now));
-                    }
-                    let timeout = timeout.max(Duration::from_millis(1));
-                    match self.wait_for_wakeup(timeout) {
-                        Ok(true) => {
-                            if give_up_at.is_some_and(|g| Boot::now() >= g) {
-                                self.put_back_wakeup();
-                                return Ok(Acquired::Busy { holder });
-                            }
-                        }
-                        Ok(false) => {}
-                        Err(e) if e.downcast_ref::<Refused>().is_some() => {
-                            // BLPOP refused (an ACL without it, a foreign value
-                            // at the wake-up key): final, never a retry loop.
-                            return Err(fail(
-                                Class::Unavailable,
-                                format!("waiting for {} on {}: {e:#}", self.name, self.display),
-                            ));
-                        }
-                        Err(e) => {
-                            log::info(format!("waiting failed: {e:#}; retrying"));
-                            failures += 1;
-                            std::thread::sleep(backoff(failures));
-                        }
-                    }
+                    v
                 }
-                Err(e) if e.downcast_ref::<Refused>().is_some() || !self.replied => {
-                    return Err(fail(
-                        Class::Unavailable,
-                        format!("acquiring {} on {}: {e:#}", self.name, self.display),
-                    ));
+                Err(e @ CallError::Refused(_)) => {
+                    return Err(self.link.unavailable(&format!("acquiring {}", req.name), e));
+                }
+                Err(e) if !self.link.replied => {
+                    return Err(self.link.unavailable(&format!("acquiring {}", req.name), e));
                 }
                 Err(e) => {
                     failures += 1;
                     let since = *failing_since.get_or_insert_with(Boot::now);
                     let now = Boot::now();
-                    let out_of_time = give_up_at.is_some_and(|g| now >= g)
-                        || now.since(since) >= outage_budget(&self.timing);
-                    if out_of_time {
+                    if give_up_at.is_some_and(|g| now >= g)
+                        || now.since(since) >= outage_budget(&timing)
+                    {
                         // A reply may have been lost after the server granted
-                        // it; release only deletes a lease that is ours.
-                        let _ = self.release();
-                        return Err(fail(
-                            Class::Unavailable,
-                            format!("acquiring {} on {}: {e:#}", self.name, self.display),
-                        ));
+                        // it; this gives back only what is ours.
+                        let _ = Self::leave_queue(&mut self.link, &keys, &req.owner.secret, &id);
+                        return Err(self.link.unavailable(&format!("acquiring {}", req.name), e));
                     }
-                    log::info(format!("acquire failed: {e:#}; retrying"));
+                    log::info(format!("acquire failed: {e}; retrying"));
+                    std::thread::sleep(backoff(failures));
+                    continue;
+                }
+            };
+            match int_at(&v, 0) {
+                Some(1) => {
+                    let token = int_at(&v, 1)
+                        .ok_or_else(|| fail(Class::Internal, "acquire script returned no token"))?
+                        as u64;
+                    let slot = int_at(&v, 2)
+                        .filter(|s| *s >= 0 && matches!(req.mode, Mode::Limit(_)))
+                        .map(|s| s as u32);
+                    log::info(format!(
+                        "acquired {} with token {token} after {:.1?}",
+                        req.name,
+                        Boot::now().since(start)
+                    ));
+                    let held = RedisHeld {
+                        link: Link {
+                            client: self.link.client.clone(),
+                            conn: self.link.conn.take(),
+                            display: self.link.display.clone(),
+                            op: self.link.op,
+                            replied: true,
+                        },
+                        keys,
+                        owner: req.owner.secret.clone(),
+                        id,
+                        name: req.name.to_string(),
+                        timing,
+                    };
+                    return Ok(Acquired::Granted(Lease::new(
+                        token,
+                        slot,
+                        sent_at,
+                        Box::new(held),
+                    )));
+                }
+                Some(3) => {
+                    let in_force = mode_from(text_at(&v, 1).as_deref(), int_at(&v, 2));
+                    return Err(req.mode.disagreement(req.name, in_force));
+                }
+                Some(0) | Some(2) => {}
+                _ => return Err(fail(Class::Internal, "acquire script: unexpected reply")),
+            }
+            let holder = text_at(&v, 1).filter(|l| !l.is_empty());
+            if is_own_outer_holder(req.name, holder.as_deref()) {
+                let _ = Self::leave_queue(&mut self.link, &keys, &req.owner.secret, &id);
+                return Err(super::nested(req.name));
+            }
+            let now = Boot::now();
+            if int_at(&v, 0) == Some(0) || give_up_at.is_some_and(|g| now >= g) {
+                if int_at(&v, 0) == Some(2) {
+                    // Out of the queue; a grant handed over meanwhile goes to the next.
+                    let _ = Self::leave_queue(&mut self.link, &keys, &req.owner.secret, &id);
+                }
+                return Ok(Acquired::Busy { holder });
+            }
+            if !announced && now >= start.add(Duration::from_secs(1)) {
+                announced = true;
+                super::announce_wait(req.name, holder.as_deref());
+            }
+            // Block until a release hands us the lease, but come back to keep
+            // our place, when a holder's lease runs out on its own, to say we
+            // wait, and when --wait runs out.
+            let mut timeout = alive / 2;
+            if let Some(ms) = int_at(&v, 2).filter(|ms| *ms >= 0) {
+                timeout = timeout.min(Duration::from_millis(ms as u64 + 1));
+            }
+            if let Some(g) = give_up_at {
+                timeout = timeout.min(g.since(now));
+            }
+            if !announced {
+                timeout = timeout.min(start.add(Duration::from_secs(1)).since(now));
+            }
+            let timeout = timeout.max(Duration::from_millis(1));
+            match self.wait_for_wakeup(&wake_key, timeout) {
+                // Woken or not, the next call confirms a grant (with a full
+                // ttl counted from its own sending) or keeps our place.
+                Ok(_) => {}
+                Err(e @ CallError::Refused(_)) => {
+                    // BLPOP refused (an ACL without it, a foreign value at the
+                    // wake-up key): final, never a retry loop.
+                    let _ = Self::leave_queue(&mut self.link, &keys, &req.owner.secret, &id);
+                    return Err(self
+                        .link
+                        .unavailable(&format!("waiting for {}", req.name), e));
+                }
+                Err(e) => {
+                    log::info(format!("waiting failed: {e}; retrying"));
+                    failures += 1;
                     std::thread::sleep(backoff(failures));
                 }
             }
         }
     }
 
-    fn renewer(&mut self) -> anyhow::Result<Box<dyn Renewer>> {
-        Ok(Box::new(RedisRenewer {
-            client: self.client.clone(),
+    fn status(&mut self, name: &str) -> Result<Status, Failure> {
+        let keys = Keys::new(&self.prefix, name);
+        let script = &*INSPECT_SCRIPT;
+        let v = self
+            .link
+            .call(|c| keys.on(script).invoke::<Vec<Value>>(c))
+            .map_err(|e| self.link.unavailable(&format!("reading {name}"), e))?;
+        Ok(Status {
+            holders: holders_from(&v, 2),
+            waiters: int_at(&v, 1).map(|n| n.max(0) as u64),
+        })
+    }
+
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Failure> {
+        let keys = Keys::new(&self.prefix, name);
+        let script = &*FORCE_SCRIPT;
+        let token = force.token.map(|t| t.to_string()).unwrap_or_default();
+        let now = if force.now { "1" } else { "0" };
+        let v = self
+            .link
+            .call(|c| keys.on(script).arg(&token).arg(now).invoke::<Vec<Value>>(c))
+            .map_err(|e| self.link.unavailable(&format!("releasing {name}"), e))?;
+        Ok(match int_at(&v, 0) {
+            Some(0) => Broken::NotHeld,
+            Some(2) => Broken::TokenMismatch(
+                (1..v.len())
+                    .filter_map(|i| int_at(&v, i).map(|t| t as u64))
+                    .collect(),
+            ),
+            Some(3) => Broken::AlreadyRevoked,
+            _ => Broken::Leases(holders_from(&v, 1)),
+        })
+    }
+}
+
+/// A Redis lease: the connection it was granted on, kept for its release.
+struct RedisHeld {
+    link: Link,
+    keys: Keys,
+    owner: String,
+    id: String,
+    name: String,
+    timing: Timing,
+}
+
+impl Held for RedisHeld {
+    fn renewer(&self) -> Option<Box<dyn Renewer>> {
+        Some(Box::new(RedisRenewer {
+            client: self.link.client.clone(),
             conn: None,
             lock: self.keys.lock.clone(),
-            secret: self.owner.secret.clone(),
+            owner: self.owner.clone(),
             timing: self.timing,
         }))
     }
 
-    fn release(&mut self) -> anyhow::Result<bool> {
-        let script = &*RELEASE_SCRIPT;
-        let (lock, signal) = (self.keys.lock.clone(), self.keys.signal.clone());
-        let secret = self.owner.secret.clone();
+    fn release(mut self: Box<Self>) -> Result<bool, Failure> {
         let started = Boot::now();
         let mut last = None;
-        // The main connection sat idle while the job ran; one retry on a fresh
+        // The connection sat idle while the job ran; one retry on a fresh
         // connection covers a server that dropped it.
         for _ in 0..2 {
-            match self.call(|c| {
-                script
-                    .key(&lock)
-                    .key(&signal)
-                    .arg(&secret)
-                    .arg(WAKE_LIFETIME_MS)
-                    .invoke::<i64>(c)
-            }) {
-                Ok(n) => {
+            match Redis::leave_queue(&mut self.link, &self.keys, &self.owner, &self.id) {
+                Ok(ours) => {
                     log::info(format!(
                         "released {} in {:.1?}",
                         self.name,
                         Boot::now().since(started)
                     ));
-                    return Ok(n == 1);
+                    return Ok(ours);
                 }
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.expect("two attempts")).with_context(|| format!("releasing {}", self.name))
-    }
-}
-
-impl Inspect for Redis {
-    fn inspect(&mut self) -> Result<Option<Holder>, Failure> {
-        let script = &*INSPECT_SCRIPT;
-        let lock = self.keys.lock.clone();
-        let v = self
-            .call(|c| script.key(&lock).invoke::<Vec<Value>>(c))
-            .with_context(|| format!("reading {} on {}", self.name, self.display))
-            .exit_as(Class::Unavailable)?;
-        Ok(Self::holder_from(&v))
-    }
-
-    fn force_release(&mut self, force: Force) -> Result<Broken, Failure> {
-        let script = &*FORCE_SCRIPT;
-        let (lock, signal) = (self.keys.lock.clone(), self.keys.signal.clone());
-        let token = force.token.map(|t| t.to_string()).unwrap_or_default();
-        let now = if force.now { "1" } else { "0" };
-        let v = self
-            .call(|c| {
-                script
-                    .key(&lock)
-                    .key(&signal)
-                    .arg(&token)
-                    .arg(now)
-                    .arg(WAKE_LIFETIME_MS)
-                    .invoke::<Vec<Value>>(c)
-            })
-            .with_context(|| format!("releasing {} on {}", self.name, self.display))
-            .exit_as(Class::Unavailable)?;
-        match v.first() {
-            Some(Value::Int(0)) => Ok(Broken::NotHeld),
-            Some(Value::Int(2)) => Ok(Broken::TokenMismatch(int_at(&v, 1).map(|t| t as u64))),
-            Some(Value::Int(3)) => Ok(Broken::AlreadyRevoked),
-            // Reply layout matches INSPECT's minus the revoked flag.
-            _ => Ok(Self::holder_from(&v).map_or(Broken::NotHeld, Broken::Lease)),
-        }
+        Err(self.link.unavailable(
+            &format!("releasing {}", self.name),
+            last.expect("two attempts"),
+        ))
     }
 }
 
@@ -705,7 +1006,7 @@ struct RedisRenewer {
     client: Client,
     conn: Option<Connection>,
     lock: String,
-    secret: String,
+    owner: String,
     timing: Timing,
 }
 
@@ -715,7 +1016,7 @@ impl Renewer for RedisRenewer {
             client: self.client.clone(),
             conn: None,
             lock: self.lock.clone(),
-            secret: self.secret.clone(),
+            owner: self.owner.clone(),
             timing: self.timing,
         })
     }
@@ -728,7 +1029,7 @@ impl Renewer for RedisRenewer {
         let conn = self.conn.as_mut().expect("just connected");
         let r = RENEW_SCRIPT
             .key(&self.lock)
-            .arg(&self.secret)
+            .arg(&self.owner)
             .arg(self.timing.ttl.as_millis() as u64)
             .invoke::<i64>(conn);
         match r {

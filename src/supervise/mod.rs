@@ -16,7 +16,7 @@ use rustix::event::{PollFd, PollFlags, poll};
 use signal_hook::iterator::backend::SignalDelivery;
 use signal_hook::iterator::exfiltrator::WithRawSiginfo;
 
-use crate::exit::{Failure, Class, ResultExt, fail};
+use crate::exit::{Class, Failure, ResultExt, fail};
 use crate::lease::{Boot, BootTimer, Deadline, Event as LeaseEvent, Renewer, Timing, Watchdog};
 use crate::log;
 use crate::spawn::{Prepared, SpawnError};
@@ -29,7 +29,8 @@ use policy::{Action, Event, FORWARDED, JOB_CONTROL, Policy};
 pub struct Job {
     pub command: Vec<OsString>,
     pub env: Vec<(String, String)>,
-    /// Inherited variables the job must not see (a URL with a password).
+    /// Inherited variables the job must not see (a URL with a password, an
+    /// outer lockrun's slot or descriptor).
     pub env_remove: Vec<String>,
     /// The local backend's lock descriptor, inherited by the job.
     pub inherit_fd: Option<RawFd>,
@@ -62,9 +63,10 @@ fn catchable() -> Vec<i32> {
 fn spawn_failure(shown: &str, e: SpawnError) -> Failure {
     match e {
         SpawnError::NotFound => fail(Class::NotFound, format!("{shown}: command not found")),
-        SpawnError::NotExecutable(e) => {
-            fail(Class::NotExecutable, format!("{shown}: cannot execute: {e}"))
-        }
+        SpawnError::NotExecutable(e) => fail(
+            Class::NotExecutable,
+            format!("{shown}: cannot execute: {e}"),
+        ),
         SpawnError::Other(e) => fail(Class::Internal, format!("{shown}: cannot start: {e}")),
     }
 }
@@ -114,21 +116,18 @@ pub fn supervise_job(
     let caught = catchable();
     sys::unblock(&caught);
     let (sig_rx, sig_tx) = UnixStream::pair().exit_as(Class::Internal)?;
-    let mut signals =
-        SignalDelivery::with_pipe(sig_rx, sig_tx, WithRawSiginfo, &caught).exit_as(Class::Internal)?;
+    let mut signals = SignalDelivery::with_pipe(sig_rx, sig_tx, WithRawSiginfo, &caught)
+        .exit_as(Class::Internal)?;
     let (wake_rx, wake_tx) = UnixStream::pair().exit_as(Class::Internal)?;
     wake_rx.set_nonblocking(true).exit_as(Class::Internal)?;
     wake_tx.set_nonblocking(true).exit_as(Class::Internal)?;
     let timer = BootTimer::new().exit_as(Class::Internal)?;
     let shares_group = sys::at_terminal();
 
-    let env_remove: Vec<&str> = std::iter::once("LOCKRUN_LOCK_FD")
-        .chain(job.env_remove.iter().map(String::as_str))
-        .collect();
+    let env_remove: Vec<&str> = job.env_remove.iter().map(String::as_str).collect();
     let spec = crate::spawn::Spec {
         argv: &job.command,
         env: &job.env,
-        // An outer lockrun's lock descriptor must not leak through to this job.
         env_remove: &env_remove,
         inherit_fd: job.inherit_fd,
         caught: &caught,
