@@ -6,12 +6,6 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-fn on(url: &str) -> Command {
-    let mut c = lockrun();
-    c.args(["--url", url]);
-    c
-}
-
 /// Every key but a name's token counter must expire on its own.
 fn assert_nothing_without_expiry(redis: &Redis) {
     for key in redis.keys() {
@@ -46,12 +40,12 @@ fn durations_past_their_bounds_are_refused_and_leave_nothing() {
         assert_eq!(out.status.code(), Some(64), "{args:?} (local)");
     }
     // The largest accepted values work and leave an expiring key only.
-    let out = run(on(&redis.url()).args(["--ttl", "7days", "--wait", "1y", "big", "--", "true"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    on(&redis.url())
+        .args(["--ttl", "7days", "--wait", "1y", "big", "--", "true"])
+        .code(0);
     let mut holder = on(&redis.url())
         .args(["--ttl", "7days", "big2", "--", "sleep", "30"])
-        .spawn()
-        .unwrap();
+        .spawn();
     assert!(wait_until(Duration::from_secs(10), || redis
         .keys()
         .iter()
@@ -74,8 +68,7 @@ fn a_refused_wait_is_final_and_never_spins() {
     let _: () = redis.cmd(&["SET", "lockrun:{spin}:queue", "x", "EX", "60"]);
     let _: () = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let start = Instant::now();
-    let out = run(on(&redis.url()).args(["-w", "5s", "spin", "true"]));
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    on(&redis.url()).args(["-w", "5s", "spin", "true"]).code(69);
     assert!(
         start.elapsed() < Duration::from_secs(3),
         "took {:?}",
@@ -153,8 +146,7 @@ fn a_waiter_rides_out_a_read_only_replica() {
     let mut waiter = on(&replica.url())
         .args(["-v", "-w", "30s", "ro", "--", "true"])
         .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
         waiter.try_wait().unwrap().is_none(),
@@ -227,8 +219,7 @@ fn a_lock_file_replaced_by_a_copy_admits_no_second_holder() {
     let dir = scratch.path("locks");
     std::fs::copy(dir.join("cp.lock"), dir.join("t")).unwrap();
     std::fs::rename(dir.join("t"), dir.join("cp.lock")).unwrap();
-    let out = run(on(&url).args(["-n", "cp", "true"]));
-    assert_eq!(out.status.code(), Some(75), "a second holder ran");
+    on(&url).args(["-n", "cp", "true"]).code(75);
     assert!(alive(job));
     signal(holder.id() as i32, libc::SIGTERM);
     wait_child(&mut holder, Duration::from_secs(20));
@@ -240,20 +231,15 @@ fn odd_environments_and_small_cases() {
     let url = scratch.file_url();
     // A lock descriptor that is not one we can use is ignored.
     for v in ["-1", "abc", "999999", "2147483648"] {
-        let out = run(on(&url).env("LOCKRUN_LOCK_FD", v).args(["fd", "true"]));
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "LOCKRUN_LOCK_FD={v}: {}",
-            text(&out.stderr)
-        );
+        on(&url)
+            .env("LOCKRUN_LOCK_FD", v)
+            .args(["fd", "true"])
+            .code(0);
     }
     // Settings for another engine never break a local run or status.
     for (k, v) in [("LOCKRUN_TLS_CA", "/nonexistent"), ("LOCKRUN_PREFIX", "{")] {
-        let out = run(on(&url).env(k, v).args(["env", "true"]));
-        assert_eq!(out.status.code(), Some(0), "{k}={v}: {}", text(&out.stderr));
-        let out = run(on(&url).env(k, v).args(["status", "env"]));
-        assert_eq!(out.status.code(), Some(1), "{k}={v}: {}", text(&out.stderr));
+        on(&url).env(k, v).args(["env", "true"]).code(0);
+        on(&url).env(k, v).args(["status", "env"]).code(1);
         let out = run(lockrun().env(k, v).args(["status", "env"]));
         assert_eq!(out.status.code(), Some(1), "{k}={v}: {}", text(&out.stderr));
     }
@@ -264,8 +250,7 @@ fn odd_environments_and_small_cases() {
     assert_eq!(text(&out.stdout).trim(), u64::MAX.to_string());
     // Names that hide characters are refused.
     for name in ["a\u{202E}b", "zero\u{200B}width", "line\u{2028}sep"] {
-        let out = run(on(&url).args([name, "true"]));
-        assert_eq!(out.status.code(), Some(64), "{name:?}");
+        let out = on(&url).args([name, "true"]).code(64).out;
         assert_eq!(text(&out.stderr).lines().count(), 1);
     }
     // A database number Redis cannot have is a usage error.
@@ -279,10 +264,11 @@ fn releasing_a_revoked_lease_again_says_so() {
     let scratch = Scratch::new();
     let mut holder = hold(Some(&redis.url()), "rev", "30s", &scratch);
     scratch.pid_in("pid");
-    let out = run(on(&redis.url()).args(["release", "--force", "rev"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = run(on(&redis.url()).args(["release", "--force", "rev"]));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    on(&redis.url()).args(["release", "--force", "rev"]).code(0);
+    let out = on(&redis.url())
+        .args(["release", "--force", "rev"])
+        .code(1)
+        .out;
     assert!(
         text(&out.stderr).contains("already revoked"),
         "{}",

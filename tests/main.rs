@@ -8,6 +8,7 @@ mod generated;
 mod hostile;
 mod input;
 mod local;
+mod modes;
 mod ops;
 mod props;
 mod redis_core;

@@ -6,24 +6,16 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-fn on(url: &str) -> Command {
-    let mut c = lockrun();
-    c.args(["--url", url]);
-    c
-}
-
 #[test]
 fn status_shows_held_and_free() {
     let redis = Redis::start();
     let scratch = Scratch::new();
-    let out = run(on(&redis.url()).args(["status", "job"]));
-    assert_eq!(out.status.code(), Some(1));
+    let out = on(&redis.url()).args(["status", "job"]).code(1).out;
     assert_eq!(text(&out.stdout), "job: free\n");
 
     let mut holder = hold(Some(&redis.url()), "job", "30s", &scratch);
     scratch.pid_in("pid");
-    let out = run(on(&redis.url()).args(["status", "job"]));
-    assert_eq!(out.status.code(), Some(0));
+    let out = on(&redis.url()).args(["status", "job"]).code(0).out;
     let s = text(&out.stdout);
     assert!(s.starts_with("job: held by "), "{s}");
     assert!(
@@ -33,8 +25,10 @@ fn status_shows_held_and_free() {
     assert!(s.contains("token 1"), "{s}");
     assert!(s.contains("left"), "{s}");
 
-    let out = run(on(&redis.url()).args(["status", "--json", "job"]));
-    assert_eq!(out.status.code(), Some(0));
+    let out = on(&redis.url())
+        .args(["status", "--json", "job"])
+        .code(0)
+        .out;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["name"], "job");
     assert_eq!(v["held"], true);
@@ -57,8 +51,10 @@ fn status_shows_held_and_free() {
 
     signal(holder.id() as i32, libc::SIGTERM);
     wait_child(&mut holder, Duration::from_secs(20));
-    let out = run(on(&redis.url()).args(["status", "--json", "job"]));
-    assert_eq!(out.status.code(), Some(1));
+    let out = on(&redis.url())
+        .args(["status", "--json", "job"])
+        .code(1)
+        .out;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["held"], false);
     assert!(v["token"].is_null());
@@ -68,13 +64,11 @@ fn status_shows_held_and_free() {
 fn status_works_on_the_local_backend() {
     let scratch = Scratch::new();
     let url = scratch.file_url();
-    let out = run(on(&url).args(["status", "job"]));
-    assert_eq!(out.status.code(), Some(1));
+    on(&url).args(["status", "job"]).code(1);
     let mut holder = hold(Some(&url), "job", "30s", &scratch);
     scratch.pid_in("pid");
     // status must not disturb the lock: a concurrent -n still sees it held.
-    let out = run(on(&url).args(["status", "--json", "job"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = on(&url).args(["status", "--json", "job"]).code(0).out;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["held"], true);
     assert!(
@@ -85,34 +79,32 @@ fn status_works_on_the_local_backend() {
     );
     assert!(v["token"].as_u64().is_some());
     assert!(v["ttl_left_ms"].is_null(), "a flock has no expiry");
-    assert_eq!(
-        run(on(&url).args(["-n", "job", "true"])).status.code(),
-        Some(75)
-    );
+    on(&url).args(["-n", "job", "true"]).code(75);
     signal(holder.id() as i32, libc::SIGTERM);
     wait_child(&mut holder, Duration::from_secs(20));
-    assert_eq!(run(on(&url).args(["status", "job"])).status.code(), Some(1));
+    on(&url).args(["status", "job"]).code(1);
 }
 
 #[test]
 fn status_of_an_unreachable_backend_is_69() {
     let url = format!("redis://127.0.0.1:{}", free_port());
-    assert_eq!(run(on(&url).args(["status", "x"])).status.code(), Some(69));
+    on(&url).args(["status", "x"]).code(69);
 }
 
 #[test]
 fn a_lock_named_like_a_subcommand_runs_a_job() {
     let redis = Redis::start();
-    let out = run(on(&redis.url()).args(["--", "status", "--", "sh", "-c", "echo $LOCKRUN_NAME"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = on(&redis.url())
+        .args(["--", "status", "--", "sh", "-c", "echo $LOCKRUN_NAME"])
+        .code(0)
+        .out;
     assert_eq!(text(&out.stdout), "status\n");
 }
 
 #[test]
 fn release_without_force_refuses() {
     let redis = Redis::start();
-    let out = run(on(&redis.url()).args(["release", "x"]));
-    assert_eq!(out.status.code(), Some(64));
+    let out = on(&redis.url()).args(["release", "x"]).code(64).out;
     assert!(text(&out.stderr).contains("--force"));
 }
 
@@ -129,8 +121,7 @@ fn force_release_revokes_safely() {
             "date +%s%N > {}",
             scratch.path("started").display()
         ))
-        .spawn()
-        .unwrap();
+        .spawn();
     std::thread::sleep(Duration::from_millis(300));
     let pttl: i64 = redis.cmd(&["PTTL", "lockrun:{rv}"]);
     let out = run(on(&url).args(["release", "--force", "rv"]));
@@ -173,11 +164,11 @@ fn force_release_now_deletes_and_wakes_a_waiter() {
     let mut waiter = on(&url)
         .args(["now", "-c"])
         .arg(format!("touch {}", scratch.path("started").display()))
-        .spawn()
-        .unwrap();
+        .spawn();
     std::thread::sleep(Duration::from_millis(300));
-    let out = run(on(&url).args(["release", "--force", "--now", "now"]));
-    assert_eq!(out.status.code(), Some(0));
+    on(&url)
+        .args(["release", "--force", "--now", "now"])
+        .code(0);
     let t = Instant::now();
     assert!(wait_child(&mut waiter, Duration::from_secs(20)).success());
     // With a 30 s ttl only the wake-up explains a start this soon.
@@ -198,23 +189,21 @@ fn force_release_with_a_token_acts_only_on_that_lease() {
     let redis = Redis::start();
     let scratch = Scratch::new();
     let url = redis.url();
-    let out = run(on(&url).args(["release", "--force", "t"]));
-    assert_eq!(out.status.code(), Some(1), "nothing held");
+    on(&url).args(["release", "--force", "t"]).code(1);
     let mut holder = hold(Some(&url), "t", "3s", &scratch);
     scratch.pid_in("pid");
     let out = run(on(&url).args(["status", "--json", "t"]));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let token = v["token"].as_u64().unwrap().to_string();
-    let out = run(on(&url).args(["release", "--force", "--token", "12345", "t"]));
-    assert_eq!(out.status.code(), Some(1));
+    let out = on(&url)
+        .args(["release", "--force", "--token", "12345", "t"])
+        .code(1)
+        .out;
     assert!(text(&out.stderr).contains(&token), "{}", text(&out.stderr));
-    assert_eq!(
-        run(on(&url).args(["status", "t"])).status.code(),
-        Some(0),
-        "still held"
-    );
-    let out = run(on(&url).args(["release", "--force", "--now", "--token", &token, "t"]));
-    assert_eq!(out.status.code(), Some(0));
+    on(&url).args(["status", "t"]).code(0);
+    on(&url)
+        .args(["release", "--force", "--now", "--token", &token, "t"])
+        .code(0);
     assert_eq!(
         wait_child(&mut holder, Duration::from_secs(20)).code(),
         Some(76)
@@ -224,8 +213,10 @@ fn force_release_with_a_token_acts_only_on_that_lease() {
 #[test]
 fn force_release_is_refused_on_the_local_backend() {
     let scratch = Scratch::new();
-    let out = run(on(&scratch.file_url()).args(["release", "--force", "x"]));
-    assert_eq!(out.status.code(), Some(64));
+    let out = on(&scratch.file_url())
+        .args(["release", "--force", "x"])
+        .code(64)
+        .out;
     assert_eq!(text(&out.stderr).lines().count(), 1);
 }
 
@@ -305,20 +296,21 @@ fn tls_with_a_ca_file_a_wrong_ca_and_insecure() {
         "no",
     ]);
     let url = format!("rediss://127.0.0.1:{tls_port}");
-    let out = run(on(&url).args([
-        "--tls-ca",
-        &p("ca.crt"),
-        "x",
-        "--",
-        "sh",
-        "-c",
-        "echo $LOCKRUN_TOKEN",
-    ]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = run(on(&url)
+    on(&url)
+        .args([
+            "--tls-ca",
+            &p("ca.crt"),
+            "x",
+            "--",
+            "sh",
+            "-c",
+            "echo $LOCKRUN_TOKEN",
+        ])
+        .code(0);
+    on(&url)
         .env("LOCKRUN_TLS_CA", p("ca.crt"))
-        .args(["status", "x"]));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        .args(["status", "x"])
+        .code(1);
 
     let t = Instant::now();
     let out = run(on(&url).args(["--tls-ca", &p("other.crt"), "x", "true"]));
@@ -328,8 +320,7 @@ fn tls_with_a_ca_file_a_wrong_ca_and_insecure() {
     assert!(err.contains("certificate"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(10));
 
-    let out = run(on(&format!("{url}#insecure")).args(["x", "true"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    on(&format!("{url}#insecure")).args(["x", "true"]).code(0);
     drop(redis);
 }
 
@@ -353,11 +344,9 @@ fn acl_logins_and_least_privilege() {
     // Run, wait and hand off, status, release: all with exactly these rules.
     let mut holder = hold(Some(&url), "acl", "3s", &scratch);
     scratch.pid_in("pid");
-    let out = run(on(&url).args(["-n", "acl", "true"]));
-    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
-    assert_eq!(run(on(&url).args(["status", "acl"])).status.code(), Some(0));
-    let out = run(on(&url).args(["release", "--force", "acl"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    on(&url).args(["-n", "acl", "true"]).code(75);
+    on(&url).args(["status", "acl"]).code(0);
+    on(&url).args(["release", "--force", "acl"]).code(0);
     assert_eq!(
         wait_child(&mut holder, Duration::from_secs(20)).code(),
         Some(76)
@@ -416,8 +405,7 @@ fn a_password_never_reaches_output_or_the_job() {
         ))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn();
     scratch.pid_in("pid");
     outputs.push(run(on(&url).args(["-vv", "-n", "p", "true"])));
     outputs.push(run(on(&url).args(["-vv", "status", "p"])));

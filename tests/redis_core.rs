@@ -7,12 +7,6 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-fn on(redis: &Redis) -> std::process::Command {
-    let mut c = lockrun();
-    c.args(["--url", &redis.url()]);
-    c
-}
-
 #[test]
 fn exit_codes_pass_through() {
     let redis = Redis::start();
@@ -20,8 +14,7 @@ fn exit_codes_pass_through() {
         let out = run(on(&redis).args(["x", "--", "sh", "-c", &format!("exit {code}")]));
         assert_eq!(out.status.code(), Some(code));
     }
-    let out = run(on(&redis).args(["x", "-c", "exit 7"]));
-    assert_eq!(out.status.code(), Some(7));
+    on(&redis).args(["x", "-c", "exit 7"]).code(7);
     assert!(
         redis.keys().iter().all(|k| !k.ends_with('}')),
         "lease left behind: {:?}",
@@ -43,8 +36,7 @@ fn stdio_passes_through() {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn();
     child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0));
@@ -55,12 +47,13 @@ fn stdio_passes_through() {
 #[test]
 fn the_job_sees_its_lease_in_the_environment() {
     let redis = Redis::start();
-    let out = run(on(&redis)
+    let out = on(&redis)
         .args(["--ttl", "20s", "report"])
         .env("LOCKRUN_TOKEN", "1")
         .env("LOCKRUN_NAME", "outer")
-        .args(["--", "sh", "-c", "echo $LOCKRUN_NAME $LOCKRUN_TOKEN $LOCKRUN_OWNER $LOCKRUN_TTL_MS ${LOCKRUN_LOCK_FD-none}"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        .args(["--", "sh", "-c", "echo $LOCKRUN_NAME $LOCKRUN_TOKEN $LOCKRUN_OWNER $LOCKRUN_TTL_MS ${LOCKRUN_LOCK_FD-none}"])
+    .code(0)
+    .out;
     let s = text(&out.stdout);
     let f: Vec<&str> = s.split_whitespace().collect();
     assert_eq!(f[0], "report");
@@ -78,8 +71,10 @@ fn the_job_sees_its_lease_in_the_environment() {
 }
 
 fn token_of(redis: &Redis, name: &str) -> u64 {
-    let out = run(on(redis).args([name, "--", "sh", "-c", "echo $LOCKRUN_TOKEN"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = on(redis)
+        .args([name, "--", "sh", "-c", "echo $LOCKRUN_TOKEN"])
+        .code(0)
+        .out;
     text(&out.stdout).trim().parse().unwrap()
 }
 
@@ -136,15 +131,14 @@ fn no_wait_gives_up_at_once_and_wait_gives_up_in_time() {
             "touch {}; sleep 30",
             scratch.path("holding").display()
         ))
-        .spawn()
-        .unwrap();
+        .spawn();
     assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
 
     let start = Instant::now();
-    let out = run(on(&redis)
+    on(&redis)
         .args(["-n", "held", "-c"])
-        .arg(format!("touch {}", scratch.path("ran").display())));
-    assert_eq!(out.status.code(), Some(75));
+        .arg(format!("touch {}", scratch.path("ran").display()))
+        .code(75);
     assert!(
         start.elapsed() < Duration::from_secs(3),
         "-n took {:?}",
@@ -152,8 +146,7 @@ fn no_wait_gives_up_at_once_and_wait_gives_up_in_time() {
     );
     assert!(!scratch.exists("ran"), "the job must not start");
 
-    let out = run(on(&redis).args(["-n", "-E", "3", "held", "true"]));
-    assert_eq!(out.status.code(), Some(3));
+    on(&redis).args(["-n", "-E", "3", "held", "true"]).code(3);
 
     let start = Instant::now();
     let out = run(on(&redis)
@@ -184,14 +177,12 @@ fn a_waiter_starts_promptly_after_release() {
             scratch.path("go").display(),
             scratch.path("end").display()
         ))
-        .spawn()
-        .unwrap();
+        .spawn();
     assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
     let mut waiter = on(&redis)
         .args(["--ttl", "30s", "handoff", "-c"])
         .arg(format!("date +%s%N > {}", scratch.path("start").display()))
-        .spawn()
-        .unwrap();
+        .spawn();
     // Let the waiter block on the wake-up list before the holder ends.
     std::thread::sleep(Duration::from_millis(500));
     std::fs::write(scratch.path("go"), "").unwrap();
@@ -214,8 +205,7 @@ fn a_short_lease_survives_a_long_job() {
             "touch {}; sleep 4",
             scratch.path("holding").display()
         ))
-        .spawn()
-        .unwrap();
+        .spawn();
     assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
     let mut attempts = 0;
     while holder.try_wait().unwrap().is_none() {
@@ -326,6 +316,7 @@ fn nested_lockrun_on_the_same_lock_is_refused() {
     assert_eq!(out.status.code(), Some(64), "{err}");
     assert!(err.contains("deadlock"), "{err}");
     // A different name inside is fine.
-    let out = run(on(&redis).args(["outer", "--", BIN, "--url", &url, "inner", "true"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    on(&redis)
+        .args(["outer", "--", BIN, "--url", &url, "inner", "true"])
+        .code(0);
 }

@@ -7,12 +7,6 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-fn on(redis: &Redis) -> std::process::Command {
-    let mut c = lockrun();
-    c.args(["--url", &redis.url()]);
-    c
-}
-
 fn key_exists(redis: &Redis, name: &str) -> bool {
     let n: i64 = redis.cmd(&["EXISTS", &format!("lockrun:{{{name}}}")]);
     n == 1
@@ -42,8 +36,7 @@ fn sigterm_to_lockrun_ends_the_whole_job() {
             "sleep 100 & echo $! > {}; wait",
             scratch.path("pid").display()
         ))
-        .spawn()
-        .unwrap();
+        .spawn();
     let sleeper = scratch.pid_in("pid");
     signal(lr.id() as i32, libc::SIGTERM);
     let st = wait_child(&mut lr, Duration::from_secs(20));
@@ -73,8 +66,7 @@ fn background_leftovers_are_killed_before_release() {
         let name = format!("bg{i}");
         let mut lr = on(&redis)
             .args(["--ttl", "5s", &name, "-c", script])
-            .spawn()
-            .unwrap();
+            .spawn();
         let leftover = scratch.pid_in("pid");
         released_after_death(&redis, &name, &mut lr, &[leftover]);
         assert!(!alive(leftover), "{script}");
@@ -91,8 +83,7 @@ fn lost_lease_kills_a_job_that_ignores_sigterm() {
             "trap '' TERM; echo $$ > {}; sleep 100; sleep 100",
             scratch.path("pid").display()
         ))
-        .spawn()
-        .unwrap();
+        .spawn();
     let job = scratch.pid_in("pid");
     let deleted = Instant::now();
     let _: () = redis.cmd(&["DEL", "lockrun:{trap}"]);
@@ -117,8 +108,7 @@ fn lost_lease_kills_a_stopped_job() {
             "echo $$ > {}; sleep 100; sleep 100",
             scratch.path("pid").display()
         ))
-        .spawn()
-        .unwrap();
+        .spawn();
     let job = scratch.pid_in("pid");
     signal(job, libc::SIGSTOP);
     // A stopped job still counts as running: the lease is renewed.
@@ -148,7 +138,7 @@ fn signals_reach_every_process_of_the_job() {
          perl -e '$|=1; for my $s (qw(HUP USR1 QUIT WINCH)) {{ $SIG{{$s}} = sub {{ open my $f, \">>\", \"{log}\"; print $f \"perl $_[0]\\n\"; close $f }} }} open my $f, \">>\", \"{log}\"; print $f \"ready\\n\"; close $f; sleep 1 while 1' & \
          while :; do sleep 0.05; done"
     );
-    let mut lr = on(&redis).args(["sig", "-c", &script]).spawn().unwrap();
+    let mut lr = on(&redis).args(["sig", "-c", &script]).spawn();
     assert!(wait_until(Duration::from_secs(20), || scratch
         .read("log")
         .contains("ready")));
@@ -183,8 +173,7 @@ fn killing_lockrun_outright_kills_its_direct_child() {
             "echo $$ > {}; exec sleep 100",
             scratch.path("pid").display()
         ))
-        .spawn()
-        .unwrap();
+        .spawn();
     let job = scratch.pid_in("pid");
     signal(lr.id() as i32, libc::SIGKILL);
     wait_child(&mut lr, Duration::from_secs(20));
@@ -198,10 +187,11 @@ fn killing_lockrun_outright_kills_its_direct_child() {
 fn exec_failures_and_signals_map_to_shell_codes() {
     let redis = Redis::start();
     let scratch = Scratch::new();
-    let out = run(on(&redis).args(["e", "-c", "kill -USR2 $$"]));
-    assert_eq!(out.status.code(), Some(140));
-    let out = run(on(&redis).args(["e", "--", "/nonexistent/command"]));
-    assert_eq!(out.status.code(), Some(127));
+    on(&redis).args(["e", "-c", "kill -USR2 $$"]).code(140);
+    let out = on(&redis)
+        .args(["e", "--", "/nonexistent/command"])
+        .code(127)
+        .out;
     assert!(
         text(&out.stderr).contains("not found"),
         "{}",
@@ -209,8 +199,7 @@ fn exec_failures_and_signals_map_to_shell_codes() {
     );
     let file = scratch.path("plain");
     std::fs::write(&file, "echo hi\n").unwrap();
-    let out = run(on(&redis).args(["e", "--"]).arg(&file));
-    assert_eq!(out.status.code(), Some(126));
+    let out = on(&redis).args(["e", "--"]).arg(&file).code(126).out;
     assert_eq!(text(&out.stderr).lines().count(), 1);
     assert!(
         !key_exists(&redis, "e"),
@@ -250,10 +239,9 @@ fn with_nohup_and_a_mask(cmd: &mut std::process::Command) {
 #[test]
 fn the_job_starts_with_a_clean_slate() {
     let redis = Redis::start();
-    let mut cmd = on(&redis);
-    cmd.args(["clean", "--", "cat", "/proc/self/status"]);
-    with_nohup_and_a_mask(&mut cmd);
-    let out = run(&mut cmd);
+    let mut cmd = on(&redis).args(["clean", "--", "cat", "/proc/self/status"]);
+    with_nohup_and_a_mask(cmd.command());
+    let out = run(cmd);
     assert_eq!(out.status.code(), Some(0));
     let st = text(&out.stdout);
     // What the caller ignored stays ignored, nothing more (the test's own
@@ -304,7 +292,8 @@ fn no_descriptor_of_lockrun_leaks_into_the_job() {
     let (fds, _) = fds_of(
         on(&redis)
             .args(["fds", "--", "sh", "-c", script])
-            .stdin(Stdio::null()),
+            .stdin(Stdio::null())
+            .command(),
     );
     assert_eq!(fds, baseline, "Redis backend: no extra descriptor");
     // Local backend: exactly one more, the lock descriptor it names.

@@ -199,8 +199,48 @@ pub fn default_interrupts(cmd: &mut Command) {
     }
 }
 
-pub fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("run lockrun")
+/// Run to the end: a `Command`, or a `Lockrun` being built.
+pub fn run(cmd: impl Runnable) -> Output {
+    cmd.finish()
+}
+
+pub trait Runnable {
+    fn finish(self) -> Output;
+}
+
+impl Runnable for &mut Command {
+    fn finish(self) -> Output {
+        self.output().expect("run lockrun")
+    }
+}
+
+impl Runnable for Lockrun {
+    fn finish(self) -> Output {
+        self.output().out
+    }
+}
+
+/// Where a test's locks live: a URL, or a Redis started by the test.
+pub trait Engine {
+    fn url(&self) -> String;
+}
+
+impl Engine for str {
+    fn url(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Engine for String {
+    fn url(&self) -> String {
+        self.clone()
+    }
+}
+
+impl Engine for Redis {
+    fn url(&self) -> String {
+        Redis::url(self)
+    }
 }
 
 pub fn text(b: &[u8]) -> String {
@@ -504,4 +544,112 @@ impl Proxy {
 pub fn state_of(pid: i32) -> Option<char> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     s.rsplit(')').next()?.trim_start().chars().next()
+}
+
+/// One lockrun invocation, built up and then run with an assertion on how
+/// it ended (as just's `Test`): `on(&url).args(["-n", "x", "true"]).code(75)`.
+#[must_use]
+pub struct Lockrun {
+    cmd: Command,
+}
+
+/// lockrun on the engine at `url`.
+pub fn on(engine: &(impl Engine + ?Sized)) -> Lockrun {
+    let mut cmd = lockrun();
+    cmd.args(["--url", &engine.url()]);
+    Lockrun { cmd }
+}
+
+/// What a finished invocation printed.
+pub struct Ran {
+    pub out: Output,
+}
+
+impl Ran {
+    pub fn stdout(&self) -> String {
+        text(&self.out.stdout)
+    }
+    pub fn stderr(&self) -> String {
+        text(&self.out.stderr)
+    }
+    /// stdout parsed as the one JSON object `status --json` prints.
+    #[track_caller]
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout()))
+    }
+    /// stderr is one line containing every one of `parts`.
+    #[track_caller]
+    pub fn says(self, parts: &[&str]) -> Ran {
+        let err = self.stderr();
+        assert_eq!(err.lines().count(), 1, "expected one line on stderr: {err}");
+        for p in parts {
+            assert!(err.contains(p), "stderr lacks {p:?}: {err}");
+        }
+        self
+    }
+}
+
+impl Lockrun {
+    pub fn arg(mut self, a: impl AsRef<std::ffi::OsStr>) -> Lockrun {
+        self.cmd.arg(a);
+        self
+    }
+    pub fn args<I, S>(mut self, args: I) -> Lockrun
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.cmd.args(args);
+        self
+    }
+    pub fn env(mut self, k: &str, v: impl AsRef<std::ffi::OsStr>) -> Lockrun {
+        self.cmd.env(k, v);
+        self
+    }
+    pub fn env_remove(mut self, k: &str) -> Lockrun {
+        self.cmd.env_remove(k);
+        self
+    }
+    pub fn stdout(mut self, cfg: impl Into<Stdio>) -> Lockrun {
+        self.cmd.stdout(cfg);
+        self
+    }
+    pub fn stderr(mut self, cfg: impl Into<Stdio>) -> Lockrun {
+        self.cmd.stderr(cfg);
+        self
+    }
+    pub fn stdin(mut self, cfg: impl Into<Stdio>) -> Lockrun {
+        self.cmd.stdin(cfg);
+        self
+    }
+    /// The command itself, for what the builder does not cover.
+    pub fn command(&mut self) -> &mut Command {
+        &mut self.cmd
+    }
+    pub fn spawn(mut self) -> Child {
+        self.cmd.spawn().expect("start lockrun")
+    }
+    /// Run to the end, whatever the exit code.
+    pub fn output(mut self) -> Ran {
+        Ran {
+            out: self.cmd.output().expect("run lockrun"),
+        }
+    }
+    /// Run to the end and check the exit code, showing stderr if it differs.
+    #[track_caller]
+    pub fn code(self, expected: i32) -> Ran {
+        let ran = self.output();
+        assert_eq!(
+            ran.out.status.code(),
+            Some(expected),
+            "exit code; stderr: {}",
+            ran.stderr()
+        );
+        ran
+    }
+    #[track_caller]
+    pub fn succeeds(self) -> Ran {
+        self.code(0)
+    }
 }
