@@ -169,6 +169,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 }
 
 impl Prepared {
+    /// The descriptor the job inherits, if any.
+    pub fn inherit_fd(&self) -> Option<RawFd> {
+        (self.inherit_fd >= 0).then_some(self.inherit_fd)
+    }
+
     /// Build every string the child needs, in the parent.
     pub fn new(spec: &Spec<'_>) -> std::io::Result<Prepared> {
         let mut strings: Vec<CString> = spec

@@ -202,23 +202,43 @@ pub fn sigchld_fd() -> io::Result<std::os::fd::OwnedFd> {
     }
 }
 
-/// Close every descriptor from `first` up (a dying guard needs none, and
-/// its walk of /proc must not fail for want of one).
-pub fn close_from(first: RawFd) {
+/// Close every descriptor from 3 up except those in `keep` (sorted here, in
+/// place: no allocation, as after a fork). One close_range per gap.
+pub fn close_all_but(keep: &mut [RawFd]) {
+    keep.sort_unstable();
+    let mut first: RawFd = 3;
+    for &k in keep.iter() {
+        if k >= first {
+            if k > first {
+                close_range(first, k - 1);
+            }
+            first = k + 1;
+        }
+    }
+    close_range(first, RawFd::MAX);
+}
+
+fn close_range(first: RawFd, last: RawFd) {
     // SAFETY: close_range takes plain integers; the caller owns no Rust
     // object that uses these descriptors again.
     let r = unsafe {
         libc::syscall(
             libc::SYS_close_range,
             first as libc::c_uint,
-            libc::c_uint::MAX,
+            last as libc::c_uint,
             0,
         )
     };
     if r != 0 {
-        for fd in first..1024 {
+        for fd in first..=last.min(1023) {
             // SAFETY: as above, on kernels without close_range.
             unsafe { libc::close(fd) };
         }
     }
+}
+
+/// Close every descriptor from `first` up (a dying guard needs none, and
+/// its walk of /proc must not fail for want of one).
+pub fn close_from(first: RawFd) {
+    close_range(first, RawFd::MAX);
 }

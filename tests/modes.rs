@@ -497,3 +497,42 @@ fn mode_flags_are_checked_before_anything_is_contacted() {
     on(&url).args(["--limit", "1001", "x", "true"]).code(64);
     on(&url).args(["-x", "-s", "x", "true"]).code(64);
 }
+
+/// A request that waited for any of N slots leaves no other slot taken: its
+/// helpers still waiting on the others hold nothing once they get one, and
+/// nothing of lockrun's (the guard included) keeps a copy of their files.
+#[test]
+fn a_waiter_for_a_slot_takes_one_slot_only() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let holder = |tag: &str| {
+        on(&url)
+            .args(["--limit", "2", "slots", "-c"])
+            .arg(format!(
+                "echo $$ > {}; exec sleep 60",
+                scratch.path(tag).display()
+            ))
+            .spawn()
+    };
+    let mut a = holder("a");
+    let mut b = holder("b");
+    scratch.pid_in("a");
+    scratch.pid_in("b");
+    // C waits for a slot, gets A's, and runs on.
+    let mut c = holder("c");
+    assert!(wait_until(Duration::from_secs(20), || {
+        let v = on(&url).args(["status", "--json", "slots"]).output().json();
+        v["waiters"].as_u64().unwrap_or(0) >= 1
+    }));
+    signal(a.id() as i32, libc::SIGTERM);
+    wait_child(&mut a, Duration::from_secs(20));
+    scratch.pid_in("c");
+    // B's slot, once B ends, is free for D at once.
+    signal(b.id() as i32, libc::SIGTERM);
+    wait_child(&mut b, Duration::from_secs(20));
+    on(&url)
+        .args(["--limit", "2", "-n", "slots", "true"])
+        .succeeds();
+    signal(c.id() as i32, libc::SIGTERM);
+    wait_child(&mut c, Duration::from_secs(20));
+}

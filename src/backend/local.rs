@@ -914,7 +914,12 @@ impl Local {
         holder: Option<&str>,
     ) -> Result<bool, Failure> {
         if w.wait != Wait::No {
-            return w.block(gate, FlockOperation::LockExclusive, holder);
+            // Most requests find the gate open: no helper thread for them.
+            return match flock(gate, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => Ok(true),
+                Err(Errno::WOULDBLOCK) => w.block(gate, FlockOperation::LockExclusive, holder),
+                Err(e) => Err(w.unavailable("cannot lock the gate of", e)),
+            };
         }
         for _ in 0..20 {
             match flock(gate, FlockOperation::NonBlockingLockExclusive) {

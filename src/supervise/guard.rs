@@ -5,7 +5,7 @@
 //! kills every process of the job before it exits, so none outlives the lease.
 
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::process::{Pid, WaitOptions, WaitStatus, wait, waitpid};
@@ -166,9 +166,16 @@ fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
     // A group of its own: a SIGKILL to lockrun's whole process group (as
     // `timeout -k` and CI runners send) must not take the guard along.
     let _ = rustix::process::setpgid(None, None);
-    // lockrun's other descriptors (its server connection, its signal pipe)
-    // stay open here unused: they are close-on-exec, so the job never sees
-    // them, and closing each would cost every run a /proc scan.
+    // None of lockrun's other descriptors stays open here: a copy would keep
+    // its open file alive for as long as the job runs, and with it any lock
+    // on it (the gate a request passes, a slot a helper thread took after
+    // another one won). One close_range per gap, no scan.
+    let mut keep = [
+        life.as_raw_fd(),
+        out.as_raw_fd(),
+        job.inherit_fd().unwrap_or(-1),
+    ];
+    sys::close_all_but(&mut keep);
     if sys::set_subreaper().is_err() {
         send(&mut out, Report::NotStarted(libc::EPERM));
         sys::exit_now(1);
