@@ -4,9 +4,13 @@
 //! with SIGKILL, restarts and pauses Redis, trickles its replies through a
 //! proxy and breaks leases; some runs get a tiny descriptor limit. A checker
 //! then verifies the history against the promises of README "Safety".
+//! Three worker sets share the server: exclusive holders of one name, a
+//! `--limit 3` semaphore (fenced per slot), and readers and writers (`-s`
+//! and exclusive) of a third name. The checker holds each to its mode: one
+//! holder at a time, at most 3 at once, never a writer beside a reader.
 //!
 //! LOCKRUN_TORTURE_SECS sets the duration (default 40), LOCKRUN_TORTURE_SEED
-//! replays a run, LOCKRUN_TORTURE_WORKERS sets the number of workers (6).
+//! replays a run, LOCKRUN_TORTURE_WORKERS sets the number of workers (9: three of each set).
 //! Run a long one with
 //! `LOCKRUN_TORTURE_SECS=900 cargo test --release torture -- --nocapture`.
 
@@ -28,27 +32,41 @@ const JOB: &str = r#"
 use strict; use warnings;
 use Fcntl qw(:flock);
 use Time::HiRes qw(time sleep);
-my ($dir, $writes) = @ARGV;
+my ($dir, $writes, $name) = @ARGV;
 my $t = $ENV{LOCKRUN_TOKEN};
 my $w = $ENV{WORKER};
+my $mode = $ENV{MODE};
+my $slot = $ENV{LOCKRUN_SLOT} // '-';
+# Fenced per (name, slot), as README "Safety" says for --limit.
+my $fence = "$dir/fence-$name-$slot";
 sub now { sprintf("%.0f", time() * 1e6) }
-sub logl { open(my $f, '>>', "$dir/events.log") or die; print $f "@_\n"; close $f; }
+sub logl {
+  my ($what, $at) = @_;
+  open(my $f, '>>', "$dir/events.log") or die;
+  print $f "$what $t $at $w $name $mode $slot\n"; close $f;
+}
 open(my $p, '>', "$dir/pid-$w") or die; print $p "$$\n"; close $p;
-logl("start $t " . now() . " $w");
+logl("start", now());
 # The writes come from a child: killing lockrun outright must kill it too.
 my $child = fork() // die;
-if ($child) { waitpid($child, 0); logl("end $t " . now() . " $w"); exit($? >> 8); }
+if ($child) { waitpid($child, 0); logl("end", now()); exit($? >> 8); }
 open(my $g, '>', "$dir/grandchild-$w") or die; print $g "$$\n"; close $g;
 for (1 .. $writes) {
-  open(my $l, '>>', "$dir/fence.lock") or die; flock($l, LOCK_EX) or die;
+  if ($mode eq 's') {
+    # A reader only reads: no writer may run beside it.
+    logl("read", now());
+    sleep(0.02 + rand(0.04));
+    next;
+  }
+  open(my $l, '>>', "$fence.lock") or die; flock($l, LOCK_EX) or die;
   my $last = 0;
-  if (open(my $r, '<', "$dir/fence")) { $last = <$r> // 0; chomp $last; close $r; }
+  if (open(my $r, '<', $fence)) { $last = <$r> // 0; chomp $last; close $r; }
   $last = 0 if $last eq '';
   if ($t >= $last) {
-    open(my $o, '>', "$dir/fence") or die; print $o "$t\n"; close $o;
-    logl("accept $t " . now() . " $w");
+    open(my $o, '>', $fence) or die; print $o "$t\n"; close $o;
+    logl("accept", now());
   } else {
-    logl("reject $t " . now() . " $w");
+    logl("reject", now());
   }
   close $l;
   sleep(0.02 + rand(0.04));
@@ -84,8 +102,13 @@ impl Rng {
 enum Chaos {
     /// A worker's lockrun and its job were stopped from `from` to `to` (µs).
     Pause { worker: usize, from: u64, to: u64 },
-    /// The server lost every lease at `at`: restart, raw DEL, release --now.
-    Break { kind: &'static str, at: u64 },
+    /// The server lost the leases of a name (None: of every name) at `at`:
+    /// restart, raw DEL, release --now.
+    Break {
+        kind: &'static str,
+        name: Option<&'static str>,
+        at: u64,
+    },
     /// Redis itself was stopped for a while; leases are not broken by it.
     RedisPause { from: u64, to: u64 },
     /// A safe revoke (release --force): must not cause any overlap.
@@ -96,10 +119,34 @@ enum Chaos {
     Stall { from: u64, to: u64 },
 }
 
+/// The three worker sets, by worker number: the lock name and mode flags.
+fn worker_set(i: usize) -> (&'static str, &'static [&'static str]) {
+    match i % 9 {
+        0..=2 => ("torture", &[]),
+        3..=6 => ("torture-limit", &["--limit", "3"]),
+        _ => ("torture-rw", &[]),
+    }
+}
+
+/// How many holders of `name` may run at once, and whether two given modes
+/// may run together.
+fn may_share(name: &str, a_mode: &str, b_mode: &str) -> bool {
+    match name {
+        "torture-rw" => a_mode == "s" && b_mode == "s",
+        _ => false,
+    }
+}
+
+const NAMES: [&str; 3] = ["torture", "torture-limit", "torture-rw"];
+
 #[derive(Debug, Default, Clone)]
 struct Job {
     token: u64,
     worker: usize,
+    name: String,
+    /// `x` or `s`.
+    mode: String,
+    slot: String,
     start: u64,
     /// Every action of the job after its start (writes and end), in µs.
     actions: Vec<u64>,
@@ -145,21 +192,34 @@ fn worker(i: usize, sh: Arc<Shared>, seed: u64) {
         } else {
             lockrun()
         };
+        let (name, flags) = worker_set(i);
+        // Readers and writers of the third name: two runs in three read.
+        let mode = if name == "torture-rw" && rng.below(3) > 0 {
+            "s"
+        } else {
+            "x"
+        };
+        if mode == "s" {
+            cmd.arg("-s");
+        }
         let mut child = cmd
+            .args(flags)
             .args([
                 "--url",
                 &sh.url,
                 "--ttl",
                 &format!("{TTL_MS}ms"),
                 "-q",
-                "torture",
+                name,
                 "--",
                 "perl",
             ])
             .arg(&job)
             .arg(&sh.dir)
             .arg("4")
+            .arg(name)
             .env("WORKER", i.to_string())
+            .env("MODE", mode)
             .stdout(std::process::Stdio::null())
             .stderr(
                 std::fs::OpenOptions::new()
@@ -243,6 +303,7 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
                 redis.lock().unwrap().restart();
                 log.push(Chaos::Break {
                     kind: "restart",
+                    name: None,
                     at,
                 });
             }
@@ -256,16 +317,21 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
             }
             3 => {
                 let at = now_us();
+                let name = NAMES[rng.below(3) as usize];
                 if rng.below(2) == 0 {
                     let _: Result<i64, _> = redis::cmd("DEL")
-                        .arg("lockrun:{torture}")
+                        .arg(format!("lockrun:{{{name}}}"))
                         .query(&mut redis.lock().unwrap().conn());
-                    log.push(Chaos::Break { kind: "DEL", at });
+                    log.push(Chaos::Break {
+                        kind: "DEL",
+                        name: Some(name),
+                        at,
+                    });
                 } else {
-                    run(lockrun()
-                        .args(["--url", &sh.url, "release", "--force", "--now", "torture"]));
+                    run(lockrun().args(["--url", &sh.url, "release", "--force", "--now", name]));
                     log.push(Chaos::Break {
                         kind: "release --now",
+                        name: Some(name),
                         at,
                     });
                 }
@@ -295,7 +361,8 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
             }
             _ => {
                 let at = now_us();
-                let out = run(lockrun().args(["--url", &sh.url, "release", "--force", "torture"]));
+                let name = NAMES[rng.below(3) as usize];
+                let out = run(lockrun().args(["--url", &sh.url, "release", "--force", name]));
                 if out.status.code() == Some(0) {
                     log.push(Chaos::Revoke { at });
                 }
@@ -307,18 +374,22 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
 
 struct History {
     jobs: Vec<Job>,
-    accepted: Vec<(u64, u64)>,
+    /// Per fenced resource (name, slot), the writes it accepted, in order.
+    accepted: HashMap<(String, String), Vec<(u64, u64)>>,
     rejected: usize,
+    /// A (name, token) that started twice: one token granted twice.
+    twice: Vec<String>,
 }
 
 fn read_history(dir: &Path) -> History {
     let text = std::fs::read_to_string(dir.join("events.log")).unwrap_or_default();
-    let mut jobs: HashMap<u64, Job> = HashMap::new();
-    let mut accepted = Vec::new();
+    let mut jobs: HashMap<(String, u64), Job> = HashMap::new();
+    let mut accepted: HashMap<(String, String), Vec<(u64, u64)>> = HashMap::new();
     let mut rejected = 0;
+    let mut twice = Vec::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 4 {
+        if f.len() < 7 {
             continue;
         }
         let (token, at, w): (u64, u64, usize) = (
@@ -326,31 +397,41 @@ fn read_history(dir: &Path) -> History {
             f[2].parse().unwrap(),
             f[3].parse().unwrap(),
         );
-        let job = jobs.entry(token).or_insert_with(|| Job {
+        let (name, mode, slot) = (f[4].to_string(), f[5].to_string(), f[6].to_string());
+        let job = jobs.entry((name.clone(), token)).or_insert_with(|| Job {
             token,
             worker: w,
+            name: name.clone(),
+            mode,
+            slot: slot.clone(),
             ..Job::default()
         });
         match f[0] {
-            "start" => job.start = at,
+            "start" => {
+                if job.start != 0 || job.worker != w {
+                    twice.push(format!("{name} token {token}"));
+                }
+                job.start = at;
+            }
             "accept" => {
                 job.actions.push(at);
-                accepted.push((token, at));
+                accepted.entry((name, slot)).or_default().push((token, at));
             }
             "reject" => {
                 job.actions.push(at);
                 rejected += 1;
             }
-            "end" => job.actions.push(at),
+            "end" | "read" => job.actions.push(at),
             _ => {}
         }
     }
     let mut jobs: Vec<Job> = jobs.into_values().collect();
-    jobs.sort_by_key(|j| j.token);
+    jobs.sort_by_key(|j| (j.name.clone(), j.token));
     History {
         jobs,
         accepted,
         rejected,
+        twice,
     }
 }
 
@@ -371,7 +452,11 @@ fn admitted(a: &Job, b: &Job, x: u64, chaos: &[Chaos]) -> Option<&'static str> {
             {
                 return Some("holder paused");
             }
-            Chaos::Break { at, .. } if at <= b.start && x <= at + break_bound_us() => {
+            Chaos::Break { at, name, .. }
+                if name.is_none_or(|n| n == a.name)
+                    && at <= b.start
+                    && x <= at + break_bound_us() =>
+            {
                 return Some("lease broken on the server");
             }
             _ => {}
@@ -380,48 +465,101 @@ fn admitted(a: &Job, b: &Job, x: u64, chaos: &[Chaos]) -> Option<&'static str> {
     None
 }
 
+/// The most holders `torture-limit` admits.
+const LIMIT: usize = 3;
+
 fn check(h: &History, chaos: &[Chaos]) -> (Vec<String>, usize) {
     let mut bad = Vec::new();
     let mut overlaps = 0;
-    // (a) tokens strictly increase in grant order: a newer token never starts
-    // before an older one, unless the older one's holder was paused.
-    for pair in h.jobs.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        if a.start > 0
-            && b.start > 0
-            && b.start < a.start
-            && admitted(a, b, a.start, chaos).is_none()
-        {
-            bad.push(format!(
-                "(a) token {} started before the older token {}",
-                b.token, a.token
-            ));
-        }
+    for t in &h.twice {
+        bad.push(format!("(d) {t} was granted twice"));
     }
-    // (b) a job acts after a newer job started only where README "Safety" admits it.
-    for (i, a) in h.jobs.iter().enumerate() {
-        for b in &h.jobs[i + 1..] {
-            if b.start == 0 {
-                continue;
-            }
-            for &x in a.actions.iter().filter(|&&x| x > b.start) {
-                overlaps += 1;
-                if admitted(a, b, x, chaos).is_none() {
+    for name in NAMES {
+        let jobs: Vec<&Job> = h.jobs.iter().filter(|j| j.name == name).collect();
+        // (a) one holder at a time: tokens strictly increase in grant order,
+        // a newer token never starts before an older one, unless the older
+        // one's holder was paused.
+        if name == "torture" {
+            for pair in jobs.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                if a.start > 0
+                    && b.start > 0
+                    && b.start < a.start
+                    && admitted(a, b, a.start, chaos).is_none()
+                {
                     bad.push(format!(
-                        "(b) job {} (worker {}) acted {} µs after job {} started, with no pause or broken lease to admit it",
-                        a.token, a.worker, x - b.start, b.token
+                        "(a) token {} started before the older token {}",
+                        b.token, a.token
                     ));
                 }
             }
         }
+        for (i, b) in jobs.iter().enumerate() {
+            if b.start == 0 {
+                continue;
+            }
+            // Older jobs still acting once b started, each with its first
+            // late action.
+            let busy: Vec<(&Job, u64)> = jobs[..i]
+                .iter()
+                .filter_map(|a| {
+                    let x = a.actions.iter().copied().filter(|&x| x > b.start).min()?;
+                    Some((*a, x))
+                })
+                .collect();
+            let unadmitted: Vec<&(&Job, u64)> = busy
+                .iter()
+                .filter(|(a, x)| admitted(a, b, *x, chaos).is_none())
+                .collect();
+            overlaps += busy.len() - unadmitted.len();
+            if name == "torture-limit" {
+                // (b) at most LIMIT at once, and one holder per slot.
+                if unadmitted.len() >= LIMIT {
+                    bad.push(format!(
+                        "(b) {} holders of {name} at once when token {} started",
+                        unadmitted.len() + 1,
+                        b.token
+                    ));
+                }
+                for (a, x) in &unadmitted {
+                    if a.slot == b.slot {
+                        bad.push(format!(
+                            "(b) slot {} of {name}: job {} acted {} µs after job {} started there",
+                            b.slot,
+                            a.token,
+                            x - b.start,
+                            b.token
+                        ));
+                    }
+                }
+            } else {
+                // (b) one writer alone; readers only beside readers.
+                for (a, x) in unadmitted {
+                    if !may_share(name, &a.mode, &b.mode) {
+                        bad.push(format!(
+                            "(b) {name}: job {} ({}, worker {}) acted {} µs after job {} ({}) started, \
+                             with no pause or broken lease to admit it",
+                            a.token,
+                            a.mode,
+                            a.worker,
+                            x - b.start,
+                            b.token,
+                            b.mode
+                        ));
+                    }
+                }
+            }
+        }
     }
-    // (c) the resource never accepted a token lower than one it had accepted.
-    for pair in h.accepted.windows(2) {
-        if pair[1].0 < pair[0].0 {
-            bad.push(format!(
-                "(c) accepted token {} after token {}",
-                pair[1].0, pair[0].0
-            ));
+    // (c) no resource accepted a token lower than one it had accepted.
+    for ((name, slot), writes) in &h.accepted {
+        for pair in writes.windows(2) {
+            if pair[1].0 < pair[0].0 {
+                bad.push(format!(
+                    "(c) {name} slot {slot} accepted token {} after token {}",
+                    pair[1].0, pair[0].0
+                ));
+            }
         }
     }
     (bad, overlaps)
@@ -432,7 +570,12 @@ fn describe(c: &Chaos) -> String {
         Chaos::Pause { worker, from, to } => {
             format!("{from}..{to} lockrun of worker {worker} paused")
         }
-        Chaos::Break { kind, at } => format!("{at} lease broken: {kind}"),
+        Chaos::Break { kind, name, at } => {
+            format!(
+                "{at} lease broken: {kind} {}",
+                name.unwrap_or("(every name)")
+            )
+        }
         Chaos::RedisPause { from, to } => format!("{from}..{to} Redis paused"),
         Chaos::Revoke { at } => format!("{at} release --force (revoke)"),
         Chaos::Kill9 { worker, at } => format!("{at} lockrun of worker {worker} killed (SIGKILL)"),
@@ -453,7 +596,7 @@ fn torture_with_a_fenced_resource() {
         panic!("perl not found: the torture test's job needs it (apt-get install -y perl)");
     }
     let secs = env_u64("LOCKRUN_TORTURE_SECS", 40);
-    let workers = env_u64("LOCKRUN_TORTURE_WORKERS", 6) as usize;
+    let workers = env_u64("LOCKRUN_TORTURE_WORKERS", 9) as usize;
     let seed = env_u64("LOCKRUN_TORTURE_SEED", now_us());
     println!(
         "torture: seed {seed}, {workers} workers, {secs} s (replay with LOCKRUN_TORTURE_SEED={seed})"
@@ -501,7 +644,7 @@ fn torture_with_a_fenced_resource() {
          {} unreachable (69), {} out of descriptors (70); chaos: {} lockrun pauses, {} lockrun SIGKILLs, {} stalls, \
          {} Redis restarts, {} Redis pauses, {} raw deletes or release --now, {} revokes; {} admitted late actions",
         history.jobs.len(),
-        history.accepted.len(),
+        history.accepted.values().map(Vec::len).sum::<usize>(),
         history.rejected,
         exits.get(&76).copied().unwrap_or(0),
         exits.get(&69).copied().unwrap_or(0),
