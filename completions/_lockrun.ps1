@@ -54,7 +54,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
-            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -74,7 +74,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             break
         }
         'lockrun;release' {
-            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Act only if the current token is T')
+            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Break only the holder with token T (default: every holder)')
             [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine')
             [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine')
             [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a rediss:// server with')
@@ -90,7 +90,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             break
         }
         'lockrun;help' {
-            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break

@@ -51,7 +51,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
             cand -V 'Print version'
             cand --version 'Print version'
-            cand status 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
+            cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable'
             cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -69,7 +69,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;release'= {
-            cand --token 'Act only if the current token is T'
+            cand --token 'Break only the holder with token T (default: every holder)'
             cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine'
             cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a rediss:// server with'
@@ -84,7 +84,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;help'= {
-            cand status 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
+            cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable'
             cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
             cand help 'Print this message or the help of the given subcommand(s)'
         }

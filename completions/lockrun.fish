@@ -47,7 +47,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s x -l exclusive -d 'An e
 complete -c lockrun -n "__fish_lockrun_needs_command" -s s -l shared -d 'A shared (reader) lock, as flock\'s -s: shared holders run together, never beside an exclusive one'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
-complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
@@ -57,7 +57,7 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Prin
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 'Print help'
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l token -d 'Act only if the current token is T' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l token -d 'Break only the holder with token T (default: every holder)' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key namespace in Redis' -r
@@ -66,6 +66,6 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l now -d 'Dele
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d 'Print help'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "status" -d 'Show whether NAME is held, by whom, with which token and how long is left. Exit 0 held, 1 free, 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "status" -d 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -416,10 +416,10 @@ fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
 const MAN_TAIL: &str = r#".SH COMMANDS
 .TP
 \fBlockrun status\fR [\fB\-\-json\fR] \fINAME\fR
-Show whether NAME is held, by whom (host:pid and \fB\-\-label\fR), with which token, how long is left and for how long it has been held; says when the holder's lockrun no longer runs on this host. Exit 0 held, 1 free, 69 unreachable.
+Show whether NAME is held: every holder (host:pid and \fB\-\-label\fR, token, slot, mode, time left, held for) and the number of waiting requests; says when a holder's lockrun no longer runs on this host. Exit 0 held, 1 free, 69 unreachable.
 .TP
 \fBlockrun release \-\-force\fR [\fB\-\-token\fR \fIT\fR] [\fB\-\-now\fR] \fINAME\fR
-Break a Redis lease (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on that grant. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported (local locks), 69 unreachable.
+Break a Redis lease (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on the holder with that token, else every holder is broken. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported (local locks), 69 unreachable.
 .SH EXIT STATUS
 .TP
 \fIthe job's code\fR
@@ -463,6 +463,9 @@ host:pid of the lockrun that holds the lease.
 .TP
 \fBLOCKRUN_TTL_MS\fR
 The lease length in milliseconds.
+.TP
+\fBLOCKRUN_SLOT\fR
+With \fB\-\-limit\fR N: the slot held, 0 to N\-1, unique among the holders of the moment.
 .TP
 \fBLOCKRUN_LOCK_FD\fR
 The locked descriptor it inherited (local backend only).

@@ -165,8 +165,8 @@ pub struct RunArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
-    /// Show whether NAME is held, by whom, with which token and how long is left.
-    /// Exit 0 held, 1 free, 69 backend unreachable.
+    /// Show whether NAME is held: every holder (who, token, slot, mode, time
+    /// left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable.
     Status {
         /// Print one JSON object instead of text.
         #[arg(long)]
@@ -182,7 +182,7 @@ pub enum OperatorCommand {
         /// Required: breaking a lock someone holds is deliberate.
         #[arg(long)]
         force: bool,
-        /// Act only if the current token is T.
+        /// Break only the holder with token T (default: every holder).
         #[arg(long, value_name = "T")]
         token: Option<String>,
         /// Delete the lease at once and wake a waiter. Unsafe without fencing:
