@@ -45,6 +45,11 @@ fn job_mode(args: &[String]) -> bool {
             std::fs::write(&args[2], now_ns().to_string()).unwrap();
             true
         }
+        Some("job-stamp-sleep") => {
+            std::fs::write(&args[1], now_ns().to_string()).unwrap();
+            std::thread::sleep(Duration::from_millis(args[2].parse().unwrap()));
+            true
+        }
         Some("job-sleep") => {
             std::thread::sleep(Duration::from_millis(args[1].parse().unwrap()));
             true
@@ -261,6 +266,155 @@ impl Bench {
     }
 
     /// One hand-off: holder's job ends → waiter's job starts, in ms.
+    /// A lock tool's command line with extra options before the name.
+    fn argv_with(&self, tool: &str, opts: &[&str], name: &str, job: &[String]) -> Vec<String> {
+        let mut v = match tool {
+            "flock" => {
+                let mut v = s(&["flock"]);
+                v.extend(s(opts));
+                v.push(self.dir.path().join(name).display().to_string());
+                v
+            }
+            _ => {
+                let url = if tool == "lockrun-redis" {
+                    self.redis.url()
+                } else {
+                    format!("file://{}", self.dir.path().join("locks").display())
+                };
+                let mut v = s(&[&bin(), "-q", "--url", &url]);
+                v.extend(s(opts));
+                v.push(name.to_string());
+                v.push("--".to_string());
+                v
+            }
+        };
+        v.extend_from_slice(job);
+        v
+    }
+
+    /// Waiters queued one after another behind holds longer than the ttl:
+    /// how many are served in arrival order, and how long the longest wait
+    /// is against (number ahead × hold).
+    fn fairness(&mut self) {
+        let (waiters, hold_ms) = if self.quick { (10, 1100) } else { (50, 1100) };
+        println!(
+            "\nFairness: {waiters} waiters arriving 20 ms apart, each holding {hold_ms} ms (ttl 1 s)"
+        );
+        println!(
+            "{:<16} {:>10} {:>22}",
+            "tool", "in order", "longest wait / ahead×hold"
+        );
+        let mut out = serde_json::Map::new();
+        for tool in ["flock", "lockrun-redis", "lockrun-local"] {
+            let opts: &[&str] = if tool == "flock" {
+                &[]
+            } else {
+                &["--ttl", "1s"]
+            };
+            let name = format!("fair-{tool}");
+            let job = |i: usize| {
+                vec![
+                    self.exe.clone(),
+                    "job-stamp-sleep".into(),
+                    self.path(&format!("fair{i}")).display().to_string(),
+                    hold_ms.to_string(),
+                ]
+            };
+            for i in 0..=waiters {
+                let _ = std::fs::remove_file(self.path(&format!("fair{i}")));
+            }
+            let mut kids = Vec::new();
+            let mut spawned = Vec::new();
+            for i in 0..=waiters {
+                let a = self.argv_with(tool, opts, &name, &job(i));
+                spawned.push(now_ns());
+                kids.push(
+                    Command::new(&a[0])
+                        .args(&a[1..])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .unwrap(),
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            for mut k in kids {
+                assert!(k.wait().unwrap().success(), "{tool} failed");
+            }
+            let starts: Vec<u128> = (0..=waiters)
+                .map(|i| {
+                    std::fs::read_to_string(self.path(&format!("fair{i}")))
+                        .unwrap()
+                        .trim()
+                        .parse()
+                        .unwrap()
+                })
+                .collect();
+            let mut order: Vec<usize> = (0..=waiters).collect();
+            order.sort_by_key(|&i| starts[i]);
+            let in_order = order.iter().enumerate().filter(|(k, i)| k == *i).count();
+            // Waiter i has i jobs ahead of it (the first holder included).
+            let worst = (1..=waiters)
+                .map(|i| {
+                    let waited = (starts[i] - spawned[i]) as f64 / 1e6;
+                    waited / (i as f64 * hold_ms as f64)
+                })
+                .fold(0.0, f64::max);
+            let pct = 100.0 * in_order as f64 / (waiters + 1) as f64;
+            println!("{tool:<16} {pct:>9.0}% {worst:>22.3}");
+            out.insert(
+                tool.to_string(),
+                json!({"in_order_pct": pct, "longest_wait_over_ahead_times_hold": worst}),
+            );
+        }
+        self.record("fairness", Value::Object(out));
+    }
+
+    /// Jobs per second when M jobs of 100 ms ask at once: `--limit N` for
+    /// N = 1, 4, 16, and shared holders next to `flock -s`.
+    fn throughput(&mut self) {
+        let jobs = if self.quick { 16 } else { 32 };
+        let sleep = s(&[&self.exe, "job-sleep", "100"]);
+        println!("\nThroughput: {jobs} jobs of 100 ms asking at once (jobs/s; ideal in brackets)");
+        let mut out = serde_json::Map::new();
+        let mut run = |label: String, argvs: Vec<Vec<String>>, ideal: f64| {
+            let t = Instant::now();
+            let kids: Vec<_> = argvs
+                .iter()
+                .map(|a| {
+                    Command::new(&a[0])
+                        .args(&a[1..])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            for mut k in kids {
+                assert!(k.wait().unwrap().success(), "{label} failed");
+            }
+            let rate = jobs as f64 / t.elapsed().as_secs_f64();
+            println!("{label:<34} {rate:>7.1} ({ideal:.0})");
+            out.insert(label, json!({"jobs_per_s": rate, "ideal": ideal}));
+        };
+        for tool in ["lockrun-redis", "lockrun-local"] {
+            for n in [1usize, 4, 16] {
+                let ns = n.to_string();
+                let argvs = (0..jobs)
+                    .map(|_| self.argv_with(tool, &["--limit", &ns], &format!("tp{n}"), &sleep))
+                    .collect();
+                let ideal = jobs as f64 / ((jobs as f64 / n as f64).ceil() * 0.1);
+                run(format!("{tool} --limit {n}"), argvs, ideal);
+            }
+        }
+        let ideal = jobs as f64 / 0.1;
+        for tool in ["flock", "lockrun-redis", "lockrun-local"] {
+            let argvs = (0..jobs)
+                .map(|_| self.argv_with(tool, &["-s"], "tps", &sleep))
+                .collect();
+            run(format!("{tool} -s"), argvs, ideal);
+        }
+        self.record("throughput", Value::Object(out));
+    }
+
     fn handoff_once(&self, tool: &str, name: &str, waiters: usize) -> f64 {
         let go = self.path("go");
         let end = self.path("end");
@@ -582,6 +736,8 @@ fn main() {
     b.waiting_load();
     b.holding_cost();
     b.footprint();
+    b.fairness();
+    b.throughput();
     let out = std::env::var("LOCKRUN_BENCH_OUT").unwrap_or_else(|_| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("target/lockrun-bench.json")
