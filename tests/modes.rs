@@ -536,3 +536,40 @@ fn a_waiter_for_a_slot_takes_one_slot_only() {
     signal(c.id() as i32, libc::SIGTERM);
     wait_child(&mut c, Duration::from_secs(20));
 }
+
+/// `lockrun X` from inside a job holding X would wait for itself once
+/// anyone queues between them: refused with 64 in every mode, also when
+/// another holder's label is the one a waiter sees first.
+fn nested_requests_are_refused_in_every_mode(url: &str) {
+    let scratch = Scratch::new();
+    for flags in [&["-s"][..], &["--limit", "2"][..]] {
+        let other = on(url).args(flags).args(["nest", "-c"]).arg(format!(
+            "touch {}; exec sleep 60",
+            scratch.path("other").display()
+        ));
+        let mut other = other.spawn();
+        assert!(wait_until(Duration::from_secs(20), || scratch.exists("other")));
+        let inner = format!("{BIN} --url {url} {} nest true", flags.join(" "));
+        let out = on(url).args(flags).args(["nest", "-c", &inner]).code(64);
+        assert!(
+            out.stderr().contains("deadlock"),
+            "{flags:?}: {}",
+            out.stderr()
+        );
+        signal(other.id() as i32, libc::SIGTERM);
+        wait_child(&mut other, Duration::from_secs(20));
+        std::fs::remove_file(scratch.path("other")).unwrap();
+    }
+}
+
+#[test]
+fn nested_requests_are_refused_in_every_mode_on_redis() {
+    let redis = Redis::start();
+    nested_requests_are_refused_in_every_mode(&redis.url());
+}
+
+#[test]
+fn nested_requests_are_refused_in_every_mode_locally() {
+    let scratch = Scratch::new();
+    nested_requests_are_refused_in_every_mode(&scratch.file_url());
+}

@@ -8,10 +8,7 @@ use std::time::Duration;
 use anyhow::anyhow;
 use redis::{Client, Connection, IntoConnectionInfo, Script, Value};
 
-use super::{
-    Acquired, Broken, Engine, Force, Held, Holder, Lease, Mode, Request, Status,
-    is_own_outer_holder,
-};
+use super::{Acquired, Broken, Engine, Force, Held, Holder, Lease, Mode, Request, Status};
 use crate::config::{RedisUrl, Wait};
 use crate::exit::{Class, Failure, fail};
 use crate::lease::{Boot, Renewer, Timing, jitter};
@@ -180,11 +177,13 @@ end
 "#;
 
 /// ARGV: owner, label, ttl ms, mode (x s n), limit, queue ('1' wait, '0' -n),
-/// waiter id, waiter lifetime ms.
+/// waiter id, waiter lifetime ms, the `host:pid` of an outer lockrun holding
+/// this name ('' when not run from inside one).
 /// {1, token, slot} granted (idempotent for our owner value: a retried
 /// acquire, or the confirmation of a grant handed over in the queue, gets a
 /// full ttl); {0, holder} busy; {2, holder, ms until a holder ends} queued;
-/// {3, mode, limit} the holders disagree with this request.
+/// {3, mode, limit} the holders disagree with this request; {4} the outer
+/// lockrun holds it (waiting would deadlock).
 const ACQUIRE: &str = r#"
 -- Arguments are checked before anything is written: no key without expiry.
 if bad_ms(ARGV[3]) then return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[3])) end
@@ -207,6 +206,16 @@ for _, r in ipairs(hs) do
     return {1, r.token, r.slot}
   end
 end
+-- Run from inside a job holding this name: any wait would be for ourselves.
+if ARGV[9] ~= '' then
+  for _, r in ipairs(hs) do
+    if r.label == ARGV[9] or string.sub(r.label, 1, #ARGV[9] + 2) == ARGV[9] .. ' (' then
+      dequeue(ARGV[7])
+      settle(hs)
+      return {4}
+    end
+  end
+end
 local other = disagreeing(mode, limit, hs)
 if other then
   dequeue(ARGV[7])
@@ -216,8 +225,12 @@ if other then
 end
 local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
 if queued then
-  redis.call('HSET', KEYS[4], ARGV[7], fmt(now_ms() + tonumber(ARGV[8])) .. '|' .. ARGV[3] ..
+  local alive = now_ms() + tonumber(ARGV[8])
+  redis.call('HSET', KEYS[4], ARGV[7], fmt(alive) .. '|' .. ARGV[3] ..
     '|' .. mode .. '|' .. ARGV[5] .. '|' .. ARGV[1] .. '|' .. ARGV[2])
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[8]) then redis.call('PEXPIREAT', KEYS[i], alive) end
+  end
   settle(hs)
   return {2, first_label(hs), soonest_end(hs)}
 end
@@ -775,6 +788,15 @@ impl Engine for Redis {
         let alive = (timing.ttl / 3).max(Duration::from_millis(100));
         let (mode, limit) = mode_args(req.mode);
         let queue = if wait == Wait::No { "0" } else { "1" };
+        // The `host:pid` of an outer lockrun whose job we run in, if it
+        // holds this very name.
+        let outer = if std::env::var_os("LOCKRUN_NAME").as_deref()
+            == Some(std::ffi::OsStr::new(req.name))
+        {
+            std::env::var("LOCKRUN_OWNER").unwrap_or_default()
+        } else {
+            String::new()
+        };
         let start = Boot::now();
         let give_up_at = match wait {
             Wait::No => Some(start),
@@ -797,6 +819,7 @@ impl Engine for Redis {
                     .arg(queue)
                     .arg(&id)
                     .arg(alive.as_millis() as u64)
+                    .arg(&outer)
                     .invoke::<Vec<Value>>(c)
             });
             let v = match reply {
@@ -866,14 +889,11 @@ impl Engine for Redis {
                     let in_force = mode_from(text_at(&v, 1).as_deref(), int_at(&v, 2));
                     return Err(req.mode.disagreement(req.name, in_force));
                 }
+                Some(4) => return Err(super::nested(req.name)),
                 Some(0) | Some(2) => {}
                 _ => return Err(fail(Class::Internal, "acquire script: unexpected reply")),
             }
             let holder = text_at(&v, 1).filter(|l| !l.is_empty());
-            if is_own_outer_holder(req.name, holder.as_deref()) {
-                let _ = Self::leave_queue(&mut self.link, &keys, &req.owner.secret, &id);
-                return Err(super::nested(req.name));
-            }
             let now = Boot::now();
             if int_at(&v, 0) == Some(0) || give_up_at.is_some_and(|g| now >= g) {
                 if int_at(&v, 0) == Some(2) {
