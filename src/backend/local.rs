@@ -735,19 +735,30 @@ impl Engine for Local {
             if !self.pass_gate(&mut w, &gate, holder.as_deref())? {
                 return Ok(Acquired::Busy { holder });
             }
-            if let Some(in_force) = Self::mode_in_force(&files)
+            // An exclusive lock taken at once has no holders to disagree
+            // with: the common case reads no /proc/locks.
+            let at_once = match req.mode {
+                Mode::Exclusive => {
+                    self.lock_path(&mut w, &files.main, FlockOperation::LockExclusive, false)?
+                }
+                _ => Try::Busy(None),
+            };
+            if !matches!(at_once, Try::Locked(..))
+                && let Some(in_force) = Self::mode_in_force(&files)
                 && !req.mode.agrees_with(in_force)
             {
                 return Err(req.mode.disagreement(req.name, in_force));
             }
-            let got = match req.mode {
-                Mode::Exclusive => {
+            let got = match (req.mode, at_once) {
+                (_, Try::Locked(fd, id)) => Try::Locked(fd, id),
+                (_, Try::Retry) => continue,
+                (Mode::Exclusive, Try::Busy(_)) => {
                     self.lock_path(&mut w, &files.main, FlockOperation::LockExclusive, true)?
                 }
-                Mode::Shared => {
+                (Mode::Shared, _) => {
                     self.lock_path(&mut w, &files.main, FlockOperation::LockShared, true)?
                 }
-                Mode::Limit(n) => self.lock_slot(&mut w, &files, n)?,
+                (Mode::Limit(n), _) => self.lock_slot(&mut w, &files, n)?,
             };
             let (fd, id) = match got {
                 Try::Locked(fd, id) => (fd, id),
