@@ -7,6 +7,11 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
+/// `status` says the name is free (the lease was released).
+fn is_free(url: &str, name: &str) -> bool {
+    on(url).args(["status", name]).output().out.status.code() == Some(1)
+}
+
 fn key_exists(redis: &Redis, name: &str) -> bool {
     let n: i64 = redis.cmd(&["EXISTS", &format!("lockrun:{{{name}}}")]);
     n == 1
@@ -28,9 +33,11 @@ fn released_after_death(redis: &Redis, name: &str, lockrun: &mut Child, pids: &[
 
 #[test]
 fn sigterm_to_lockrun_ends_the_whole_job() {
-    let redis = Redis::start();
+    // No server needed: the local engine in a scratch directory.
+    let locks = Scratch::new();
+    let url = locks.file_url();
     let scratch = Scratch::new();
-    let mut lr = on(&redis)
+    let mut lr = on(&url)
         .args(["t", "-c"])
         .arg(format!(
             "sleep 100 & echo $! > {}; wait",
@@ -42,7 +49,7 @@ fn sigterm_to_lockrun_ends_the_whole_job() {
     let st = wait_child(&mut lr, Duration::from_secs(20));
     assert!(!alive(sleeper), "sleep survived lockrun");
     assert_eq!(st.code(), Some(143));
-    assert!(!key_exists(&redis, "t"));
+    assert!(is_free(&url, "t"));
 }
 
 #[test]
@@ -127,7 +134,9 @@ fn lost_lease_kills_a_stopped_job() {
 
 #[test]
 fn signals_reach_every_process_of_the_job() {
-    let redis = Redis::start();
+    // No server needed: the local engine in a scratch directory.
+    let locks = Scratch::new();
+    let url = locks.file_url();
     let scratch = Scratch::new();
     let log = scratch.path("log");
     let log = log.display();
@@ -138,7 +147,7 @@ fn signals_reach_every_process_of_the_job() {
          perl -e '$|=1; for my $s (qw(HUP USR1 QUIT WINCH)) {{ $SIG{{$s}} = sub {{ open my $f, \">>\", \"{log}\"; print $f \"perl $_[0]\\n\"; close $f }} }} open my $f, \">>\", \"{log}\"; print $f \"ready\\n\"; close $f; sleep 1 while 1' & \
          while :; do sleep 0.05; done"
     );
-    let mut lr = on(&redis).args(["sig", "-c", &script]).spawn();
+    let mut lr = on(&url).args(["sig", "-c", &script]).spawn();
     assert!(wait_until(Duration::from_secs(20), || scratch
         .read("log")
         .contains("ready")));
@@ -165,9 +174,11 @@ fn signals_reach_every_process_of_the_job() {
 
 #[test]
 fn killing_lockrun_outright_kills_its_direct_child() {
-    let redis = Redis::start();
+    // No server needed: the local engine in a scratch directory.
+    let locks = Scratch::new();
+    let url = locks.file_url();
     let scratch = Scratch::new();
-    let mut lr = on(&redis)
+    let mut lr = on(&url)
         .args(["k", "-c"])
         .arg(format!(
             "echo $$ > {}; exec sleep 100",
@@ -185,10 +196,12 @@ fn killing_lockrun_outright_kills_its_direct_child() {
 
 #[test]
 fn exec_failures_and_signals_map_to_shell_codes() {
-    let redis = Redis::start();
+    // No server needed: the local engine in a scratch directory.
+    let locks = Scratch::new();
+    let url = locks.file_url();
     let scratch = Scratch::new();
-    on(&redis).args(["e", "-c", "kill -USR2 $$"]).code(140);
-    let out = on(&redis)
+    on(&url).args(["e", "-c", "kill -USR2 $$"]).code(140);
+    let out = on(&url)
         .args(["e", "--", "/nonexistent/command"])
         .code(127)
         .out;
@@ -199,21 +212,23 @@ fn exec_failures_and_signals_map_to_shell_codes() {
     );
     let file = scratch.path("plain");
     std::fs::write(&file, "echo hi\n").unwrap();
-    let out = on(&redis).args(["e", "--"]).arg(&file).code(126).out;
+    let out = on(&url).args(["e", "--"]).arg(&file).code(126).out;
     assert_eq!(text(&out.stderr).lines().count(), 1);
     assert!(
-        !key_exists(&redis, "e"),
+        is_free(&url, "e"),
         "the lease is released when the job cannot start"
     );
 }
 
 #[test]
 fn job_dies_of_sigint_so_lockrun_does_too() {
-    let redis = Redis::start();
-    let out = run(on(&redis).args(["i", "-c", "kill -INT $$"]));
+    // No server needed: the local engine in a scratch directory.
+    let locks = Scratch::new();
+    let url = locks.file_url();
+    let out = run(on(&url).args(["i", "-c", "kill -INT $$"]));
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(libc::SIGINT), "{:?}", out.status);
-    assert!(!key_exists(&redis, "i"));
+    assert!(is_free(&url, "i"));
 }
 
 fn status_field(status: &str, field: &str) -> u64 {
@@ -238,8 +253,10 @@ fn with_nohup_and_a_mask(cmd: &mut std::process::Command) {
 
 #[test]
 fn the_job_starts_with_a_clean_slate() {
-    let redis = Redis::start();
-    let mut cmd = on(&redis).args(["clean", "--", "cat", "/proc/self/status"]);
+    // No server needed: the local engine in a scratch directory.
+    let locks = Scratch::new();
+    let url = locks.file_url();
+    let mut cmd = on(&url).args(["clean", "--", "cat", "/proc/self/status"]);
     with_nohup_and_a_mask(cmd.command());
     let out = run(cmd);
     assert_eq!(out.status.code(), Some(0));
@@ -262,6 +279,16 @@ fn the_job_starts_with_a_clean_slate() {
 }
 
 fn fds_of(cmd: &mut std::process::Command) -> (Vec<String>, String) {
+    // Start from 0, 1 and 2 alone: descriptors other tests running at the
+    // same time leave open without close-on-exec must not leak into the
+    // comparison.
+    // SAFETY: close_range is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
     let out = cmd.output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let s = text(&out.stdout);
