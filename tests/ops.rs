@@ -325,7 +325,7 @@ fn tls_with_a_ca_file_a_wrong_ca_and_insecure() {
 }
 
 /// The commands lockrun needs, and only its keys (documented in README).
-const LEAST_PRIVILEGE: &str = "-@all +evalsha +script|load +blpop +rpush +pexpire +pexpireat +hget +hset +hdel +hgetall +pttl +time +incr +set +del +zadd +zrange +zrem +zscore ~lockrun:*";
+const LEAST_PRIVILEGE: &str = "-@all +evalsha +script|load +blpop +rpush +pexpire +pexpireat +hget +hset +hdel +hgetall +pttl +time +incr +set +del +zadd +zrange +zrangebyscore +zrem +zscore +zcard +zcount ~lockrun:*";
 
 fn acl_user(redis: &Redis, user: &str, pass: &str, rules: &str) {
     let mut args = vec!["ACL", "SETUSER", user, "reset", "on"];

@@ -18,9 +18,10 @@ use crate::log;
 /// field `h:<owner>` (or `r:<token>` once revoked) with the value
 /// `token|expires ms|mode|limit|slot|granted ms|label`, a waiter queue (a
 /// sorted set of waiter ids by arrival, details in a hash) and one wake-up
-/// list per waiter. Times are the server's `TIME`; expired holders and dead
+/// list per waiter; a second sorted set holds until when each waiter
+/// keeps its place. Times are the server's `TIME`; expired holders and dead
 /// waiters are purged by whichever script looks first.
-/// KEYS: lock, fence, queue, waiters, wake-up prefix.
+/// KEYS: lock, fence, queue, waiters, wake-up prefix, waiters' liveness.
 const PRELUDE: &str = r#"
 local NOW_US
 local function now_us()
@@ -111,56 +112,65 @@ local function grant(hs, owner, label, ttl, mode, limit, slot)
 end
 local function parse_waiter(v)
   if not v then return nil end
-  local alive, ttl, mode, lim, owner, label =
-    string.match(v, '^(%d+)|(%d+)|([xsn])|(%d+)|(%x+)|(.*)$')
-  if not alive then return nil end
-  return {alive = tonumber(alive), ttl = tonumber(ttl), mode = mode, limit = tonumber(lim),
-    owner = owner, label = label}
+  local ttl, mode, lim, owner, label = string.match(v, '^(%d+)|([xsn])|(%d+)|(%x+)|(.*)$')
+  if not ttl then return nil end
+  return {ttl = tonumber(ttl), mode = mode, limit = tonumber(lim), owner = owner, label = label}
 end
 local function dequeue(id)
   redis.call('ZREM', KEYS[3], id)
   redis.call('HDEL', KEYS[4], id)
+  redis.call('ZREM', KEYS[6], id)
+end
+local function wake(id, what, ttl)
+  redis.call('RPUSH', KEYS[5] .. id, what)
+  redis.call('PEXPIRE', KEYS[5] .. id, ttl)
 end
 -- Serve the queue in arrival order: grant to its head while the head fits
 -- beside the holders (a later request never overtakes an earlier one), wake
 -- each one served. A handed grant lasts a third of the waiter's ttl until the
 -- waiter confirms it, so a waiter that died in the queue delays the next by
 -- at most that. A head that disagrees with the holders is woken to hear so.
--- Returns the number of live waiters left.
+-- Waiters that stopped keeping their place are dropped first. The work does
+-- not grow with the queue. Returns the number of waiters left.
 local function serve(hs)
-  local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
-  local live, blocked, far = 0, false, 0
-  for _, id in ipairs(ids) do
-    local w = parse_waiter(redis.call('HGET', KEYS[4], id))
-    if not w or w.alive <= now_ms() then
-      dequeue(id)
-    elseif not blocked and disagreeing(w.mode, w.limit, hs) then
-      dequeue(id)
-      redis.call('RPUSH', KEYS[5] .. id, 'refused')
-      redis.call('PEXPIRE', KEYS[5] .. id, w.ttl)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms())) do
+    dequeue(id)
+  end
+  while true do
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not head then break end
+    local w = parse_waiter(redis.call('HGET', KEYS[4], head))
+    if not w then
+      dequeue(head)
+    elseif disagreeing(w.mode, w.limit, hs) then
+      dequeue(head)
+      wake(head, 'refused', w.ttl)
     else
-      local ok, slot = false, -1
-      if not blocked then ok, slot = can_grant(w.mode, w.limit, hs) end
-      if ok then
-        local r = grant(hs, w.owner, w.label, math.max(1, math.floor(w.ttl / 3)), w.mode,
-          w.limit, slot)
-        dequeue(id)
-        redis.call('RPUSH', KEYS[5] .. id, r.token)
-        redis.call('PEXPIRE', KEYS[5] .. id, w.ttl)
-      else
-        blocked = true
-        live = live + 1
-        if w.alive > far then far = w.alive end
-      end
+      local ok, slot = can_grant(w.mode, w.limit, hs)
+      if not ok then break end
+      local r = grant(hs, w.owner, w.label, math.max(1, math.floor(w.ttl / 3)), w.mode,
+        w.limit, slot)
+      dequeue(head)
+      wake(head, r.token, w.ttl)
     end
   end
+  local live = redis.call('ZCARD', KEYS[3])
   if live == 0 then
-    redis.call('DEL', KEYS[3], KEYS[4])
+    redis.call('DEL', KEYS[3], KEYS[4], KEYS[6])
   else
-    redis.call('PEXPIREAT', KEYS[3], far)
-    redis.call('PEXPIREAT', KEYS[4], far)
+    local far = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')[2]
+    for _, i in ipairs({3, 4, 6}) do redis.call('PEXPIREAT', KEYS[i], fmt(tonumber(far))) end
   end
   return live
+end
+-- Keep a waiter's place until `alive`, the queue keys at least as long.
+local function keep_place(id, alive)
+  redis.call('ZADD', KEYS[6], alive, id)
+  for _, i in ipairs({3, 4, 6}) do
+    if redis.call('PTTL', KEYS[i]) < alive - now_ms() then
+      redis.call('PEXPIREAT', KEYS[i], fmt(alive))
+    end
+  end
 end
 local function first_label(hs)
   if hs[1] then return hs[1].label end
@@ -191,6 +201,18 @@ if bad_ms(ARGV[8]) then return redis.error_reply('LOCKRUN invalid expiry ' .. to
 local ttl, mode, limit = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 if not string.match(mode, '^[xsn]$') or not limit or limit < 1 or limit > 1000000 then
   return redis.error_reply('LOCKRUN invalid mode')
+end
+local alive = now_ms() + tonumber(ARGV[8])
+-- A queued waiter behind a live head only keeps its place: three commands,
+-- however long the queue. (Not queued, or at the head: the full path.)
+if ARGV[6] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) == 1 then
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head and head ~= ARGV[7] then
+    local head_alive = redis.call('ZSCORE', KEYS[6], head)
+    if head_alive and tonumber(head_alive) > now_ms() then
+      return {2, '', -1}
+    end
+  end
 end
 local hs = holders()
 if not hs then return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease') end
@@ -225,12 +247,7 @@ if other then
 end
 local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
 if queued then
-  local alive = now_ms() + tonumber(ARGV[8])
-  redis.call('HSET', KEYS[4], ARGV[7], fmt(alive) .. '|' .. ARGV[3] ..
-    '|' .. mode .. '|' .. ARGV[5] .. '|' .. ARGV[1] .. '|' .. ARGV[2])
-  for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[8]) then redis.call('PEXPIREAT', KEYS[i], alive) end
-  end
+  keep_place(ARGV[7], alive)
   settle(hs)
   return {2, first_label(hs), soonest_end(hs)}
 end
@@ -246,13 +263,10 @@ if ARGV[6] ~= '1' then return {0, first_label(hs)} end
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 local seq = now_us()
 if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
-local alive = now_ms() + tonumber(ARGV[8])
 redis.call('ZADD', KEYS[3], seq, ARGV[7])
-redis.call('HSET', KEYS[4], ARGV[7], fmt(alive) .. '|' .. ARGV[3] .. '|' .. mode .. '|' ..
-  ARGV[5] .. '|' .. ARGV[1] .. '|' .. ARGV[2])
-for i = 3, 4 do
-  if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[8]) then redis.call('PEXPIREAT', KEYS[i], alive) end
-end
+redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
+  ARGV[1] .. '|' .. ARGV[2])
+keep_place(ARGV[7], alive)
 return {2, first_label(hs), soonest_end(hs)}
 "#;
 
@@ -315,11 +329,7 @@ for i = 1, #all, 2 do
     end
   end
 end
-local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
-for _, id in ipairs(ids) do
-  local w = parse_waiter(redis.call('HGET', KEYS[4], id))
-  if w and w.alive > now_ms() then out[2] = out[2] + 1 end
-end
+out[2] = redis.call('ZCOUNT', KEYS[6], '(' .. fmt(now_ms()), '+inf')
 return out
 "#;
 
@@ -434,6 +444,7 @@ struct Keys {
     queue: String,
     waiters: String,
     wake: String,
+    alive: String,
 }
 
 impl Keys {
@@ -444,6 +455,7 @@ impl Keys {
             queue: format!("{lock}:queue"),
             waiters: format!("{lock}:waiters"),
             wake: format!("{lock}:wake:"),
+            alive: format!("{lock}:alive"),
             lock,
         }
     }
@@ -454,7 +466,8 @@ impl Keys {
             .key(&self.fence)
             .key(&self.queue)
             .key(&self.waiters)
-            .key(&self.wake);
+            .key(&self.wake)
+            .key(&self.alive);
         inv
     }
 }
@@ -783,9 +796,11 @@ impl Engine for Redis {
         let wake_key = format!("{}{id}", keys.wake);
         let timing = req.timing;
         let ttl_ms = timing.ttl.as_millis() as u64;
-        // A queued waiter refreshes its place every half of its lifetime; one
-        // killed in the queue is dropped from it within a third of its ttl.
+        // A queued waiter keeps its place for a third of its ttl and renews
+        // it every fifth: one killed in the queue is dropped from it within
+        // a third of its ttl.
         let alive = (timing.ttl / 3).max(Duration::from_millis(100));
+        let refresh = timing.ttl / 5;
         let (mode, limit) = mode_args(req.mode);
         let queue = if wait == Wait::No { "0" } else { "1" };
         // The `host:pid` of an outer lockrun whose job we run in, if it
@@ -806,6 +821,7 @@ impl Engine for Redis {
         let mut failing_since: Option<Boot> = None;
         let mut failures = 0u32;
         let mut announced = false;
+        let mut holder: Option<String> = None;
         loop {
             let script = &*ACQUIRE_SCRIPT;
             let sent_at = Boot::now();
@@ -893,7 +909,11 @@ impl Engine for Redis {
                 Some(0) | Some(2) => {}
                 _ => return Err(fail(Class::Internal, "acquire script: unexpected reply")),
             }
-            let holder = text_at(&v, 1).filter(|l| !l.is_empty());
+            // A waiter keeping its place hears no holder: keep the last one heard.
+            if let Some(h) = text_at(&v, 1).filter(|l| !l.is_empty()) {
+                holder = Some(h);
+            }
+            let holder = holder.clone();
             let now = Boot::now();
             if int_at(&v, 0) == Some(0) || give_up_at.is_some_and(|g| now >= g) {
                 if int_at(&v, 0) == Some(2) {
@@ -909,7 +929,7 @@ impl Engine for Redis {
             // Block until a release hands us the lease, but come back to keep
             // our place, when a holder's lease runs out on its own, to say we
             // wait, and when --wait runs out.
-            let mut timeout = alive / 2;
+            let mut timeout = refresh;
             if let Some(ms) = int_at(&v, 2).filter(|ms| *ms >= 0) {
                 timeout = timeout.min(Duration::from_millis(ms as u64 + 1));
             }
