@@ -573,3 +573,46 @@ fn nested_requests_are_refused_in_every_mode_locally() {
     let scratch = Scratch::new();
     nested_requests_are_refused_in_every_mode(&scratch.file_url());
 }
+
+/// A holder killed outright (its lease runs out, no release) is followed by
+/// the next waiter, also one that became the head of the queue while only
+/// keeping its place.
+#[test]
+fn the_next_waiter_follows_a_holder_killed_outright() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut first = on(&redis)
+        .args(["--ttl", "3s", "k", "--", "sleep", "1"])
+        .spawn();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut doomed = on(&redis)
+        .args(["-q", "--ttl", "3s", "k", "-c"])
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("a").display()
+        ))
+        .spawn();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut next = on(&redis)
+        .args(["-q", "--ttl", "3s", "k", "-c"])
+        .arg(format!("touch {}", scratch.path("b").display()))
+        .spawn();
+    scratch.pid_in("a");
+    let killed = Instant::now();
+    signal(doomed.id() as i32, libc::SIGKILL);
+    let _ = doomed.wait();
+    assert_eq!(
+        wait_child(&mut first, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    assert_eq!(
+        wait_child(&mut next, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    assert!(scratch.exists("b"));
+    assert!(
+        killed.elapsed() < Duration::from_secs(6),
+        "the next waiter started {:?} after the holder was killed (ttl 3 s)",
+        killed.elapsed()
+    );
+}

@@ -131,15 +131,18 @@ end
 -- waiter confirms it, so a waiter that died in the queue delays the next by
 -- at most that. A head that disagrees with the holders is woken to hear so.
 -- Waiters that stopped keeping their place are dropped first. The work does
--- not grow with the queue. Returns the number of waiters left.
+-- not grow with the queue. Returns 1 if anyone still waits, else 0. (The
+-- queue keys live as long as the last place kept; emptied, Redis deletes
+-- them.)
 local function serve(hs)
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms())) do
-    dequeue(id)
-  end
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms())
+  for _, id in ipairs(dead) do dequeue(id) end
+  local changed = #dead > 0
+  local head, w
   while true do
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not head then break end
-    local w = parse_waiter(redis.call('HGET', KEYS[4], head))
+    w = parse_waiter(redis.call('HGET', KEYS[4], head))
     if not w then
       dequeue(head)
     elseif disagreeing(w.mode, w.limit, hs) then
@@ -153,23 +156,19 @@ local function serve(hs)
       dequeue(head)
       wake(head, r.token, w.ttl)
     end
+    changed = true
   end
-  local live = redis.call('ZCARD', KEYS[3])
-  if live == 0 then
-    redis.call('DEL', KEYS[3], KEYS[4], KEYS[6])
-  else
-    local far = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')[2]
-    for _, i in ipairs({3, 4, 6}) do redis.call('PEXPIREAT', KEYS[i], fmt(tonumber(far))) end
-  end
-  return live
+  -- A new head, or holders that changed under it: it must look again (a
+  -- waiter only keeping its place does not look at the holders).
+  if changed and head then wake(head, 'look', w.ttl) end
+  return head and 1 or 0
 end
--- Keep a waiter's place until `alive`, the queue keys at least as long.
+-- Keep a waiter's place until `alive`, the queue keys at least as long
+-- (they are always given the same expiry).
 local function keep_place(id, alive)
   redis.call('ZADD', KEYS[6], alive, id)
-  for _, i in ipairs({3, 4, 6}) do
-    if redis.call('PTTL', KEYS[i]) < alive - now_ms() then
-      redis.call('PEXPIREAT', KEYS[i], fmt(alive))
-    end
+  if redis.call('PTTL', KEYS[6]) < alive - now_ms() then
+    for _, i in ipairs({3, 4, 6}) do redis.call('PEXPIREAT', KEYS[i], fmt(alive)) end
   end
 end
 local function first_label(hs)
@@ -188,7 +187,9 @@ end
 
 /// ARGV: owner, label, ttl ms, mode (x s n), limit, queue ('1' wait, '0' -n),
 /// waiter id, waiter lifetime ms, the `host:pid` of an outer lockrun holding
-/// this name ('' when not run from inside one).
+/// this name ('' when not run from inside one), '1' when a queued waiter
+/// only comes to keep its place (no holder's lease has run out since it
+/// last looked, nothing woke it).
 /// {1, token, slot} granted (idempotent for our owner value: a retried
 /// acquire, or the confirmation of a grant handed over in the queue, gets a
 /// full ttl); {0, holder} busy; {2, holder, ms until a holder ends} queued;
@@ -203,15 +204,19 @@ if not string.match(mode, '^[xsn]$') or not limit or limit < 1 or limit > 100000
   return redis.error_reply('LOCKRUN invalid mode')
 end
 local alive = now_ms() + tonumber(ARGV[8])
--- A queued waiter behind a live head only keeps its place: three commands,
--- however long the queue. (Not queued, or at the head: the full path.)
-if ARGV[6] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) == 1 then
+-- A queued waiter that only keeps its place, behind a live head or at the
+-- head: a few commands, however long the queue. (Not queued, woken, or a
+-- holder's lease ran out: the full path.)
+if ARGV[10] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) == 1 then
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if head and head ~= ARGV[7] then
+  local live_head = head == ARGV[7]
+  if head and not live_head then
     local head_alive = redis.call('ZSCORE', KEYS[6], head)
-    if head_alive and tonumber(head_alive) > now_ms() then
-      return {2, '', -1}
-    end
+    live_head = head_alive and tonumber(head_alive) > now_ms()
+  end
+  if live_head then
+    if redis.call('PTTL', KEYS[6]) < tonumber(ARGV[8]) then keep_place(ARGV[7], alive) end
+    return {2, '', -1}
   end
 end
 local hs = holders()
@@ -248,7 +253,6 @@ end
 local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
 if queued then
   keep_place(ARGV[7], alive)
-  settle(hs)
   return {2, first_label(hs), soonest_end(hs)}
 end
 local ok, slot = can_grant(mode, limit, hs)
@@ -257,7 +261,6 @@ if live == 0 and ok then
   settle(hs)
   return {1, r.token, r.slot}
 end
-settle(hs)
 if ARGV[6] ~= '1' then return {0, first_label(hs)} end
 -- Behind everyone already queued, also within one microsecond.
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
@@ -281,9 +284,8 @@ local r = parse(v)
 if not r or r.exp <= now_ms() then return 0 end
 r.exp = now_ms() + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], field, encode(r))
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('PEXPIREAT', KEYS[1], r.exp)
-end
+-- The key lives as long as its longest holder (GT: never shortened).
+redis.call('PEXPIREAT', KEYS[1], fmt(r.exp), 'GT')
 return 1
 "#;
 
@@ -822,6 +824,10 @@ impl Engine for Redis {
         let mut failures = 0u32;
         let mut announced = false;
         let mut holder: Option<String> = None;
+        // When the soonest holder's lease runs out on its own, as last heard,
+        // and whether the next call only keeps our place in the queue.
+        let mut holder_end: Option<Boot> = None;
+        let mut keep_only = false;
         loop {
             let script = &*ACQUIRE_SCRIPT;
             let sent_at = Boot::now();
@@ -836,6 +842,7 @@ impl Engine for Redis {
                     .arg(&id)
                     .arg(alive.as_millis() as u64)
                     .arg(&outer)
+                    .arg(if keep_only { "1" } else { "0" })
                     .invoke::<Vec<Value>>(c)
             });
             let v = match reply {
@@ -929,9 +936,12 @@ impl Engine for Redis {
             // Block until a release hands us the lease, but come back to keep
             // our place, when a holder's lease runs out on its own, to say we
             // wait, and when --wait runs out.
-            let mut timeout = refresh;
             if let Some(ms) = int_at(&v, 2).filter(|ms| *ms >= 0) {
-                timeout = timeout.min(Duration::from_millis(ms as u64 + 1));
+                holder_end = Some(sent_at.add(Duration::from_millis(ms as u64 + 1)));
+            }
+            let mut timeout = refresh;
+            if let Some(end) = holder_end {
+                timeout = timeout.min(end.since(now));
             }
             if let Some(g) = give_up_at {
                 timeout = timeout.min(g.since(now));
@@ -940,9 +950,15 @@ impl Engine for Redis {
                 timeout = timeout.min(start.add(Duration::from_secs(1)).since(now));
             }
             let timeout = timeout.max(Duration::from_millis(1));
-            match self.wait_for_wakeup(&wake_key, timeout) {
-                // Woken or not, the next call confirms a grant (with a full
-                // ttl counted from its own sending) or keeps our place.
+            let woken = self.wait_for_wakeup(&wake_key, timeout);
+            // Woken, the next call confirms the grant (with a full ttl
+            // counted from its own sending); once a holder's lease may have
+            // run out, it looks again; otherwise it only keeps our place.
+            keep_only = matches!(woken, Ok(None)) && holder_end.is_none_or(|end| Boot::now() < end);
+            if !keep_only {
+                holder_end = None;
+            }
+            match woken {
                 Ok(_) => {}
                 Err(e @ CallError::Refused(_)) => {
                     // BLPOP refused (an ACL without it, a foreign value at the
