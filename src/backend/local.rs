@@ -335,8 +335,17 @@ fn nonblocking(op: FlockOperation) -> FlockOperation {
     }
 }
 
+/// A lock taken: the descriptor the job inherits and its file's identity;
+/// with `--limit`, also the main file's shared lock and the slot number.
+struct Got {
+    fd: OwnedFd,
+    id: (u64, u64),
+    main: Option<OwnedFd>,
+    slot: Option<u32>,
+}
+
 enum Try {
-    Locked(OwnedFd, (u64, u64)),
+    Locked(Got),
     /// Held by someone else (their label, if the file has one).
     Busy(Option<String>),
     /// The file changed under us; start over.
@@ -576,7 +585,12 @@ impl Local {
                 }
             }
         }
-        Ok(Try::Locked(fd, identity(&ours)))
+        Ok(Try::Locked(Got {
+            fd,
+            id: identity(&ours),
+            main: None,
+            slot: None,
+        }))
     }
 
     /// True when this process runs inside a job that holds a lock of `files`.
@@ -666,14 +680,14 @@ impl Local {
 
     /// Take one of `n` slots (main file shared, slot file exclusive).
     fn lock_slot(&self, w: &mut Waiter, files: &Files, n: u32) -> Result<Try, Failure> {
-        let (main, _) = match self.lock_path(w, &files.main, FlockOperation::LockShared, true)? {
-            Try::Locked(fd, id) => (fd, id),
+        let main = match self.lock_path(w, &files.main, FlockOperation::LockShared, true)? {
+            Try::Locked(got) => got.fd,
             other => return Ok(other),
         };
         let mut holder = None;
         for k in 0..n {
             match self.lock_path(w, &files.slot(k), FlockOperation::LockExclusive, false)? {
-                Try::Locked(fd, id) => return Ok(self.slotted(main, k, fd, id)),
+                Try::Locked(got) => return Ok(slotted(main, k, got.fd, got.id)),
                 Try::Busy(h) => holder = holder.or(h),
                 Try::Retry => return Ok(Try::Retry),
             }
@@ -684,24 +698,22 @@ impl Local {
                 let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", &files.slot(k), e))?;
                 match stat(files.slot(k)) {
                     Ok(now) if identity(&now) == identity(&ours) => {
-                        Ok(self.slotted(main, k, fd, identity(&ours)))
+                        Ok(slotted(main, k, fd, identity(&ours)))
                     }
                     _ => Ok(Try::Retry),
                 }
             }
         }
     }
-
-    fn slotted(&self, main: OwnedFd, k: u32, fd: OwnedFd, id: (u64, u64)) -> Try {
-        SLOT_MAIN.with(|m| *m.borrow_mut() = Some((main, k)));
-        Try::Locked(fd, id)
-    }
 }
 
-thread_local! {
-    /// The main file's shared lock and the slot number of a `--limit` grant,
-    /// passed from `lock_slot` to `acquire` beside the slot's descriptor.
-    static SLOT_MAIN: std::cell::RefCell<Option<(OwnedFd, u32)>> = const { std::cell::RefCell::new(None) };
+fn slotted(main: OwnedFd, k: u32, fd: OwnedFd, id: (u64, u64)) -> Try {
+    Try::Locked(Got {
+        fd,
+        id,
+        main: Some(main),
+        slot: Some(k),
+    })
 }
 
 impl Engine for Local {
@@ -750,7 +762,7 @@ impl Engine for Local {
                 return Err(req.mode.disagreement(req.name, in_force));
             }
             let got = match (req.mode, at_once) {
-                (_, Try::Locked(fd, id)) => Try::Locked(fd, id),
+                (_, Try::Locked(got)) => Try::Locked(got),
                 (_, Try::Retry) => continue,
                 (Mode::Exclusive, Try::Busy(_)) => {
                     self.lock_path(&mut w, &files.main, FlockOperation::LockExclusive, true)?
@@ -760,17 +772,12 @@ impl Engine for Local {
                 }
                 (Mode::Limit(n), _) => self.lock_slot(&mut w, &files, n)?,
             };
-            let (fd, id) = match got {
-                Try::Locked(fd, id) => (fd, id),
+            let Got { fd, id, main, slot } = match got {
+                Try::Locked(got) => got,
                 Try::Busy(holder) => return Ok(Acquired::Busy { holder }),
                 Try::Retry => continue,
             };
             let sent_at = Boot::now();
-            let slotted = SLOT_MAIN.with(|m| m.borrow_mut().take());
-            let (main, slot) = match slotted {
-                Some((main, k)) => (Some(main), Some(k)),
-                None => (None, None),
-            };
             let store = main.as_ref().unwrap_or(&fd);
             let token = next_token(store);
             let label = &req.owner.shown;
