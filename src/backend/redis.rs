@@ -188,8 +188,7 @@ end
 /// ARGV: owner, label, ttl ms, mode (x s n), limit, queue ('1' wait, '0' -n),
 /// waiter id, waiter lifetime ms, the `host:pid` of an outer lockrun holding
 /// this name ('' when not run from inside one), '1' when a queued waiter
-/// only comes to keep its place (no holder's lease has run out since it
-/// last looked, nothing woke it).
+/// only comes to keep its place (nothing woke it).
 /// {1, token, slot} granted (idempotent for our owner value: a retried
 /// acquire, or the confirmation of a grant handed over in the queue, gets a
 /// full ttl); {0, holder} busy; {2, holder, ms until a holder ends} queued;
@@ -204,19 +203,28 @@ if not string.match(mode, '^[xsn]$') or not limit or limit < 1 or limit > 100000
   return redis.error_reply('LOCKRUN invalid mode')
 end
 local alive = now_ms() + tonumber(ARGV[8])
--- A queued waiter that only keeps its place, behind a live head or at the
--- head: a few commands, however long the queue. (Not queued, woken, or a
--- holder's lease ran out: the full path.)
+-- A queued waiter that only keeps its place: behind a live head, or at the
+-- head while every holder's lease runs on, a few commands however long the
+-- queue (the head hears when the soonest lease ends). Not queued, woken,
+-- a dead head or a lease that ran out: the full path.
 if ARGV[10] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) == 1 then
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  local live_head = head == ARGV[7]
-  if head and not live_head then
+  local soon = nil
+  if head == ARGV[7] then
+    local all = redis.call('HGETALL', KEYS[1])
+    for i = 2, #all, 2 do
+      local r = parse(all[i])
+      local left = r and r.exp - now_ms()
+      if not left or left <= 0 then soon = nil break end
+      if not soon or left < soon then soon = left end
+    end
+  elseif head then
     local head_alive = redis.call('ZSCORE', KEYS[6], head)
-    live_head = head_alive and tonumber(head_alive) > now_ms()
+    if head_alive and tonumber(head_alive) > now_ms() then soon = -1 end
   end
-  if live_head then
+  if soon then
     if redis.call('PTTL', KEYS[6]) < tonumber(ARGV[8]) then keep_place(ARGV[7], alive) end
-    return {2, '', -1}
+    return {2, '', soon}
   end
 end
 local hs = holders()
@@ -798,11 +806,11 @@ impl Engine for Redis {
         let wake_key = format!("{}{id}", keys.wake);
         let timing = req.timing;
         let ttl_ms = timing.ttl.as_millis() as u64;
-        // A queued waiter keeps its place for a third of its ttl and renews
-        // it every fifth: one killed in the queue is dropped from it within
-        // a third of its ttl.
+        // A queued waiter keeps its place for a third of its ttl, so one
+        // killed in the queue is dropped from it within that; it renews its
+        // place `op` (the bound on one request) before the place would lapse.
         let alive = (timing.ttl / 3).max(Duration::from_millis(100));
-        let refresh = timing.ttl / 5;
+        let refresh = alive.saturating_sub(timing.op).max(alive / 2);
         let (mode, limit) = mode_args(req.mode);
         let queue = if wait == Wait::No { "0" } else { "1" };
         // The `host:pid` of an outer lockrun whose job we run in, if it
@@ -824,8 +832,9 @@ impl Engine for Redis {
         let mut failures = 0u32;
         let mut announced = false;
         let mut holder: Option<String> = None;
-        // When the soonest holder's lease runs out on its own, as last heard,
-        // and whether the next call only keeps our place in the queue.
+        // When the soonest holder's lease runs out on its own, as last heard
+        // at the head of the queue, and whether the next call only keeps our
+        // place.
         let mut holder_end: Option<Boot> = None;
         let mut keep_only = false;
         loop {
@@ -940,8 +949,11 @@ impl Engine for Redis {
                 holder_end = Some(sent_at.add(Duration::from_millis(ms as u64 + 1)));
             }
             let mut timeout = refresh;
-            if let Some(end) = holder_end {
-                timeout = timeout.min(end.since(now));
+            match holder_end {
+                Some(end) if end > now => timeout = timeout.min(end.since(now)),
+                // Passed: the head looks at the holders when it comes; the
+                // others do not need to.
+                _ => holder_end = None,
             }
             if let Some(g) = give_up_at {
                 timeout = timeout.min(g.since(now));
@@ -952,12 +964,9 @@ impl Engine for Redis {
             let timeout = timeout.max(Duration::from_millis(1));
             let woken = self.wait_for_wakeup(&wake_key, timeout);
             // Woken, the next call confirms the grant (with a full ttl
-            // counted from its own sending); once a holder's lease may have
-            // run out, it looks again; otherwise it only keeps our place.
-            keep_only = matches!(woken, Ok(None)) && holder_end.is_none_or(|end| Boot::now() < end);
-            if !keep_only {
-                holder_end = None;
-            }
+            // counted from its own sending) or looks again; otherwise it
+            // only keeps our place (and at the head, checks the holders).
+            keep_only = matches!(woken, Ok(None));
             match woken {
                 Ok(_) => {}
                 Err(e @ CallError::Refused(_)) => {
