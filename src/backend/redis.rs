@@ -163,13 +163,17 @@ local function serve(hs)
   if changed and head then wake(head, 'look', w.ttl) end
   return head and 1 or 0
 end
--- Keep a waiter's place until `alive`, the queue keys at least as long
--- (they are always given the same expiry).
-local function keep_place(id, alive)
-  redis.call('ZADD', KEYS[6], alive, id)
-  if redis.call('PTTL', KEYS[6]) < alive - now_ms() then
-    for _, i in ipairs({3, 4, 6}) do redis.call('PEXPIREAT', KEYS[i], fmt(alive)) end
+-- The queue keys (always given one expiry) outlive every place kept: when
+-- less than a place's span `span` is left, they get two.
+local function extend_queue(span)
+  if redis.call('PTTL', KEYS[6]) < span then
+    for _, i in ipairs({3, 4, 6}) do redis.call('PEXPIREAT', KEYS[i], fmt(now_ms() + 2 * span)) end
   end
+end
+-- Keep a waiter's place until now + `span`.
+local function keep_place(id, span)
+  redis.call('ZADD', KEYS[6], now_ms() + span, id)
+  extend_queue(span)
 end
 local function first_label(hs)
   if hs[1] then return hs[1].label end
@@ -223,7 +227,7 @@ if ARGV[10] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) =
     if head_alive and tonumber(head_alive) > now_ms() then soon = -1 end
   end
   if soon then
-    if redis.call('PTTL', KEYS[6]) < tonumber(ARGV[8]) then keep_place(ARGV[7], alive) end
+    extend_queue(tonumber(ARGV[8]))
     return {2, '', soon}
   end
 end
@@ -260,7 +264,7 @@ if other then
 end
 local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
 if queued then
-  keep_place(ARGV[7], alive)
+  keep_place(ARGV[7], tonumber(ARGV[8]))
   return {2, first_label(hs), soonest_end(hs)}
 end
 local ok, slot = can_grant(mode, limit, hs)
@@ -277,7 +281,7 @@ if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
 redis.call('ZADD', KEYS[3], seq, ARGV[7])
 redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
   ARGV[1] .. '|' .. ARGV[2])
-keep_place(ARGV[7], alive)
+keep_place(ARGV[7], tonumber(ARGV[8]))
 return {2, first_label(hs), soonest_end(hs)}
 "#;
 
