@@ -726,7 +726,8 @@ impl Engine for Local {
             name: req.name,
             wait,
             start: Boot::now(),
-            announced: false,
+            // Under -q there is no waiting line to print.
+            announced: log::level() == 0,
         };
         // Bounded: each retry means a file was deleted or replaced meanwhile.
         for _ in 0..100 {

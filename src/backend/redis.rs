@@ -834,7 +834,8 @@ impl Engine for Redis {
         };
         let mut failing_since: Option<Boot> = None;
         let mut failures = 0u32;
-        let mut announced = false;
+        // Under -q there is no waiting line to print, and no reason to wake for it.
+        let mut announced = log::level() == 0;
         let mut holder: Option<String> = None;
         // When the soonest holder's lease runs out on its own, as last heard
         // at the head of the queue, and whether the next call only keeps our
