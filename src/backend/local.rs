@@ -234,25 +234,31 @@ fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
     Ok(token)
 }
 
-/// One flock in /proc/locks: the inode, the pid that took it, and whether
-/// it is exclusive.
+/// One flock in /proc/locks: the inode, the pid that took (or waits for)
+/// it, whether it is exclusive, and whether it is only waited for.
 struct Flock {
     ino: u64,
     pid: u32,
     exclusive: bool,
+    waiting: bool,
 }
 
-/// The flocks held (not waited for) on files of device `dev`.
-fn flocks(dev: u64) -> Vec<Flock> {
+/// The flocks held on files of device `dev`, and those waited for.
+fn all_flocks(dev: u64) -> Vec<Flock> {
     let Ok(text) = std::fs::read_to_string("/proc/locks") else {
         return Vec::new();
     };
     let (maj, min) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     let mut out = Vec::new();
     for line in text.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a "->" marks a waiter).
-        if f.len() < 6 || f.contains(&"->") || f[1] != "FLOCK" {
+        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; a waiter's line
+        // has "->" after the number.
+        let mut f: Vec<&str> = line.split_whitespace().collect();
+        let waiting = f.get(1) == Some(&"->");
+        if waiting {
+            f.remove(1);
+        }
+        if f.len() < 6 || f[1] != "FLOCK" {
             continue;
         }
         let parts: Vec<&str> = f[5].split(':').collect();
@@ -266,10 +272,18 @@ fn flocks(dev: u64) -> Vec<Flock> {
                 ino,
                 pid,
                 exclusive: f[3] == "WRITE",
+                waiting,
             });
         }
     }
     out
+}
+
+/// The flocks held (not waited for) on files of device `dev`.
+fn flocks(dev: u64) -> Vec<Flock> {
+    let mut all = all_flocks(dev);
+    all.retain(|l| !l.waiting);
+    all
 }
 
 /// Inodes on `dev` under a flock other than `ours` (exclusive ones only,
@@ -464,9 +478,7 @@ struct Files {
 
 impl Files {
     fn slot(&self, k: u32) -> PathBuf {
-        let mut p = self.main.clone().into_os_string();
-        p.push(format!(".slot{k}"));
-        p.into()
+        suffixed(&self.main, &format!(".slot{k}"))
     }
 }
 
@@ -495,6 +507,13 @@ fn read_readers(path: &Path) -> Vec<Reader> {
         .collect()
 }
 
+/// `path` with `suffix` appended to its last component.
+fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_os_string();
+    p.push(suffix);
+    p.into()
+}
+
 /// The pids holding a flock on `ino` (of device `dev`).
 fn lockers(dev: u64, ino: u64) -> Vec<(u32, bool)> {
     flocks(dev)
@@ -513,14 +532,9 @@ impl Local {
 
     fn files(&self, name: &str) -> Files {
         let main = self.dir.join(file_name(name));
-        let with = |suffix: &str| {
-            let mut p = main.clone().into_os_string();
-            p.push(suffix);
-            PathBuf::from(p)
-        };
         Files {
-            gate: with(".gate"),
-            readers: with(".readers"),
+            gate: suffixed(&main, ".gate"),
+            readers: suffixed(&main, ".readers"),
             main,
         }
     }
@@ -615,9 +629,11 @@ impl Local {
         }
         // A slot of this name: the inherited file's path starts with the main one's.
         std::fs::read_link(format!("/proc/self/fd/{n}")).is_ok_and(|target| {
-            let mut slot = files.main.clone().into_os_string();
-            slot.push(".slot");
-            target.as_os_str().as_bytes().starts_with(slot.as_bytes())
+            let slot = suffixed(&files.main, ".slot");
+            target
+                .as_os_str()
+                .as_bytes()
+                .starts_with(slot.as_os_str().as_bytes())
         })
     }
 
@@ -740,13 +756,10 @@ impl Engine for Local {
             else {
                 continue;
             };
-            let holder = std::fs::File::open(&files.main)
-                .ok()
-                .and_then(|f| read_record(&f))
-                .map(|r| r.label)
-                .filter(|l| !l.is_empty());
-            if !self.pass_gate(&mut w, &gate, holder.as_deref())? {
-                return Ok(Acquired::Busy { holder });
+            if !self.pass_gate(&mut w, &gate, &files)? {
+                return Ok(Acquired::Busy {
+                    holder: recorded_holder(&files),
+                });
             }
             // An exclusive lock taken at once has no holders to disagree
             // with: the common case reads no /proc/locks.
@@ -910,33 +923,34 @@ impl Engine for Local {
     }
 }
 
+/// The holder label in the name's record, for waiting lines.
+fn recorded_holder(files: &Files) -> Option<String> {
+    std::fs::File::open(&files.main)
+        .ok()
+        .and_then(|f| read_record(&f))
+        .map(|r| r.label)
+        .filter(|l| !l.is_empty())
+}
+
 /// Requests at the gate `ino`: the one holding it and those queued behind it.
 fn waiting_on(dev: u64, ino: u64) -> u64 {
-    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
-        return 0;
-    };
-    let (maj, min) = (rustix::fs::major(dev), rustix::fs::minor(dev));
-    let id = format!("{maj:02x}:{min:02x}:{ino}");
-    text.lines()
-        .filter(|l| l.split_whitespace().any(|f| f == id))
-        .count() as u64
+    all_flocks(dev).iter().filter(|l| l.ino == ino).count() as u64
 }
 
 impl Local {
     /// Pass the gate: wait for it as the request allows. With `-n` a gate
     /// held for a moment by another request on its way through is waited
     /// for briefly; one held longer means a waiter ahead of us.
-    fn pass_gate(
-        &self,
-        w: &mut Waiter,
-        gate: &OwnedFd,
-        holder: Option<&str>,
-    ) -> Result<bool, Failure> {
+    fn pass_gate(&self, w: &mut Waiter, gate: &OwnedFd, files: &Files) -> Result<bool, Failure> {
         if w.wait != Wait::No {
-            // Most requests find the gate open: no helper thread for them.
+            // Most requests find the gate open: no helper thread, no record
+            // read for them.
             return match flock(gate, FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => Ok(true),
-                Err(Errno::WOULDBLOCK) => w.block(gate, FlockOperation::LockExclusive, holder),
+                Err(Errno::WOULDBLOCK) => {
+                    let holder = recorded_holder(files);
+                    w.block(gate, FlockOperation::LockExclusive, holder.as_deref())
+                }
                 Err(e) => Err(w.unavailable("cannot lock the gate of", e)),
             };
         }
@@ -975,9 +989,7 @@ impl Local {
             "{me} {token} {} {label}\n",
             now_since_epoch().as_millis()
         ));
-        let mut tmp = files.readers.clone().into_os_string();
-        tmp.push(".new");
-        let tmp = PathBuf::from(tmp);
+        let tmp = suffixed(&files.readers, ".new");
         std::fs::write(&tmp, text)?;
         std::fs::rename(&tmp, &files.readers)
     }

@@ -389,6 +389,6 @@ mod tests {
                 assert_eq!(engine_for(s).unwrap().name, e.name);
             }
         }
-        assert!(engine_for("etcd").is_none());
+        assert!(engine_for("gopher").is_none());
     }
 }
