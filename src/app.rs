@@ -42,16 +42,14 @@ pub fn dispatch(cli: Cli) -> Result<Ending, Failure> {
 
 fn setup_logging(common: &Common) {
     log::set_level(common.verbosity);
-    if config::inherited_url_has_password() {
-        crate::sys::set_not_dumpable();
-    }
+    // The job runs as the same user: it must not read a password from our
+    // memory or /proc/PID/environ, nor reopen our descriptors through
+    // /proc/PID/fd, whatever the URL (README "How lockrun treats your job").
+    crate::sys::set_not_dumpable();
     if let Endpoint::Redis(r) = &common.backend
         && let Some(p) = &r.password
     {
         log::add_secret(p);
-        // The job runs as the same user: it must not read the password from
-        // our memory or /proc/PID/environ.
-        crate::sys::set_not_dumpable();
     }
 }
 

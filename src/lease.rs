@@ -97,7 +97,25 @@ impl Timing {
 
     /// Smallest whole-millisecond ttl whose schedule fits (the check is monotone in ttl).
     pub fn min_ttl(kill_after: Option<Duration>) -> Duration {
-        let ok = |ms: u64| Timing::derive(Duration::from_millis(ms), kill_after).fits();
+        Timing::smallest_ttl(kill_after, Timing::fits)
+    }
+
+    /// Smallest ttl, with this schedule's kill grace, that can stop a job
+    /// whose kill takes `cost` before its lease ends (README "How lockrun
+    /// treats your job").
+    pub fn ttl_for_kill(&self, cost: Duration) -> Duration {
+        let kill_after = (self.grace != self.ttl / 10).then_some(self.grace);
+        let ms = Timing::smallest_ttl(kill_after, |t| t.fits() && t.kill_fits(cost));
+        Duration::from_secs(ms.as_millis().div_ceil(1000) as u64)
+    }
+
+    /// Whether a kill that takes `cost` still ends `slack` before the lease.
+    pub fn kill_fits(&self, cost: Duration) -> bool {
+        self.spare() + self.grace >= cost
+    }
+
+    fn smallest_ttl(kill_after: Option<Duration>, ok: impl Fn(&Timing) -> bool) -> Duration {
+        let ok = |ms: u64| ok(&Timing::derive(Duration::from_millis(ms), kill_after));
         let (mut lo, mut hi) = (1u64, 1000u64);
         while !ok(hi) {
             hi *= 2;
@@ -107,6 +125,14 @@ impl Timing {
             if ok(mid) { hi = mid } else { lo = mid + 1 }
         }
         Duration::from_millis(hi)
+    }
+
+    /// Time the schedule leaves over within a ttl (zero at the smallest
+    /// valid ttl): what the kill may start earlier without cutting into the
+    /// renewals' retries.
+    pub fn spare(&self) -> Duration {
+        self.ttl
+            .saturating_sub(self.renew_every + self.op + self.grace + self.slack + self.drift)
     }
 
     /// When the job must start being stopped if no renewal succeeded.

@@ -89,7 +89,7 @@ pub fn signal_pid(pid: i32, sig: i32) {
 }
 
 /// Send `sig` to a process group, never to pgid ≤ 1.
-pub fn signal_group(pgid: i32, sig: i32) {
+fn signal_group(pgid: i32, sig: i32) {
     if pgid > 1 {
         // SAFETY: as above.
         unsafe { libc::kill(-pgid, sig) };
@@ -139,6 +139,13 @@ pub fn set_subreaper() -> io::Result<()> {
 /// it moved to, found through the kernel's per-thread children lists. A
 /// process forking meanwhile may be missed: callers walk again.
 pub fn descendants(root: i32) -> Vec<i32> {
+    walk(root, |_| {})
+}
+
+/// `descendants`, calling `found` on each process the moment it is found,
+/// before its own children are read: a process stopped or killed there can
+/// no longer fork while the walk goes on below it.
+pub fn walk(root: i32, mut found: impl FnMut(i32)) -> Vec<i32> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     let mut todo = vec![root];
@@ -152,6 +159,7 @@ pub fn descendants(root: i32) -> Vec<i32> {
             };
             for c in s.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
                 if c > 1 && seen.insert(c) {
+                    found(c);
                     out.push(c);
                     todo.push(c);
                 }
@@ -159,6 +167,83 @@ pub fn descendants(root: i32) -> Vec<i32> {
         }
     }
     out
+}
+
+/// A descriptor that becomes readable when process `pid` exits (None where
+/// the kernel has no pidfds). Only meaningful for a pid that cannot have been
+/// recycled: our parent (checked after opening) or a child not yet reaped.
+pub fn pidfd(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(pid)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+}
+
+/// A pidfd of `pid`, a child of `parent` (the guard's child, the job's main
+/// process, seen from lockrun). The pid is checked after the pidfd is open:
+/// if it had been recycled meanwhile, the new process's parent would not be
+/// `parent`, which starts nothing but the job.
+pub fn pidfd_of_child(pid: i32, parent: i32) -> Option<std::os::fd::OwnedFd> {
+    let fd = pidfd(pid)?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ppid: i32 = stat
+        .rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    (ppid == parent).then_some(fd)
+}
+
+/// Send `sig` to the group led by the process of `pidfd`, if it has one
+/// (Linux 6.9 and later; nothing on older kernels).
+pub fn signal_led_group(pidfd: std::os::fd::BorrowedFd<'_>, sig: i32) {
+    pidfd_group_signal(pidfd, sig);
+}
+
+/// Whether the process of `pidfd` leads a process group that has members
+/// (false on kernels before 6.9, which cannot tell through a pidfd).
+pub fn leads_group(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
+    pidfd_group_signal(pidfd, 0) == 0
+}
+
+const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 4;
+
+fn pidfd_group_signal(pidfd: std::os::fd::BorrowedFd<'_>, sig: i32) -> libc::c_long {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal with a null siginfo; no memory is passed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            PIDFD_SIGNAL_PROCESS_GROUP,
+        )
+    }
+}
+
+/// Send `sig` to the process group whose leader `pidfd` refers to (the
+/// job's main process), and only to it: the kernel resolves the group by the
+/// pidfd's process, not by number, so a group that reused the number after
+/// the original one emptied is never reached (Linux 6.9 and later). On older
+/// kernels, the group is signalled by number only while its leader still runs
+/// (its pid taken, the number cannot have been reused).
+pub fn signal_group_of(pidfd: std::os::fd::BorrowedFd<'_>, pgid: i32, sig: i32) {
+    let r = pidfd_group_signal(pidfd, sig);
+    if r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+        return;
+    }
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    if rustix::event::poll(&mut fds, Some(&zero)) == Ok(0) {
+        signal_group(pgid, sig);
+    }
 }
 
 /// The result of `fork`.
@@ -235,10 +320,4 @@ fn close_range(first: RawFd, last: RawFd) {
             unsafe { libc::close(fd) };
         }
     }
-}
-
-/// Close every descriptor from `first` up (a dying guard needs none, and
-/// its walk of /proc must not fail for want of one).
-pub fn close_from(first: RawFd) {
-    close_range(first, RawFd::MAX);
 }

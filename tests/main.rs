@@ -10,6 +10,7 @@ mod input;
 mod local;
 mod modes;
 mod ops;
+mod outlive;
 mod props;
 mod redis_core;
 mod supervise;

@@ -3,6 +3,9 @@
 //! lockrun when the job's main process ends, and exits only when no process
 //! of the job is left. If lockrun dies (`kill -9`, the OOM killer), the guard
 //! kills every process of the job before it exits, so none outlives the lease.
+//! It learns of lockrun's death through a pidfd, which no process of the job
+//! can hold open on lockrun's behalf (a pipe from lockrun, reopened by a job
+//! through /proc, could be).
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -56,8 +59,6 @@ impl Report {
 /// lockrun's side of a running guard.
 pub struct Guard {
     pub pid: i32,
-    /// Held open while lockrun lives; the guard sees its end as lockrun's death.
-    _life: OwnedFd,
     reports: std::fs::File,
     /// Bytes read but not yet handed out (whole messages are handed out in order).
     partial: Vec<u8>,
@@ -67,27 +68,24 @@ impl Guard {
     /// Fork the guard, which starts the job from `job`. Call with no other
     /// thread running (the guard is a copy of this process).
     pub fn start(job: &mut Prepared) -> std::io::Result<Guard> {
-        let (life_rx, life_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         let (rep_rx, rep_tx) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )?;
         // The guard runs with every signal blocked: the terminal's keys and
         // lockrun's forwarding are for the job, never for the guard.
         let mask = sys::block_all();
+        let lockrun = rustix::process::getpid().as_raw_nonzero().get();
         let forked = sys::fork();
         match forked {
             Ok(sys::Forked::Child) => {
-                drop(life_tx);
                 drop(rep_rx);
-                guard_main(job, life_rx, rep_tx)
+                guard_main(job, lockrun, rep_tx)
             }
             Ok(sys::Forked::Parent(pid)) => {
                 sys::set_mask(&mask);
-                drop(life_rx);
                 drop(rep_tx);
                 Ok(Guard {
                     pid,
-                    _life: life_tx,
                     reports: std::fs::File::from(rep_rx),
                     partial: Vec::new(),
                 })
@@ -161,8 +159,14 @@ fn job_end(st: WaitStatus) -> Option<JobEnd> {
 }
 
 /// The guard's whole life. Never returns.
-fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
+fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
     let mut out = std::fs::File::from(reports);
+    // lockrun's pidfd, opened while lockrun is still our parent: it cannot
+    // refer to a recycled pid. Without pidfds, look at our parent every 50 ms.
+    let life = sys::pidfd(lockrun);
+    if parent() != lockrun {
+        sys::exit_now(1);
+    }
     // A group of its own: a SIGKILL to lockrun's whole process group (as
     // `timeout -k` and CI runners send) must not take the guard along.
     let _ = rustix::process::setpgid(None, None);
@@ -171,7 +175,7 @@ fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
     // on it (the gate a request passes, a slot a helper thread took after
     // another one won). One close_range per gap, no scan.
     let mut keep = [
-        life.as_raw_fd(),
+        life.as_ref().map_or(-1, |f| f.as_raw_fd()),
         out.as_raw_fd(),
         job.inherit_fd().unwrap_or(-1),
     ];
@@ -188,6 +192,10 @@ fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
             sys::exit_now(0);
         }
     };
+    // A pidfd of the main process, opened while it is our unreaped child:
+    // through it, the job's group is signalled and never a group that
+    // reused its number.
+    let main_fd = sys::pidfd(main);
     send(&mut out, Report::Started(main));
     let mut main_ended = false;
     loop {
@@ -209,18 +217,26 @@ fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
                 Err(_) => break,
             }
         }
-        let mut fds = vec![PollFd::from_borrowed_fd(life.as_fd(), PollFlags::IN)];
+        let mut fds = Vec::with_capacity(2);
+        if let Some(l) = &life {
+            fds.push(PollFd::from_borrowed_fd(l.as_fd(), PollFlags::IN));
+        }
         if let Ok(c) = &chld {
             fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
         }
-        // Without a SIGCHLD descriptor, look again every 50 ms.
+        // Without one of the descriptors above, look again every 50 ms.
         let limit = rustix::time::Timespec {
             tv_sec: 0,
             tv_nsec: 50_000_000,
         };
-        let _ = poll(&mut fds, chld.is_err().then_some(&limit));
-        if !fds[0].revents().is_empty() {
-            kill_everything(main);
+        let blind = life.is_none() || chld.is_err();
+        let _ = poll(&mut fds, blind.then_some(&limit));
+        let lockrun_died = match &life {
+            Some(_) => !fds[0].revents().is_empty(),
+            None => parent() != lockrun,
+        };
+        if lockrun_died {
+            kill_everything(main_fd.as_ref(), main, job.inherit_fd());
         }
         if let Ok(c) = &chld {
             let mut buf = [0u8; 128];
@@ -229,19 +245,29 @@ fn guard_main(job: &mut Prepared, life: OwnedFd, reports: OwnedFd) -> ! {
     }
 }
 
-/// lockrun is gone: SIGKILL every descendant, again and again until none is left.
-fn kill_everything(main: i32) -> ! {
-    // Every descriptor free for the walk below, whatever limit lockrun ran under.
-    sys::close_from(3);
+fn parent() -> i32 {
+    rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get())
+}
+
+/// lockrun is gone: SIGKILL every descendant, again and again until none is
+/// left. The job's group first, in one call; then every process the moment
+/// a walk finds it, so that none forks again behind the walk.
+fn kill_everything(main_fd: Option<&OwnedFd>, main: i32, lock: Option<std::os::fd::RawFd>) -> ! {
+    // Every descriptor free for the walk below, whatever limit lockrun ran
+    // under; but the local lock stays held until the last process is gone,
+    // and the main process's pidfd is what reaches the job's group.
+    let mut keep = [lock.unwrap_or(-1), main_fd.map_or(-1, |f| f.as_raw_fd())];
+    sys::close_all_but(&mut keep);
     let me = rustix::process::getpid().as_raw_nonzero().get();
     loop {
-        sys::signal_group(main, libc::SIGKILL);
-        for p in sys::descendants(me) {
-            sys::signal_pid(p, libc::SIGKILL);
+        if let Some(fd) = main_fd {
+            sys::signal_group_of(fd.as_fd(), main, libc::SIGKILL);
         }
+        sys::walk(me, |p| sys::signal_pid(p, libc::SIGKILL));
         loop {
             match wait(WaitOptions::NOHANG) {
                 Ok(Some(_)) => continue,
+                Err(rustix::io::Errno::INTR) => continue,
                 Err(rustix::io::Errno::CHILD) => sys::exit_now(1),
                 _ => break,
             }

@@ -23,7 +23,7 @@ use crate::spawn::{Prepared, SpawnError};
 use crate::sys;
 use guard::{Guard, Report};
 pub use policy::Outcome;
-use policy::{Action, Event, FORWARDED, JOB_CONTROL, Policy};
+use policy::{Action, Event, FORWARDED, JOB_CONTROL, Policy, Walk};
 
 /// Everything the supervisor needs to run one job under one lease.
 pub struct Job {
@@ -149,6 +149,7 @@ pub fn supervise_job(
         )
     })?;
     let main = first_report(&mut guard).map_err(|e| spawn_failure(&shown, e))?;
+    let guard_pid = guard.pid;
     log::info(format!("started job as pid {main}"));
     log::start_async();
 
@@ -164,6 +165,10 @@ pub fn supervise_job(
         guard_gone: false,
         reserve: reserve_fds(),
         orphans_only: false,
+        main_fd: sys::pidfd_of_child(main, guard_pid),
+        groups: Vec::new(),
+        probed: std::collections::HashSet::new(),
+        next_count: job.sent_at.add(job.timing.renew_every),
     };
     let (ev_tx, ev_rx) = channel::<LeaseEvent>();
     loop {
@@ -188,7 +193,7 @@ pub fn supervise_job(
         let just_ended = events.iter().any(|e| matches!(e, Event::JobEnded(_)));
         let mut actions = Vec::new();
         for ev in events {
-            actions.extend(sup.policy.on(ev, now, dl));
+            actions.extend(sup.policy.on(ev, now));
         }
         if gone {
             break;
@@ -198,8 +203,18 @@ pub fn supervise_job(
         // microseconds (nothing left): look for leftovers a moment later
         // rather than walk /proc on every run.
         let settling = just_ended && !sup.policy_is_stopping();
-        let procs = if (sup.policy.wants_procs() && !settling) || (forwards && shares_group) {
-            sup.processes()
+        // While the job runs under a lease that can expire, count its
+        // processes once per renewal: the kill schedule allows for their number.
+        let count = dl.is_some() && !sup.policy_is_stopping() && now >= sup.next_count;
+        let walk = sup.policy.walk(now, dl);
+        let procs = if (sup.policy.wants_procs(now, dl) && !settling)
+            || (forwards && shares_group)
+            || count
+        {
+            if count {
+                sup.next_count = now.add(sup.timing.renew_every);
+            }
+            sup.processes(walk)
         } else {
             Vec::new()
         };
@@ -209,13 +224,17 @@ pub fn supervise_job(
             sup.watchdog.take();
             sup.renewer.take();
         }
+        let killed = walk == Walk::Kill && !procs.is_empty();
         for a in actions {
-            sup.act(a, &procs);
+            sup.act(a, &procs, killed);
         }
 
         let mut next = sup.policy.next_tick(Boot::now(), dl);
         if sup.renewer.is_some() && !sup.policy_is_stopping() {
             next = Some(next.map_or(sup.first_renew, |n| n.min(sup.first_renew)));
+        }
+        if dl.is_some() && !sup.policy_is_stopping() {
+            next = Some(next.map_or(sup.next_count, |n| n.min(sup.next_count)));
         }
         if sup.orphans_only {
             next = Some(Boot::now().add(std::time::Duration::from_millis(50)));
@@ -266,6 +285,18 @@ struct Supervisor {
     orphans_only: bool,
     /// Descriptors held back for the walk of /proc (see `processes`).
     reserve: Vec<std::os::fd::OwnedFd>,
+    /// The main process's pidfd: the job's group is signalled through it,
+    /// never by a number that may have been recycled (README "How lockrun
+    /// treats your job").
+    main_fd: Option<std::os::fd::OwnedFd>,
+    /// Pidfds of other processes of the job that lead a process group (a
+    /// session of their own among them), so that the kill reaches each of
+    /// those groups in one call, whatever their size.
+    groups: Vec<std::os::fd::OwnedFd>,
+    /// Processes already looked at for `groups`.
+    probed: std::collections::HashSet<i32>,
+    /// When to count the job's processes next (see `Policy::measured`).
+    next_count: Boot,
 }
 
 /// Two descriptors (copies of stdin) to free when lockrun needs to open files
@@ -335,8 +366,22 @@ impl Supervisor {
         }
     }
 
-    /// Every live process of the job.
-    fn processes(&mut self) -> Vec<i32> {
+    /// Signal the job's process group (through the main process's pidfd);
+    /// false when there is none to signal: at a terminal the job shares
+    /// lockrun's group, and without a pidfd the group is not provably the job's.
+    fn signal_group(&self, sig: i32) -> bool {
+        match &self.main_fd {
+            Some(fd) if !self.policy.shares_group() => {
+                sys::signal_group_of(fd.as_fd(), self.main, sig);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Every live process of the job, walked as `how` says; the walk's cost
+    /// goes to the policy.
+    fn processes(&mut self, how: Walk) -> Vec<i32> {
         let root = if self.orphans_only {
             rustix::process::getpid().as_raw_nonzero().get()
         } else {
@@ -345,12 +390,43 @@ impl Supervisor {
         // The walk opens files: give it the descriptors kept in reserve, so
         // that lockrun at its descriptor limit still finds every process.
         self.reserve.clear();
-        let found = sys::descendants(root);
+        let started = Boot::now();
+        let found = match how {
+            Walk::List => {
+                let (groups, probed) = (&mut self.groups, &mut self.probed);
+                sys::walk(root, |p| probe_group(groups, probed, p))
+            }
+            Walk::Freeze => {
+                let (policy, groups, probed) = (&self.policy, &mut self.groups, &mut self.probed);
+                sys::walk(root, |p| {
+                    if !policy.knows(p) {
+                        sys::signal_pid(p, libc::SIGSTOP);
+                    }
+                    probe_group(groups, probed, p);
+                })
+            }
+            Walk::Kill => {
+                // A call per known group stops them whole before the walk starts.
+                self.signal_group(libc::SIGKILL);
+                for g in &self.groups {
+                    sys::signal_led_group(g.as_fd(), libc::SIGKILL);
+                }
+                sys::walk(root, |p| sys::signal_pid(p, libc::SIGKILL))
+            }
+        };
+        let took = Boot::now().since(started);
+        log::debug(format!(
+            "{how:?} walk: {} process(es) in {took:.1?}",
+            found.len()
+        ));
+        self.policy.measured(found.len(), took);
         self.reserve = reserve_fds();
         found
     }
 
-    fn act(&mut self, a: Action, procs: &[i32]) {
+    /// Carry out one decision. `killed`: the walk that found `procs` sent
+    /// each of them SIGKILL already.
+    fn act(&mut self, a: Action, procs: &[i32], killed: bool) {
         match a {
             Action::Forward(sig) => {
                 log::info(format!("forwarding {}", signal_name(sig)));
@@ -358,22 +434,25 @@ impl Supervisor {
                     for &p in procs {
                         sys::signal_pid(p, sig);
                     }
-                } else {
-                    sys::signal_group(self.main, sig);
+                } else if !self.signal_group(sig) {
+                    // No group to reach: each process a walk finds.
+                    for p in sys::descendants(rustix::process::getpid().as_raw_nonzero().get()) {
+                        sys::signal_pid(p, sig);
+                    }
                 }
             }
             Action::Signal(pids, sig) => {
                 if sig == libc::SIGTERM {
                     log::info(format!("stopping {} process(es) of the job", pids.len()));
                 }
-                for p in pids {
-                    sys::signal_pid(p, sig);
+                if !(killed && sig == libc::SIGKILL) {
+                    for p in pids {
+                        sys::signal_pid(p, sig);
+                    }
                 }
                 // The job's own group too, in case a walk of /proc missed some.
-                if matches!(sig, libc::SIGTERM | libc::SIGKILL | libc::SIGCONT)
-                    && !self.policy.shares_group()
-                {
-                    sys::signal_group(self.main, sig);
+                if matches!(sig, libc::SIGTERM | libc::SIGKILL | libc::SIGCONT) {
+                    self.signal_group(sig);
                 }
             }
             Action::Suspend(sig) => {
@@ -382,6 +461,27 @@ impl Supervisor {
             }
             Action::Alert(msg) => log::alert(msg),
         }
+    }
+}
+
+/// How many other groups of the job lockrun keeps a pidfd for (each costs a
+/// descriptor; beyond these, the walk reaches every process one by one).
+const KNOWN_GROUPS: usize = 32;
+
+/// Note whether process `p`, just found under the subreaper (so the job's),
+/// leads a process group: its pidfd then reaches that group in one call.
+fn probe_group(
+    groups: &mut Vec<std::os::fd::OwnedFd>,
+    probed: &mut std::collections::HashSet<i32>,
+    p: i32,
+) {
+    if groups.len() >= KNOWN_GROUPS || !probed.insert(p) {
+        return;
+    }
+    if let Some(fd) = sys::pidfd(p)
+        && sys::leads_group(fd.as_fd())
+    {
+        groups.push(fd);
     }
 }
 

@@ -27,6 +27,10 @@ pub const JOB_CONTROL: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
 const UNKILLABLE_AFTER: Duration = Duration::from_secs(5);
 /// Once SIGKILL is due, look for processes forked meanwhile this often.
 const REKILL_EVERY: Duration = Duration::from_millis(50);
+/// What the kernel takes to tear down one killed process, as measured on a
+/// 2-core machine (6,000 processes die in about 0.7 s there), rounded up:
+/// part of the kill's cost that no walk of /proc shows.
+const DEATH_PER_PROCESS: Duration = Duration::from_micros(150);
 
 /// Something that happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,8 +71,22 @@ enum Why {
 #[derive(Debug)]
 struct Stopping {
     why: Why,
-    kill_at: Boot,
+    /// When the schedule started: SIGKILL follows `grace` later at most.
+    since: Boot,
     since_kill: Option<Boot>,
+}
+
+/// How the supervisor walks the job's processes before the next `tick`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Walk {
+    /// Only list them.
+    List,
+    /// Stop (SIGSTOP) each process not seen before the moment it is found,
+    /// so that it cannot fork behind the walk; `tick` sends SIGTERM and
+    /// SIGCONT to those.
+    Freeze,
+    /// SIGKILL the job's group, then each process the moment it is found.
+    Kill,
 }
 
 /// A process found after the main one ended: SIGTERM when found, SIGKILL after the grace.
@@ -97,6 +115,13 @@ pub struct Policy {
     stopping: Option<Stopping>,
     leftovers: HashMap<i32, Leftover>,
     warned_unkillable: bool,
+    /// What killing the job is expected to take, from the last walk: its own
+    /// length and the teardown of what it found. The kill schedule starts
+    /// earlier by that much (README "How lockrun treats your job").
+    kill_cost: Duration,
+    /// How many processes the last walk found.
+    found: usize,
+    warned_size: bool,
 }
 
 impl Policy {
@@ -108,20 +133,94 @@ impl Policy {
             stopping: None,
             leftovers: HashMap::new(),
             warned_unkillable: false,
+            kill_cost: Duration::ZERO,
+            found: 0,
+            warned_size: false,
         }
     }
 
-    /// React to one event. `deadline` is the lease's local expiry estimate
-    /// (None: the lease cannot expire, as a flock).
-    pub fn on(&mut self, ev: Event, now: Boot, deadline: Option<Boot>) -> Vec<Action> {
+    /// A walk of the job's processes found `found` of them in `took`.
+    pub fn measured(&mut self, found: usize, took: Duration) {
+        self.kill_cost = took + DEATH_PER_PROCESS * u32::try_from(found).unwrap_or(u32::MAX);
+        self.found = found;
+    }
+
+    /// Once: a line saying that the job has grown too big to be stopped
+    /// within its lease, and which ttl would do.
+    fn size_warning(&mut self, deadline: Option<Boot>) -> Option<Action> {
+        if self.warned_size || deadline.is_none() || self.timing.kill_fits(self.kill_cost) {
+            return None;
+        }
+        self.warned_size = true;
+        Some(Action::Alert(format!(
+            "the job has {} processes; stopping them takes about {:.1?}, more than --ttl {} \
+             leaves, so on a lost lease some could outlive it; use --ttl {} or more",
+            self.found,
+            self.kill_cost,
+            humantime::format_duration(self.timing.ttl),
+            humantime::format_duration(self.timing.ttl_for_kill(self.kill_cost)),
+        )))
+    }
+
+    /// When the job must start being stopped if no renewal succeeded: the
+    /// schedule's own time, earlier by the kill's cost as far as the lease's
+    /// spare time allows (beyond it, the grace shrinks instead).
+    fn lost_at(&self, deadline: Boot) -> Boot {
+        self.timing
+            .lost_at(deadline)
+            .sub(self.kill_cost.min(self.timing.spare()))
+    }
+
+    /// When SIGKILL goes out: after the grace, and early enough before the
+    /// lease's end that the kill itself is over `slack` before it.
+    fn kill_at(&self, s: &Stopping, deadline: Option<Boot>) -> Boot {
+        let mut at = s.since.add(self.timing.grace);
+        if let Some(d) = deadline {
+            at = at.min(d.sub(self.timing.slack + self.kill_cost));
+        }
+        at.max(s.since)
+    }
+
+    /// How to walk the job's processes now, if the next `tick` needs them.
+    pub fn walk(&self, now: Boot, deadline: Option<Boot>) -> Walk {
+        let starting = Stopping {
+            why: Why::Failed(String::new()),
+            since: now,
+            since_kill: None,
+        };
+        let s = match &self.stopping {
+            Some(s) => s,
+            // The next tick starts the schedule: walk for it already.
+            None if self.loses(now, deadline) => &starting,
+            None => return Walk::List,
+        };
+        if s.since_kill.is_some() || now >= self.kill_at(s, deadline) {
+            Walk::Kill
+        } else {
+            Walk::Freeze
+        }
+    }
+
+    /// Whether the lease counts as lost by time at `now` (no renewal in time).
+    fn loses(&self, now: Boot, deadline: Option<Boot>) -> bool {
+        deadline.is_some_and(|d| now >= self.lost_at(d))
+    }
+
+    /// Whether `pid` was already told to stop (a later walk does not freeze it again).
+    pub fn knows(&self, pid: i32) -> bool {
+        self.leftovers.contains_key(&pid)
+    }
+
+    /// React to one event.
+    pub fn on(&mut self, ev: Event, now: Boot) -> Vec<Action> {
         match ev {
             Event::Signal { sig, from_terminal } => self.on_signal(sig, from_terminal),
             Event::JobEnded(end) => {
                 self.end.get_or_insert(end);
                 Vec::new()
             }
-            Event::Lost(reason) => self.stop(Why::Lost(reason), now, deadline),
-            Event::Failed(reason) => self.stop(Why::Failed(reason), now, deadline),
+            Event::Lost(reason) => self.stop(Why::Lost(reason), now),
+            Event::Failed(reason) => self.stop(Why::Failed(reason), now),
         }
     }
 
@@ -147,17 +246,13 @@ impl Policy {
 
     /// Start the kill schedule: SIGTERM now, SIGKILL after the grace, and
     /// always `slack` before the lease can end. Lost is final.
-    fn stop(&mut self, why: Why, now: Boot, deadline: Option<Boot>) -> Vec<Action> {
+    fn stop(&mut self, why: Why, now: Boot) -> Vec<Action> {
         if self.stopping.is_some() {
             return Vec::new();
         }
-        let mut kill_at = now.add(self.timing.grace);
-        if let Some(d) = deadline {
-            kill_at = kill_at.min(d.sub(self.timing.slack));
-        }
         self.stopping = Some(Stopping {
             why,
-            kill_at,
+            since: now,
             since_kill: None,
         });
         // The per-process leftover schedule is replaced by this one.
@@ -168,19 +263,16 @@ impl Policy {
     /// Look at the clock and the job's processes (`procs`: every live process
     /// of the job, the main one included while it runs).
     pub fn tick(&mut self, now: Boot, deadline: Option<Boot>, procs: &[i32]) -> Vec<Action> {
-        let mut out = Vec::new();
-        if self.stopping.is_none()
-            && let Some(d) = deadline
-            && now >= self.timing.lost_at(d)
-        {
+        let mut out: Vec<Action> = self.size_warning(deadline).into_iter().collect();
+        if self.stopping.is_none() && self.loses(now, deadline) {
             out.extend(self.stop(
                 Why::Lost("the lease could not be renewed in time".into()),
                 now,
-                deadline,
             ));
         }
-        if let Some(s) = &mut self.stopping {
-            if now >= s.kill_at {
+        let kill_at = self.stopping.as_ref().map(|s| self.kill_at(s, deadline));
+        if let (Some(s), Some(kill_at)) = (&mut self.stopping, kill_at) {
+            if now >= kill_at {
                 // Again on every look: a process forked since the last one
                 // must not escape.
                 if !procs.is_empty() {
@@ -270,8 +362,8 @@ impl Policy {
     }
 
     /// Whether `tick` needs the list of the job's processes (a walk of /proc).
-    pub fn wants_procs(&self) -> bool {
-        self.stopping.is_some() || self.end.is_some()
+    pub fn wants_procs(&self, now: Boot, deadline: Option<Boot>) -> bool {
+        self.stopping.is_some() || self.end.is_some() || self.loses(now, deadline)
     }
 
     /// When to look again at the latest, if nothing happens before.
@@ -281,7 +373,7 @@ impl Policy {
         match &self.stopping {
             None => {
                 if let Some(d) = deadline {
-                    consider(self.timing.lost_at(d));
+                    consider(self.lost_at(d));
                 }
                 for l in self.leftovers.values() {
                     match l.killed {
@@ -297,7 +389,7 @@ impl Policy {
             }
             Some(s) => match s.since_kill {
                 None => {
-                    consider(s.kill_at);
+                    consider(self.kill_at(s, deadline));
                     // Processes forked during the grace get SIGTERM too.
                     consider(now.add(REKILL_EVERY));
                 }
@@ -360,17 +452,11 @@ mod tests {
             sig: libc::SIGINT,
             from_terminal: t,
         };
-        assert!(p.on(int(true), at(0), None).is_empty());
-        assert_eq!(
-            p.on(int(false), at(0), None),
-            [Action::Forward(libc::SIGINT)]
-        );
+        assert!(p.on(int(true), at(0)).is_empty());
+        assert_eq!(p.on(int(false), at(0)), [Action::Forward(libc::SIGINT)]);
         // Without a shared group, a signal always goes on to the job.
         let mut p = Policy::new(timing(), false);
-        assert_eq!(
-            p.on(int(true), at(0), None),
-            [Action::Forward(libc::SIGINT)]
-        );
+        assert_eq!(p.on(int(true), at(0)), [Action::Forward(libc::SIGINT)]);
     }
 
     #[test]
@@ -381,19 +467,19 @@ mod tests {
             from_terminal: t,
         };
         assert_eq!(
-            p.on(stop(libc::SIGTSTP, true), at(0), None),
+            p.on(stop(libc::SIGTSTP, true), at(0)),
             [Action::Suspend(libc::SIGTSTP)]
         );
         assert_eq!(
-            p.on(stop(libc::SIGTTIN, true), at(0), None),
+            p.on(stop(libc::SIGTTIN, true), at(0)),
             [Action::Suspend(libc::SIGTTIN)]
         );
         // `kill -TSTP lockrun` stops the job, never lockrun.
         assert_eq!(
-            p.on(stop(libc::SIGTSTP, false), at(0), None),
+            p.on(stop(libc::SIGTSTP, false), at(0)),
             [Action::Forward(libc::SIGTSTP)]
         );
-        assert!(p.on(stop(libc::SIGTTOU, false), at(0), None).is_empty());
+        assert!(p.on(stop(libc::SIGTTOU, false), at(0)).is_empty());
     }
 
     #[test]
@@ -402,10 +488,7 @@ mod tests {
         let mut p = Policy::new(t, false);
         let deadline = at(3000);
         let procs = [10, 11, 12];
-        assert!(
-            p.on(Event::Lost("gone".into()), at(1000), Some(deadline))
-                .is_empty()
-        );
+        assert!(p.on(Event::Lost("gone".into()), at(1000)).is_empty());
         let a = p.tick(at(1000), Some(deadline), &procs);
         assert_eq!(signals(&a, libc::SIGTERM), procs);
         assert_eq!(signals(&a, libc::SIGCONT), procs);
@@ -439,7 +522,7 @@ mod tests {
         let t = Timing::new(Duration::from_secs(10), Some(Duration::from_secs(2))).unwrap();
         let mut p = Policy::new(t, false);
         let deadline = at(2500);
-        p.on(Event::Lost("x".into()), at(1000), Some(deadline));
+        p.on(Event::Lost("x".into()), at(1000));
         let kill_at = deadline.sub(t.slack);
         assert!(kill_at < at(1000).add(t.grace));
         assert!(signals(&p.tick(kill_at, Some(deadline), &[5]), libc::SIGKILL) == [5]);
@@ -471,7 +554,7 @@ mod tests {
         let mut p = Policy::new(timing(), false);
         assert_eq!(p.next_tick(at(0), None), None);
         assert!(p.tick(at(1_000_000), None, &[]).is_empty());
-        p.on(Event::JobEnded(JobEnd::Exited(0)), at(0), None);
+        p.on(Event::JobEnded(JobEnd::Exited(0)), at(0));
         let o = p.outcome();
         assert_eq!(o.lost, None);
         assert_eq!(o.end, Some(JobEnd::Exited(0)));
@@ -481,7 +564,7 @@ mod tests {
     fn leftovers_get_term_then_kill_after_the_grace() {
         let t = timing();
         let mut p = Policy::new(t, false);
-        p.on(Event::JobEnded(JobEnd::Exited(3)), at(0), None);
+        p.on(Event::JobEnded(JobEnd::Exited(3)), at(0));
         let a = p.tick(at(0), None, &[20]);
         assert_eq!(signals(&a, libc::SIGTERM), [20]);
         let a = p.tick(at(100), None, &[20, 21]);
@@ -498,13 +581,77 @@ mod tests {
     #[test]
     fn a_failure_after_the_start_stops_the_job_and_reports_it() {
         let mut p = Policy::new(timing(), false);
-        p.on(Event::Failed("no thread".into()), at(0), None);
+        p.on(Event::Failed("no thread".into()), at(0));
         let a = p.tick(at(0), None, &[1234]);
         assert_eq!(signals(&a, libc::SIGTERM), [1234]);
         // A later loss does not change why.
-        p.on(Event::Lost("x".into()), at(1), None);
+        p.on(Event::Lost("x".into()), at(1));
         let o = p.outcome();
         assert_eq!(o.failed.as_deref(), Some("no thread"));
         assert_eq!(o.lost, None);
+    }
+
+    #[test]
+    fn a_big_tree_is_lost_and_killed_earlier_by_its_cost() {
+        let t = timing();
+        let deadline = at(3000);
+        let mut p = Policy::new(t, false);
+        let plain = p.lost_at(deadline);
+        // 2,000 processes found in 20 ms: 20 ms + 2,000 × the teardown.
+        p.measured(2000, Duration::from_millis(20));
+        let cost = Duration::from_millis(20) + DEATH_PER_PROCESS * 2000;
+        assert_eq!(p.lost_at(deadline), plain.sub(cost));
+        assert_eq!(p.walk(p.lost_at(deadline), Some(deadline)), Walk::Freeze);
+        let a = p.tick(p.lost_at(deadline), Some(deadline), &[10, 11]);
+        assert_eq!(signals(&a, libc::SIGTERM), [10, 11]);
+        // SIGKILL after the full grace, which still ends `slack + cost` early.
+        let kill = plain.sub(cost).add(t.grace);
+        assert_eq!(kill, deadline.sub(t.slack + cost));
+        assert_eq!(
+            p.walk(kill.sub(Duration::from_millis(1)), Some(deadline)),
+            Walk::Freeze
+        );
+        assert_eq!(p.walk(kill, Some(deadline)), Walk::Kill);
+        assert_eq!(
+            signals(&p.tick(kill, Some(deadline), &[10]), libc::SIGKILL),
+            [10]
+        );
+    }
+
+    #[test]
+    fn a_tree_too_big_for_the_ttl_is_killed_at_once_and_named() {
+        let t = timing();
+        let deadline = at(3000);
+        let mut p = Policy::new(t, false);
+        // Far more than the 3 s lease leaves: the loss comes as early as
+        // the renewals allow, with no grace, and a line says which ttl fits.
+        p.measured(20_000, Duration::from_millis(300));
+        let a = p.tick(at(0), Some(deadline), &[]);
+        match a.as_slice() {
+            [Action::Alert(m)] => assert!(
+                m.contains("20000 processes") && m.contains("--ttl 8s"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(p.tick(at(1), Some(deadline), &[]).is_empty(), "said once");
+        let lost = t.lost_at(deadline).sub(t.spare());
+        assert_eq!(p.walk(lost, Some(deadline)), Walk::Kill);
+        let a = p.tick(lost, Some(deadline), &[10]);
+        assert_eq!(signals(&a, libc::SIGKILL), [10]);
+        // Without a lease that can expire there is nothing to warn about.
+        let mut p = Policy::new(t, false);
+        p.measured(20_000, Duration::from_millis(300));
+        assert!(p.tick(at(0), None, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_walk_freezes_only_what_was_not_told_yet() {
+        let mut p = Policy::new(timing(), false);
+        assert_eq!(p.walk(at(0), None), Walk::List);
+        p.on(Event::Lost("x".into()), at(0));
+        assert_eq!(p.walk(at(0), None), Walk::Freeze);
+        p.tick(at(0), None, &[10]);
+        assert!(p.knows(10) && !p.knows(11));
     }
 }

@@ -1,0 +1,294 @@
+//! Jobs that try to outlive their lease: trees of thousands of processes that
+//! ignore SIGTERM in many groups and sessions, a pid recycled by an unrelated
+//! process, a job that reopens lockrun's descriptors to disarm its guard.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use crate::support::*;
+
+/// How many processes the big-tree tests start, and the holder's ttl (by
+/// hand: LOCKRUN_TEST_TREE=20000 LOCKRUN_TEST_TREE_TTL=10s).
+fn tree_size() -> usize {
+    std::env::var("LOCKRUN_TEST_TREE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6000)
+}
+
+/// One big tree at a time: two would share the machine's pids and cores.
+static BIG_TREES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn tree_ttl() -> String {
+    std::env::var("LOCKRUN_TEST_TREE_TTL").unwrap_or_else(|_| "3s".into())
+}
+
+/// A perl job that starts `k` processes ignoring SIGTERM, spread over
+/// `groups` process groups (every other one a session of its own), each
+/// holding fd 9 (the write end of a FIFO the test reads: its end-of-file is
+/// the moment the last of them died). `ready.N` appears once group N forked.
+/// `close_fd` names a descriptor every process closes (the local lock's).
+fn tree_job(scratch: &Scratch, k: usize, groups: usize, close_fd: bool) -> String {
+    let d = scratch.dir.path().display();
+    let close = if close_fd {
+        "POSIX::close($ENV{LOCKRUN_LOCK_FD});"
+    } else {
+        ""
+    };
+    format!(
+        "exec 9>{d}/fifo; exec perl -MPOSIX -e '
+         $SIG{{TERM}} = q(IGNORE); {close}
+         for my $j (1..{groups}) {{
+           my $p = fork; die unless defined $p;
+           next if $p;
+           if ($j % 2) {{ POSIX::setsid() }} else {{ setpgrp(0, 0) }}
+           for (1..{per}) {{
+             my $c = fork;
+             if (defined $c && !$c) {{ sleep 1000 while 1 }}
+           }}
+           open my $f, q(>), qq({d}/ready.$j); close $f;
+           sleep 1000 while 1;
+         }}
+         sleep 1000 while 1'",
+        per = k / groups,
+    )
+}
+
+/// The reader of the FIFO: returns when every process holding its write end
+/// is gone, with the wall time of that moment.
+fn deaths(scratch: &Scratch) -> (std::fs::File, std::sync::mpsc::Receiver<SystemTime>) {
+    let fifo = scratch.path("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Opened read-write so the job's open for writing never blocks, and so
+    // that a second, read-only descriptor sees end-of-file only when every
+    // writer of the job is gone.
+    let keep = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let mut reader = std::fs::File::open(&fifo).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        while reader.read(&mut buf).is_ok_and(|n| n > 0) {}
+        let _ = tx.send(SystemTime::now());
+    });
+    (keep, rx)
+}
+
+fn wait_ready(scratch: &Scratch, groups: usize) {
+    let ok = wait_until(Duration::from_secs(120), || {
+        (1..=groups).all(|j| scratch.exists(&format!("ready.{j}")))
+    });
+    assert!(ok, "the job's tree never finished forking");
+}
+
+/// A holder whose renewals stop (the server is paused) stops a tree of
+/// thousands of processes that ignore SIGTERM, in several groups and
+/// sessions, before the lease can expire on the server: the margin does not
+/// shrink with the size of the tree.
+#[test]
+fn a_big_tree_dies_before_its_lease_expires() {
+    let _one = BIG_TREES.lock().unwrap_or_else(|e| e.into_inner());
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let (keep, died) = deaths(&scratch);
+    let k = tree_size();
+    let groups = 6;
+    let mut lr = on(&redis)
+        .args([
+            "--ttl",
+            &tree_ttl(),
+            "big",
+            "-c",
+            &tree_job(&scratch, k, groups, false),
+        ])
+        .spawn();
+    wait_ready(&scratch, groups);
+    // The writers are the job's now: only they keep the FIFO open.
+    drop(keep);
+    // A renewal happens every second; take the lease's expiry right after one.
+    let pttl_at = |r: &Redis| {
+        let before = SystemTime::now();
+        let pttl: i64 = r.cmd(&["PTTL", "lockrun:{big}"]);
+        assert!(pttl > 0, "the lease has no expiry: {pttl}");
+        before + Duration::from_millis(pttl as u64)
+    };
+    let mut expires = pttl_at(&redis);
+    assert!(wait_until(Duration::from_secs(30), || {
+        let e = pttl_at(&redis);
+        let renewed = e > expires + Duration::from_millis(200);
+        expires = e;
+        renewed
+    }));
+    redis.pause();
+    let dead = died.recv_timeout(Duration::from_secs(60));
+    redis.resume();
+    let dead = dead.expect("the tree outlived lockrun's kill schedule");
+    let st = wait_child(&mut lr, Duration::from_secs(60));
+    assert_eq!(st.code(), Some(76));
+    match expires.duration_since(dead) {
+        Ok(margin) => eprintln!("{k} processes: all dead {margin:?} before the expiry"),
+        Err(e) => panic!(
+            "{k} processes ran {:?} past the lease's expiry on the server",
+            e.duration()
+        ),
+    }
+}
+
+/// `kill -9` of lockrun on the local backend: the guard kills a big tree
+/// whose processes closed the lock descriptor, and the next holder starts
+/// only once the last of them is dead.
+#[test]
+fn after_kill_9_the_next_local_holder_waits_for_a_big_tree() {
+    let _one = BIG_TREES.lock().unwrap_or_else(|e| e.into_inner());
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let (keep, died) = deaths(&scratch);
+    let groups = 6;
+    let mut lr = on(&url)
+        .args(["big", "-c", &tree_job(&scratch, tree_size(), groups, true)])
+        .spawn();
+    wait_ready(&scratch, groups);
+    drop(keep);
+    let next = on(&url)
+        .args(["-w", "60", "big", "--", "perl", "-MTime::HiRes=time", "-e"])
+        .arg("printf qq(%.6f\\n), time")
+        .stdout(Stdio::piped())
+        .spawn();
+    std::thread::sleep(Duration::from_millis(300));
+    signal(lr.id() as i32, libc::SIGKILL);
+    let _ = lr.wait();
+    let dead = died
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the tree outlived a SIGKILLed lockrun");
+    let out = next.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let started: f64 = text(&out.stdout).trim().parse().unwrap();
+    let dead = dead
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started > dead,
+        "the next holder started {:.3} s before the old tree was dead",
+        dead - started
+    );
+}
+
+/// The job's main process exits, leaving a process in a session of its own;
+/// an unrelated process then takes the main process's pid and leads a group
+/// with it (forced through ns_last_pid; pid wrap-around does it too). No
+/// signal of lockrun's, forwarded or on the kill schedule, may reach it.
+#[test]
+fn a_recycled_pid_of_the_job_is_never_signalled() {
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test writes /proc/sys/kernel/ns_last_pid and needs root");
+    }
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    let url = scratch.file_url();
+    let mut lr = on(&url)
+        .args(["--kill-after", "3s", "recycle", "-c"])
+        .arg(format!(
+            "setsid perl -e '$SIG{{TERM}} = q(IGNORE); sleep 1000' & echo $! > {d}/bg; echo $$ > {d}/pid"
+        ))
+        .spawn();
+    let main = scratch.pid_in("pid");
+    scratch.pid_in("bg");
+    assert!(wait_until(Duration::from_secs(10), || !alive(main)));
+    // Start a stranger with the main process's pid, leading its own group.
+    let mut stranger = None;
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (main - 1).to_string()).unwrap();
+        let mut c = Command::new("setsid");
+        c.args(["sleep", "100"]);
+        let mut child = c.spawn().unwrap();
+        if child.id() as i32 == main {
+            stranger = Some(child);
+            break;
+        }
+        got.push(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut stranger = stranger
+        .unwrap_or_else(|| panic!("could not start a process with pid {main} (got {got:?})"));
+    let spid = stranger.id() as i32;
+    signal(lr.id() as i32, libc::SIGHUP);
+    let st = wait_child(&mut lr, Duration::from_secs(30));
+    let survived = stranger.try_wait().unwrap().is_none();
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    assert!(
+        survived,
+        "lockrun's signals reached process {spid}, which reused the job's pid {main}"
+    );
+    assert_eq!(st.code(), Some(0));
+}
+
+/// A job that reopens, through /proc, every descriptor of lockrun it can
+/// (the pipe a guard would watch among them) and daemonizes: `kill -9` of
+/// lockrun still kills it within a second.
+#[test]
+fn a_job_holding_lockrun_s_descriptors_still_dies_with_it() {
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    let url = scratch.file_url();
+    let mut lr = on(&url)
+        .args(["disarm", "-c"])
+        .arg(format!(
+            "L=$(cut -d' ' -f4 /proc/$PPID/stat); \
+             setsid bash -c 'n=20; for f in /proc/'$L'/fd/*; do n=$((n+1)); eval \"exec $n<>$f\" 2>/dev/null; done; \
+               echo $$ > {d}/daemon; exec sleep 100' & \
+             wait"
+        ))
+        .spawn();
+    let daemon = scratch.pid_in("daemon");
+    let kids = std::fs::read_dir(format!("/proc/{daemon}/fd"))
+        .unwrap()
+        .count();
+    assert!(kids > 3, "the daemon reopened nothing of lockrun's");
+    signal(lr.id() as i32, libc::SIGKILL);
+    let _ = lr.wait();
+    let gone = wait_until(Duration::from_secs(3), || !alive(daemon));
+    if !gone {
+        signal(daemon, libc::SIGKILL);
+    }
+    assert!(gone, "a job that held lockrun's descriptors outlived it");
+    on(&url).args(["-n", "disarm", "true"]).code(0);
+}
+
+/// A job of the same (non-root) user cannot look into lockrun through /proc,
+/// password or not: lockrun is never dumpable.
+#[test]
+fn a_job_cannot_open_lockrun_s_descriptors() {
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test switches to the user nobody and needs root");
+    }
+    let scratch = Scratch::new();
+    let dir = scratch.path("nobody");
+    std::fs::create_dir(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(scratch.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    let out = run(Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .arg("--url")
+        .arg(format!("file://{}", dir.display()))
+        .args(["peek", "-c"])
+        .arg("L=$(cut -d' ' -f4 /proc/$PPID/stat); ls /proc/$L/fd >/dev/null 2>&1 && echo readable || echo denied")
+        .env_remove("LOCKRUN_URL"));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert_eq!(text(&out.stdout).trim(), "denied", "{all}");
+}
