@@ -2,7 +2,8 @@
 //! fenced resource (from a child process of the job, so every job has a
 //! grandchild of lockrun) while a chaos thread pauses lockruns, kills them
 //! with SIGKILL, restarts and pauses Redis, trickles its replies through a
-//! proxy and breaks leases; some runs get a tiny descriptor limit. A checker
+//! proxy, breaks leases and makes a holder's job fork thousands of processes
+//! that ignore SIGTERM; some runs get a tiny descriptor limit. A checker
 //! then verifies the history against the promises of README "Safety".
 //! Three worker sets share the server: exclusive holders of one name, a
 //! `--limit 3` semaphore (fenced per slot), and readers and writers (`-s`
@@ -51,6 +52,25 @@ logl("start", now());
 my $child = fork() // die;
 if ($child) { waitpid($child, 0); logl("end", now()); exit($? >> 8); }
 open(my $g, '>', "$dir/grandchild-$w") or die; print $g "$$\n"; close $g;
+# SIGUSR1 (the chaos thread's "swarm"): thousands of processes that ignore
+# SIGTERM, in groups and sessions of their own, two per group logging ticks
+# until they are killed: none may tick once the next holder has started.
+$SIG{USR1} = sub {
+  my $n = $ENV{SWARM} // 1500;
+  $SIG{TERM} = 'IGNORE';
+  for my $j (1 .. 4) {
+    my $p = fork() // next;
+    next if $p;
+    if ($j % 2) { require POSIX; POSIX::setsid() } else { setpgrp(0, 0) }
+    for my $k (1 .. $n / 4) {
+      my $c = fork() // last;
+      next if $c;
+      if ($k <= 2) { while (1) { logl("tick", now()); sleep(0.01) } }
+      sleep(1000) while 1;
+    }
+    sleep(1000) while 1;
+  }
+};
 for (1 .. $writes) {
   if ($mode eq 's') {
     # A reader only reads: no writer may run beside it.
@@ -117,6 +137,8 @@ enum Chaos {
     Kill9 { worker: usize, at: u64 },
     /// Replies trickled in through the proxy: leases may be lost, no overlap.
     Stall { from: u64, to: u64 },
+    /// A holder's job forked thousands of processes that ignore SIGTERM.
+    Swarm { worker: usize, at: u64 },
 }
 
 /// The three worker sets, by worker number: the lock name and mode flags.
@@ -271,7 +293,7 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
     let workers = sh.lockrun_pid.len();
     while Instant::now() + Duration::from_secs(4) < until {
         std::thread::sleep(rng.ms(700, 2000));
-        match rng.below(7) {
+        match rng.below(8) {
             0 => {
                 // Pause a lockrun together with its job for longer than the
                 // ttl: the one whose job runs now (the holder, most likely).
@@ -352,6 +374,22 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
                 });
                 signal(lr, libc::SIGKILL);
             }
+            6 => {
+                // A holder's job (its writing child) swarms.
+                let start = rng.below(workers as u64) as usize;
+                let holder = (0..workers).map(|k| (start + k) % workers).find_map(|w| {
+                    let lr = sh.lockrun_pid[w].load(Ordering::SeqCst);
+                    let g = std::fs::read_to_string(sh.dir.join(format!("grandchild-{w}"))).ok()?;
+                    let g = g.trim().parse::<i32>().ok()?;
+                    (lr > 1 && alive(lr) && alive(g)).then_some((w, g))
+                });
+                let Some((w, g)) = holder else { continue };
+                log.push(Chaos::Swarm {
+                    worker: w,
+                    at: now_us(),
+                });
+                signal(g, libc::SIGUSR1);
+            }
             5 => {
                 let from = now_us();
                 sh.proxy.set_trickle(true);
@@ -421,7 +459,7 @@ fn read_history(dir: &Path) -> History {
                 job.actions.push(at);
                 rejected += 1;
             }
-            "end" | "read" => job.actions.push(at),
+            "end" | "read" | "tick" => job.actions.push(at),
             _ => {}
         }
     }
@@ -580,6 +618,9 @@ fn describe(c: &Chaos) -> String {
         Chaos::Revoke { at } => format!("{at} release --force (revoke)"),
         Chaos::Kill9 { worker, at } => format!("{at} lockrun of worker {worker} killed (SIGKILL)"),
         Chaos::Stall { from, to } => format!("{from}..{to} replies trickled"),
+        Chaos::Swarm { worker, at } => {
+            format!("{at} the job of worker {worker} forked thousands of processes")
+        }
     }
 }
 
@@ -642,7 +683,7 @@ fn torture_with_a_fenced_resource() {
     let summary = format!(
         "seed {seed}: {} grants, {} writes accepted, {} stale writes rejected, {} lost leases (exit 76), \
          {} unreachable (69), {} out of descriptors (70); chaos: {} lockrun pauses, {} lockrun SIGKILLs, {} stalls, \
-         {} Redis restarts, {} Redis pauses, {} raw deletes or release --now, {} revokes; {} admitted late actions",
+         {} Redis restarts, {} Redis pauses, {} raw deletes or release --now, {} revokes, {} swarms; {} admitted late actions",
         history.jobs.len(),
         history.accepted.values().map(Vec::len).sum::<usize>(),
         history.rejected,
@@ -662,6 +703,7 @@ fn torture_with_a_fenced_resource() {
         count(|c| matches!(c, Chaos::RedisPause { .. })),
         count(|c| matches!(c, Chaos::Break { kind, .. } if *kind != "restart")),
         count(|c| matches!(c, Chaos::Revoke { .. })),
+        count(|c| matches!(c, Chaos::Swarm { .. })),
         overlaps,
     );
     println!("torture: {summary}");

@@ -149,7 +149,6 @@ pub fn supervise_job(
         )
     })?;
     let main = first_report(&mut guard).map_err(|e| spawn_failure(&shown, e))?;
-    let guard_pid = guard.pid;
     log::info(format!("started job as pid {main}"));
     log::start_async();
 
@@ -165,7 +164,7 @@ pub fn supervise_job(
         guard_gone: false,
         reserve: reserve_fds(),
         orphans_only: false,
-        main_fd: sys::pidfd_of_child(main, guard_pid),
+        main_fd: None,
         groups: Vec::new(),
         probed: std::collections::HashSet::new(),
         next_count: job.sent_at.add(job.timing.renew_every),
@@ -213,6 +212,8 @@ pub fn supervise_job(
         {
             if count {
                 sup.next_count = now.add(sup.timing.renew_every);
+                // While the main process most likely still runs.
+                let _ = sup.main_pidfd();
             }
             sup.processes(walk)
         } else {
@@ -285,10 +286,11 @@ struct Supervisor {
     orphans_only: bool,
     /// Descriptors held back for the walk of /proc (see `processes`).
     reserve: Vec<std::os::fd::OwnedFd>,
-    /// The main process's pidfd: the job's group is signalled through it,
-    /// never by a number that may have been recycled (README "How lockrun
-    /// treats your job").
-    main_fd: Option<std::os::fd::OwnedFd>,
+    /// The main process's pidfd, opened when first needed (a short job never
+    /// pays for it): the job's group is signalled through it, never by a
+    /// number that may have been recycled (README "How lockrun treats your
+    /// job"). Some(None): it could not be had.
+    main_fd: Option<Option<std::os::fd::OwnedFd>>,
     /// Pidfds of other processes of the job that lead a process group (a
     /// session of their own among them), so that the kill reaches each of
     /// those groups in one call, whatever their size.
@@ -369,14 +371,25 @@ impl Supervisor {
     /// Signal the job's process group (through the main process's pidfd);
     /// false when there is none to signal: at a terminal the job shares
     /// lockrun's group, and without a pidfd the group is not provably the job's.
-    fn signal_group(&self, sig: i32) -> bool {
-        match &self.main_fd {
-            Some(fd) if !self.policy.shares_group() => {
-                sys::signal_group_of(fd.as_fd(), self.main, sig);
+    fn signal_group(&mut self, sig: i32) -> bool {
+        if self.policy.shares_group() {
+            return false;
+        }
+        let main = self.main;
+        match self.main_pidfd() {
+            Some(fd) => {
+                sys::signal_group_of(fd.as_fd(), main, sig);
                 true
             }
-            _ => false,
+            None => false,
         }
+    }
+
+    fn main_pidfd(&mut self) -> Option<&std::os::fd::OwnedFd> {
+        let (main, guard) = (self.main, self.guard.pid);
+        self.main_fd
+            .get_or_insert_with(|| sys::pidfd_of_child(main, guard))
+            .as_ref()
     }
 
     /// Every live process of the job, walked as `how` says; the walk's cost
