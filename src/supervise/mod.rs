@@ -167,6 +167,7 @@ pub fn supervise_job(
         main_fd: None,
         groups: Vec::new(),
         probed: std::collections::HashSet::new(),
+        known_groups: known_groups(),
         next_count: job.sent_at.add(job.timing.renew_every),
     };
     let (ev_tx, ev_rx) = channel::<LeaseEvent>();
@@ -297,6 +298,8 @@ struct Supervisor {
     groups: Vec<std::os::fd::OwnedFd>,
     /// Processes already looked at for `groups`.
     probed: std::collections::HashSet<i32>,
+    /// How many of `groups` lockrun may keep open (see `known_groups`).
+    known_groups: usize,
     /// When to count the job's processes next (see `Policy::measured`).
     next_count: Boot,
 }
@@ -405,17 +408,25 @@ impl Supervisor {
         self.reserve.clear();
         let started = Boot::now();
         let found = match how {
+            // Only a walk that merely counts looks for groups: a pidfd
+            // opened during the walks that stop the job could take a
+            // descriptor those need at lockrun's limit.
             Walk::List => {
+                let max = self.known_groups;
+                // Groups that emptied give their place to new ones.
+                self.groups.retain(|g| sys::leads_group(g.as_fd()));
                 let (groups, probed) = (&mut self.groups, &mut self.probed);
-                sys::walk(root, |p| probe_group(groups, probed, p))
+                let found = sys::walk(root, |p| probe_group(groups, probed, max, p));
+                let live: std::collections::HashSet<i32> = found.iter().copied().collect();
+                self.probed.retain(|p| live.contains(p));
+                found
             }
             Walk::Freeze => {
-                let (policy, groups, probed) = (&self.policy, &mut self.groups, &mut self.probed);
+                let policy = &self.policy;
                 sys::walk(root, |p| {
                     if !policy.knows(p) {
                         sys::signal_pid(p, libc::SIGSTOP);
                     }
-                    probe_group(groups, probed, p);
                 })
             }
             Walk::Kill => {
@@ -477,18 +488,25 @@ impl Supervisor {
     }
 }
 
-/// How many other groups of the job lockrun keeps a pidfd for (each costs a
-/// descriptor; beyond these, the walk reaches every process one by one).
-const KNOWN_GROUPS: usize = 32;
+/// How many other groups of the job lockrun keeps a pidfd for: each costs a
+/// descriptor, so at most 32 and none under a tight descriptor limit (beyond
+/// these, the walk reaches every process one by one).
+fn known_groups() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    (soft.saturating_sub(64) / 8).min(32) as usize
+}
 
 /// Note whether process `p`, just found under the subreaper (so the job's),
 /// leads a process group: its pidfd then reaches that group in one call.
 fn probe_group(
     groups: &mut Vec<std::os::fd::OwnedFd>,
     probed: &mut std::collections::HashSet<i32>,
+    max: usize,
     p: i32,
 ) {
-    if groups.len() >= KNOWN_GROUPS || !probed.insert(p) {
+    if groups.len() >= max || !probed.insert(p) {
         return;
     }
     if let Some(fd) = sys::pidfd(p)
