@@ -132,8 +132,13 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
         }
     };
 
-    // Nothing of the job is left: only now may the lease go.
-    let released = lease.release();
+    // Nothing of the job is left: only now may the lease go, within one
+    // request's budget whatever the server does.
+    let released = backend::bounded(
+        &format!("releasing {}", cfg.name),
+        cfg.timing.op,
+        move || lease.release(),
+    );
     if let Some(reason) = outcome.lost {
         log::alert(format!(
             "lease on {} lost: {reason}; the job was stopped",
@@ -221,19 +226,26 @@ fn holder_json(h: &Holder) -> serde_json::Value {
     })
 }
 
-fn open_engine(common: &Common) -> Result<Box<dyn backend::Engine>, Failure> {
-    // No lease of our own: the default ttl's bound on one request will do.
-    let op = crate::lease::Timing::new(Duration::from_secs(30), None)
+/// No lease of our own: the default ttl's bound on one request will do.
+fn op_budget() -> Duration {
+    crate::lease::Timing::new(Duration::from_secs(30), None)
         .map(|t| t.op)
-        .unwrap_or(Duration::from_secs(2));
-    backend::open(&common.backend, &common.prefix, op)
+        .unwrap_or(Duration::from_secs(2))
+}
+
+fn open_engine(common: &Common) -> Result<Box<dyn backend::Engine>, Failure> {
+    backend::open(&common.backend, &common.prefix, op_budget())
 }
 
 fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
     config::check_name(name, &common.backend)?;
     setup_logging(&common);
-    let st = open_engine(&common)?.status(name)?;
+    let mut engine = open_engine(&common)?;
+    let asked = name.to_string();
+    let st = backend::bounded(&format!("reading {name}"), op_budget(), move || {
+        engine.status(&asked)
+    })?;
     let first = st.holders.first();
     let mut out = std::io::stdout().lock();
     if json {
@@ -338,7 +350,11 @@ fn release(
         })
         .transpose()?;
     setup_logging(&common);
-    let broken = open_engine(&common)?.force_release(name, Force { token, now })?;
+    let mut engine = open_engine(&common)?;
+    let asked = name.to_string();
+    let broken = backend::bounded(&format!("breaking {name}"), op_budget(), move || {
+        engine.force_release(&asked, Force { token, now })
+    })?;
     let mut err = std::io::stderr();
     match broken {
         Broken::NotHeld => {

@@ -464,3 +464,42 @@ fn a_killed_guard_leaves_lockrun_in_charge() {
         start.elapsed()
     );
 }
+
+/// A server whose replies trickle in (one byte every 0.3 s) once the job has
+/// run: the job ends on its own, and lockrun exits within about one request's
+/// budget of that, saying that the release did not complete, rather than
+/// hanging in its final release for as long as the server takes. `status`
+/// over the same link is bounded the same way.
+#[test]
+fn a_trickling_server_cannot_hold_up_the_end_of_a_run() {
+    let redis = Redis::start();
+    let proxy = Proxy::start(redis.port);
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    // ttl 6s: one request's budget (op) is 1 s, the first renewal is 2 s in.
+    let lr = on(&proxy.url())
+        .args(["--ttl", "6s", "drip", "-c"])
+        .arg(format!("echo $$ > {d}/pid; sleep 1"))
+        .stderr(Stdio::piped())
+        .spawn();
+    scratch.pid_in("pid");
+    proxy.trickle();
+    let since = Instant::now();
+    let out = lr.wait_with_output().unwrap();
+    let took = since.elapsed();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        took < Duration::from_secs(4),
+        "lockrun took {took:?} to end after its job"
+    );
+    assert!(err.contains("expires on its own"), "{err}");
+    let since = Instant::now();
+    let out = run(on(&proxy.url()).args(["status", "drip"]));
+    assert!(
+        since.elapsed() < Duration::from_secs(6),
+        "status took {:?}",
+        since.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+}

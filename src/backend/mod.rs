@@ -307,7 +307,7 @@ pub struct Force {
 }
 
 /// One engine at one address.
-pub trait Engine {
+pub trait Engine: Send {
     /// Take a lease as `req` asks, waiting as `wait` says.
     fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Failure>;
     /// Every holder of `name` and the number of waiters.
@@ -321,6 +321,38 @@ pub fn open(endpoint: &Endpoint, prefix: &str, op: Duration) -> Result<Box<dyn E
     Ok(match endpoint {
         Endpoint::Local { dir } => Box::new(local::Local::open(dir.as_deref())?),
         Endpoint::Redis(url) => Box::new(redis::Redis::connect(url, prefix, op)?),
+    })
+}
+
+/// Run `f` on a thread of its own and wait for it at most `limit`: a server
+/// that trickles its replies (each read within its timeout, the whole
+/// without end) must not keep lockrun from ending. On time-out the thread is
+/// left behind (lockrun exits soon after) and the failure says `doing`.
+pub fn bounded<T: Send + 'static>(
+    doing: &str,
+    limit: Duration,
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("lockrun-call".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| {
+            fail(
+                Class::Internal,
+                format!("{doing}: cannot start a thread: {e}"),
+            )
+        })?;
+    rx.recv_timeout(limit).unwrap_or_else(|_| {
+        Err(fail(
+            Class::Unavailable,
+            format!(
+                "{doing}: no answer within {}",
+                humantime::format_duration(limit)
+            ),
+        ))
     })
 }
 
