@@ -17,9 +17,6 @@ fn tree_size() -> usize {
         .unwrap_or(6000)
 }
 
-/// One big tree at a time: two would share the machine's pids and cores.
-static BIG_TREES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn tree_ttl() -> String {
     std::env::var("LOCKRUN_TEST_TREE_TTL").unwrap_or_else(|_| "3s".into())
 }
@@ -97,7 +94,7 @@ fn wait_ready(scratch: &Scratch, groups: usize) {
 /// shrink with the size of the tree.
 #[test]
 fn a_big_tree_dies_before_its_lease_expires() {
-    let _one = BIG_TREES.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = heavy();
     let redis = Redis::start();
     let scratch = Scratch::new();
     let (keep, died) = deaths(&scratch);
@@ -149,7 +146,7 @@ fn a_big_tree_dies_before_its_lease_expires() {
 /// only once the last of them is dead.
 #[test]
 fn after_kill_9_the_next_local_holder_waits_for_a_big_tree() {
-    let _one = BIG_TREES.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = heavy();
     let scratch = Scratch::new();
     let url = scratch.file_url();
     let (keep, died) = deaths(&scratch);

@@ -633,6 +633,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn torture_with_a_fenced_resource() {
+    let _alone = heavy();
     if Command::new("perl").arg("-v").output().is_err() {
         panic!("perl not found: the torture test's job needs it (apt-get install -y perl)");
     }

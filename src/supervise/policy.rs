@@ -2,7 +2,7 @@
 //! actions out. What to signal and when, when to suspend, how the run ended.
 //! Unit-tested below with a fake clock and a fake process table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::exit::JobEnd;
@@ -74,6 +74,20 @@ struct Stopping {
     /// When the schedule started: SIGKILL follows `grace` later at most.
     since: Boot,
     since_kill: Option<Boot>,
+    /// Processes that got SIGTERM already.
+    told: HashSet<i32>,
+}
+
+/// Where supervision is.
+#[derive(Debug)]
+enum Phase {
+    /// The main process runs and nothing is being stopped.
+    Running,
+    /// The main process ended: each process left gets SIGTERM when found and
+    /// SIGKILL after the grace, while the lease is still renewed.
+    Draining(HashMap<i32, Leftover>),
+    /// The kill schedule runs: the lease was lost, or lockrun failed.
+    Stopping(Stopping),
 }
 
 /// How the supervisor walks the job's processes before the next `tick`.
@@ -111,9 +125,9 @@ pub struct Policy {
     timing: Timing,
     /// The job stays in lockrun's process group (lockrun runs at a terminal).
     shares_group: bool,
+    /// How the main process ended, whatever the phase.
     end: Option<JobEnd>,
-    stopping: Option<Stopping>,
-    leftovers: HashMap<i32, Leftover>,
+    phase: Phase,
     warned_unkillable: bool,
     /// What killing the job is expected to take, from the last walk: its own
     /// length and the teardown of what it found. The kill schedule starts
@@ -130,8 +144,7 @@ impl Policy {
             timing,
             shares_group,
             end: None,
-            stopping: None,
-            leftovers: HashMap::new(),
+            phase: Phase::Running,
             warned_unkillable: false,
             kill_cost: Duration::ZERO,
             found: 0,
@@ -187,12 +200,13 @@ impl Policy {
             why: Why::Failed(String::new()),
             since: now,
             since_kill: None,
+            told: HashSet::new(),
         };
-        let s = match &self.stopping {
-            Some(s) => s,
+        let s = match &self.phase {
+            Phase::Stopping(s) => s,
             // The next tick starts the schedule: walk for it already.
-            None if self.loses(now, deadline) => &starting,
-            None => return Walk::List,
+            _ if self.loses(now, deadline) => &starting,
+            _ => return Walk::List,
         };
         if s.since_kill.is_some() || now >= self.kill_at(s, deadline) {
             Walk::Kill
@@ -208,7 +222,7 @@ impl Policy {
 
     /// Whether `pid` was already told to stop (a later walk does not freeze it again).
     pub fn knows(&self, pid: i32) -> bool {
-        self.leftovers.contains_key(&pid)
+        matches!(&self.phase, Phase::Stopping(s) if s.told.contains(&pid))
     }
 
     /// React to one event.
@@ -217,6 +231,9 @@ impl Policy {
             Event::Signal { sig, from_terminal } => self.on_signal(sig, from_terminal),
             Event::JobEnded(end) => {
                 self.end.get_or_insert(end);
+                if matches!(self.phase, Phase::Running) {
+                    self.phase = Phase::Draining(HashMap::new());
+                }
                 Vec::new()
             }
             Event::Lost(reason) => self.stop(Why::Lost(reason), now),
@@ -247,16 +264,15 @@ impl Policy {
     /// Start the kill schedule: SIGTERM now, SIGKILL after the grace, and
     /// always `slack` before the lease can end. Lost is final.
     fn stop(&mut self, why: Why, now: Boot) -> Vec<Action> {
-        if self.stopping.is_some() {
-            return Vec::new();
+        if !self.is_stopping() {
+            // The per-process leftover schedule is replaced by this one.
+            self.phase = Phase::Stopping(Stopping {
+                why,
+                since: now,
+                since_kill: None,
+                told: HashSet::new(),
+            });
         }
-        self.stopping = Some(Stopping {
-            why,
-            since: now,
-            since_kill: None,
-        });
-        // The per-process leftover schedule is replaced by this one.
-        self.leftovers.clear();
         Vec::new()
     }
 
@@ -264,14 +280,17 @@ impl Policy {
     /// of the job, the main one included while it runs).
     pub fn tick(&mut self, now: Boot, deadline: Option<Boot>, procs: &[i32]) -> Vec<Action> {
         let mut out: Vec<Action> = self.size_warning(deadline).into_iter().collect();
-        if self.stopping.is_none() && self.loses(now, deadline) {
+        if !self.is_stopping() && self.loses(now, deadline) {
             out.extend(self.stop(
                 Why::Lost("the lease could not be renewed in time".into()),
                 now,
             ));
         }
-        let kill_at = self.stopping.as_ref().map(|s| self.kill_at(s, deadline));
-        if let (Some(s), Some(kill_at)) = (&mut self.stopping, kill_at) {
+        let kill_at = match &self.phase {
+            Phase::Stopping(s) => Some(self.kill_at(s, deadline)),
+            _ => None,
+        };
+        if let (Phase::Stopping(s), Some(kill_at)) = (&mut self.phase, kill_at) {
             if now >= kill_at {
                 // Again on every look: a process forked since the last one
                 // must not escape.
@@ -295,99 +314,52 @@ impl Policy {
                 let fresh: Vec<i32> = procs
                     .iter()
                     .copied()
-                    .filter(|p| !self.leftovers.contains_key(p))
+                    .filter(|&p| s.told.insert(p))
                     .collect();
                 if !fresh.is_empty() {
-                    for &p in &fresh {
-                        self.leftovers.insert(
-                            p,
-                            Leftover {
-                                found: now,
-                                killed: None,
-                            },
-                        );
-                    }
                     out.push(Action::Signal(fresh.clone(), libc::SIGTERM));
                     out.push(Action::Signal(fresh, libc::SIGCONT));
                 }
             }
             return out;
         }
-        if self.end.is_some() {
-            out.extend(self.leftovers(now, procs));
-        }
-        out
-    }
-
-    /// After the main process ended: SIGTERM each leftover when found,
-    /// SIGKILL after the grace.
-    fn leftovers(&mut self, now: Boot, procs: &[i32]) -> Vec<Action> {
-        self.leftovers.retain(|p, _| procs.contains(p));
-        let mut term = Vec::new();
-        let mut kill = Vec::new();
-        for &p in procs {
-            let l = self.leftovers.entry(p).or_insert_with(|| {
-                term.push(p);
-                Leftover {
-                    found: now,
-                    killed: None,
-                }
-            });
-            if l.killed.is_none() && now >= l.found.add(self.timing.grace) {
-                l.killed = Some(now);
-                kill.push(p);
-            }
-        }
-        let mut out = Vec::new();
-        if !term.is_empty() {
-            out.push(Action::Signal(term.clone(), libc::SIGTERM));
-            out.push(Action::Signal(term, libc::SIGCONT));
-        }
-        if !kill.is_empty() {
-            out.push(Action::Signal(kill, libc::SIGKILL));
-        }
-        let stuck = self
-            .leftovers
-            .iter()
-            .find(|(_, l)| l.killed.is_some_and(|k| now >= k.add(UNKILLABLE_AFTER)));
-        if let Some((p, _)) = stuck
-            && !self.warned_unkillable
-        {
-            self.warned_unkillable = true;
-            out.push(Action::Alert(format!(
-                "process {p} of the job survives SIGKILL; keeping the lease held until it exits"
-            )));
+        if let Phase::Draining(left) = &mut self.phase {
+            let grace = self.timing.grace;
+            out.extend(drain(left, grace, &mut self.warned_unkillable, now, procs));
         }
         out
     }
 
     /// Whether `tick` needs the list of the job's processes (a walk of /proc).
     pub fn wants_procs(&self, now: Boot, deadline: Option<Boot>) -> bool {
-        self.stopping.is_some() || self.end.is_some() || self.loses(now, deadline)
+        !matches!(self.phase, Phase::Running) || self.loses(now, deadline)
     }
 
     /// When to look again at the latest, if nothing happens before.
     pub fn next_tick(&self, now: Boot, deadline: Option<Boot>) -> Option<Boot> {
         let mut at: Option<Boot> = None;
         let mut consider = |t: Boot| at = Some(at.map_or(t, |a: Boot| a.min(t)));
-        match &self.stopping {
-            None => {
+        match &self.phase {
+            Phase::Running => {
                 if let Some(d) = deadline {
                     consider(self.lost_at(d));
                 }
-                for l in self.leftovers.values() {
+            }
+            Phase::Draining(left) => {
+                if let Some(d) = deadline {
+                    consider(self.lost_at(d));
+                }
+                for l in left.values() {
                     match l.killed {
                         None => consider(l.found.add(self.timing.grace)),
                         Some(k) if !self.warned_unkillable => consider(k.add(UNKILLABLE_AFTER)),
                         Some(_) => {}
                     }
                 }
-                if self.end.is_some() {
-                    // New leftovers can appear without any event (a fork).
-                    consider(now.add(REKILL_EVERY));
-                }
+                // New leftovers can appear without any event (a fork).
+                consider(now.add(REKILL_EVERY));
             }
-            Some(s) => match s.since_kill {
+            Phase::Stopping(s) => match s.since_kill {
                 None => {
                     consider(self.kill_at(s, deadline));
                     // Processes forked during the grace get SIGTERM too.
@@ -401,10 +373,15 @@ impl Policy {
 
     /// The final word, once no process of the job is left.
     pub fn outcome(self) -> Outcome {
-        let (lost, failed) = match self.stopping.map(|s| s.why) {
-            Some(Why::Lost(r)) => (Some(r), None),
-            Some(Why::Failed(r)) => (None, Some(r)),
-            None => (None, None),
+        let (lost, failed) = match self.phase {
+            Phase::Stopping(Stopping {
+                why: Why::Lost(r), ..
+            }) => (Some(r), None),
+            Phase::Stopping(Stopping {
+                why: Why::Failed(r),
+                ..
+            }) => (None, Some(r)),
+            _ => (None, None),
         };
         Outcome {
             end: self.end,
@@ -414,12 +391,59 @@ impl Policy {
     }
 
     pub fn is_stopping(&self) -> bool {
-        self.stopping.is_some()
+        matches!(self.phase, Phase::Stopping(_))
     }
 
     pub fn shares_group(&self) -> bool {
         self.shares_group
     }
+}
+
+/// After the main process ended: SIGTERM each leftover when found, SIGKILL
+/// after the grace; one line if one survives SIGKILL.
+fn drain(
+    left: &mut HashMap<i32, Leftover>,
+    grace: Duration,
+    warned_unkillable: &mut bool,
+    now: Boot,
+    procs: &[i32],
+) -> Vec<Action> {
+    left.retain(|p, _| procs.contains(p));
+    let mut term = Vec::new();
+    let mut kill = Vec::new();
+    for &p in procs {
+        let l = left.entry(p).or_insert_with(|| {
+            term.push(p);
+            Leftover {
+                found: now,
+                killed: None,
+            }
+        });
+        if l.killed.is_none() && now >= l.found.add(grace) {
+            l.killed = Some(now);
+            kill.push(p);
+        }
+    }
+    let mut out = Vec::new();
+    if !term.is_empty() {
+        out.push(Action::Signal(term.clone(), libc::SIGTERM));
+        out.push(Action::Signal(term, libc::SIGCONT));
+    }
+    if !kill.is_empty() {
+        out.push(Action::Signal(kill, libc::SIGKILL));
+    }
+    let stuck = left
+        .iter()
+        .find(|(_, l)| l.killed.is_some_and(|k| now >= k.add(UNKILLABLE_AFTER)));
+    if let Some((p, _)) = stuck
+        && !*warned_unkillable
+    {
+        *warned_unkillable = true;
+        out.push(Action::Alert(format!(
+            "process {p} of the job survives SIGKILL; keeping the lease held until it exits"
+        )));
+    }
+    out
 }
 
 #[cfg(test)]

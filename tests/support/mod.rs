@@ -10,6 +10,13 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockrun");
 
+/// Tests that load the whole machine (thousands of processes, the torture
+/// run) take turns: their timing margins are for one of them at a time.
+pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Poll `cond` every few milliseconds until it holds or `limit` passes.
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
