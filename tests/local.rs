@@ -165,7 +165,7 @@ fn deleting_the_lock_file_does_not_admit_a_second_holder() {
         .arg(format!("touch {}", scratch.path("ran").display()))
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_queued(&url, "del", 1);
     assert!(
         !scratch.exists("ran"),
         "second holder admitted while the first runs"

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod conformance;
 mod faults;
 mod generated;
 mod hostile;

@@ -122,7 +122,7 @@ fn force_release_revokes_safely() {
             scratch.path("started").display()
         ))
         .spawn();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_queued(&url, "rv", 1);
     let pttl: i64 = redis.cmd(&["PTTL", "lockrun:{rv}"]);
     let out = run(on(&url).args(["release", "--force", "rv"]));
     let revoked_at = Instant::now();
@@ -165,7 +165,7 @@ fn force_release_now_deletes_and_wakes_a_waiter() {
         .args(["now", "-c"])
         .arg(format!("touch {}", scratch.path("started").display()))
         .spawn();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_queued(&url, "now", 1);
     on(&url)
         .args(["release", "--force", "--now", "now"])
         .code(0);

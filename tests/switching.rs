@@ -47,7 +47,16 @@ fn flock_spellings_behave_as_in_flock() {
                     .spawn()
                     .unwrap(),
             );
-            std::thread::sleep(Duration::from_millis(200));
+            // flock's own holder has the file once `flock -n` is refused.
+            assert!(wait_until(Duration::from_secs(20), || {
+                !Command::new(flock_bin())
+                    .args(["-n"])
+                    .arg(&file)
+                    .arg("true")
+                    .status()
+                    .unwrap()
+                    .success()
+            }));
         }
         for (ours, theirs) in cases {
             let out = run(lockrun()

@@ -17,6 +17,22 @@ pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `status --json NAME` on the engine at `url`, parsed.
+pub fn status_json(url: &str, name: &str) -> serde_json::Value {
+    on(url).args(["status", "--json", name]).output().json()
+}
+
+/// Wait (bounded) until `status` shows `name` held and `n` requests
+/// waiting for it: the order of waiters is set by this, not by sleeps.
+#[track_caller]
+pub fn wait_queued(url: &str, name: &str, n: u64) {
+    let ok = wait_until(Duration::from_secs(20), || {
+        let v = status_json(url, name);
+        v["held"] == true && v["waiters"].as_u64().unwrap_or(0) >= n
+    });
+    assert!(ok, "{name} never showed as held with {n} waiting");
+}
+
 /// Poll `cond` every few milliseconds until it holds or `limit` passes.
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

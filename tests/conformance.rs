@@ -1,0 +1,635 @@
+//! The behaviour every engine promises (README "Backends"), tested once and
+//! run on each engine the machine has: one line per engine at the bottom.
+//! What an engine cannot do (say, `release --force` on the local engine) is
+//! checked as its one-line refusal.
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// An engine under test: where it lives and the few things a test must do
+/// behind lockrun's back.
+pub trait Fixture {
+    fn url(&self) -> String;
+    /// `release --force` can break a holder here.
+    fn breaks(&self) -> bool;
+    /// Make the lease of `name` no longer the holder's, as an operator or a
+    /// fault would.
+    fn take_away(&self, name: &str);
+    /// Nothing at all is stored (no lock, no counter, no queue).
+    fn untouched(&self) -> bool;
+    /// An address of this engine where nothing can be reached.
+    fn unreachable(&self) -> String;
+}
+
+pub struct LocalEngine {
+    scratch: Scratch,
+    url: String,
+}
+
+impl LocalEngine {
+    pub fn new() -> LocalEngine {
+        let scratch = Scratch::new();
+        let url = scratch.file_url();
+        LocalEngine { scratch, url }
+    }
+}
+
+impl Fixture for LocalEngine {
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+    fn breaks(&self) -> bool {
+        false
+    }
+    fn take_away(&self, name: &str) {
+        // A lock file replaced under a holder: the one it locked is gone.
+        let f = self.scratch.path(&format!("locks/{name}.lock"));
+        std::fs::remove_file(&f).unwrap();
+        std::fs::write(&f, "").unwrap();
+    }
+    fn untouched(&self) -> bool {
+        std::fs::read_dir(self.scratch.path("locks"))
+            .unwrap()
+            .next()
+            .is_none()
+    }
+    fn unreachable(&self) -> String {
+        "file:///proc/lockrun-nowhere/locks".into()
+    }
+}
+
+pub struct RedisEngine {
+    redis: Redis,
+}
+
+impl RedisEngine {
+    pub fn new() -> RedisEngine {
+        RedisEngine {
+            redis: Redis::start(),
+        }
+    }
+}
+
+impl Fixture for RedisEngine {
+    fn url(&self) -> String {
+        self.redis.url()
+    }
+    fn breaks(&self) -> bool {
+        true
+    }
+    fn take_away(&self, name: &str) {
+        let _: () = self.redis.cmd(&["DEL", &format!("lockrun:{{{name}}}")]);
+    }
+    fn untouched(&self) -> bool {
+        self.redis.keys().is_empty()
+    }
+    fn unreachable(&self) -> String {
+        format!("redis://127.0.0.1:{}", free_port())
+    }
+}
+
+/// One job's run as it logged it: `start|end WHO SLOT TOKEN NANOS`.
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub who: String,
+    pub slot: Option<u32>,
+    pub token: u64,
+    pub start: u128,
+    pub end: u128,
+}
+
+/// The job every holder runs: log start and end with the slot, token and
+/// the wall clock in ns (from one clock, so spans compare).
+pub fn logging_job(scratch: &Scratch, who: &str, hold: &str) -> String {
+    let log = scratch.path("log");
+    let log = log.display();
+    format!(
+        "echo \"start {who} ${{LOCKRUN_SLOT:--}} $LOCKRUN_TOKEN $(date +%s%N)\" >> {log}; \
+         sleep {hold}; \
+         echo \"end {who} ${{LOCKRUN_SLOT:--}} $LOCKRUN_TOKEN $(date +%s%N)\" >> {log}"
+    )
+}
+
+#[track_caller]
+pub fn spans(scratch: &Scratch) -> Vec<Span> {
+    let text = scratch.read("log");
+    let mut open: Vec<(String, Option<u32>, u64, u128)> = Vec::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f.len(), 5, "{line}");
+        let slot = f[2].parse().ok();
+        let token: u64 = f[3].parse().unwrap();
+        let at: u128 = f[4].parse().unwrap();
+        match f[0] {
+            "start" => open.push((f[1].to_string(), slot, token, at)),
+            "end" => {
+                let i = open
+                    .iter()
+                    .position(|o| o.2 == token && o.0 == f[1])
+                    .expect(line);
+                let (who, slot, token, start) = open.remove(i);
+                out.push(Span {
+                    who,
+                    slot,
+                    token,
+                    start,
+                    end: at,
+                });
+            }
+            _ => panic!("{line}"),
+        }
+    }
+    assert!(open.is_empty(), "jobs that never ended: {open:?}");
+    out.sort_by_key(|s| s.start);
+    out
+}
+
+/// The most spans running at one instant.
+fn most_at_once(spans: &[Span]) -> usize {
+    spans
+        .iter()
+        .map(|s| {
+            spans
+                .iter()
+                .filter(|o| o.start <= s.start && s.start < o.end)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+fn overlap(a: &Span, b: &Span) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// Tokens follow grant order, and none is granted twice.
+#[track_caller]
+fn tokens_follow_grants(spans: &[Span]) {
+    for a in spans {
+        for b in spans {
+            if a.end < b.start {
+                assert!(a.token < b.token, "token went down: {a:?} then {b:?}");
+            }
+        }
+        assert_eq!(
+            spans.iter().filter(|o| o.token == a.token).count(),
+            1,
+            "token {} granted twice",
+            a.token
+        );
+    }
+}
+
+#[track_caller]
+fn all_succeed(children: Vec<Child>) {
+    for mut c in children {
+        assert_eq!(wait_child(&mut c, Duration::from_secs(60)).code(), Some(0));
+    }
+}
+
+/// `status --json NAME` as parsed JSON.
+fn status(e: &dyn Fixture, name: &str) -> serde_json::Value {
+    on(&e.url())
+        .args(["status", "--json", name])
+        .output()
+        .json()
+}
+
+fn waiters(e: &dyn Fixture, name: &str) -> u64 {
+    status(e, name)["waiters"].as_u64().unwrap_or(0)
+}
+
+/// Start a holder whose job runs until stopped; returns once it runs.
+fn holder(e: &dyn Fixture, scratch: &Scratch, tag: &str, args: &[&str]) -> (Child, i32) {
+    let child = on(&e.url())
+        .args(args)
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path(tag).display()
+        ))
+        .spawn();
+    let pid = scratch.pid_in(tag);
+    (child, pid)
+}
+
+fn stop(child: &mut Child) -> Option<i32> {
+    signal(child.id() as i32, libc::SIGTERM);
+    wait_child(child, Duration::from_secs(20)).code()
+}
+
+/// The job's exit code, its death by a signal and an exec failure come back
+/// as a shell would report them.
+pub fn runs_and_passes_exit_codes(e: &dyn Fixture) {
+    let url = e.url();
+    on(&url).args(["c", "true"]).code(0);
+    on(&url).args(["c", "-c", "exit 3"]).code(3);
+    on(&url).args(["c", "-c", "kill -TERM $$"]).code(143);
+    on(&url).args(["c", "no-such-command-here"]).code(127);
+    let out = on(&url)
+        .args(["c", "--", "sh", "-c", "echo $LOCKRUN_NAME $LOCKRUN_TTL_MS"])
+        .succeeds();
+    assert_eq!(out.stdout(), "c 30000\n");
+}
+
+/// Jobs under one name never overlap, and every grant's token is higher
+/// than the one before.
+pub fn excludes_and_tokens_grow(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..6)
+        .map(|i| {
+            on(&e.url())
+                .args(["x", "-c"])
+                .arg(logging_job(&scratch, &format!("j{i}"), "0.1"))
+                .spawn()
+        })
+        .collect();
+    all_succeed(children);
+    let spans = spans(&scratch);
+    assert_eq!(spans.len(), 6);
+    assert_eq!(most_at_once(&spans), 1, "two holders at once: {spans:#?}");
+    tokens_follow_grants(&spans);
+    // -n gives up at once while the name is held; silently, with 75.
+    let (mut h, _) = holder(e, &scratch, "h", &["x"]);
+    let out = on(&e.url()).args(["-n", "x", "true"]).code(75);
+    assert_eq!(out.stderr(), "");
+    on(&e.url()).args(["-n", "-E", "0", "x", "true"]).code(0);
+    stop(&mut h);
+}
+
+/// Five waiters, each queued before the next comes, are served in the order
+/// they came.
+pub fn first_come_first_served(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let order = scratch.path("order");
+    let (mut first, _) = holder(e, &scratch, "h", &["--ttl", "2s", "fifo"]);
+    let mut children = Vec::new();
+    for i in 0..5 {
+        children.push(
+            on(&e.url())
+                .args(["-q", "--ttl", "2s", "fifo", "-c"])
+                .arg(format!("echo {i} >> {}; sleep 0.3", order.display()))
+                .spawn(),
+        );
+        let queued = wait_until(Duration::from_secs(20), || waiters(e, "fifo") > i);
+        assert!(queued, "waiter {i} never showed in status");
+    }
+    stop(&mut first);
+    all_succeed(children);
+    let got: Vec<String> = scratch.read("order").lines().map(String::from).collect();
+    let want: Vec<String> = (0..5).map(|i| i.to_string()).collect();
+    assert_eq!(got, want, "grants out of arrival order");
+}
+
+/// Readers run together; a writer runs alone; readers that came after a
+/// waiting writer wait for it (first come, first served across modes).
+pub fn readers_together_writer_alone(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let mut children = Vec::new();
+    for i in 0..3 {
+        children.push(
+            on(&url)
+                .args(["-s", "rw", "-c"])
+                .arg(logging_job(&scratch, &format!("r{i}"), "1"))
+                .spawn(),
+        );
+    }
+    assert!(wait_until(Duration::from_secs(20), || scratch
+        .read("log")
+        .lines()
+        .count()
+        == 3));
+    children.push(
+        on(&url)
+            .args(["rw", "-c"])
+            .arg(logging_job(&scratch, "w", "0.5"))
+            .spawn(),
+    );
+    // The writer is queued before the late readers come.
+    assert!(wait_until(Duration::from_secs(20), || waiters(e, "rw") >= 1));
+    for i in 0..2 {
+        children.push(
+            on(&url)
+                .args(["-s", "rw", "-c"])
+                .arg(logging_job(&scratch, &format!("late{i}"), "0.5"))
+                .spawn(),
+        );
+    }
+    all_succeed(children);
+    let spans = spans(&scratch);
+    let writer = spans.iter().find(|s| s.who == "w").unwrap();
+    let early: Vec<&Span> = spans.iter().filter(|s| s.who.starts_with('r')).collect();
+    assert!(early.iter().all(|a| early.iter().all(|b| overlap(a, b))));
+    for s in &spans {
+        if s.who != "w" {
+            assert!(
+                !overlap(s, writer),
+                "a writer beside a reader: {s:?} {writer:?}"
+            );
+        }
+        if s.who.starts_with("late") {
+            assert!(s.start > writer.end, "a later reader overtook the writer");
+        }
+    }
+    let late: Vec<&Span> = spans.iter().filter(|s| s.who.starts_with("late")).collect();
+    assert!(overlap(late[0], late[1]), "{late:?}");
+    tokens_follow_grants(&spans);
+}
+
+/// `--limit 3`: never more than three at once, three reached, slots unique.
+pub fn limit_never_exceeds_n_and_reaches_it(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            on(&e.url())
+                .args(["--limit", "3", "sem", "-c"])
+                .arg(logging_job(&scratch, &format!("j{i}"), "0.5"))
+                .spawn()
+        })
+        .collect();
+    all_succeed(children);
+    let spans = spans(&scratch);
+    assert_eq!(spans.len(), 8);
+    assert_eq!(most_at_once(&spans), 3, "{spans:#?}");
+    for a in &spans {
+        let slot = a.slot.expect("LOCKRUN_SLOT is set with --limit");
+        assert!(slot < 3, "{a:?}");
+        for b in &spans {
+            if a.token != b.token && overlap(a, b) {
+                assert_ne!(a.slot, b.slot, "one slot, two holders: {a:?} {b:?}");
+            }
+        }
+    }
+    tokens_follow_grants(&spans);
+}
+
+/// A request that disagrees with the mode in force is refused with one line.
+pub fn disagreeing_requests_are_refused(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let (mut h, _) = holder(e, &scratch, "a", &["--limit", "2", "d"]);
+    on(&url)
+        .args(["d", "true"])
+        .code(64)
+        .says(&["--limit 2", "exclusive"]);
+    on(&url)
+        .args(["--limit", "3", "d", "true"])
+        .code(64)
+        .says(&["--limit 2", "--limit 3"]);
+    on(&url)
+        .args(["-s", "d", "true"])
+        .code(64)
+        .says(&["--limit 2", "shared"]);
+    // The agreeing request still gets the second place.
+    on(&url)
+        .args(["--limit", "2", "-n", "d", "true"])
+        .succeeds();
+    stop(&mut h);
+    let (mut plain, _) = holder(e, &scratch, "b", &["d2"]);
+    on(&url)
+        .args(["--limit", "2", "d2", "true"])
+        .code(64)
+        .says(&["plain lock", "--limit 2"]);
+    stop(&mut plain);
+}
+
+/// `status` lists every holder with its slot and the waiters; `--json` the
+/// same; a free name is 1, a held one 0.
+pub fn status_lists_holders_and_waiters(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    on(&url).args(["status", "st"]).code(1);
+    let mut children: Vec<Child> = (0..3)
+        .map(|i| {
+            on(&url)
+                .args(["--limit", "2", "--label", &format!("job {i}"), "st", "-c"])
+                .arg(format!(
+                    "touch {}; exec sleep 60",
+                    scratch.path(&i.to_string()).display()
+                ))
+                .spawn()
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(20), || {
+        let v = status(e, "st");
+        v["holders"].as_array().map_or(0, Vec::len) == 2 && v["waiters"] == 1
+    }));
+    let v = on(&url).args(["status", "--json", "st"]).code(0).json();
+    let mut slots: Vec<u64> = v["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            assert_eq!(h["mode"], "limit 2");
+            assert!(h["label"].as_str().unwrap().contains("(job "), "{h}");
+            assert!(h["token"].as_u64().is_some());
+            h["slot"].as_u64().unwrap()
+        })
+        .collect();
+    slots.sort();
+    assert_eq!(slots, [0, 1]);
+    let text = on(&url).args(["status", "st"]).code(0).stdout();
+    assert!(
+        text.starts_with("st: 2 holders (limit 2); 1 waiting\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  slot 0: held by ") && text.contains("  slot 1: held by "),
+        "{text}"
+    );
+    for c in &mut children {
+        stop(c);
+    }
+}
+
+/// `release --force` revokes (the holder's job is stopped, 76), `--token`
+/// acts only on that grant, `--now` lets a waiter in at once; an engine
+/// that cannot break a lease says so in one line, with 64.
+pub fn release_force_token_and_now(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let (mut h, job) = holder(e, &scratch, "a", &["--ttl", "3s", "brk"]);
+    if !e.breaks() {
+        on(&url)
+            .args(["release", "--force", "brk"])
+            .code(64)
+            .says(&["not available"]);
+        assert!(alive(job));
+        stop(&mut h);
+        return;
+    }
+    let token = status(e, "brk")["token"].as_u64().unwrap();
+    on(&url)
+        .args([
+            "release",
+            "--force",
+            "--token",
+            &(token + 1).to_string(),
+            "brk",
+        ])
+        .code(1);
+    assert!(alive(job), "a token mismatch broke the lease");
+    on(&url)
+        .args(["release", "--force", "--token", &token.to_string(), "brk"])
+        .code(0);
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    assert!(!alive(job));
+    on(&url).args(["release", "--force", "brk"]).code(1);
+    // --now: a waiter gets in without waiting for the old lease to end.
+    let (mut h, _) = holder(e, &scratch, "b", &["--ttl", "30s", "now"]);
+    let mut waiter = on(&url)
+        .args(["-q", "now", "-c"])
+        .arg(format!("touch {}", scratch.path("ran").display()))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || waiters(e, "now") == 1));
+    on(&url)
+        .args(["release", "--force", "--now", "now"])
+        .code(0);
+    let since = Instant::now();
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    assert!(since.elapsed() < Duration::from_secs(10));
+    assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(76));
+}
+
+/// A lease taken away from its holder stops the job: 76, and the job is
+/// dead when lockrun exits.
+pub fn a_lost_lease_stops_the_job(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(e, &scratch, "a", &["--ttl", "1.5s", "lost"]);
+    e.take_away("lost");
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    assert!(!alive(job), "the job outlived its lost lease");
+}
+
+/// `kill -9` of a holder's lockrun: the next holder starts only once every
+/// process of the old job, one in a session of its own included, is dead.
+pub fn kill_9_frees_the_name_only_after_the_job(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let d = scratch.dir.path().display();
+    let mut lr = on(&url)
+        .args(["--ttl", "2s", "k9", "-c"])
+        .arg(format!(
+            "setsid sh -c 'trap \"\" TERM; echo $$ > {d}/bg; exec sleep 60' & echo $$ > {d}/pid; wait"
+        ))
+        .spawn();
+    let pids = [scratch.pid_in("pid"), scratch.pid_in("bg")];
+    signal(lr.id() as i32, libc::SIGKILL);
+    let _ = lr.wait();
+    let out = on(&url)
+        .args(["-w", "30", "k9", "-c"])
+        .arg(format!(
+            "for p in {} {}; do cat /proc/$p/stat 2>/dev/null; done; echo checked",
+            pids[0], pids[1]
+        ))
+        .succeeds();
+    let seen = out.stdout();
+    for line in seen.lines().filter(|l| *l != "checked") {
+        let state = line.rsplit(')').next().unwrap_or("").trim_start();
+        assert!(
+            state.starts_with('Z') || state.starts_with('X'),
+            "the next holder ran beside a process of the old job: {line}"
+        );
+    }
+    assert!(pids.iter().all(|&p| !alive(p)));
+}
+
+/// Bad input is refused with 64 and one line before anything is contacted:
+/// nothing is stored, no job runs.
+pub fn bad_input_is_refused_before_anything_happens(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let job = format!("touch {}", ran.display());
+    for args in [
+        &["--ttl", "1ms", "bad"][..],
+        &["--ttl", "soon", "bad"],
+        &["-n", "-w", "1", "bad"],
+        &["-E", "76", "bad"],
+        &["--limit", "0", "bad"],
+        &["-s", "--limit", "2", "bad"],
+        &[""],
+        &["bad\u{7}name"],
+    ] {
+        on(&e.url())
+            .args(args)
+            .arg("-c")
+            .arg(&job)
+            .code(64)
+            .says(&[]);
+    }
+    assert!(!ran.exists(), "a job ran on bad input");
+    assert!(e.untouched(), "bad input left state behind");
+}
+
+/// An engine that cannot be reached: 69 with one line, no job.
+pub fn unreachable_is_69(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    on(&e.unreachable())
+        .args(["-w", "1", "away", "-c"])
+        .arg(format!("touch {}", ran.display()))
+        .code(69)
+        .says(&[]);
+    assert!(!ran.exists());
+    on(&e.unreachable()).args(["status", "away"]).code(69);
+}
+
+/// `lockrun X` from inside a job holding X would wait for itself once
+/// anyone queues between them: refused with 64 in every mode, also when
+/// another holder's label is the one a waiter sees first.
+pub fn nested_requests_are_refused_in_every_mode(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let inner = format!("{BIN} --url {url} nest true");
+    on(&url)
+        .args(["nest", "-c", &inner])
+        .code(64)
+        .says(&["deadlock"]);
+    for flags in [&["-s"][..], &["--limit", "2"][..]] {
+        let tag = flags.len().to_string();
+        let mut args = flags.to_vec();
+        args.push("nest");
+        let (mut other, _) = holder(e, &scratch, &tag, &args);
+        let inner = format!("{BIN} --url {url} {} nest true", flags.join(" "));
+        on(&url)
+            .args(flags)
+            .args(["nest", "-c", &inner])
+            .code(64)
+            .says(&["deadlock"]);
+        stop(&mut other);
+    }
+}
+
+/// Every test above, on each engine: one line per engine.
+macro_rules! conformance {
+    ($($engine:ident: $fixture:expr;)*) => {$(
+        mod $engine {
+            use super::*;
+            #[test] fn runs_and_passes_exit_codes() { super::runs_and_passes_exit_codes(&$fixture) }
+            #[test] fn excludes_and_tokens_grow() { super::excludes_and_tokens_grow(&$fixture) }
+            #[test] fn first_come_first_served() { super::first_come_first_served(&$fixture) }
+            #[test] fn readers_together_writer_alone() { super::readers_together_writer_alone(&$fixture) }
+            #[test] fn limit_never_exceeds_n_and_reaches_it() { super::limit_never_exceeds_n_and_reaches_it(&$fixture) }
+            #[test] fn disagreeing_requests_are_refused() { super::disagreeing_requests_are_refused(&$fixture) }
+            #[test] fn status_lists_holders_and_waiters() { super::status_lists_holders_and_waiters(&$fixture) }
+            #[test] fn release_force_token_and_now() { super::release_force_token_and_now(&$fixture) }
+            #[test] fn a_lost_lease_stops_the_job() { super::a_lost_lease_stops_the_job(&$fixture) }
+            #[test] fn kill_9_frees_the_name_only_after_the_job() { super::kill_9_frees_the_name_only_after_the_job(&$fixture) }
+            #[test] fn bad_input_is_refused_before_anything_happens() { super::bad_input_is_refused_before_anything_happens(&$fixture) }
+            #[test] fn unreachable_is_69() { super::unreachable_is_69(&$fixture) }
+            #[test] fn nested_requests_are_refused_in_every_mode() { super::nested_requests_are_refused_in_every_mode(&$fixture) }
+        }
+    )*};
+}
+
+conformance! {
+    local: LocalEngine::new();
+    redis: RedisEngine::new();
+}
