@@ -9,11 +9,12 @@ use clap::CommandFactory;
 
 use crate::backend::{self, Acquired, Broken, Force, Holder, Mode, Owner, Request};
 use crate::cli::{Cli, Generate, OperatorCommand};
+use crate::clock::Boot;
 use crate::config::{self, Common, Endpoint};
 use crate::exit::{self, Class, Failure, JobEnd, ResultExt, fail};
-use crate::lease::{Boot, Deadline};
 use crate::log;
 use crate::supervise::{self, Job};
+use crate::watchdog::Deadline;
 
 /// What `main` should do at the end.
 #[derive(Debug, PartialEq, Eq)]
@@ -228,7 +229,7 @@ fn holder_json(h: &Holder) -> serde_json::Value {
 
 /// No lease of our own: the default ttl's bound on one request will do.
 fn op_budget() -> Duration {
-    crate::lease::Timing::new(Duration::from_secs(30), None)
+    crate::schedule::Timing::new(Duration::from_secs(30), None)
         .map(|t| t.op)
         .unwrap_or(Duration::from_secs(2))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::backend::{EngineId, EngineInfo, Mode, engine_for};
 use crate::cli::{BackendArgs, RunArgs};
 use crate::exit::{Class, Failure, fail};
-use crate::lease::Timing;
+use crate::schedule::Timing;
 
 /// Where locks live.
 #[derive(Debug, Clone)]

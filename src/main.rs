@@ -10,13 +10,15 @@
 mod app;
 mod backend;
 mod cli;
+mod clock;
 mod config;
 mod exit;
-mod lease;
 mod log;
+mod schedule;
 mod spawn;
 mod supervise;
 mod sys;
+mod watchdog;
 
 use std::io::Write;
 

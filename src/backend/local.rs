@@ -18,10 +18,11 @@ use super::{
     Acquired, Broken, Engine, Force, Held, Holder, Lease, Mode, Request, Status,
     is_own_outer_holder,
 };
+use crate::clock::Boot;
 use crate::config::Wait;
 use crate::exit::{Class, Failure, fail};
-use crate::lease::{Boot, Renewer};
 use crate::log;
+use crate::watchdog::Renewer;
 
 /// Size of the record at the start of each lock file, written in one `pwrite`.
 const RECORD: usize = 256;

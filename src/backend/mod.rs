@@ -9,9 +9,11 @@ pub mod redis;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+use crate::clock::Boot;
 use crate::config::{Endpoint, Wait};
 use crate::exit::{Class, Failure, fail};
-use crate::lease::{Boot, Renewer, Timing};
+use crate::schedule::Timing;
+use crate::watchdog::Renewer;
 
 /// How a name is held (README "Modes"). Exclusive and shared are the two
 /// sides of one readers–writer lock; `Limit(n)` is a counting semaphore.

@@ -9,10 +9,12 @@ use anyhow::anyhow;
 use redis::{Client, Connection, IntoConnectionInfo, Script, Value};
 
 use super::{Acquired, Broken, Engine, Force, Held, Holder, Lease, Mode, Request, Status};
+use crate::clock::{Boot, jitter};
 use crate::config::{RedisUrl, Wait};
 use crate::exit::{Class, Failure, fail};
-use crate::lease::{Boot, Renewer, Timing, jitter};
 use crate::log;
+use crate::schedule::Timing;
+use crate::watchdog::Renewer;
 
 /// Shared by every script. A name's state is one hash of holders, each
 /// field `h:<owner>` (or `r:<token>` once revoked) with the value

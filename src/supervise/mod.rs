@@ -16,11 +16,13 @@ use rustix::event::{PollFd, PollFlags, poll};
 use signal_hook::iterator::backend::SignalDelivery;
 use signal_hook::iterator::exfiltrator::WithRawSiginfo;
 
+use crate::clock::{Boot, BootTimer};
 use crate::exit::{Class, Failure, ResultExt, fail};
-use crate::lease::{Boot, BootTimer, Deadline, Event as LeaseEvent, Renewer, Timing, Watchdog};
 use crate::log;
+use crate::schedule::Timing;
 use crate::spawn::{Prepared, SpawnError};
 use crate::sys;
+use crate::watchdog::{Deadline, Event as LeaseEvent, Renewer, Watchdog};
 use guard::{Guard, Report};
 pub use policy::Outcome;
 use policy::{Action, Event, FORWARDED, JOB_CONTROL, Policy, Walk};

@@ -5,8 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use crate::clock::Boot;
 use crate::exit::JobEnd;
-use crate::lease::{Boot, Timing};
+use crate::schedule::Timing;
 
 /// Signals lockrun passes on to the job.
 pub const FORWARDED: [i32; 9] = [
