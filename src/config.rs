@@ -250,7 +250,19 @@ fn is_invisible(c: char) -> bool {
         | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB)
 }
 
+/// The longest lock name, in bytes of UTF-8, on every engine (README
+/// "Options"): it becomes a Redis key and one line of `status`, and a name
+/// that long is already hashed into its local file name.
+pub const MAX_NAME: usize = 1024;
+
 pub fn check_name(name: &str, backend: &Endpoint) -> Result<(), Failure> {
+    // First, and without the name: a line must not carry a huge name.
+    if name.len() > MAX_NAME {
+        return Err(usage(format!(
+            "invalid lock name: it is {} bytes long; a name has at most {MAX_NAME} bytes (1 KiB)",
+            name.len()
+        )));
+    }
     if name.is_empty() {
         return Err(usage(
             "the lock name is empty; give a name such as nightly-report",
@@ -471,6 +483,10 @@ mod tests {
             assert!(check_name(sneaky, &local).is_err(), "{sneaky:?}");
         }
         assert!(check_name("café-Ünïcode", &local).is_ok());
+        assert!(check_name(&"x".repeat(MAX_NAME), &redis).is_ok());
+        assert!(check_name(&"x".repeat(MAX_NAME + 1), &local).is_err());
+        // Bytes, not characters: 513 two-byte characters are too many.
+        assert!(check_name(&"é".repeat(513), &redis).is_err());
     }
 
     #[test]

@@ -139,3 +139,44 @@ fn help_and_version_work() {
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).starts_with("lockrun "));
 }
+
+/// A name is at most 1 KiB (1024 bytes of UTF-8) on every engine: a longer
+/// one is refused before anything is contacted, in one line that does not
+/// repeat it.
+#[test]
+fn a_name_longer_than_1_kib_is_refused_on_every_engine() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let local = scratch.file_url();
+    let long = "x".repeat(100_000);
+    // 513 characters, 1026 bytes: the bound counts bytes.
+    let just_over = "é".repeat(513);
+    for name in [long.as_str(), just_over.as_str()] {
+        let e = refused(&[name], &redis, &scratch);
+        assert!(e.contains("1024 bytes"), "{e}");
+        assert!(
+            e.len() < 300,
+            "the line repeats the name: {} bytes",
+            e.len()
+        );
+        on(&local)
+            .args([name, "true"])
+            .code(64)
+            .says(&["1024 bytes"]);
+        on(&redis)
+            .args(["status", name])
+            .code(64)
+            .says(&["1024 bytes"]);
+    }
+    assert!(
+        redis.keys().is_empty(),
+        "no key may be created: {} keys",
+        redis.keys().len()
+    );
+    let files: Vec<_> = std::fs::read_dir(scratch.path("locks")).unwrap().collect();
+    assert!(files.is_empty(), "no lock file may be created: {files:?}");
+    // The bound itself is a name.
+    let at = "x".repeat(1024);
+    on(&redis).args([at.as_str(), "true"]).succeeds();
+    on(&local).args([at.as_str(), "true"]).succeeds();
+}

@@ -239,3 +239,178 @@ fn nested_local_lock_is_refused() {
     assert_eq!(out.status.code(), Some(64), "{err}");
     assert!(err.contains("deadlock"), "{err}");
 }
+
+/// Wall-clock nanoseconds, as the jobs' `date +%s%N` prints them.
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// The nanoseconds logged on the line `WHAT NANOS` of a jobs' log.
+fn logged(log: &str, what: &str) -> Option<u128> {
+    log.lines()
+        .find_map(|l| l.strip_prefix(what)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// A job that logs `WHO-start` and `WHO-end` with the wall clock around a sleep.
+fn timed_job(scratch: &Scratch, who: &str, hold: &str) -> String {
+    let log = scratch.path("log");
+    format!(
+        "echo {who}-start $(date +%s%N) >> {0}; sleep {hold}; echo {who}-end $(date +%s%N) >> {0}",
+        log.display()
+    )
+}
+
+fn waiters(url: &str, name: &str) -> u64 {
+    on(url).args(["status", "--json", name]).output().json()["waiters"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// A waiter stopped while it waits loses its place within a third of its
+/// ttl, as on Redis; continued, it queues again and never runs beside the
+/// holder that went ahead.
+#[test]
+fn a_stopped_waiter_loses_its_place_within_a_third_of_its_ttl() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let mut holder = on(&url)
+        .args(["gs", "-c"])
+        .arg(timed_job(&scratch, "holder", "1"))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || scratch
+        .read("log")
+        .contains("holder-start")));
+    let mut stopped = on(&url)
+        .args(["-q", "--ttl", "3s", "gs", "-c"])
+        .arg(timed_job(&scratch, "stopped", "0.2"))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || waiters(&url, "gs") == 1));
+    signal(stopped.id() as i32, libc::SIGSTOP);
+    assert!(wait_until(Duration::from_secs(20), || state_of(
+        stopped.id() as i32
+    ) == Some('T')));
+    let stopped_at = wall_ns();
+    let mut third = on(&url)
+        .args(["-q", "-w", "3", "gs", "-c"])
+        .arg(timed_job(&scratch, "third", "1.5"))
+        .spawn();
+    let ran = wait_until(Duration::from_secs(20), || {
+        scratch.read("log").contains("third-start") || third.try_wait().unwrap().is_some()
+    });
+    signal(stopped.id() as i32, libc::SIGCONT);
+    let log = scratch.read("log");
+    assert!(
+        ran && log.contains("third-start"),
+        "the third request never ran behind the stopped waiter: {log}"
+    );
+    // The stopped waiter kept its place for at most ttl/3 = 1 s.
+    let third_start = logged(&log, "third-start").unwrap();
+    let delay = Duration::from_nanos((third_start - stopped_at) as u64);
+    assert!(
+        delay < Duration::from_millis(2500),
+        "the third started {delay:?} after the waiter ahead of it was stopped"
+    );
+    for c in [&mut holder, &mut stopped, &mut third] {
+        assert_eq!(wait_child(c, Duration::from_secs(30)).code(), Some(0));
+    }
+    let log = scratch.read("log");
+    let stopped_start = logged(&log, "stopped-start").expect(&log);
+    let third_end = logged(&log, "third-end").expect(&log);
+    assert!(
+        stopped_start > third_end,
+        "the continued waiter ran beside the holder that went ahead: {log}"
+    );
+}
+
+/// A waiter killed outright gives its place up at once (its locks die with
+/// it), well before a third of its ttl: the next one starts as the holder ends.
+#[test]
+fn a_killed_waiter_gives_its_place_up_at_once() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let mut holder = on(&url)
+        .args(["k", "-c"])
+        .arg(timed_job(&scratch, "holder", "1.5"))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || scratch
+        .read("log")
+        .contains("holder-start")));
+    let mut doomed = on(&url).args(["-q", "--ttl", "30s", "k", "true"]).spawn();
+    assert!(wait_until(Duration::from_secs(20), || waiters(&url, "k") == 1));
+    let mut next = on(&url)
+        .args(["-q", "--ttl", "30s", "k", "-c"])
+        .arg(timed_job(&scratch, "next", "0"))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || waiters(&url, "k") == 2));
+    signal(doomed.id() as i32, libc::SIGKILL);
+    let _ = doomed.wait();
+    for c in [&mut holder, &mut next] {
+        assert_eq!(wait_child(c, Duration::from_secs(30)).code(), Some(0));
+    }
+    let log = scratch.read("log");
+    let gap = logged(&log, "next-start").unwrap() - logged(&log, "holder-end").unwrap();
+    assert!(
+        Duration::from_nanos(gap as u64) < Duration::from_secs(2),
+        "the next waiter started {gap} ns after the holder ended (ttl 30 s): {log}"
+    );
+}
+
+/// Live waiters keep their order around one that was stopped in the middle
+/// of the queue; continued, that one queues again at the back.
+#[test]
+fn a_stopped_waiter_does_not_reorder_the_others() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let order = scratch.path("order");
+    let go = scratch.path("go");
+    let job = |who: &str| format!("echo {who} >> {}; sleep 0.3", order.display());
+    // The holder keeps the name until every waiter is queued.
+    let mut children = vec![
+        on(&url)
+            .args(["o", "-c"])
+            .arg(format!(
+                "echo holder >> {}; for i in $(seq 600); do [ -e {} ] && break; sleep 0.05; done",
+                order.display(),
+                go.display()
+            ))
+            .spawn(),
+    ];
+    assert!(wait_until(Duration::from_secs(20), || scratch
+        .read("order")
+        .contains("holder")));
+    let mut stopped = None;
+    for who in ["a", "stopped", "b", "c"] {
+        let before = waiters(&url, "o");
+        // The stopped one keeps its place for ttl/3 = 3 s: b and c come
+        // while it still has it.
+        let child = on(&url)
+            .args(["-q", "--ttl", "9s", "o", "-c"])
+            .arg(job(who))
+            .spawn();
+        assert!(wait_until(Duration::from_secs(20), || waiters(&url, "o") > before));
+        if who == "stopped" {
+            signal(child.id() as i32, libc::SIGSTOP);
+            assert!(wait_until(Duration::from_secs(20), || state_of(
+                child.id() as i32
+            ) == Some('T')));
+            stopped = Some(child);
+        } else {
+            children.push(child);
+        }
+    }
+    std::fs::write(&go, "").unwrap();
+    let stopped = stopped.unwrap();
+    let passed = wait_until(Duration::from_secs(30), || {
+        scratch.read("order").lines().any(|l| l == "c")
+    });
+    signal(stopped.id() as i32, libc::SIGCONT);
+    assert!(passed, "the waiters behind a stopped one never ran");
+    children.push(stopped);
+    for c in &mut children {
+        assert_eq!(wait_child(c, Duration::from_secs(30)).code(), Some(0));
+    }
+    assert_eq!(scratch.read("order"), "holder\na\nb\nc\nstopped\n");
+}

@@ -1,8 +1,9 @@
 //! The local engine: `flock(2)` on files in a per-user directory, one per
-//! name (LOCK_EX or LOCK_SH), N slot files for `--limit N`, and a gate that
-//! every request passes in turn, so that waiters are served in arrival
-//! order across modes. The locked descriptor is inherited by the job, as
-//! flock(1) does.
+//! name (LOCK_EX or LOCK_SH), N slot files for `--limit N`, and beside them
+//! a queue of places that waiters keep by refreshing them, so that waiters
+//! are served in arrival order across modes and one that stops keeping its
+//! place (stopped, or dead) holds nobody up for long. The locked descriptor
+//! is inherited by the job, as flock(1) does.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -385,12 +386,160 @@ fn open_lock_file(path: &Path) -> Result<Option<(OwnedFd, bool)>, Errno> {
     }
 }
 
-/// One request's wait: its limit, and the one line a long wait prints.
+/// CLOCK_MONOTONIC in nanoseconds: the queue's clock. Every process of the
+/// machine reads the same one, and unlike CLOCK_BOOTTIME it stands still
+/// through a suspend, which stops every waiter alike and must not cost any
+/// of them its place.
+fn mono_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Size of a place's record, written in one `pwrite`.
+const PLACE_RECORD: usize = 80;
+
+/// Most places a name's queue has (one file each).
+const MAX_PLACES: u32 = 10_000;
+
+/// A queued request's place (README "Local (the default)"): a place file it
+/// holds LOCK_EX, so the place goes with the process, and a record of when
+/// it came (its rank in the queue) and until when it keeps the place.
+struct Place {
+    fd: OwnedFd,
+    index: u32,
+    arrived: u64,
+    until: u64,
+    /// How long one refresh keeps the place (ttl/3), and how often it is
+    /// refreshed (ttl/5), as a Redis waiter keeps its place.
+    keep: u64,
+    every: u64,
+    refresh_at: u64,
+}
+
+/// A place as another request sees it: its file, open, and its record.
+struct Seen {
+    file: OwnedFd,
+    arrived: u64,
+    until: u64,
+    pid: u32,
+}
+
+impl Seen {
+    fn rank(&self) -> (u64, u32) {
+        (self.arrived, self.pid)
+    }
+}
+
+fn write_place(fd: impl AsFd, arrived: u64, until: u64) -> std::io::Result<()> {
+    let text = format!("arrived={arrived} until={until} pid={}", std::process::id());
+    let mut buf = [b' '; PLACE_RECORD];
+    buf[..text.len()].copy_from_slice(text.as_bytes());
+    buf[PLACE_RECORD - 1] = b'\n';
+    let n = rustix::io::pwrite(fd, &buf, 0)?;
+    if n != PLACE_RECORD {
+        return Err(std::io::Error::other("short write of a place in the queue"));
+    }
+    Ok(())
+}
+
+/// A place's record: (arrived, until, pid).
+fn read_place(fd: impl AsFd) -> Option<(u64, u64, u32)> {
+    let mut buf = [0u8; PLACE_RECORD];
+    let n = rustix::io::pread(fd, &mut buf, 0).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    let (mut arrived, mut until, mut pid) = (None, None, None);
+    for field in text.split_whitespace() {
+        if let Some(v) = field.strip_prefix("arrived=") {
+            arrived = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("until=") {
+            until = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("pid=") {
+            pid = v.parse().ok();
+        }
+    }
+    Some((arrived?, until?, pid?))
+}
+
+impl Place {
+    fn rank(&self) -> (u64, u32) {
+        (self.arrived, std::process::id())
+    }
+
+    /// Keep the place: refresh its record when due. False when it lapsed
+    /// (we were stopped, or starved, past `until`): a waiter behind may have
+    /// gone ahead, so the place is taken again at the back of the queue.
+    fn tend(&mut self) -> bool {
+        let now = mono_ns();
+        let kept = now < self.until;
+        if !kept {
+            self.arrived = now;
+        }
+        if !kept || now >= self.refresh_at {
+            self.until = now.saturating_add(self.keep);
+            self.refresh_at = now.saturating_add(self.every);
+            // A failed write only makes the place lapse, which we notice.
+            let _ = write_place(&self.fd, self.arrived, self.until);
+        }
+        kept
+    }
+}
+
+/// What a queued request holds: its place, and a share of the gate, which
+/// tells requests that come later that someone is queued.
+struct Queued {
+    place: Place,
+    gate: OwnedFd,
+    /// False while a request looking at the gate kept us from our share.
+    shared: bool,
+}
+
+impl Queued {
+    fn tend(&mut self) -> bool {
+        if !self.shared {
+            self.shared = share_gate(&self.gate, 1);
+        }
+        self.place.tend()
+    }
+}
+
+/// Take a share of the gate (LOCK_SH), trying `tries` times a millisecond
+/// apart: it is held exclusively only for the instant a request looks
+/// whether anyone is queued, never while anyone waits.
+fn share_gate(gate: &OwnedFd, tries: u32) -> bool {
+    for i in 0..tries {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match flock(gate, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => return true,
+            Err(Errno::WOULDBLOCK) => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// What one wait ended with.
+enum Heard<T> {
+    Got(T),
+    /// The time asked for came.
+    Woke,
+    /// The wait ran out (`-w`, `-n`), or our place lapsed (`lapsed` is set).
+    Over,
+}
+
+/// One request's wait: its limit, the one line a long wait prints, and its
+/// place in the queue once it has one.
 struct Waiter<'a> {
     name: &'a str,
     wait: Wait,
     start: Boot,
     announced: bool,
+    queued: Option<Queued>,
+    /// Our place lapsed during a wait and was taken again at the back.
+    lapsed: bool,
 }
 
 impl Waiter<'_> {
@@ -398,8 +547,23 @@ impl Waiter<'_> {
         fail(Class::Unavailable, format!("{what} {}: {e}", self.name))
     }
 
-    /// Block until `rx` delivers, as the wait allows. None: gave up.
+    /// Block until `rx` delivers, as the wait allows. None: gave up, or our
+    /// place lapsed.
     fn receive<T>(&mut self, rx: &std::sync::mpsc::Receiver<T>, holder: Option<&str>) -> Option<T> {
+        match self.hear(rx, holder, None) {
+            Heard::Got(v) => Some(v),
+            Heard::Woke | Heard::Over => None,
+        }
+    }
+
+    /// Block until `rx` delivers or, if given, until `wake` (on `mono_ns`),
+    /// keeping our place meanwhile.
+    fn hear<T>(
+        &mut self,
+        rx: &std::sync::mpsc::Receiver<T>,
+        holder: Option<&str>,
+        wake: Option<u64>,
+    ) -> Heard<T> {
         use std::sync::mpsc::RecvTimeoutError;
         let limit = match self.wait {
             Wait::No => Some(self.start),
@@ -408,23 +572,44 @@ impl Waiter<'_> {
         };
         let announce_at = self.start.add(Duration::from_secs(1));
         loop {
+            // First, so that a wait resuming after a stop sees its place lapsed.
+            if let Some(q) = self.queued.as_mut()
+                && !q.tend()
+            {
+                self.lapsed = true;
+                return Heard::Over;
+            }
             let now = Boot::now();
-            let next = match (limit, self.announced) {
-                (Some(l), false) => Some(l.min(announce_at)),
-                (Some(l), true) => Some(l),
-                (None, false) => Some(announce_at),
-                (None, true) => None,
-            };
+            let mono = mono_ns();
+            let mut next: Option<Duration> = None;
+            let mut upto = |d: Duration| next = Some(next.map_or(d, |n| n.min(d)));
+            if let Some(l) = limit {
+                upto(l.since(now));
+            }
+            if !self.announced {
+                upto(announce_at.since(now));
+            }
+            if let Some(q) = &self.queued {
+                upto(Duration::from_nanos(
+                    q.place.refresh_at.saturating_sub(mono),
+                ));
+            }
+            if let Some(at) = wake {
+                upto(Duration::from_nanos(at.saturating_sub(mono)));
+            }
             let got = match next {
-                Some(at) => rx.recv_timeout(at.since(now)),
+                Some(d) => rx.recv_timeout(d),
                 None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
             match got {
-                Ok(v) => return Some(v),
-                Err(RecvTimeoutError::Disconnected) => return None,
+                Ok(v) => return Heard::Got(v),
+                Err(RecvTimeoutError::Disconnected) => return Heard::Over,
                 Err(RecvTimeoutError::Timeout) => {
                     if limit.is_some_and(|l| Boot::now() >= l) {
-                        return None;
+                        return Heard::Over;
+                    }
+                    if wake.is_some_and(|at| mono_ns() >= at) {
+                        return Heard::Woke;
                     }
                     if !self.announced && Boot::now() >= announce_at {
                         self.announced = true;
@@ -474,12 +659,17 @@ pub struct Local {
 struct Files {
     main: PathBuf,
     gate: PathBuf,
+    grant: PathBuf,
     readers: PathBuf,
 }
 
 impl Files {
     fn slot(&self, k: u32) -> PathBuf {
         suffixed(&self.main, &format!(".slot{k}"))
+    }
+
+    fn place(&self, k: u32) -> PathBuf {
+        suffixed(&self.main, &format!(".place{k}"))
     }
 }
 
@@ -535,6 +725,7 @@ impl Local {
         let main = self.dir.join(file_name(name));
         Files {
             gate: suffixed(&main, ".gate"),
+            grant: suffixed(&main, ".grant"),
             readers: suffixed(&main, ".readers"),
             main,
         }
@@ -639,7 +830,8 @@ impl Local {
     }
 
     /// The mode of the holders in force, read from the main file's record:
-    /// every grant writes it while passing the gate, which we hold.
+    /// every grant writes it once it holds its lock (shared and `--limit`
+    /// grants one at a time, under the grant lock).
     fn mode_in_force(files: &Files) -> Option<Mode> {
         let file = std::fs::File::open(&files.main).ok()?;
         let st = fstat(&file).ok()?;
@@ -695,9 +887,16 @@ impl Local {
         Ok(got.or_else(|| rx.try_recv().ok()))
     }
 
-    /// Take one of `n` slots (main file shared, slot file exclusive).
-    fn lock_slot(&self, w: &mut Waiter, files: &Files, n: u32) -> Result<Try, Failure> {
-        let main = match self.lock_path(w, &files.main, FlockOperation::LockShared, true)? {
+    /// Take one of `n` slots (main file shared, slot file exclusive): at
+    /// once, or (`block`) waiting as the request allows.
+    fn lock_slot(
+        &self,
+        w: &mut Waiter,
+        files: &Files,
+        n: u32,
+        block: bool,
+    ) -> Result<Try, Failure> {
+        let main = match self.lock_path(w, &files.main, FlockOperation::LockShared, block)? {
             Try::Locked(got) => got.fd,
             other => return Ok(other),
         };
@@ -708,6 +907,9 @@ impl Local {
                 Try::Busy(h) => holder = holder.or(h),
                 Try::Retry => return Ok(Try::Retry),
             }
+        }
+        if !block {
+            return Ok(Try::Busy(holder));
         }
         match self.wait_any_slot(w, files, n, holder.as_deref())? {
             None => Ok(Try::Busy(holder)),
@@ -745,87 +947,20 @@ impl Engine for Local {
             start: Boot::now(),
             // Under -q there is no waiting line to print.
             announced: log::level() == 0,
+            queued: None,
+            lapsed: false,
         };
-        // Bounded: each retry means a file was deleted or replaced meanwhile.
+        // Bounded: each retry means a file was deleted or replaced meanwhile,
+        // or our place in the queue lapsed (we were stopped).
         for _ in 0..100 {
-            // The gate: requests pass it one at a time, in the order the
-            // kernel queues them, so a waiting exclusive request is not
-            // overtaken by shared ones that come later. It is held until the
-            // grant's record is written, which also orders the tokens.
-            let Some((gate, _)) = open_lock_file(&files.gate)
-                .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
-            else {
-                continue;
-            };
-            if !self.pass_gate(&mut w, &gate, &files)? {
-                return Ok(Acquired::Busy {
-                    holder: recorded_holder(&files),
-                });
-            }
-            // An exclusive lock taken at once has no holders to disagree
-            // with: the common case reads no /proc/locks.
-            let at_once = match req.mode {
-                Mode::Exclusive => {
-                    self.lock_path(&mut w, &files.main, FlockOperation::LockExclusive, false)?
-                }
-                _ => Try::Busy(None),
-            };
-            if !matches!(at_once, Try::Locked(..))
-                && let Some(in_force) = Self::mode_in_force(&files)
-                && !req.mode.agrees_with(in_force)
-            {
-                return Err(req.mode.disagreement(req.name, in_force));
-            }
-            let got = match (req.mode, at_once) {
-                (_, Try::Locked(got)) => Try::Locked(got),
-                (_, Try::Retry) => continue,
-                (Mode::Exclusive, Try::Busy(_)) => {
-                    self.lock_path(&mut w, &files.main, FlockOperation::LockExclusive, true)?
-                }
-                (Mode::Shared, _) => {
-                    self.lock_path(&mut w, &files.main, FlockOperation::LockShared, true)?
-                }
-                (Mode::Limit(n), _) => self.lock_slot(&mut w, &files, n)?,
-            };
-            let Got { fd, id, main, slot } = match got {
+            let got = match self.take(&mut w, req, &files)? {
                 Try::Locked(got) => got,
                 Try::Busy(holder) => return Ok(Acquired::Busy { holder }),
                 Try::Retry => continue,
             };
-            let sent_at = Boot::now();
-            let store = main.as_ref().unwrap_or(&fd);
-            let token = next_token(store);
-            let label = &req.owner.shown;
-            let written = write_record(store, token, label, req.mode).and_then(|()| {
-                if slot.is_some() {
-                    write_record(&fd, token, label, req.mode)?;
-                }
-                if req.mode == Mode::Shared {
-                    self.add_reader(&files, id, token, label)?;
-                }
-                Ok(())
-            });
-            written.map_err(|e| self.unavailable("writing the token to", &files.main, e))?;
-            drop(gate);
-            log::info(format!(
-                "acquired {} with token {token} after {:.1?}",
-                req.name,
-                Boot::now().since(w.start)
-            ));
-            let path = slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
-            let held = LocalHeld {
-                fd,
-                main,
-                path,
-                id,
-                name: req.name.to_string(),
-            };
-            return Ok(Acquired::Granted(Lease::new(
-                token,
-                slot,
-                sent_at,
-                Box::new(held),
-            )));
+            if let Some(done) = self.grant(&mut w, req, &files, got)? {
+                return Ok(done);
+            }
         }
         Err(fail(
             Class::Unavailable,
@@ -904,11 +1039,8 @@ impl Engine for Local {
                 }
             }
         }
-        // Waiters: whoever holds the gate waits, and those queued behind it.
-        let waiters = std::fs::File::open(&files.gate)
-            .ok()
-            .and_then(|g| fstat(&g).ok())
-            .map_or(0, |g| waiting_on(g.st_dev, g.st_ino));
+        // Waiters: the places kept in the queue.
+        let waiters = live_places(&files, None).len() as u64;
         Ok(Status {
             holders,
             waiters: Some(waiters),
@@ -933,40 +1065,340 @@ fn recorded_holder(files: &Files) -> Option<String> {
         .filter(|l| !l.is_empty())
 }
 
-/// Requests at the gate `ino`: the one holding it and those queued behind it.
-fn waiting_on(dev: u64, ino: u64) -> u64 {
-    all_flocks(dev).iter().filter(|l| l.ino == ino).count() as u64
+/// The places kept in a name's queue, but ours (`except`): held (the flock
+/// of a waiter that died is gone) and refreshed (the `until` of one that was
+/// stopped passes).
+fn live_places(files: &Files, except: Option<u32>) -> Vec<Seen> {
+    let now = mono_ns();
+    let mut held: Option<Vec<u64>> = None;
+    let mut out = Vec::new();
+    for k in 0..MAX_PLACES {
+        if except == Some(k) {
+            continue;
+        }
+        let file = match open(
+            files.place(k),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            FileMode::empty(),
+        ) {
+            Ok(f) => f,
+            // Places are taken lowest first: the first missing ends the queue.
+            Err(Errno::NOENT) => break,
+            Err(_) => continue,
+        };
+        let Ok(st) = fstat(&file) else { continue };
+        let held = held.get_or_insert_with(|| {
+            flocks(st.st_dev)
+                .into_iter()
+                .filter(|l| l.exclusive)
+                .map(|l| l.ino)
+                .collect()
+        });
+        if !held.contains(&st.st_ino) {
+            continue;
+        }
+        if let Some((arrived, until, pid)) = read_place(&file)
+            && until > now
+        {
+            out.push(Seen {
+                file,
+                arrived,
+                until,
+                pid,
+            });
+        }
+    }
+    out
 }
 
 impl Local {
-    /// Pass the gate: wait for it as the request allows. With `-n` a gate
-    /// held for a moment by another request on its way through is waited
-    /// for briefly; one held longer means a waiter ahead of us.
-    fn pass_gate(&self, w: &mut Waiter, gate: &OwnedFd, files: &Files) -> Result<bool, Failure> {
-        if w.wait != Wait::No {
-            // Most requests find the gate open: no helper thread, no record
-            // read for them.
-            return match flock(gate, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => Ok(true),
-                Err(Errno::WOULDBLOCK) => {
-                    let holder = recorded_holder(files);
-                    w.block(gate, FlockOperation::LockExclusive, holder.as_deref())
-                }
-                Err(e) => Err(w.unavailable("cannot lock the gate of", e)),
-            };
+    /// True when nobody is queued for the name: nobody holds a share of the
+    /// gate. The look takes the gate for an instant and lets it go.
+    fn nobody_queued(&self, files: &Files) -> Result<bool, Failure> {
+        let Some((gate, _)) = open_lock_file(&files.gate)
+            .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
+        else {
+            return Ok(false);
+        };
+        match flock(&gate, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(true),
+            Err(Errno::WOULDBLOCK) => Ok(false),
+            Err(e) => Err(self.unavailable("cannot lock", &files.gate, e)),
         }
-        for _ in 0..20 {
-            match flock(gate, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => return Ok(true),
-                Err(Errno::WOULDBLOCK) => std::thread::sleep(Duration::from_millis(1)),
-                Err(e) => return Err(w.unavailable("cannot lock the gate of", e)),
+    }
+
+    /// Take the request's lock: at once when nobody is queued, else through
+    /// the queue, first come, first served across modes.
+    fn take(&self, w: &mut Waiter, req: &Request, files: &Files) -> Result<Try, Failure> {
+        if w.queued.is_none() {
+            let open = self.nobody_queued(files)?;
+            if !open && w.wait == Wait::No && !live_places(files, None).is_empty() {
+                return Ok(Try::Busy(recorded_holder(files)));
+            }
+            // With only lapsed places in the queue, `-n` may try too.
+            if open || w.wait == Wait::No {
+                match self.lock(w, req, files, false)? {
+                    Try::Busy(h) if w.wait == Wait::No => return Ok(Try::Busy(h)),
+                    Try::Busy(_) => {}
+                    other => return Ok(other),
+                }
+            }
+            // A request that disagrees with the holders is refused, not queued.
+            self.refuse_disagreement(req, files)?;
+            if !self.join_queue(w, files, req.timing.ttl)? {
+                return Ok(Try::Retry);
             }
         }
-        Ok(false)
+        loop {
+            if !self.wait_turn(w, files)? {
+                return Ok(Try::Busy(recorded_holder(files)));
+            }
+            // Nobody ahead of us: wait for the lock itself.
+            self.refuse_disagreement(req, files)?;
+            match self.lock(w, req, files, true)? {
+                // Our place lapsed while we waited: queued again at the back.
+                Try::Busy(_) if std::mem::take(&mut w.lapsed) => continue,
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// The request's lock: at once, or (`block`) waiting as the request allows.
+    fn lock(
+        &self,
+        w: &mut Waiter,
+        req: &Request,
+        files: &Files,
+        block: bool,
+    ) -> Result<Try, Failure> {
+        match req.mode {
+            Mode::Exclusive => self.lock_path(w, &files.main, FlockOperation::LockExclusive, block),
+            Mode::Shared => self.lock_path(w, &files.main, FlockOperation::LockShared, block),
+            Mode::Limit(n) => self.lock_slot(w, files, n, block),
+        }
+    }
+
+    fn refuse_disagreement(&self, req: &Request, files: &Files) -> Result<(), Failure> {
+        match Self::mode_in_force(files) {
+            Some(in_force) if !req.mode.agrees_with(in_force) => {
+                Err(req.mode.disagreement(req.name, in_force))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Join the back of the queue: a share of the gate, then the first free
+    /// place file, with a record saying when we came. False: the gate
+    /// vanished meanwhile; start over.
+    fn join_queue(&self, w: &mut Waiter, files: &Files, ttl: Duration) -> Result<bool, Failure> {
+        let Some((gate, _)) = open_lock_file(&files.gate)
+            .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
+        else {
+            return Ok(false);
+        };
+        let shared = share_gate(&gate, 20);
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        for k in 0..MAX_PLACES {
+            let path = files.place(k);
+            let Some((fd, _)) = open_lock_file(&path)
+                .map_err(|e| self.unavailable("cannot open lock file", &path, e))?
+            else {
+                continue;
+            };
+            match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {}
+                Err(Errno::WOULDBLOCK) => continue,
+                Err(e) => return Err(self.unavailable("cannot lock", &path, e)),
+            }
+            let now = mono_ns();
+            let place = Place {
+                fd,
+                index: k,
+                arrived: now,
+                until: now.saturating_add(nanos(ttl / 3)),
+                keep: nanos(ttl / 3),
+                every: nanos(ttl / 5),
+                refresh_at: now.saturating_add(nanos(ttl / 5)),
+            };
+            write_place(&place.fd, place.arrived, place.until)
+                .map_err(|e| self.unavailable("writing", &path, e))?;
+            w.queued = Some(Queued {
+                place,
+                gate,
+                shared,
+            });
+            return Ok(true);
+        }
+        Err(w.unavailable(
+            &format!("more than {MAX_PLACES} requests are queued for"),
+            "give up some",
+        ))
+    }
+
+    /// Wait until no place ahead of ours is kept: each predecessor in turn
+    /// until it lets its place go (granted, gave up or died: its flock
+    /// goes) or stops refreshing it. False: the wait ran out.
+    fn wait_turn(&self, w: &mut Waiter, files: &Files) -> Result<bool, Failure> {
+        let holder = recorded_holder(files);
+        loop {
+            let Some(q) = &w.queued else { return Ok(true) };
+            let (mine, rank) = (q.place.index, q.place.rank());
+            let Some(ahead) = live_places(files, Some(mine))
+                .into_iter()
+                .filter(|p| p.rank() < rank)
+                .max_by_key(Seen::rank)
+            else {
+                return Ok(true);
+            };
+            // A helper blocks for a share of its place file: that comes when
+            // its holder lets it go, and goes with the helper at once.
+            let watch = ahead
+                .file
+                .try_clone()
+                .map_err(|e| w.unavailable("dup", e))?;
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .spawn(move || {
+                    let _ = tx.send(flock_blocking(&watch, FlockOperation::LockShared));
+                })
+                .map_err(|e| w.unavailable("cannot start a thread to wait for", e))?;
+            let mut until = ahead.until;
+            loop {
+                match w.hear(&rx, holder.as_deref(), Some(until)) {
+                    Heard::Got(Ok(())) => break,
+                    Heard::Got(Err(e)) => return Err(w.unavailable("waiting in the queue of", e)),
+                    // Taken again at the back: look again who is ahead.
+                    Heard::Over if std::mem::take(&mut w.lapsed) => break,
+                    Heard::Over => return Ok(false),
+                    // Its refresh was due: it either kept its place or lost it.
+                    Heard::Woke => match read_place(&ahead.file) {
+                        Some((arrived, next, _))
+                            if arrived == ahead.arrived && next > mono_ns() =>
+                        {
+                            until = next;
+                        }
+                        _ => break,
+                    },
+                }
+            }
+        }
+    }
+
+    /// Hold the grant lock, as the wait allows. None: gave up, or our place
+    /// lapsed meanwhile (`lapsed` is set).
+    fn lock_grant(&self, w: &mut Waiter, files: &Files) -> Result<Option<OwnedFd>, Failure> {
+        for _ in 0..100 {
+            let Some((fd, _)) = open_lock_file(&files.grant)
+                .map_err(|e| self.unavailable("cannot open lock file", &files.grant, e))?
+            else {
+                continue;
+            };
+            let mut locked = false;
+            // Held only while another grant writes its record: `-n` waits for
+            // that briefly too.
+            for _ in 0..20 {
+                match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                    Ok(()) => {
+                        locked = true;
+                        break;
+                    }
+                    Err(Errno::WOULDBLOCK) if w.wait == Wait::No => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(Errno::WOULDBLOCK) => break,
+                    Err(e) => return Err(self.unavailable("cannot lock", &files.grant, e)),
+                }
+            }
+            if !locked && !w.block(&fd, FlockOperation::LockExclusive, None)? {
+                return Ok(None);
+            }
+            // A replaced file would let two grants write at once.
+            let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", &files.grant, e))?;
+            if matches!(stat(&files.grant), Ok(now) if identity(&now) == identity(&ours)) {
+                return Ok(Some(fd));
+            }
+        }
+        Err(fail(
+            Class::Unavailable,
+            format!(
+                "lock file {} keeps changing under us",
+                files.grant.display()
+            ),
+        ))
+    }
+
+    /// Make a lock taken a grant: check it against the holders, write its
+    /// token and record, leave the queue. None: our place lapsed before
+    /// (we were stopped), so we queue again at the back.
+    fn grant(
+        &self,
+        w: &mut Waiter,
+        req: &Request,
+        files: &Files,
+        got: Got,
+    ) -> Result<Option<Acquired>, Failure> {
+        if std::mem::take(&mut w.lapsed) || w.queued.as_mut().is_some_and(|q| !q.tend()) {
+            return Ok(None);
+        }
+        // Shared and `--limit` holders hold the name's lock together, so
+        // their grants take turns at the grant lock to read and write the
+        // record; an exclusive lock keeps every other grant out by itself.
+        let turn = match req.mode {
+            Mode::Exclusive => None,
+            _ => match self.lock_grant(w, files)? {
+                Some(fd) => Some(fd),
+                None if std::mem::take(&mut w.lapsed) => return Ok(None),
+                None => {
+                    return Ok(Some(Acquired::Busy {
+                        holder: recorded_holder(files),
+                    }));
+                }
+            },
+        };
+        if req.mode != Mode::Exclusive {
+            self.refuse_disagreement(req, files)?;
+        }
+        let Got { fd, id, main, slot } = got;
+        let sent_at = Boot::now();
+        let store = main.as_ref().unwrap_or(&fd);
+        let token = next_token(store);
+        let label = &req.owner.shown;
+        let written = write_record(store, token, label, req.mode).and_then(|()| {
+            if slot.is_some() {
+                write_record(&fd, token, label, req.mode)?;
+            }
+            if req.mode == Mode::Shared {
+                self.add_reader(files, id, token, label)?;
+            }
+            Ok(())
+        });
+        written.map_err(|e| self.unavailable("writing the token to", &files.main, e))?;
+        drop(turn);
+        // Out of the queue: the next waiter's turn.
+        w.queued = None;
+        log::info(format!(
+            "acquired {} with token {token} after {:.1?}",
+            req.name,
+            Boot::now().since(w.start)
+        ));
+        let path = slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
+        let held = LocalHeld {
+            fd,
+            main,
+            path,
+            id,
+            name: req.name.to_string(),
+        };
+        Ok(Some(Acquired::Granted(Lease::new(
+            token,
+            slot,
+            sent_at,
+            Box::new(held),
+        ))))
     }
 
     /// List a shared holder in the readers file (replaced whole, under the
-    /// gate), dropping those no longer holding the main file.
+    /// grant lock), dropping those no longer holding the main file.
     fn add_reader(
         &self,
         files: &Files,
@@ -1087,6 +1519,38 @@ mod tests {
         rustix::io::pwrite(&f, b"XXXXXX", 0).unwrap();
         let c = write_token(&f, "h:3").unwrap();
         assert!(c > 0);
+    }
+
+    #[test]
+    fn a_place_is_refreshed_when_due_and_lapses_once_its_time_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.path().join("p"))
+            .unwrap();
+        let now = mono_ns();
+        let sec = 1_000_000_000;
+        let mut place = Place {
+            fd: f.into(),
+            index: 0,
+            arrived: now - 5 * sec,
+            until: now + 2 * sec,
+            keep: 3 * sec,
+            every: 2 * sec,
+            refresh_at: now - 1,
+        };
+        assert!(place.tend(), "kept: its time has not passed");
+        let (arrived, until, pid) = read_place(&place.fd).unwrap();
+        assert_eq!(arrived, now - 5 * sec, "a refresh keeps the rank");
+        assert!(until >= now + 3 * sec && pid == std::process::id());
+        place.until = mono_ns() - 1;
+        assert!(!place.tend(), "lapsed: its time passed unrefreshed");
+        let (arrived, until, _) = read_place(&place.fd).unwrap();
+        assert!(arrived > now, "taken again at the back of the queue");
+        assert!(until > mono_ns() && place.tend());
     }
 
     #[test]
