@@ -201,6 +201,10 @@ pub fn supervise_job(
             break;
         }
         let forwards = actions.iter().any(|a| matches!(a, Action::Forward(_)));
+        // A lease past its time is lost now, before any walk: what a walk
+        // then measures can no longer undo it (a walk that stopped processes
+        // is always followed by their SIGTERM and SIGCONT).
+        actions.extend(sup.policy.check_time(now, dl));
         // Right after the main process ended, the guard usually exits within
         // microseconds (nothing left): look for leftovers a moment later
         // rather than walk /proc on every run.
@@ -209,19 +213,17 @@ pub fn supervise_job(
         // processes once per renewal: the kill schedule allows for their number.
         let count = dl.is_some() && !sup.policy_is_stopping() && now >= sup.next_count;
         let walk = sup.policy.walk(now, dl);
-        let procs = if (sup.policy.wants_procs(now, dl) && !settling)
-            || (forwards && shares_group)
-            || count
-        {
-            if count {
-                sup.next_count = now.add(sup.timing.renew_every);
-                // While the main process most likely still runs.
-                let _ = sup.main_pidfd();
-            }
-            sup.processes(walk)
-        } else {
-            Vec::new()
-        };
+        let procs =
+            if (sup.policy.wants_procs() && !settling) || (forwards && shares_group) || count {
+                if count {
+                    sup.next_count = now.add(sup.timing.renew_every);
+                    // While the main process most likely still runs.
+                    let _ = sup.main_pidfd();
+                }
+                sup.processes(walk)
+            } else {
+                Vec::new()
+            };
         actions.extend(sup.policy.tick(now, dl, &procs));
         if sup.policy_is_stopping() {
             // Abandon any renewal in flight; the kill schedule never waits for it.

@@ -197,17 +197,8 @@ impl Policy {
 
     /// How to walk the job's processes now, if the next `tick` needs them.
     pub fn walk(&self, now: Boot, deadline: Option<Boot>) -> Walk {
-        let starting = Stopping {
-            why: Why::Failed(String::new()),
-            since: now,
-            since_kill: None,
-            told: HashSet::new(),
-        };
-        let s = match &self.phase {
-            Phase::Stopping(s) => s,
-            // The next tick starts the schedule: walk for it already.
-            _ if self.loses(now, deadline) => &starting,
-            _ => return Walk::List,
+        let Phase::Stopping(s) = &self.phase else {
+            return Walk::List;
         };
         if s.since_kill.is_some() || now >= self.kill_at(s, deadline) {
             Walk::Kill
@@ -277,16 +268,23 @@ impl Policy {
         Vec::new()
     }
 
+    /// The lease is lost by time (no renewal came in time): start the kill
+    /// schedule now. Lost is final.
+    pub fn check_time(&mut self, now: Boot, deadline: Option<Boot>) -> Vec<Action> {
+        if !self.is_stopping() && self.loses(now, deadline) {
+            return self.stop(
+                Why::Lost("the lease could not be renewed in time".into()),
+                now,
+            );
+        }
+        Vec::new()
+    }
+
     /// Look at the clock and the job's processes (`procs`: every live process
     /// of the job, the main one included while it runs).
     pub fn tick(&mut self, now: Boot, deadline: Option<Boot>, procs: &[i32]) -> Vec<Action> {
         let mut out: Vec<Action> = self.size_warning(deadline).into_iter().collect();
-        if !self.is_stopping() && self.loses(now, deadline) {
-            out.extend(self.stop(
-                Why::Lost("the lease could not be renewed in time".into()),
-                now,
-            ));
-        }
+        out.extend(self.check_time(now, deadline));
         let kill_at = match &self.phase {
             Phase::Stopping(s) => Some(self.kill_at(s, deadline)),
             _ => None,
@@ -332,8 +330,8 @@ impl Policy {
     }
 
     /// Whether `tick` needs the list of the job's processes (a walk of /proc).
-    pub fn wants_procs(&self, now: Boot, deadline: Option<Boot>) -> bool {
-        !matches!(self.phase, Phase::Running) || self.loses(now, deadline)
+    pub fn wants_procs(&self) -> bool {
+        !matches!(self.phase, Phase::Running)
     }
 
     /// When to look again at the latest, if nothing happens before.
@@ -626,6 +624,15 @@ mod tests {
         p.measured(2000, Duration::from_millis(20));
         let cost = Duration::from_millis(20) + DEATH_PER_PROCESS * 2000;
         assert_eq!(p.lost_at(deadline), plain.sub(cost));
+        assert!(
+            p.check_time(
+                p.lost_at(deadline).sub(Duration::from_millis(1)),
+                Some(deadline)
+            )
+            .is_empty()
+        );
+        assert!(!p.is_stopping());
+        p.check_time(p.lost_at(deadline), Some(deadline));
         assert_eq!(p.walk(p.lost_at(deadline), Some(deadline)), Walk::Freeze);
         let a = p.tick(p.lost_at(deadline), Some(deadline), &[10, 11]);
         assert_eq!(signals(&a, libc::SIGTERM), [10, 11]);
@@ -661,6 +668,7 @@ mod tests {
         }
         assert!(p.tick(at(1), Some(deadline), &[]).is_empty(), "said once");
         let lost = t.lost_at(deadline).sub(t.spare());
+        p.check_time(lost, Some(deadline));
         assert_eq!(p.walk(lost, Some(deadline)), Walk::Kill);
         let a = p.tick(lost, Some(deadline), &[10]);
         assert_eq!(signals(&a, libc::SIGKILL), [10]);
@@ -678,5 +686,25 @@ mod tests {
         assert_eq!(p.walk(at(0), None), Walk::Freeze);
         p.tick(at(0), None, &[10]);
         assert!(p.knows(10) && !p.knows(11));
+    }
+
+    #[test]
+    fn a_cheaper_walk_never_takes_a_loss_back() {
+        let t = timing();
+        let deadline = at(3000);
+        let mut p = Policy::new(t, false);
+        p.measured(4000, Duration::from_millis(50));
+        let lost = p.lost_at(deadline);
+        // Lost by time, before the walk; the walk freezes what it finds and
+        // then measures a job that shrank: the loss stands, and everything
+        // frozen gets SIGTERM and SIGCONT.
+        p.check_time(lost, Some(deadline));
+        assert_eq!(p.walk(lost, Some(deadline)), Walk::Freeze);
+        p.measured(1, Duration::from_micros(10));
+        assert!(!p.loses(lost, Some(deadline)));
+        let a = p.tick(lost, Some(deadline), &[10]);
+        assert_eq!(signals(&a, libc::SIGTERM), [10]);
+        assert_eq!(signals(&a, libc::SIGCONT), [10]);
+        assert!(p.is_stopping());
     }
 }
