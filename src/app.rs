@@ -46,7 +46,7 @@ fn setup_logging(common: &Common) {
     // The job runs as the same user: it must not read a password from our
     // memory or /proc/PID/environ, nor reopen our descriptors through
     // /proc/PID/fd, whatever the URL (README "How lockrun treats your job").
-    crate::sys::set_not_dumpable();
+    crate::sys::set_dumpable(false);
     if let Endpoint::Redis(r) = &common.backend
         && let Some(p) = &r.password
     {
@@ -111,10 +111,8 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
     // LOCKRUN_URL that another --url overrode.
     let password_in_effect =
         matches!(&cfg.common.backend, Endpoint::Redis(r) if r.password.is_some());
-    let env = lease.job_env(
-        &req,
-        password_in_effect || config::inherited_url_has_password(),
-    );
+    let secret = password_in_effect || config::inherited_url_has_password();
+    let env = lease.job_env(&req, secret);
     let job = Job {
         command: cfg.command.clone(),
         env: env.set,
@@ -122,6 +120,7 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
         inherit_fd: env.inherit_fd,
         timing: cfg.timing,
         sent_at: lease.sent_at,
+        secret,
     };
 
     let outcome = match supervise::supervise_job(job, deadline, lease.renewer()) {

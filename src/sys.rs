@@ -27,10 +27,10 @@ pub fn open_std_fds() {
 }
 
 /// Keep other processes of the same user (the job among them) from reading
-/// lockrun's memory or `/proc/PID/environ` while it holds a secret.
-pub fn set_not_dumpable() {
+/// lockrun's memory, `/proc/PID/environ` or `/proc/PID/fd` (or let them again).
+pub fn set_dumpable(on: bool) {
     // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, libc::c_ulong::from(on)) };
 }
 
 /// Whether `sig` is ignored right now (a query, no change).

@@ -262,7 +262,17 @@ fn a_job_holding_lockrun_s_descriptors_still_dies_with_it() {
         signal(daemon, libc::SIGKILL);
     }
     assert!(gone, "a job that held lockrun's descriptors outlived it");
-    on(&url).args(["-n", "disarm", "true"]).code(0);
+    // The guard lets the lock go once it has reaped the last process.
+    let freed = wait_until(Duration::from_secs(5), || {
+        on(&url)
+            .args(["-n", "disarm", "true"])
+            .output()
+            .out
+            .status
+            .code()
+            == Some(0)
+    });
+    assert!(freed, "the lock never came free");
 }
 
 /// A job of the same (non-root) user cannot look into lockrun through /proc,
@@ -288,4 +298,50 @@ fn a_job_cannot_open_lockrun_s_descriptors() {
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "{all}");
     assert_eq!(text(&out.stdout).trim(), "denied", "{all}");
+}
+
+/// A lock file deleted while held, by a job that closed its own copy of the
+/// lock descriptor, for a user who is not root: the next request still waits
+/// for the holder's job to end (the holder is found through its guard's
+/// descriptor) instead of running beside it.
+#[test]
+fn a_deleted_lock_file_keeps_the_next_holder_out_without_root() {
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test switches to the user nobody and needs root");
+    }
+    let scratch = Scratch::new();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(scratch.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let d = scratch.dir.path().display();
+    let script = format!(
+        "L={BIN}; U=file://{d}/nobody; mkdir {d}/nobody; \
+         $L -u $U --ttl 6s job -c 'eval \"exec $LOCKRUN_LOCK_FD>&-\"; for i in $(seq 40); do echo \"A $(date +%s%N)\" >> {d}/log; sleep 0.05; done' & \
+         while ! grep -q '^A' {d}/log 2>/dev/null; do sleep 0.05; done; \
+         rm -f {d}/nobody/*; \
+         $L -u $U --ttl 6s -w 20 job -c 'echo \"B $(date +%s%N)\" >> {d}/log'; \
+         wait"
+    );
+    let out = run(Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .env_remove("LOCKRUN_URL"));
+    let log = scratch.read("log");
+    let times = |who: &str| -> Vec<u128> {
+        log.lines()
+            .filter_map(|l| l.strip_prefix(who))
+            .map(|t| t.trim().parse().unwrap())
+            .collect()
+    };
+    let (a, b) = (times("A "), times("B "));
+    assert!(!a.is_empty() && b.len() == 1, "{}{log}", text(&out.stderr));
+    assert!(
+        b[0] > *a.iter().max().unwrap(),
+        "a second holder ran beside the first:\n{log}"
+    );
 }

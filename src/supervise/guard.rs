@@ -67,7 +67,7 @@ pub struct Guard {
 impl Guard {
     /// Fork the guard, which starts the job from `job`. Call with no other
     /// thread running (the guard is a copy of this process).
-    pub fn start(job: &mut Prepared) -> std::io::Result<Guard> {
+    pub fn start(job: &mut Prepared, dumpable: bool) -> std::io::Result<Guard> {
         let (rep_rx, rep_tx) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )?;
@@ -79,6 +79,14 @@ impl Guard {
         match forked {
             Ok(sys::Forked::Child) => {
                 drop(rep_rx);
+                // lockrun itself is never dumpable. The guard is, unless
+                // lockrun holds a password: it keeps the local lock's
+                // descriptor for as long as the job runs, and a request that
+                // finds the lock file deleted looks for such a descriptor
+                // through /proc to wait on (README "Local (the default)").
+                if dumpable {
+                    sys::set_dumpable(true);
+                }
                 guard_main(job, lockrun, rep_tx)
             }
             Ok(sys::Forked::Parent(pid)) => {

@@ -39,6 +39,9 @@ pub struct Job {
     pub timing: Timing,
     /// When the granting request was sent.
     pub sent_at: Boot,
+    /// lockrun holds a password: the guard, a copy of lockrun, must stay
+    /// out of reach of the job's user too.
+    pub secret: bool,
 }
 
 /// SIGPIPE was ignored when lockrun started (lockrun itself always ignores it).
@@ -144,7 +147,7 @@ pub fn supervise_job(
     let shown = job.command[0].to_string_lossy().into_owned();
     let mut prepared =
         Prepared::new(&spec).map_err(|e| spawn_failure(&shown, SpawnError::Other(e)))?;
-    let mut guard = Guard::start(&mut prepared).map_err(|e| {
+    let mut guard = Guard::start(&mut prepared, !job.secret).map_err(|e| {
         fail(
             Class::Internal,
             format!("cannot start the guard process: {e}"),
