@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 
 /// Make sure descriptors 0–2 are open before lockrun opens anything of its
 /// own: a closed one would otherwise be reused by a lock file or a socket, and
@@ -135,38 +135,173 @@ pub fn set_subreaper() -> io::Result<()> {
     Ok(())
 }
 
-/// Every descendant of `root` (not `root` itself), whatever group or session
-/// it moved to, found through the kernel's per-thread children lists. A
-/// process forking meanwhile may be missed: callers walk again.
-pub fn descendants(root: i32) -> Vec<i32> {
-    walk(root, |_| {})
+/// What a walk of the job's processes found.
+pub struct Walked {
+    /// Every process found, in the order found.
+    pub pids: Vec<i32>,
+    /// False when some part could not be read for want of a descriptor (or
+    /// memory): processes may have been missed.
+    pub complete: bool,
 }
 
-/// `descendants`, calling `found` on each process the moment it is found,
-/// before its own children are read: a process stopped or killed there can
-/// no longer fork while the walk goes on below it.
-pub fn walk(root: i32, mut found: impl FnMut(i32)) -> Vec<i32> {
+/// Every descendant of `root` (not `root` itself), whatever group or session
+/// it moved to, found through the kernel's per-thread children lists.
+///
+/// Each process is held by a pidfd from the moment it is found, and taken as
+/// found only when its parent, still alive, is the process whose list named
+/// it: a pid that was recycled meanwhile never is. `found` gets the pidfd
+/// (to signal exactly that process) before the process's own children are
+/// read, so one stopped or killed there cannot fork behind the walk; `done`
+/// gets it once everything below it has been walked (so a process frozen by
+/// `found` stays frozen, its children in place, until then). A
+/// process forking or dying meanwhile may be missed: callers walk again.
+/// `root` must be a process that cannot be recycled under the caller (the
+/// caller itself, or its unreaped child).
+pub fn walk(
+    root: i32,
+    mut found: impl FnMut(BorrowedFd<'_>, i32),
+    mut done: impl FnMut(BorrowedFd<'_>, i32),
+) -> Walked {
+    let mut w = Walked {
+        pids: Vec::new(),
+        complete: true,
+    };
     let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    let mut todo = vec![root];
-    while let Some(p) = todo.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+    // Depth first, one pidfd per level of the path being walked.
+    let mut stack: Vec<(i32, Option<OwnedFd>, std::vec::IntoIter<i32>)> = Vec::new();
+    let kids = children(root, &mut w.complete);
+    stack.push((root, None, kids.into_iter()));
+    while let Some((parent, parent_fd, kids)) = stack.last_mut() {
+        let Some(c) = kids.next() else {
+            if let Some((p, Some(fd), _)) = stack.pop() {
+                done(fd.as_fd(), p);
+            }
             continue;
         };
-        for t in tasks.flatten() {
-            let Ok(s) = std::fs::read_to_string(t.path().join("children")) else {
+        let (parent, parent_fd) = (*parent, parent_fd.as_ref().map(|f| f.as_fd()));
+        if c <= 1 || seen.contains(&c) {
+            continue;
+        }
+        let fd = match pidfd_checked(c) {
+            Ok(Some(fd)) => fd,
+            Ok(None) => continue,
+            Err(()) => {
+                w.complete = false;
                 continue;
-            };
-            for c in s.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
-                if c > 1 && seen.insert(c) {
-                    found(c);
-                    out.push(c);
-                    todo.push(c);
-                }
             }
+        };
+        // `c` is the child the list named only if its parent is still that
+        // parent, alive (so its number is its own), and the pidfd's process
+        // is the one /proc showed (alive after the look).
+        if parent_of(c, &mut w.complete) != Some(parent)
+            || parent_fd.is_some_and(exited)
+            || exited(fd.as_fd())
+        {
+            continue;
+        }
+        seen.insert(c);
+        w.pids.push(c);
+        found(fd.as_fd(), c);
+        let grandkids = children(c, &mut w.complete);
+        // A list read after its process ended may belong to another.
+        let grandkids = if exited(fd.as_fd()) {
+            Vec::new()
+        } else {
+            grandkids
+        };
+        stack.push((c, Some(fd), grandkids.into_iter()));
+    }
+    w
+}
+
+/// The pids in `p`'s children lists, one per thread.
+fn children(p: i32, complete: &mut bool) -> Vec<i32> {
+    let mut out = Vec::new();
+    let tasks = match std::fs::read_dir(format!("/proc/{p}/task")) {
+        Ok(t) => t,
+        Err(e) => {
+            note(&e, complete);
+            return out;
+        }
+    };
+    for t in tasks {
+        let t = match t {
+            Ok(t) => t,
+            Err(e) => {
+                note(&e, complete);
+                continue;
+            }
+        };
+        match std::fs::read_to_string(t.path().join("children")) {
+            Ok(s) => out.extend(s.split_whitespace().filter_map(|c| c.parse::<i32>().ok())),
+            Err(e) => note(&e, complete),
         }
     }
     out
+}
+
+/// The parent pid of `pid`, from /proc.
+fn parent_of(pid: i32, complete: &mut bool) -> Option<i32> {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok(),
+        Err(e) => {
+            note(&e, complete);
+            None
+        }
+    }
+}
+
+/// A failure to read that is not "that process is gone" means the walk may
+/// have missed something.
+fn note(e: &io::Error, complete: &mut bool) {
+    if !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) {
+        *complete = false;
+    }
+}
+
+/// A pidfd of `pid`: Ok(None) if it is gone, Err if none could be had.
+fn pidfd_checked(pid: i32) -> Result<Option<OwnedFd>, ()> {
+    let Some(p) = rustix::process::Pid::from_raw(pid) else {
+        return Ok(None);
+    };
+    match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::SRCH) | Err(rustix::io::Errno::INVAL) => Ok(None),
+        Err(_) => Err(()),
+    }
+}
+
+/// The process of `pidfd` has exited (its pidfd is readable).
+pub fn exited(pidfd: BorrowedFd<'_>) -> bool {
+    let mut fds = [rustix::event::PollFd::from_borrowed_fd(
+        pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
+}
+
+/// Send `sig` to exactly the process of `pidfd` (nothing if it is gone).
+pub fn signal_pidfd(pidfd: BorrowedFd<'_>, sig: i32) {
+    // SAFETY: pidfd_send_signal with a null siginfo; no memory is passed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
 }
 
 /// A descriptor that becomes readable when process `pid` exits (None where
@@ -271,20 +406,35 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// A descriptor that reports SIGCHLD (blocked by the caller) as readable.
-pub fn sigchld_fd() -> io::Result<std::os::fd::OwnedFd> {
+/// A descriptor that reports `sigs` (blocked by the caller) as readable.
+pub fn signal_fd(sigs: &[i32]) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: sigset on a local; signalfd returns a new descriptor we own.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for &s in sigs {
+            libc::sigaddset(&mut set, s);
+        }
         let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(std::os::fd::OwnedFd::from_raw_fd(fd))
     }
+}
+
+/// The signals waiting on a `signal_fd`, as (signal, sender's pid).
+pub fn read_signals(fd: BorrowedFd<'_>) -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
+    while rustix::io::read(fd, &mut info).is_ok_and(|n| n == info.len()) {
+        // SAFETY: the kernel wrote one whole signalfd_siginfo; read_unaligned
+        // copies it out of the byte buffer.
+        let si: libc::signalfd_siginfo = unsafe { std::ptr::read_unaligned(info.as_ptr().cast()) };
+        out.push((si.ssi_signo as i32, si.ssi_pid as i32));
+    }
+    out
 }
 
 /// Close every descriptor from 3 up except those in `keep` (sorted here, in

@@ -345,3 +345,145 @@ fn a_deleted_lock_file_keeps_the_next_holder_out_without_root() {
         "a second holder ran beside the first:\n{log}"
     );
 }
+
+/// lockrun at a tight descriptor limit, whose walks of /proc may not open
+/// all they need: when the lease is lost (or renewing cannot even start),
+/// every process of the job (here 200 in sessions of their own, ignoring
+/// SIGTERM) is still dead when lockrun exits, killed by its guard if need be.
+#[test]
+fn at_a_tight_descriptor_limit_a_lost_lease_still_kills_the_job() {
+    let redis = Redis::start();
+    for limit in [12, 16, 18, 20] {
+        let scratch = Scratch::new();
+        let d = scratch.dir.path().display();
+        let name = format!("tight{limit}");
+        let job = format!(
+            "for i in $(seq 200); do setsid sh -c 'trap \"\" TERM; exec sleep 60' & echo $! >> {d}/pids; done; \
+             echo ready > {d}/ready; wait"
+        );
+        let mut lr = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -n {limit}; exec {BIN} --url {} --ttl 3s {name} -c \"$0\"",
+                redis.url()
+            ))
+            .arg(&job)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ready = wait_until(Duration::from_secs(30), || {
+            scratch.exists("ready") || lr.try_wait().unwrap().is_some()
+        });
+        assert!(ready);
+        let _: () = redis.cmd(&["DEL", &format!("lockrun:{{{name}}}")]);
+        let st = wait_child(&mut lr, Duration::from_secs(30));
+        let pids: Vec<i32> = scratch
+            .read("pids")
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        for &p in &left {
+            signal(p, libc::SIGKILL);
+        }
+        assert!(
+            left.is_empty(),
+            "ulimit -n {limit}: {} of {} processes outlived lockrun",
+            left.len(),
+            pids.len()
+        );
+        assert!(
+            matches!(st.code(), Some(70 | 76)),
+            "ulimit -n {limit}: exit {st:?}"
+        );
+    }
+}
+
+/// While a walk makes its way through thousands of processes, one it listed
+/// dies, and a stranger takes its pid and forks a child: the walk must not
+/// take the stranger for the job's and signal its child. Run in a private
+/// pid namespace, where the stranger's pid can be forced through
+/// ns_last_pid without touching anything else on the machine.
+#[test]
+fn a_walk_never_descends_into_a_recycled_pid() {
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test makes a pid namespace and needs root");
+    }
+    let _alone = heavy();
+    let scratch = Scratch::new();
+    let d = scratch.dir.path().display();
+    std::fs::create_dir(scratch.path("locks")).unwrap();
+    // The job: 3,000 TERM-ignoring processes in sessions of their own; the
+    // first one's pid is the one the stranger will take.
+    std::fs::write(
+        scratch.path("job.sh"),
+        format!(
+            "setsid sh -c 'trap \"\" TERM; exec sleep 1000' & echo $! > {d}/V.tmp\n\
+             i=1; while [ $i -lt 3000 ]; do setsid sh -c 'trap \"\" TERM; exec sleep 1000' & i=$((i+1)); done\n\
+             mv {d}/V.tmp {d}/V; wait\n"
+        ),
+    )
+    .unwrap();
+    // The stranger: waits for that pid to be free, takes it (U), forks W.
+    std::fs::write(
+        scratch.path("racer.pl"),
+        format!(
+            r#"use Time::HiRes qw(sleep time);
+            sleep 0.01 until -e "{d}/V";
+            open my $f, '<', "{d}/V"; my $v = <$f>; chomp $v; close $f;
+            my $end = time + 60; sleep 0.001 while kill(0, $v) && time < $end;
+            sub last_pid {{ open my $n, '>', '/proc/sys/kernel/ns_last_pid' or die; print $n $_[0]; close $n }}
+            last_pid($v - 1);
+            my $u = fork // die;
+            if (!$u) {{
+              last_pid(20000);
+              my $w = fork // die;
+              if (!$w) {{ sleep 1000 while 1 }}
+              open my $o, '>', "{d}/U"; print $o "$$ $w\n"; close $o;
+              waitpid($w, 0);
+              open my $r, '>', "{d}/W-signalled"; print $r ($? & 127), "\n"; close $r;
+              exit 0;
+            }}
+            sleep 8; kill 'KILL', $u; waitpid($u, 0);"#
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        "cd {d}; (timeout 60 {BIN} -u file://{d}/locks --ttl 3s race -- sh {d}/job.sh > {d}/lockrun.log 2>&1 &); \
+         perl {d}/racer.pl & \
+         for i in $(seq 600); do [ -e V ] && break; sleep 0.1; done; sleep 0.5; \
+         rm -f {d}/locks/race.lock; \
+         for i in $(seq 300); do [ -e U ] && break; sleep 0.1; done; wait"
+    );
+    let out = run(Command::new("timeout")
+        .args([
+            "-s",
+            "KILL",
+            "120",
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "sh",
+            "-c",
+        ])
+        .arg(&script));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: i32 = scratch
+        .read("V")
+        .trim()
+        .parse()
+        .expect("the job never started");
+    let u = scratch.read("U");
+    let upid: i32 = u
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the stranger never started");
+    assert_eq!(upid, v, "the stranger did not get the recycled pid");
+    assert!(
+        !scratch.exists("W-signalled"),
+        "the stranger's child got signal {} from lockrun's walk",
+        scratch.read("W-signalled").trim()
+    );
+}

@@ -17,6 +17,11 @@ use crate::exit::JobEnd;
 use crate::spawn::Prepared;
 use crate::sys;
 
+/// The signal lockrun sends the guard to have it kill every process of the
+/// job (when lockrun cannot walk them itself, at its descriptor limit).
+/// Only lockrun's own is obeyed.
+pub const KILL_REQUEST: i32 = libc::SIGUSR1;
+
 /// What the guard tells lockrun, one fixed-size message each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Report {
@@ -192,7 +197,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
         send(&mut out, Report::NotStarted(libc::EPERM));
         sys::exit_now(1);
     }
-    let chld = sys::sigchld_fd();
+    let chld = sys::signal_fd(&[libc::SIGCHLD, KILL_REQUEST]);
     let main = match job.launch() {
         Ok(pid) => pid,
         Err(errno) => {
@@ -244,11 +249,15 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
             None => parent() != lockrun,
         };
         if lockrun_died {
-            kill_everything(main_fd.as_ref(), main, job.inherit_fd());
+            kill_everything(main_fd.as_ref(), main, job.inherit_fd(), None);
         }
-        if let Ok(c) = &chld {
-            let mut buf = [0u8; 128];
-            while rustix::io::read(c, &mut buf).is_ok_and(|n| n > 0) {}
+        if let Ok(c) = &chld
+            && sys::read_signals(c.as_fd())
+                .iter()
+                .any(|&(sig, from)| sig == KILL_REQUEST && from == lockrun)
+        {
+            let report = (!main_ended).then_some(&mut out);
+            kill_everything(main_fd.as_ref(), main, job.inherit_fd(), report);
         }
     }
 }
@@ -257,26 +266,43 @@ fn parent() -> i32 {
     rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get())
 }
 
-/// lockrun is gone: SIGKILL every descendant, again and again until none is
-/// left. The job's group first, in one call; then every process the moment
-/// a walk finds it, so that none forks again behind the walk.
-fn kill_everything(main_fd: Option<&OwnedFd>, main: i32, lock: Option<std::os::fd::RawFd>) -> ! {
+/// SIGKILL every descendant, again and again until none is left: lockrun
+/// is gone, or asked for it (`report`: lockrun still listens for the main
+/// process's end). The job's group first, in one call; then every process
+/// the moment a walk finds it, so that none forks again behind the walk.
+fn kill_everything(
+    main_fd: Option<&OwnedFd>,
+    main: i32,
+    lock: Option<std::os::fd::RawFd>,
+    mut report: Option<&mut std::fs::File>,
+) -> ! {
     // Every descriptor free for the walk below, whatever limit lockrun ran
     // under; but the local lock stays held until the last process is gone,
-    // and the main process's pidfd is what reaches the job's group.
-    let mut keep = [lock.unwrap_or(-1), main_fd.map_or(-1, |f| f.as_raw_fd())];
+    // the main process's pidfd is what reaches the job's group, and lockrun
+    // may still be listening.
+    let mut keep = [
+        lock.unwrap_or(-1),
+        main_fd.map_or(-1, |f| f.as_raw_fd()),
+        report.as_ref().map_or(-1, |r| r.as_raw_fd()),
+    ];
     sys::close_all_but(&mut keep);
     let me = rustix::process::getpid().as_raw_nonzero().get();
     loop {
         if let Some(fd) = main_fd {
             sys::signal_group_of(fd.as_fd(), main, libc::SIGKILL);
         }
-        sys::walk(me, |p| sys::signal_pid(p, libc::SIGKILL));
+        sys::walk(me, |fd, _| sys::signal_pidfd(fd, libc::SIGKILL), |_, _| {});
         loop {
             match wait(WaitOptions::NOHANG) {
-                Ok(Some(_)) => continue,
+                Ok(Some((pid, st))) => {
+                    if pid.as_raw_nonzero().get() == main
+                        && let (Some(out), Some(end)) = (report.as_deref_mut(), job_end(st))
+                    {
+                        send(out, Report::Ended(end));
+                    }
+                }
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::CHILD) => sys::exit_now(1),
+                Err(rustix::io::Errno::CHILD) => sys::exit_now(0),
                 _ => break,
             }
         }

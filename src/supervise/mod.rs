@@ -170,6 +170,7 @@ pub fn supervise_job(
         reserve: reserve_fds(),
         orphans_only: false,
         main_fd: None,
+        delegated: false,
         groups: Vec::new(),
         probed: std::collections::HashSet::new(),
         known_groups: known_groups(),
@@ -203,7 +204,6 @@ pub fn supervise_job(
         if gone {
             break;
         }
-        let forwards = actions.iter().any(|a| matches!(a, Action::Forward(_)));
         // A lease past its time is lost now, before any walk: what a walk
         // then measures can no longer undo it (a walk that stopped processes
         // is always followed by their SIGTERM and SIGCONT).
@@ -216,26 +216,34 @@ pub fn supervise_job(
         // processes once per renewal: the kill schedule allows for their number.
         let count = dl.is_some() && !sup.policy_is_stopping() && now >= sup.next_count;
         let walk = sup.policy.walk(now, dl);
-        let procs =
-            if (sup.policy.wants_procs() && !settling) || (forwards && shares_group) || count {
-                if count {
-                    sup.next_count = now.add(sup.timing.renew_every);
-                    // While the main process most likely still runs.
-                    let _ = sup.main_pidfd();
-                }
-                sup.processes(walk)
-            } else {
-                Vec::new()
-            };
-        actions.extend(sup.policy.tick(now, dl, &procs));
+        let walked = if (sup.policy.wants_procs() && !settling) || count {
+            if count {
+                sup.next_count = now.add(sup.timing.renew_every);
+                // While the main process most likely still runs.
+                let _ = sup.main_pidfd();
+            }
+            Some(sup.processes(walk, now, dl))
+        } else {
+            None
+        };
+        let procs = walked.as_ref().map_or(&[][..], |(w, _)| &w.pids[..]);
+        actions.extend(sup.policy.tick(now, dl, procs));
+        if let Some((w, took)) = &walked {
+            // After tick, which decided with the cost the walk used.
+            sup.policy.measured(w.pids.len(), *took);
+            if !w.complete && sup.policy_is_stopping() {
+                // lockrun could not see every process (out of descriptors):
+                // its guard, the subreaper of them all, kills the job.
+                sup.delegate_kill();
+            }
+        }
         if sup.policy_is_stopping() {
             // Abandon any renewal in flight; the kill schedule never waits for it.
             sup.watchdog.take();
             sup.renewer.take();
         }
-        let killed = walk == Walk::Kill && !procs.is_empty();
         for a in actions {
-            sup.act(a, &procs, killed);
+            sup.act(a);
         }
 
         let mut next = sup.policy.next_tick(Boot::now(), dl);
@@ -307,6 +315,8 @@ struct Supervisor {
     probed: std::collections::HashSet<i32>,
     /// How many of `groups` lockrun may keep open (see `known_groups`).
     known_groups: usize,
+    /// The guard was asked to kill the job.
+    delegated: bool,
     /// When to count the job's processes next (see `Policy::measured`).
     next_count: Boot,
 }
@@ -402,84 +412,97 @@ impl Supervisor {
             .as_ref()
     }
 
-    /// Every live process of the job, walked as `how` says; the walk's cost
-    /// goes to the policy.
-    fn processes(&mut self, how: Walk) -> Vec<i32> {
-        let root = if self.orphans_only {
-            rustix::process::getpid().as_raw_nonzero().get()
-        } else {
-            self.guard.pid
-        };
+    /// Walk every live process of the job, sending each what the policy
+    /// decides for it at `now` while the walk holds it by a pidfd; how long
+    /// the walk took comes back with what it found.
+    fn processes(
+        &mut self,
+        how: Walk,
+        now: Boot,
+        dl: Option<Boot>,
+    ) -> (sys::Walked, std::time::Duration) {
+        let root = self.walk_root();
         // The walk opens files: give it the descriptors kept in reserve, so
         // that lockrun at its descriptor limit still finds every process.
         self.reserve.clear();
         let started = Boot::now();
-        let found = match how {
-            // Only a walk that merely counts looks for groups: a pidfd
-            // opened during the walks that stop the job could take a
-            // descriptor those need at lockrun's limit.
-            Walk::List => {
-                let max = self.known_groups;
-                // Groups that emptied give their place to new ones.
-                self.groups.retain(|g| sys::leads_group(g.as_fd()));
-                let (groups, probed) = (&mut self.groups, &mut self.probed);
-                let found = sys::walk(root, |p| probe_group(groups, probed, max, p));
-                let live: std::collections::HashSet<i32> = found.iter().copied().collect();
-                self.probed.retain(|p| live.contains(p));
-                found
+        if how == Walk::Kill {
+            // A call per known group stops them whole before the walk starts.
+            self.signal_group(libc::SIGKILL);
+            for g in &self.groups {
+                sys::signal_led_group(g.as_fd(), libc::SIGKILL);
             }
-            Walk::Freeze => {
-                let policy = &self.policy;
-                sys::walk(root, |p| {
-                    if !policy.knows(p) {
-                        sys::signal_pid(p, libc::SIGSTOP);
-                    }
-                })
-            }
-            Walk::Kill => {
-                // A call per known group stops them whole before the walk starts.
-                self.signal_group(libc::SIGKILL);
-                for g in &self.groups {
-                    sys::signal_led_group(g.as_fd(), libc::SIGKILL);
-                }
-                sys::walk(root, |p| sys::signal_pid(p, libc::SIGKILL))
+        }
+        // Only a walk that merely counts looks for groups: a pidfd kept
+        // while the job is being stopped could take a descriptor the walk
+        // needs at lockrun's limit.
+        let probing = how == Walk::List && !self.policy.is_stopping();
+        if probing {
+            // Groups that emptied give their place to new ones.
+            self.groups.retain(|g| sys::leads_group(g.as_fd()));
+        }
+        let max = if probing { self.known_groups } else { 0 };
+        let (policy, groups, probed) = (&self.policy, &mut self.groups, &mut self.probed);
+        let send = |fd: std::os::fd::BorrowedFd<'_>, sigs: &[i32]| {
+            for &sig in sigs {
+                sys::signal_pidfd(fd, sig);
             }
         };
+        let walked = sys::walk(
+            root,
+            |fd, p| {
+                send(fd, policy.signals_for(p, now, dl).0);
+                probe_group(groups, probed, max, fd, p);
+            },
+            |fd, p| send(fd, policy.signals_for(p, now, dl).1),
+        );
+        if probing {
+            let live: std::collections::HashSet<i32> = walked.pids.iter().copied().collect();
+            self.probed.retain(|p| live.contains(p));
+        }
         let took = Boot::now().since(started);
         log::debug(format!(
-            "{how:?} walk: {} process(es) in {took:.1?}",
-            found.len()
+            "{how:?} walk: {} process(es) in {took:.1?}{}",
+            walked.pids.len(),
+            if walked.complete { "" } else { " (incomplete)" }
         ));
-        self.policy.measured(found.len(), took);
         self.reserve = reserve_fds();
-        found
+        (walked, took)
     }
 
-    /// Carry out one decision. `killed`: the walk that found `procs` sent
-    /// each of them SIGKILL already.
-    fn act(&mut self, a: Action, procs: &[i32], killed: bool) {
+    fn walk_root(&self) -> i32 {
+        if self.orphans_only {
+            rustix::process::getpid().as_raw_nonzero().get()
+        } else {
+            self.guard.pid
+        }
+    }
+
+    /// Ask the guard to kill every process of the job (it walks with its own
+    /// few descriptors), once.
+    fn delegate_kill(&mut self) {
+        if !self.delegated && !self.guard_gone {
+            self.delegated = true;
+            log::info("asking the guard to kill the job");
+            sys::signal_pid(self.guard.pid, guard::KILL_REQUEST);
+        }
+    }
+
+    /// Carry out one decision. Signals to single processes went out during
+    /// the walk; here the job's group gets them too.
+    fn act(&mut self, a: Action) {
         match a {
             Action::Forward(sig) => {
                 log::info(format!("forwarding {}", signal_name(sig)));
-                if self.policy.shares_group() {
-                    for &p in procs {
-                        sys::signal_pid(p, sig);
-                    }
-                } else if !self.signal_group(sig) {
-                    // No group to reach: each process a walk finds.
-                    for p in sys::descendants(rustix::process::getpid().as_raw_nonzero().get()) {
-                        sys::signal_pid(p, sig);
-                    }
+                if self.policy.shares_group() || !self.signal_group(sig) {
+                    // At a terminal, or with no group to reach: each process.
+                    let root = self.walk_root();
+                    sys::walk(root, |fd, _| sys::signal_pidfd(fd, sig), |_, _| {});
                 }
             }
             Action::Signal(pids, sig) => {
                 if sig == libc::SIGTERM {
                     log::info(format!("stopping {} process(es) of the job", pids.len()));
-                }
-                if !(killed && sig == libc::SIGKILL) {
-                    for p in pids {
-                        sys::signal_pid(p, sig);
-                    }
                 }
                 // The job's own group too, in case a walk of /proc missed some.
                 if matches!(sig, libc::SIGTERM | libc::SIGKILL | libc::SIGCONT) {
@@ -511,15 +534,16 @@ fn probe_group(
     groups: &mut Vec<std::os::fd::OwnedFd>,
     probed: &mut std::collections::HashSet<i32>,
     max: usize,
+    fd: std::os::fd::BorrowedFd<'_>,
     p: i32,
 ) {
     if groups.len() >= max || !probed.insert(p) {
         return;
     }
-    if let Some(fd) = sys::pidfd(p)
-        && sys::leads_group(fd.as_fd())
+    if sys::leads_group(fd)
+        && let Ok(kept) = fd.try_clone_to_owned()
     {
-        groups.push(fd);
+        groups.push(kept);
     }
 }
 

@@ -79,6 +79,11 @@ struct Stopping {
     told: HashSet<i32>,
 }
 
+const NONE: &[i32] = &[];
+const KILL: &[i32] = &[libc::SIGKILL];
+const FREEZE: &[i32] = &[libc::SIGSTOP];
+const TERM: &[i32] = &[libc::SIGTERM, libc::SIGCONT];
+
 /// Where supervision is.
 #[derive(Debug)]
 enum Phase {
@@ -213,8 +218,37 @@ impl Policy {
     }
 
     /// Whether `pid` was already told to stop (a later walk does not freeze it again).
+    #[cfg(test)]
     pub fn knows(&self, pid: i32) -> bool {
         matches!(&self.phase, Phase::Stopping(s) if s.told.contains(&pid))
+    }
+
+    /// What a walk at `now` sends to process `pid`: the moment it finds it,
+    /// and once it has walked everything below it (a process told to stop is
+    /// frozen in between). These are the signals `tick` decides for it at the same
+    /// `now`, sent while the walk holds the process by a pidfd, so that a
+    /// recycled pid never gets them.
+    pub fn signals_for(
+        &self,
+        pid: i32,
+        now: Boot,
+        deadline: Option<Boot>,
+    ) -> (&'static [i32], &'static [i32]) {
+        match &self.phase {
+            Phase::Running => (NONE, NONE),
+            Phase::Stopping(s) if s.since_kill.is_some() || now >= self.kill_at(s, deadline) => {
+                (KILL, NONE)
+            }
+            Phase::Stopping(s) if s.told.contains(&pid) => (NONE, NONE),
+            Phase::Stopping(_) => (FREEZE, TERM),
+            Phase::Draining(left) => match left.get(&pid) {
+                None => (NONE, TERM),
+                Some(l) if l.killed.is_none() && now >= l.found.add(self.timing.grace) => {
+                    (KILL, NONE)
+                }
+                Some(_) => (NONE, NONE),
+            },
+        }
     }
 
     /// React to one event.
@@ -706,5 +740,29 @@ mod tests {
         assert_eq!(signals(&a, libc::SIGTERM), [10]);
         assert_eq!(signals(&a, libc::SIGCONT), [10]);
         assert!(p.is_stopping());
+    }
+
+    #[test]
+    fn a_walk_sends_what_tick_decides() {
+        let t = timing();
+        let mut p = Policy::new(t, false);
+        assert_eq!(p.signals_for(10, at(0), None), (NONE, NONE));
+        // Leftovers: SIGTERM when found, SIGKILL after the grace.
+        p.on(Event::JobEnded(JobEnd::Exited(0)), at(0));
+        assert_eq!(p.signals_for(10, at(0), None), (NONE, TERM));
+        assert_eq!(signals(&p.tick(at(0), None, &[10]), libc::SIGTERM), [10]);
+        assert_eq!(p.signals_for(10, at(1), None), (NONE, NONE));
+        let later = at(0).add(t.grace);
+        assert_eq!(p.signals_for(10, later, None), (KILL, NONE));
+        assert_eq!(signals(&p.tick(later, None, &[10]), libc::SIGKILL), [10]);
+        // On loss: frozen when found, SIGTERM and SIGCONT once its children
+        // are read; SIGKILL from the kill point on.
+        p.on(Event::Lost("x".into()), at(5));
+        assert_eq!(p.signals_for(10, at(5), None), (FREEZE, TERM));
+        assert_eq!(signals(&p.tick(at(5), None, &[10]), libc::SIGTERM), [10]);
+        assert_eq!(p.signals_for(10, at(6), None), (NONE, NONE));
+        let kill = at(5).add(t.grace);
+        assert_eq!(p.signals_for(10, kill, None), (KILL, NONE));
+        assert_eq!(signals(&p.tick(kill, None, &[10]), libc::SIGKILL), [10]);
     }
 }
