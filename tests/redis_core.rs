@@ -320,3 +320,110 @@ fn nested_lockrun_on_the_same_lock_is_refused() {
         .args(["outer", "--", BIN, "--url", &url, "inner", "true"])
         .code(0);
 }
+
+fn waiters(redis: &Redis, name: &str) -> u64 {
+    let v = on(redis).args(["status", "--json", name]).output().json();
+    v["waiters"].as_u64().unwrap_or(0)
+}
+
+/// A holder killed outright while the waiter behind it is stopped: the
+/// next script to look (here a `-n` that finds the name taken) hands the
+/// stopped waiter its grant. That grant, and every key of the name but the
+/// token counter, must still expire on its own: a third of the waiter's
+/// ttl, the longest a handed grant lasts unconfirmed (README "Redis").
+#[test]
+fn a_grant_handed_to_a_stopped_waiter_still_expires() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut c = redis.conn();
+    let mut holder = Reap(hold(Some(&redis.url()), "gap", "1s", &scratch));
+    scratch.pid_in("pid");
+    let mut waiter = Reap(
+        on(&redis)
+            .args(["-q", "--ttl", "60s", "gap", "true"])
+            .spawn(),
+    );
+    let queued = || waiters(&redis, "gap") == 1;
+    assert!(wait_until(Duration::from_secs(20), queued));
+    signal(waiter.0.id() as i32, libc::SIGSTOP);
+    signal(holder.0.id() as i32, libc::SIGKILL);
+    let _ = holder.0.wait();
+    // The holder's lease runs out on its own (ttl 1 s).
+    let free = || {
+        on(&redis)
+            .args(["status", "gap"])
+            .output()
+            .out
+            .status
+            .code()
+            == Some(1)
+    };
+    assert!(wait_until(Duration::from_secs(20), free));
+    on(&redis).args(["-n", "gap", "true"]).code(75);
+    let lasts = |c: &mut redis::Connection| {
+        assert_eq!(
+            redis.keys_without_expiry(c, "lockrun:{gap}*"),
+            Vec::<String>::new()
+        );
+        let pttl: i64 = redis::cmd("PTTL").arg("lockrun:{gap}").query(c).unwrap();
+        assert!(
+            (1..=20_000).contains(&pttl),
+            "the handed grant lasts a third of the waiter's ttl, PTTL {pttl}"
+        );
+    };
+    lasts(&mut c);
+    signal(waiter.0.id() as i32, libc::SIGKILL);
+    let _ = waiter.0.wait();
+    lasts(&mut c);
+}
+
+/// A renewal leaves the key with an expiry even when it found it without
+/// one (as an older lockrun could leave it): a renewal only ever moves the
+/// expiry later, and no expiry at all is not "later". The expiry it gives
+/// covers every holder, not only the one renewing: here a reader with a
+/// 1 s lease renews beside one with 30 s.
+#[test]
+fn a_renewal_gives_a_key_without_expiry_one_that_covers_every_holder() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut c = redis.conn();
+    let reader = |ttl: &str, file: &str| {
+        Reap(
+            on(&redis)
+                .args(["-s", "--ttl", ttl, "kept", "-c"])
+                .arg(format!(
+                    "touch {}; exec sleep 60",
+                    scratch.path(file).display()
+                ))
+                .spawn(),
+        )
+    };
+    let long = reader("30s", "long");
+    let mut short = reader("1s", "short");
+    assert!(wait_until(Duration::from_secs(20), || scratch
+        .exists("long")
+        && scratch.exists("short")));
+    let _: () = redis::cmd("PERSIST")
+        .arg("lockrun:{kept}")
+        .query(&mut c)
+        .unwrap();
+    let mut pttl = -1;
+    // The short lease renews every ttl/3; the long one not for 10 s.
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            pttl = redis::cmd("PTTL")
+                .arg("lockrun:{kept}")
+                .query(&mut c)
+                .unwrap();
+            pttl > 0
+        }),
+        "the key stayed without an expiry"
+    );
+    assert!(
+        pttl > 25_000,
+        "the key would expire under the 30 s reader: PTTL {pttl}"
+    );
+    signal(short.0.id() as i32, libc::SIGTERM);
+    wait_child(&mut short.0, Duration::from_secs(20));
+    drop(long);
+}

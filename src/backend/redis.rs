@@ -233,56 +233,60 @@ if ARGV[10] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) =
 end
 local hs = holders()
 if not hs then return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease') end
-local live = serve(hs)
-local mine = 'h:' .. ARGV[1]
-for _, r in ipairs(hs) do
-  if r.field == mine then
-    r.exp = now_ms() + ttl
-    redis.call('HSET', KEYS[1], mine, encode(r))
-    settle(hs)
-    dequeue(ARGV[7])
-    redis.call('DEL', KEYS[5] .. ARGV[7])
-    return {1, r.token, r.slot}
-  end
-end
--- Run from inside a job holding this name: any wait would be for ourselves.
-if ARGV[9] ~= '' then
+-- What to answer. Serving the queue may grant to a waiter on any path, so
+-- every answer is followed by one settle: the key never stays without an
+-- expiry, whichever way this call ends.
+local function answer()
+  local live = serve(hs)
+  local mine = 'h:' .. ARGV[1]
   for _, r in ipairs(hs) do
-    if r.label == ARGV[9] or string.sub(r.label, 1, #ARGV[9] + 2) == ARGV[9] .. ' (' then
+    if r.field == mine then
+      r.exp = now_ms() + ttl
+      redis.call('HSET', KEYS[1], mine, encode(r))
       dequeue(ARGV[7])
-      settle(hs)
-      return {4}
+      redis.call('DEL', KEYS[5] .. ARGV[7])
+      return {1, r.token, r.slot}
     end
   end
-end
-local other = disagreeing(mode, limit, hs)
-if other then
-  dequeue(ARGV[7])
-  redis.call('DEL', KEYS[5] .. ARGV[7])
-  settle(hs)
-  return {3, other.mode, other.limit}
-end
-local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
-if queued then
+  -- Run from inside a job holding this name: any wait would be for ourselves.
+  if ARGV[9] ~= '' then
+    for _, r in ipairs(hs) do
+      if r.label == ARGV[9] or string.sub(r.label, 1, #ARGV[9] + 2) == ARGV[9] .. ' (' then
+        dequeue(ARGV[7])
+        return {4}
+      end
+    end
+  end
+  local other = disagreeing(mode, limit, hs)
+  if other then
+    dequeue(ARGV[7])
+    redis.call('DEL', KEYS[5] .. ARGV[7])
+    return {3, other.mode, other.limit}
+  end
+  local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
+  if queued then
+    keep_place(ARGV[7], tonumber(ARGV[8]))
+    return {2, first_label(hs), soonest_end(hs)}
+  end
+  local ok, slot = can_grant(mode, limit, hs)
+  if live == 0 and ok then
+    local r = grant(hs, ARGV[1], ARGV[2], ttl, mode, limit, slot)
+    return {1, r.token, r.slot}
+  end
+  if ARGV[6] ~= '1' then return {0, first_label(hs)} end
+  -- Behind everyone already queued, also within one microsecond.
+  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  local seq = now_us()
+  if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
+  redis.call('ZADD', KEYS[3], seq, ARGV[7])
+  redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
+    ARGV[1] .. '|' .. ARGV[2])
   keep_place(ARGV[7], tonumber(ARGV[8]))
   return {2, first_label(hs), soonest_end(hs)}
 end
-local ok, slot = can_grant(mode, limit, hs)
-if live == 0 and ok then
-  local r = grant(hs, ARGV[1], ARGV[2], ttl, mode, limit, slot)
-  settle(hs)
-  return {1, r.token, r.slot}
-end
-if ARGV[6] ~= '1' then return {0, first_label(hs)} end
--- Behind everyone already queued, also within one microsecond.
-local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-local seq = now_us()
-if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
-redis.call('ZADD', KEYS[3], seq, ARGV[7])
-redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
-  ARGV[1] .. '|' .. ARGV[2])
-keep_place(ARGV[7], tonumber(ARGV[8]))
-return {2, first_label(hs), soonest_end(hs)}
+local reply = answer()
+settle(hs)
+return reply
 "#;
 
 /// KEYS: lock. ARGV: owner, ttl ms. 1 renewed, 0 not ours.
@@ -296,8 +300,19 @@ local r = parse(v)
 if not r or r.exp <= now_ms() then return 0 end
 r.exp = now_ms() + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], field, encode(r))
--- The key lives as long as its longest holder (GT: never shortened).
-redis.call('PEXPIREAT', KEYS[1], fmt(r.exp), 'GT')
+-- The key lives as long as its longest holder (GT: never shortened). GT
+-- leaves a key without expiry as it is (one an older lockrun left, say):
+-- that one gets its longest holder's.
+if redis.call('PEXPIREAT', KEYS[1], fmt(r.exp), 'GT') == 0
+    and redis.call('PTTL', KEYS[1]) == -1 then
+  local far = r.exp
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 2, #all, 2 do
+    local o = parse(all[i])
+    if o and o.exp > far then far = o.exp end
+  end
+  redis.call('PEXPIREAT', KEYS[1], fmt(far))
+end
 return 1
 "#;
 
