@@ -427,3 +427,34 @@ fn a_renewal_gives_a_key_without_expiry_one_that_covers_every_holder() {
     wait_child(&mut short.0, Duration::from_secs(20));
     drop(long);
 }
+
+/// `-w` gives up at the time asked, not when the server next looks at its
+/// blocked clients (Redis does that up to 1/hz, 100 ms, late). The median
+/// of five runs keeps one slow start on a loaded machine from failing it.
+#[test]
+fn wait_gives_up_within_milliseconds_of_the_time_asked() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = Reap(hold(Some(&redis.url()), "late", "30s", &scratch));
+    scratch.pid_in("pid");
+    let mut took: Vec<Duration> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            on(&redis)
+                .args(["-q", "-w", "0.2", "late", "true"])
+                .code(75);
+            start.elapsed()
+        })
+        .collect();
+    took.sort();
+    assert!(
+        took[0] >= Duration::from_millis(200),
+        "gave up too early: {took:?}"
+    );
+    assert!(
+        took[2] < Duration::from_millis(250),
+        "gave up too late: {took:?}"
+    );
+    signal(holder.0.id() as i32, libc::SIGTERM);
+    wait_child(&mut holder.0, Duration::from_secs(20));
+}

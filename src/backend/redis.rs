@@ -800,15 +800,37 @@ impl Redis {
     /// Some(true): woken by a grant; Some(false): by a refusal; None: timed out.
     fn wait_for_wakeup(&mut self, key: &str, timeout: Duration) -> Result<Option<bool>, CallError> {
         let op = self.link.op;
-        self.link.call(|c| {
-            c.set_read_timeout(Some(timeout + op))?;
-            let popped: Option<(String, String)> = redis::cmd("BLPOP")
+        let mut cut = false;
+        let woken = self.link.call(|c| {
+            // Redis ends a BLPOP's timeout only when it next looks at its
+            // blocked clients, up to 1/hz (100 ms) late: `--wait`, a place
+            // in the queue and a holder's end must not wait for that. Our
+            // read timeout ends the wait at its time; the server's, later,
+            // only cleans up after us.
+            c.set_read_timeout(Some(timeout))?;
+            let popped: Option<(String, String)> = match redis::cmd("BLPOP")
                 .arg(key)
-                .arg(format!("{:.3}", timeout.as_secs_f64()))
-                .query(c)?;
+                .arg(format!("{:.3}", (timeout + op).as_secs_f64()))
+                .query(c)
+            {
+                Ok(p) => p,
+                Err(e) if e.is_timeout() => {
+                    cut = true;
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
             c.set_read_timeout(Some(op))?;
             Ok(popped.map(|(_, v)| v != "refused"))
-        })
+        });
+        if cut {
+            // The BLPOP still stands on the server: a new connection for
+            // the next call. A wake-up it takes from our list is not lost
+            // news: the grant or refusal is in the queue's state, which
+            // the next call reads.
+            self.link.conn = None;
+        }
+        woken
     }
 
     fn leave_queue(link: &mut Link, keys: &Keys, owner: &str, id: &str) -> Result<bool, CallError> {
