@@ -458,3 +458,61 @@ fn wait_gives_up_within_milliseconds_of_the_time_asked() {
     signal(holder.0.id() as i32, libc::SIGTERM);
     wait_child(&mut holder.0, Duration::from_secs(20));
 }
+
+/// A server paused past the waiters' ttl/3 sees every place in the queue
+/// lapse at once. Each waiter takes its own place back when it returns, so
+/// the jobs still run in the order the waiters came (README "Redis").
+#[test]
+fn waiters_keep_their_order_across_a_server_pause() {
+    const N: u64 = 10;
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let order = scratch.path("order");
+    let go = scratch.path("go");
+    let mut holder = Reap(
+        on(&redis)
+            .args(["--ttl", "30s", "pq", "-c"])
+            .arg(format!(
+                "touch {}; while [ ! -e {} ]; do sleep 0.01; done",
+                scratch.path("holding").display(),
+                go.display()
+            ))
+            .spawn(),
+    );
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+    // ttl 9 s: a place lapses 3 s after its last refresh, and a waiter
+    // rides out an unreachable server for 9 s.
+    let mut children = Vec::new();
+    for i in 0..N {
+        children.push(Reap(
+            on(&redis)
+                .args(["-q", "--ttl", "9s", "pq", "-c"])
+                .arg(format!("echo {i} >> {}", order.display()))
+                .spawn(),
+        ));
+        let queued = || waiters(&redis, "pq") > i;
+        assert!(wait_until(Duration::from_secs(20), queued));
+    }
+    // The fault itself lasts a fixed time: longer than every place.
+    redis.pause();
+    std::thread::sleep(Duration::from_secs(4));
+    redis.resume();
+    assert!(
+        wait_until(Duration::from_secs(30), || waiters(&redis, "pq") == N),
+        "the waiters did not all come back to the queue"
+    );
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(
+        wait_child(&mut holder.0, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    for mut c in children {
+        assert_eq!(
+            wait_child(&mut c.0, Duration::from_secs(60)).code(),
+            Some(0)
+        );
+    }
+    let got: Vec<String> = scratch.read("order").lines().map(String::from).collect();
+    let want: Vec<String> = (0..N).map(|i| i.to_string()).collect();
+    assert_eq!(got, want, "grants out of arrival order after the pause");
+}

@@ -192,10 +192,13 @@ end
 /// ARGV: owner, label, ttl ms, mode (x s n), limit, queue ('1' wait, '0' -n),
 /// waiter id, waiter lifetime ms, the `host:pid` of an outer lockrun holding
 /// this name ('' when not run from inside one), '1' when a queued waiter
-/// only comes to keep its place (nothing woke it).
+/// only comes to keep its place (nothing woke it), the waiter's arrival
+/// number once it has one ('' before).
 /// {1, token, slot} granted (idempotent for our owner value: a retried
 /// acquire, or the confirmation of a grant handed over in the queue, gets a
-/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends} queued;
+/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends, arrival
+/// number} queued (a waiter only keeping its place hears no holder and no
+/// number);
 /// {3, mode, limit} the holders disagree with this request; {4} the outer
 /// lockrun holds it (waiting would deadlock).
 const ACQUIRE: &str = r#"
@@ -205,6 +208,9 @@ if bad_ms(ARGV[8]) then return redis.error_reply('LOCKRUN invalid expiry ' .. to
 local ttl, mode, limit = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 if not string.match(mode, '^[xsn]$') or not limit or limit < 1 or limit > 1000000 then
   return redis.error_reply('LOCKRUN invalid mode')
+end
+if ARGV[11] ~= '' and (not string.match(ARGV[11], '^%d+$') or #ARGV[11] > 16) then
+  return redis.error_reply('LOCKRUN invalid arrival number')
 end
 local alive = now_ms() + tonumber(ARGV[8])
 -- A queued waiter that only keeps its place: behind a live head, or at the
@@ -233,12 +239,28 @@ if ARGV[10] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) =
 end
 local hs = holders()
 if not hs then return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease') end
+-- Queue this request at arrival number `seq` (or keep it there).
+local function enqueue(seq)
+  redis.call('ZADD', KEYS[3], seq, ARGV[7])
+  redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
+    ARGV[1] .. '|' .. ARGV[2])
+  keep_place(ARGV[7], tonumber(ARGV[8]))
+end
 -- What to answer. Serving the queue may grant to a waiter on any path, so
 -- every answer is followed by one settle: the key never stays without an
 -- expiry, whichever way this call ends.
 local function answer()
-  local live = serve(hs)
   local mine = 'h:' .. ARGV[1]
+  -- A waiter whose place lapsed while it lived (the server paused past
+  -- ttl/3, or the waiter itself) takes it back at its arrival number
+  -- before the queue is served: no waiter that came later goes first. A
+  -- place still there is kept the same way, so serving does not drop it.
+  local back = ARGV[6] == '1' and ARGV[11] ~= ''
+  for _, r in ipairs(hs) do
+    if r.field == mine then back = false end
+  end
+  if back then enqueue(ARGV[11]) end
+  local live = serve(hs)
   for _, r in ipairs(hs) do
     if r.field == mine then
       r.exp = now_ms() + ttl
@@ -265,8 +287,8 @@ local function answer()
   end
   local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
   if queued then
-    keep_place(ARGV[7], tonumber(ARGV[8]))
-    return {2, first_label(hs), soonest_end(hs)}
+    if not back then keep_place(ARGV[7], tonumber(ARGV[8])) end
+    return {2, first_label(hs), soonest_end(hs), tonumber(queued)}
   end
   local ok, slot = can_grant(mode, limit, hs)
   if live == 0 and ok then
@@ -278,11 +300,8 @@ local function answer()
   local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
   local seq = now_us()
   if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
-  redis.call('ZADD', KEYS[3], seq, ARGV[7])
-  redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
-    ARGV[1] .. '|' .. ARGV[2])
-  keep_place(ARGV[7], tonumber(ARGV[8]))
-  return {2, first_label(hs), soonest_end(hs)}
+  enqueue(fmt(seq))
+  return {2, first_label(hs), soonest_end(hs), seq}
 end
 local reply = answer()
 settle(hs)
@@ -879,6 +898,9 @@ impl Engine for Redis {
         // place.
         let mut holder_end: Option<Boot> = None;
         let mut keep_only = false;
+        // Our arrival number once queued: a place that lapsed while we
+        // lived (a server paused past ttl/3) is taken back at it.
+        let mut place: Option<i64> = None;
         loop {
             let script = &*ACQUIRE_SCRIPT;
             let sent_at = Boot::now();
@@ -894,6 +916,7 @@ impl Engine for Redis {
                     .arg(alive.as_millis() as u64)
                     .arg(&outer)
                     .arg(if keep_only { "1" } else { "0" })
+                    .arg(place.map(|n| n.to_string()).unwrap_or_default())
                     .invoke::<Vec<Value>>(c)
             });
             let v = match reply {
@@ -966,6 +989,11 @@ impl Engine for Redis {
                 Some(4) => return Err(super::nested(req.name)),
                 Some(0) | Some(2) => {}
                 _ => return Err(fail(Class::Internal, "acquire script: unexpected reply")),
+            }
+            if int_at(&v, 0) == Some(2)
+                && let Some(n) = int_at(&v, 3)
+            {
+                place = Some(n);
             }
             // A waiter keeping its place hears no holder: keep the last one heard.
             if let Some(h) = text_at(&v, 1).filter(|l| !l.is_empty()) {
