@@ -133,3 +133,251 @@ proptest! {
         }
     }
 }
+
+/// One step of a random history of one name on a real Redis, played by a
+/// few lockrun processes (actors) and the test itself. A step aimed at an
+/// actor picks, by its number, one of those it can act on (`Kill(1)`: the
+/// second of the running ones), so few steps are lost to no-ops.
+#[derive(Debug, Clone)]
+enum Step {
+    /// An idle actor asks for the name and holds it until told to end.
+    Acquire {
+        who: usize,
+        ttl: &'static str,
+        mode: &'static [&'static str],
+        wait: &'static [&'static str],
+    },
+    /// Time passes, in ms: renewals, places kept, leases and places lapsing.
+    Pass(u64),
+    /// SIGTERM to a running lockrun: forwarded to its job, then released
+    /// (or, while it waits, it dies in the queue).
+    End(usize),
+    /// SIGKILL to a running lockrun: nothing is given back.
+    Kill(usize),
+    /// SIGSTOP to a running lockrun: it neither renews nor keeps its place.
+    Stop(usize),
+    /// SIGCONT to a stopped one.
+    Cont(usize),
+    /// `lockrun -n NAME true` from outside.
+    Probe,
+    /// `lockrun release --force [--now] NAME`.
+    Force { now: bool },
+}
+
+const ACTORS: usize = 2;
+const TTLS: &[&str] = &["0.3s", "20s"];
+const MODES: &[&[&str]] = &[&[], &[], &[], &[], &["-s"], &["--limit", "2"]];
+const WAITS: &[&[&str]] = &[&[], &[], &[], &[], &[], &["-w", "0.5"]];
+
+fn step() -> impl Strategy<Value = Step> {
+    let who = || 0..ACTORS;
+    prop_oneof![
+        4 => (
+            who(),
+            prop::sample::select(TTLS),
+            prop::sample::select(MODES),
+            prop::sample::select(WAITS),
+        )
+            .prop_map(|(who, ttl, mode, wait)| Step::Acquire { who, ttl, mode, wait }),
+        3 => (50u64..400).prop_map(Step::Pass),
+        1 => who().prop_map(Step::End),
+        2 => who().prop_map(Step::Kill),
+        3 => who().prop_map(Step::Stop),
+        1 => who().prop_map(Step::Cont),
+        3 => Just(Step::Probe),
+        1 => any::<bool>().prop_map(|now| Step::Force { now }),
+    ]
+}
+
+/// An actor's lockrun, and whether the test stopped it.
+struct Actor {
+    child: std::process::Child,
+    stopped: bool,
+}
+
+/// One history on its own name (a lease left by an earlier case cannot
+/// matter); every lockrun of it is killed when it ends.
+struct History<'a> {
+    redis: &'a Redis,
+    conn: redis::Connection,
+    name: String,
+    actors: Vec<Option<Actor>>,
+}
+
+impl History<'_> {
+    /// No key of the name but its token counter is without an expiry, for
+    /// `span` (checked at least once).
+    fn check(&mut self, after: &Step, span: Duration) -> Result<(), TestCaseError> {
+        let pattern = format!("lockrun:{{{}}}*", self.name);
+        let start = std::time::Instant::now();
+        loop {
+            let bad = self.redis.keys_without_expiry(&mut self.conn, &pattern);
+            prop_assert!(bad.is_empty(), "after {after:?}: no expiry on {bad:?}");
+            if start.elapsed() >= span {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The `n`th (wrapping) of the actors for which `fits(running, stopped)`.
+    fn pick(&mut self, n: usize, fits: impl Fn(bool, bool) -> bool) -> Option<usize> {
+        for slot in &mut self.actors {
+            if slot
+                .as_mut()
+                .is_some_and(|a| a.child.try_wait().unwrap().is_some())
+            {
+                *slot = None;
+            }
+        }
+        let eligible: Vec<usize> = (0..self.actors.len())
+            .filter(|&i| match &self.actors[i] {
+                Some(a) => fits(true, a.stopped),
+                None => fits(false, false),
+            })
+            .collect();
+        (!eligible.is_empty()).then(|| eligible[n % eligible.len()])
+    }
+
+    fn pid(&self, i: usize) -> i32 {
+        self.actors[i].as_ref().unwrap().child.id() as i32
+    }
+
+    /// Holders and waiters of the name, as the server has them.
+    fn seen(&mut self) -> usize {
+        let lock = format!("lockrun:{{{}}}", self.name);
+        let holders: usize = redis::cmd("HLEN").arg(&lock).query(&mut self.conn).unwrap();
+        let queued: usize = redis::cmd("ZCARD")
+            .arg(format!("{lock}:queue"))
+            .query(&mut self.conn)
+            .unwrap();
+        holders + queued
+    }
+
+    fn gone(&mut self, i: usize) -> bool {
+        let a = self.actors[i].as_mut().unwrap();
+        a.child.try_wait().unwrap().is_some()
+    }
+
+    fn play(&mut self, step: &Step) {
+        let url = self.redis.url();
+        match *step {
+            Step::Acquire {
+                who,
+                ttl,
+                mode,
+                wait,
+            } => {
+                let Some(i) = self.pick(who, |running, _| !running) else {
+                    return;
+                };
+                let before = self.seen();
+                let child = on(&url)
+                    .args(["-q", "--ttl", ttl])
+                    .args(mode)
+                    .args(wait)
+                    .args([&self.name, "--", "sleep", "60"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn();
+                self.actors[i] = Some(Actor {
+                    child,
+                    stopped: false,
+                });
+                // Let it reach the server (granted, queued, or gone) before
+                // the next step, so the steps happen in the order drawn.
+                wait_until(Duration::from_secs(5), || {
+                    self.seen() != before || self.gone(i)
+                });
+            }
+            // The check that follows lets the time pass.
+            Step::Pass(_) => {}
+            Step::End(n) => {
+                if let Some(i) = self.pick(n, |running, _| running) {
+                    signal(self.pid(i), libc::SIGTERM);
+                    if !self.actors[i].as_ref().unwrap().stopped {
+                        wait_until(Duration::from_secs(10), || self.gone(i));
+                    }
+                }
+            }
+            Step::Kill(n) => {
+                if let Some(i) = self.pick(n, |running, _| running) {
+                    let mut a = self.actors[i].take().unwrap();
+                    let _ = a.child.kill();
+                    let _ = a.child.wait();
+                }
+            }
+            Step::Stop(n) => {
+                if let Some(i) = self.pick(n, |running, stopped| running && !stopped) {
+                    signal(self.pid(i), libc::SIGSTOP);
+                    self.actors[i].as_mut().unwrap().stopped = true;
+                }
+            }
+            Step::Cont(n) => {
+                if let Some(i) = self.pick(n, |running, stopped| running && stopped) {
+                    signal(self.pid(i), libc::SIGCONT);
+                    self.actors[i].as_mut().unwrap().stopped = false;
+                }
+            }
+            Step::Probe => {
+                let _ = on(&url).args(["-q", "-n", &self.name, "true"]).output();
+            }
+            Step::Force { now } => {
+                let mut force = on(&url).args(["release", "--force"]);
+                if now {
+                    force = force.arg("--now");
+                }
+                let _ = force.arg(&self.name).output();
+            }
+        }
+    }
+}
+
+impl Drop for History<'_> {
+    fn drop(&mut self) {
+        for mut a in self.actors.drain(..).flatten() {
+            signal(a.child.id() as i32, libc::SIGCONT);
+            let _ = a.child.kill();
+            let _ = a.child.wait();
+        }
+    }
+}
+
+/// Random histories of acquire, renewal (time passing), release, kill -9,
+/// SIGSTOP and SIGCONT of real lockrun processes, with `-n` and
+/// `release --force` from outside: after every step no key of the name but
+/// its token counter is without an expiry (README "Redis"). Bounded: a few
+/// dozen short histories, well under a minute.
+#[test]
+fn every_key_but_the_token_counter_expires_whatever_happens() {
+    use proptest::test_runner::{Config, TestRunner};
+    let redis = Redis::start();
+    let mut runner = TestRunner::new(Config {
+        cases: 40,
+        max_shrink_iters: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::cell::Cell::new(0);
+    let result = runner.run(&prop::collection::vec(step(), 6..20), |steps| {
+        case.set(case.get() + 1);
+        let mut h = History {
+            redis: &redis,
+            conn: redis.conn(),
+            name: format!("p{}", case.get()),
+            actors: (0..ACTORS).map(|_| None).collect(),
+        };
+        for s in &steps {
+            h.play(s);
+            let span = match s {
+                Step::Pass(ms) => Duration::from_millis(*ms),
+                _ => Duration::from_millis(20),
+            };
+            h.check(s, span)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -320,3 +320,199 @@ fn nested_lockrun_on_the_same_lock_is_refused() {
         .args(["outer", "--", BIN, "--url", &url, "inner", "true"])
         .code(0);
 }
+
+fn waiters(redis: &Redis, name: &str) -> u64 {
+    let v = on(redis).args(["status", "--json", name]).output().json();
+    v["waiters"].as_u64().unwrap_or(0)
+}
+
+/// A holder killed outright while the waiter behind it is stopped: the
+/// next script to look (here a `-n` that finds the name taken) hands the
+/// stopped waiter its grant. That grant, and every key of the name but the
+/// token counter, must still expire on its own: a third of the waiter's
+/// ttl, the longest a handed grant lasts unconfirmed (README "Redis").
+#[test]
+fn a_grant_handed_to_a_stopped_waiter_still_expires() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut c = redis.conn();
+    let mut holder = Reap(hold(Some(&redis.url()), "gap", "1s", &scratch));
+    scratch.pid_in("pid");
+    let mut waiter = Reap(
+        on(&redis)
+            .args(["-q", "--ttl", "60s", "gap", "true"])
+            .spawn(),
+    );
+    let queued = || waiters(&redis, "gap") == 1;
+    assert!(wait_until(Duration::from_secs(20), queued));
+    signal(waiter.0.id() as i32, libc::SIGSTOP);
+    signal(holder.0.id() as i32, libc::SIGKILL);
+    let _ = holder.0.wait();
+    // The holder's lease runs out on its own (ttl 1 s).
+    let free = || {
+        on(&redis)
+            .args(["status", "gap"])
+            .output()
+            .out
+            .status
+            .code()
+            == Some(1)
+    };
+    assert!(wait_until(Duration::from_secs(20), free));
+    on(&redis).args(["-n", "gap", "true"]).code(75);
+    let lasts = |c: &mut redis::Connection| {
+        assert_eq!(
+            redis.keys_without_expiry(c, "lockrun:{gap}*"),
+            Vec::<String>::new()
+        );
+        let pttl: i64 = redis::cmd("PTTL").arg("lockrun:{gap}").query(c).unwrap();
+        assert!(
+            (1..=20_000).contains(&pttl),
+            "the handed grant lasts a third of the waiter's ttl, PTTL {pttl}"
+        );
+    };
+    lasts(&mut c);
+    signal(waiter.0.id() as i32, libc::SIGKILL);
+    let _ = waiter.0.wait();
+    lasts(&mut c);
+}
+
+/// A renewal leaves the key with an expiry even when it found it without
+/// one (as an older lockrun could leave it): a renewal only ever moves the
+/// expiry later, and no expiry at all is not "later". The expiry it gives
+/// covers every holder, not only the one renewing: here a reader with a
+/// 1 s lease renews beside one with 30 s.
+#[test]
+fn a_renewal_gives_a_key_without_expiry_one_that_covers_every_holder() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut c = redis.conn();
+    let reader = |ttl: &str, file: &str| {
+        Reap(
+            on(&redis)
+                .args(["-s", "--ttl", ttl, "kept", "-c"])
+                .arg(format!(
+                    "touch {}; exec sleep 60",
+                    scratch.path(file).display()
+                ))
+                .spawn(),
+        )
+    };
+    let long = reader("30s", "long");
+    let mut short = reader("1s", "short");
+    assert!(wait_until(Duration::from_secs(20), || scratch
+        .exists("long")
+        && scratch.exists("short")));
+    let _: () = redis::cmd("PERSIST")
+        .arg("lockrun:{kept}")
+        .query(&mut c)
+        .unwrap();
+    let mut pttl = -1;
+    // The short lease renews every ttl/3; the long one not for 10 s.
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            pttl = redis::cmd("PTTL")
+                .arg("lockrun:{kept}")
+                .query(&mut c)
+                .unwrap();
+            pttl > 0
+        }),
+        "the key stayed without an expiry"
+    );
+    assert!(
+        pttl > 25_000,
+        "the key would expire under the 30 s reader: PTTL {pttl}"
+    );
+    signal(short.0.id() as i32, libc::SIGTERM);
+    wait_child(&mut short.0, Duration::from_secs(20));
+    drop(long);
+}
+
+/// `-w` gives up at the time asked, not when the server next looks at its
+/// blocked clients (Redis does that up to 1/hz, 100 ms, late). The median
+/// of five runs keeps one slow start on a loaded machine from failing it.
+#[test]
+fn wait_gives_up_within_milliseconds_of_the_time_asked() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = Reap(hold(Some(&redis.url()), "late", "30s", &scratch));
+    scratch.pid_in("pid");
+    let mut took: Vec<Duration> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            on(&redis)
+                .args(["-q", "-w", "0.2", "late", "true"])
+                .code(75);
+            start.elapsed()
+        })
+        .collect();
+    took.sort();
+    assert!(
+        took[0] >= Duration::from_millis(200),
+        "gave up too early: {took:?}"
+    );
+    assert!(
+        took[2] < Duration::from_millis(250),
+        "gave up too late: {took:?}"
+    );
+    signal(holder.0.id() as i32, libc::SIGTERM);
+    wait_child(&mut holder.0, Duration::from_secs(20));
+}
+
+/// A server paused past the waiters' ttl/3 sees every place in the queue
+/// lapse at once. Each waiter takes its own place back when it returns, so
+/// the jobs still run in the order the waiters came (README "Redis").
+#[test]
+fn waiters_keep_their_order_across_a_server_pause() {
+    const N: u64 = 10;
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let order = scratch.path("order");
+    let go = scratch.path("go");
+    let mut holder = Reap(
+        on(&redis)
+            .args(["--ttl", "30s", "pq", "-c"])
+            .arg(format!(
+                "touch {}; while [ ! -e {} ]; do sleep 0.01; done",
+                scratch.path("holding").display(),
+                go.display()
+            ))
+            .spawn(),
+    );
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+    // ttl 9 s: a place lapses 3 s after its last refresh, and a waiter
+    // rides out an unreachable server for 9 s.
+    let mut children = Vec::new();
+    for i in 0..N {
+        children.push(Reap(
+            on(&redis)
+                .args(["-q", "--ttl", "9s", "pq", "-c"])
+                .arg(format!("echo {i} >> {}", order.display()))
+                .spawn(),
+        ));
+        let queued = || waiters(&redis, "pq") > i;
+        assert!(wait_until(Duration::from_secs(20), queued));
+    }
+    // The fault itself lasts a fixed time: longer than every place.
+    redis.pause();
+    std::thread::sleep(Duration::from_secs(4));
+    redis.resume();
+    assert!(
+        wait_until(Duration::from_secs(30), || waiters(&redis, "pq") == N),
+        "the waiters did not all come back to the queue"
+    );
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(
+        wait_child(&mut holder.0, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    for mut c in children {
+        assert_eq!(
+            wait_child(&mut c.0, Duration::from_secs(60)).code(),
+            Some(0)
+        );
+    }
+    let got: Vec<String> = scratch.read("order").lines().map(String::from).collect();
+    let want: Vec<String> = (0..N).map(|i| i.to_string()).collect();
+    assert_eq!(got, want, "grants out of arrival order after the pause");
+}

@@ -194,10 +194,13 @@ end
 /// ARGV: owner, label, ttl ms, mode (x s n), limit, queue ('1' wait, '0' -n),
 /// waiter id, waiter lifetime ms, the `host:pid` of an outer lockrun holding
 /// this name ('' when not run from inside one), '1' when a queued waiter
-/// only comes to keep its place (nothing woke it).
+/// only comes to keep its place (nothing woke it), the waiter's arrival
+/// number once it has one ('' before).
 /// {1, token, slot} granted (idempotent for our owner value: a retried
 /// acquire, or the confirmation of a grant handed over in the queue, gets a
-/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends} queued;
+/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends, arrival
+/// number} queued (a waiter only keeping its place hears no holder and no
+/// number);
 /// {3, mode, limit} the holders disagree with this request; {4} the outer
 /// lockrun holds it (waiting would deadlock).
 const ACQUIRE: &str = r#"
@@ -207,6 +210,9 @@ if bad_ms(ARGV[8]) then return redis.error_reply('LOCKRUN invalid expiry ' .. to
 local ttl, mode, limit = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 if not string.match(mode, '^[xsn]$') or not limit or limit < 1 or limit > 1000000 then
   return redis.error_reply('LOCKRUN invalid mode')
+end
+if ARGV[11] ~= '' and (not string.match(ARGV[11], '^%d+$') or #ARGV[11] > 16) then
+  return redis.error_reply('LOCKRUN invalid arrival number')
 end
 local alive = now_ms() + tonumber(ARGV[8])
 -- A queued waiter that only keeps its place: behind a live head, or at the
@@ -235,56 +241,73 @@ if ARGV[10] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) =
 end
 local hs = holders()
 if not hs then return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease') end
-local live = serve(hs)
-local mine = 'h:' .. ARGV[1]
-for _, r in ipairs(hs) do
-  if r.field == mine then
-    r.exp = now_ms() + ttl
-    redis.call('HSET', KEYS[1], mine, encode(r))
-    settle(hs)
-    dequeue(ARGV[7])
-    redis.call('DEL', KEYS[5] .. ARGV[7])
-    return {1, r.token, r.slot}
-  end
+-- Queue this request at arrival number `seq` (or keep it there).
+local function enqueue(seq)
+  redis.call('ZADD', KEYS[3], seq, ARGV[7])
+  redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
+    ARGV[1] .. '|' .. ARGV[2])
+  keep_place(ARGV[7], tonumber(ARGV[8]))
 end
--- Run from inside a job holding this name: any wait would be for ourselves.
-if ARGV[9] ~= '' then
+-- What to answer. Serving the queue may grant to a waiter on any path, so
+-- every answer is followed by one settle: the key never stays without an
+-- expiry, whichever way this call ends.
+local function answer()
+  local mine = 'h:' .. ARGV[1]
+  -- A waiter whose place lapsed while it lived (the server paused past
+  -- ttl/3, or the waiter itself) takes it back at its arrival number
+  -- before the queue is served: no waiter that came later goes first. A
+  -- place still there is kept the same way, so serving does not drop it.
+  local back = ARGV[6] == '1' and ARGV[11] ~= ''
   for _, r in ipairs(hs) do
-    if r.label == ARGV[9] or string.sub(r.label, 1, #ARGV[9] + 2) == ARGV[9] .. ' (' then
+    if r.field == mine then back = false end
+  end
+  if back then enqueue(ARGV[11]) end
+  local live = serve(hs)
+  for _, r in ipairs(hs) do
+    if r.field == mine then
+      r.exp = now_ms() + ttl
+      redis.call('HSET', KEYS[1], mine, encode(r))
       dequeue(ARGV[7])
-      settle(hs)
-      return {4}
+      redis.call('DEL', KEYS[5] .. ARGV[7])
+      return {1, r.token, r.slot}
     end
   end
+  -- Run from inside a job holding this name: any wait would be for ourselves.
+  if ARGV[9] ~= '' then
+    for _, r in ipairs(hs) do
+      if r.label == ARGV[9] or string.sub(r.label, 1, #ARGV[9] + 2) == ARGV[9] .. ' (' then
+        dequeue(ARGV[7])
+        return {4}
+      end
+    end
+  end
+  local other = disagreeing(mode, limit, hs)
+  if other then
+    dequeue(ARGV[7])
+    redis.call('DEL', KEYS[5] .. ARGV[7])
+    return {3, other.mode, other.limit}
+  end
+  local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
+  if queued then
+    if not back then keep_place(ARGV[7], tonumber(ARGV[8])) end
+    return {2, first_label(hs), soonest_end(hs), tonumber(queued)}
+  end
+  local ok, slot = can_grant(mode, limit, hs)
+  if live == 0 and ok then
+    local r = grant(hs, ARGV[1], ARGV[2], ttl, mode, limit, slot)
+    return {1, r.token, r.slot}
+  end
+  if ARGV[6] ~= '1' then return {0, first_label(hs)} end
+  -- Behind everyone already queued, also within one microsecond.
+  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  local seq = now_us()
+  if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
+  enqueue(fmt(seq))
+  return {2, first_label(hs), soonest_end(hs), seq}
 end
-local other = disagreeing(mode, limit, hs)
-if other then
-  dequeue(ARGV[7])
-  redis.call('DEL', KEYS[5] .. ARGV[7])
-  settle(hs)
-  return {3, other.mode, other.limit}
-end
-local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
-if queued then
-  keep_place(ARGV[7], tonumber(ARGV[8]))
-  return {2, first_label(hs), soonest_end(hs)}
-end
-local ok, slot = can_grant(mode, limit, hs)
-if live == 0 and ok then
-  local r = grant(hs, ARGV[1], ARGV[2], ttl, mode, limit, slot)
-  settle(hs)
-  return {1, r.token, r.slot}
-end
-if ARGV[6] ~= '1' then return {0, first_label(hs)} end
--- Behind everyone already queued, also within one microsecond.
-local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-local seq = now_us()
-if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
-redis.call('ZADD', KEYS[3], seq, ARGV[7])
-redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
-  ARGV[1] .. '|' .. ARGV[2])
-keep_place(ARGV[7], tonumber(ARGV[8]))
-return {2, first_label(hs), soonest_end(hs)}
+local reply = answer()
+settle(hs)
+return reply
 "#;
 
 /// KEYS: lock. ARGV: owner, ttl ms. 1 renewed, 0 not ours.
@@ -298,8 +321,19 @@ local r = parse(v)
 if not r or r.exp <= now_ms() then return 0 end
 r.exp = now_ms() + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], field, encode(r))
--- The key lives as long as its longest holder (GT: never shortened).
-redis.call('PEXPIREAT', KEYS[1], fmt(r.exp), 'GT')
+-- The key lives as long as its longest holder (GT: never shortened). GT
+-- leaves a key without expiry as it is (one an older lockrun left, say):
+-- that one gets its longest holder's.
+if redis.call('PEXPIREAT', KEYS[1], fmt(r.exp), 'GT') == 0
+    and redis.call('PTTL', KEYS[1]) == -1 then
+  local far = r.exp
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 2, #all, 2 do
+    local o = parse(all[i])
+    if o and o.exp > far then far = o.exp end
+  end
+  redis.call('PEXPIREAT', KEYS[1], fmt(far))
+end
 return 1
 "#;
 
@@ -787,15 +821,37 @@ impl Redis {
     /// Some(true): woken by a grant; Some(false): by a refusal; None: timed out.
     fn wait_for_wakeup(&mut self, key: &str, timeout: Duration) -> Result<Option<bool>, CallError> {
         let op = self.link.op;
-        self.link.call(|c| {
-            c.set_read_timeout(Some(timeout + op))?;
-            let popped: Option<(String, String)> = redis::cmd("BLPOP")
+        let mut cut = false;
+        let woken = self.link.call(|c| {
+            // Redis ends a BLPOP's timeout only when it next looks at its
+            // blocked clients, up to 1/hz (100 ms) late: `--wait`, a place
+            // in the queue and a holder's end must not wait for that. Our
+            // read timeout ends the wait at its time; the server's, later,
+            // only cleans up after us.
+            c.set_read_timeout(Some(timeout))?;
+            let popped: Option<(String, String)> = match redis::cmd("BLPOP")
                 .arg(key)
-                .arg(format!("{:.3}", timeout.as_secs_f64()))
-                .query(c)?;
+                .arg(format!("{:.3}", (timeout + op).as_secs_f64()))
+                .query(c)
+            {
+                Ok(p) => p,
+                Err(e) if e.is_timeout() => {
+                    cut = true;
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
             c.set_read_timeout(Some(op))?;
             Ok(popped.map(|(_, v)| v != "refused"))
-        })
+        });
+        if cut {
+            // The BLPOP still stands on the server: a new connection for
+            // the next call. A wake-up it takes from our list is not lost
+            // news: the grant or refusal is in the queue's state, which
+            // the next call reads.
+            self.link.conn = None;
+        }
+        woken
     }
 
     fn leave_queue(link: &mut Link, keys: &Keys, owner: &str, id: &str) -> Result<bool, CallError> {
@@ -844,6 +900,9 @@ impl Engine for Redis {
         // place.
         let mut holder_end: Option<Boot> = None;
         let mut keep_only = false;
+        // Our arrival number once queued: a place that lapsed while we
+        // lived (a server paused past ttl/3) is taken back at it.
+        let mut place: Option<i64> = None;
         loop {
             let script = &*ACQUIRE_SCRIPT;
             let sent_at = Boot::now();
@@ -859,6 +918,7 @@ impl Engine for Redis {
                     .arg(alive.as_millis() as u64)
                     .arg(&outer)
                     .arg(if keep_only { "1" } else { "0" })
+                    .arg(place.map(|n| n.to_string()).unwrap_or_default())
                     .invoke::<Vec<Value>>(c)
             });
             let v = match reply {
@@ -931,6 +991,11 @@ impl Engine for Redis {
                 Some(4) => return Err(super::nested(req.name)),
                 Some(0) | Some(2) => {}
                 _ => return Err(fail(Class::Internal, "acquire script: unexpected reply")),
+            }
+            if int_at(&v, 0) == Some(2)
+                && let Some(n) = int_at(&v, 3)
+            {
+                place = Some(n);
             }
             // A waiter keeping its place hears no holder: keep the last one heard.
             if let Some(h) = text_at(&v, 1).filter(|l| !l.is_empty()) {

@@ -135,6 +135,28 @@ impl Redis {
         self.cmd(&["KEYS", "*"])
     }
 
+    /// The keys matching `pattern` that would never go away on their own
+    /// (PTTL −1; every key but a name's token counter must expire: README
+    /// "Redis"), read in one script, so at one instant between two of
+    /// lockrun's. (Inside a script a key expiring this very millisecond has
+    /// PTTL 0: it is going.)
+    pub fn keys_without_expiry(&self, conn: &mut redis::Connection, pattern: &str) -> Vec<String> {
+        redis::cmd("EVAL")
+            .arg(
+                "local out = {} \
+                 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+                   if redis.call('PTTL', k) == -1 and not string.find(k, ':fence$') then \
+                     out[#out + 1] = k \
+                   end \
+                 end \
+                 return out",
+            )
+            .arg(0)
+            .arg(pattern)
+            .query(conn)
+            .unwrap()
+    }
+
     /// Kill the server outright (no persistence: every key is gone).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -349,6 +371,21 @@ pub fn assert_serial(log: &str, jobs: usize) {
             "tokens must strictly increase: {ta} after {last}"
         );
         last = ta;
+    }
+}
+
+/// A child killed when the test ends, also when it fails (continued first,
+/// in case it was stopped): a lockrun left behind would keep the harness's
+/// output open and a lease alive.
+pub struct Reap(pub Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            signal(self.0.id() as i32, libc::SIGCONT);
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
