@@ -193,10 +193,14 @@ pub fn walk(
         // `c` is the child the list named only if its parent is still that
         // parent, alive (so its number is its own), and the pidfd's process
         // is the one /proc showed (alive after the look).
-        if parent_of(c, &mut w.complete) != Some(parent)
-            || parent_fd.is_some_and(exited)
-            || exited(fd.as_fd())
-        {
+        // The parent of the pidfd's process, or (on kernels without
+        // PIDFD_GET_INFO) of whatever /proc shows, which must then still be
+        // the pidfd's process after the look.
+        let ppid = match parent_by_pidfd(fd.as_fd()) {
+            Some(p) => Some(p),
+            None => parent_of(c, &mut w.complete).filter(|_| !exited(fd.as_fd())),
+        };
+        if ppid != Some(parent) || parent_fd.is_some_and(exited) {
             continue;
         }
         seen.insert(c);
@@ -225,14 +229,14 @@ fn children(p: i32, complete: &mut bool) -> Vec<i32> {
         }
     };
     for t in tasks {
-        let t = match t {
-            Ok(t) => t,
+        let path = match t {
+            Ok(t) => t.path().join("children"),
             Err(e) => {
                 note(&e, complete);
                 continue;
             }
         };
-        match std::fs::read_to_string(t.path().join("children")) {
+        match read_proc(&path) {
             Ok(s) => out.extend(s.split_whitespace().filter_map(|c| c.parse::<i32>().ok())),
             Err(e) => note(&e, complete),
         }
@@ -240,9 +244,41 @@ fn children(p: i32, complete: &mut bool) -> Vec<i32> {
     out
 }
 
+/// The parent pid of the process of `pidfd`, asked of the kernel through
+/// the pidfd itself (PIDFD_GET_INFO, Linux 6.13 and later).
+fn parent_by_pidfd(pidfd: BorrowedFd<'_>) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    // struct pidfd_info, its first version: a mask, the cgroup id, then
+    // pid, tgid, ppid and the ids; 64 bytes in all.
+    #[repr(C)]
+    struct PidfdInfo {
+        mask: u64,
+        cgroupid: u64,
+        pid: u32,
+        tgid: u32,
+        ppid: u32,
+        rest: [u32; 11],
+    }
+    const PIDFD_INFO_PID: u64 = 1;
+    // _IOWR(0xFF, 11, struct pidfd_info)
+    const PIDFD_GET_INFO: libc::c_ulong = 0xC040_FF0B;
+    let mut info = PidfdInfo {
+        mask: PIDFD_INFO_PID,
+        cgroupid: 0,
+        pid: 0,
+        tgid: 0,
+        ppid: 0,
+        rest: [0; 11],
+    };
+    // SAFETY: the kernel writes at most size_of::<PidfdInfo>() bytes, the
+    // size encoded in the request, into our local.
+    let r = unsafe { libc::ioctl(pidfd.as_raw_fd(), PIDFD_GET_INFO, &mut info) };
+    (r == 0 && info.mask & PIDFD_INFO_PID != 0).then_some(info.ppid as i32)
+}
+
 /// The parent pid of `pid`, from /proc.
 fn parent_of(pid: i32, complete: &mut bool) -> Option<i32> {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    match read_proc(std::path::Path::new(&format!("/proc/{pid}/stat"))) {
         Ok(stat) => stat
             .rsplit(')')
             .next()?
@@ -255,6 +291,16 @@ fn parent_of(pid: i32, complete: &mut bool) -> Option<i32> {
             None
         }
     }
+}
+
+/// A /proc file's text, read without the size query std's helpers make
+/// (/proc files have none).
+fn read_proc(path: &std::path::Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = Vec::with_capacity(512);
+    f.read_to_end(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// A failure to read that is not "that process is gone" means the walk may

@@ -18,7 +18,7 @@ fn tree_size() -> usize {
 }
 
 fn tree_ttl() -> String {
-    std::env::var("LOCKRUN_TEST_TREE_TTL").unwrap_or_else(|_| "3s".into())
+    std::env::var("LOCKRUN_TEST_TREE_TTL").unwrap_or_else(|_| "4s".into())
 }
 
 /// A perl job that starts `k` processes ignoring SIGTERM, spread over
