@@ -1,5 +1,7 @@
 //! Random command lines and environments: lockrun never panics and always
-//! ends with an exit code from its table (README "Exit codes").
+//! ends with an exit code from its table (README "Exit codes"). Random
+//! histories of lockrun processes on one Redis name: no key but the token
+//! counter is ever left without an expiry (README "Redis").
 
 use std::time::Duration;
 
@@ -164,6 +166,9 @@ enum Step {
     Force { now: bool },
 }
 
+// Two actors, a short lease that lapses within a history and a long one
+// whose place in the queue outlives it: the draws most likely to make one
+// lockrun's script serve a grant to another that is not there to take it.
 const ACTORS: usize = 2;
 const TTLS: &[&str] = &["0.3s", "20s"];
 const MODES: &[&[&str]] = &[&[], &[], &[], &[], &["-s"], &["--limit", "2"]];
