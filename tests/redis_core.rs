@@ -65,9 +65,32 @@ fn the_job_sees_its_lease_in_the_environment() {
     assert!(f[2].contains(':'), "owner label host:pid, got {}", f[2]);
     assert_eq!(f[3], "20000");
     assert_eq!(f[4], "none", "no lock descriptor on Redis");
-    // The secret owner value is not what the job sees.
     let stored: i64 = redis.cmd(&["EXISTS", "lockrun:{report}"]);
     assert_eq!(stored, 0, "released after the job");
+    // The secret owner value, read from the server while the job holds, is
+    // nowhere in the job's environment.
+    let scratch = Scratch::new();
+    let envfile = scratch.path("env");
+    let mut holder = on(&redis)
+        .args(["secret", "-c"])
+        .arg(format!(
+            "env > {}.tmp; mv {0}.tmp {0}; exec sleep 60",
+            envfile.display()
+        ))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || envfile.exists()));
+    let fields: Vec<String> = redis.cmd(&["HKEYS", "lockrun:{secret}"]);
+    let secret = fields
+        .iter()
+        .find_map(|f| f.strip_prefix("h:"))
+        .expect("the holder's owner field")
+        .to_string();
+    assert!(secret.len() >= 32, "{fields:?}");
+    let env = std::fs::read_to_string(&envfile).unwrap();
+    assert!(env.contains("LOCKRUN_OWNER="), "{env}");
+    assert!(!env.contains(&secret), "the job saw the owner value");
+    signal(holder.id() as i32, libc::SIGTERM);
+    wait_child(&mut holder, Duration::from_secs(20));
 }
 
 fn token_of(redis: &Redis, name: &str) -> u64 {
