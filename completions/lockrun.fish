@@ -26,7 +26,7 @@ end
 
 complete -c lockrun -n "__fish_lockrun_needs_command" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
-complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key namespace in Redis' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key namespace on the server' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s t -l ttl -d 'Lease length, e.g. 500ms, 30s, 2m, "1h 30m"' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l wait -l timeout -d 'Give up after waiting this long for the lock (default: wait forever); DUR may be a bare number of seconds, as flock\'s -w takes it' -r
@@ -52,7 +52,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a l
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key namespace in Redis' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key namespace on the server' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print one JSON object instead of text'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'Print only errors'
@@ -60,7 +60,7 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l token -d 'Break only the holder with token T (default: every holder)' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l tls-ca -d 'CA certificate file (PEM) to verify a rediss:// server with' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key namespace in Redis' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key namespace on the server' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Required: breaking a lock someone holds is deliberate'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l now -d 'Delete the lease at once and wake a waiter. Unsafe without fencing: the old job may still be running when the next one starts'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'

@@ -433,7 +433,7 @@ const MAN_TAIL: &str = r#".SH COMMANDS
 Show whether NAME is held: every holder (host:pid and \fB\-\-label\fR, token, slot, mode, time left, held for) and the number of waiting requests; says when a holder's lockrun no longer runs on this host. Exit 0 held, 1 free, 69 unreachable.
 .TP
 \fBlockrun release \-\-force\fR [\fB\-\-token\fR \fIT\fR] [\fB\-\-now\fR] \fINAME\fR
-Break a Redis lease (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on the holder with that token, else every holder is broken. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported (local locks), 69 unreachable.
+Break a lease (operators), on the engines that can (README \(lqBackends\(rq). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on the holder with that token, else every holder is broken. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported by the engine (local locks), 69 unreachable.
 .SH EXIT STATUS
 .TP
 \fIthe job's code\fR

@@ -76,7 +76,7 @@ pub struct BackendArgs {
     #[arg(skip)]
     pub tls_ca_from_env: bool,
 
-    /// Key namespace in Redis.
+    /// Key namespace on the server.
     #[arg(
         long,
         env = "LOCKRUN_PREFIX",
@@ -237,7 +237,7 @@ pub fn foreign_spelling(args: &[OsString]) -> Option<String> {
             ),
             "--unlock" => Some(
                 "lockrun has no --unlock: the lock ends when the job ends (operators break a \
-                 Redis lease with `lockrun release --force NAME`)",
+                 lease on a server with `lockrun release --force NAME`)",
             ),
             _ => None,
         };
