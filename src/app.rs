@@ -179,14 +179,6 @@ fn human(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
-fn mode_name(mode: Mode) -> String {
-    match mode {
-        Mode::Exclusive => "exclusive".into(),
-        Mode::Shared => "shared".into(),
-        Mode::Limit(n) => format!("limit {n}"),
-    }
-}
-
 fn describe_holder(h: &Holder) -> String {
     let mut parts = vec![format!(
         "held by {}",
@@ -218,7 +210,7 @@ fn holder_json(h: &Holder) -> serde_json::Value {
         "label": h.label,
         "token": h.token,
         "slot": h.slot,
-        "mode": mode_name(h.mode),
+        "mode": Mode::name(h.mode),
         "ttl_left_ms": millis(h.ttl_left),
         "held_for_ms": millis(h.held_for),
         "revoked": h.revoked,
@@ -254,7 +246,7 @@ fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {
         let v = serde_json::json!({
             "name": name,
             "held": first.is_some(),
-            "mode": first.map(|h| mode_name(h.mode)),
+            "mode": first.map(|h| Mode::name(h.mode)),
             "holder": first.and_then(|h| h.label.clone()),
             "token": first.and_then(|h| h.token),
             "ttl_left_ms": millis(first.and_then(|h| h.ttl_left)),
@@ -297,7 +289,7 @@ fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {
                     "{name}: {} holder{} ({}){waiting}",
                     hs.len(),
                     if hs.len() == 1 { "" } else { "s" },
-                    mode_name(hs[0].mode)
+                    Mode::name(hs[0].mode)
                 );
                 for h in hs {
                     let slot = h.slot.map(|s| format!("slot {s}: ")).unwrap_or_default();

@@ -130,19 +130,16 @@ struct Record {
 
 fn mode_code(mode: Mode) -> String {
     match mode {
-        Mode::Exclusive => "x".into(),
-        Mode::Shared => "s".into(),
-        Mode::Limit(n) => format!("n{n}"),
+        Mode::Limit(n) => format!("{}{n}", mode.code()),
+        _ => mode.code().into(),
     }
 }
 
 fn mode_from_code(code: &str) -> Mode {
-    match code {
-        "s" => Mode::Shared,
-        c => c
-            .strip_prefix('n')
-            .and_then(|n| n.parse().ok())
-            .map_or(Mode::Exclusive, Mode::Limit),
+    match code.split_at(code.len().min(1)) {
+        // A limit that does not read back is taken as the strictest mode.
+        ("n", n) if n.parse::<u32>().is_err() => Mode::Exclusive,
+        (letter, n) => Mode::from_code(letter, n.parse().ok()),
     }
 }
 

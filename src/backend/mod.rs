@@ -25,6 +25,43 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The letter engines store for a mode (x, s, or n with the limit
+    /// beside it): the one place modes become text on a server or in a file.
+    pub fn code(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "x",
+            Mode::Shared => "s",
+            Mode::Limit(_) => "n",
+        }
+    }
+
+    /// The holders a mode admits at most per place (the N of `--limit N`).
+    pub fn limit(self) -> u32 {
+        match self {
+            Mode::Limit(n) => n,
+            _ => 1,
+        }
+    }
+
+    /// The mode a stored letter (and limit) stands for; anything else is
+    /// taken as exclusive, the strictest.
+    pub fn from_code(code: &str, limit: Option<u32>) -> Mode {
+        match code {
+            "s" => Mode::Shared,
+            "n" => Mode::Limit(limit.unwrap_or(1).max(1)),
+            _ => Mode::Exclusive,
+        }
+    }
+
+    /// As `status` shows it: exclusive, shared, limit N.
+    pub fn name(self) -> String {
+        match self {
+            Mode::Exclusive => "exclusive".into(),
+            Mode::Shared => "shared".into(),
+            Mode::Limit(n) => format!("limit {n}"),
+        }
+    }
+
     /// The flag that asks for this mode, for messages.
     pub fn flag(self) -> String {
         match self {
@@ -412,6 +449,20 @@ mod tests {
         assert!(!Mode::Limit(3).agrees_with(Mode::Limit(4)));
         assert!(!Mode::Limit(3).agrees_with(Mode::Exclusive));
         assert!(!Mode::Shared.agrees_with(Mode::Limit(2)));
+    }
+
+    #[test]
+    fn modes_survive_their_stored_letters() {
+        for m in [
+            Mode::Exclusive,
+            Mode::Shared,
+            Mode::Limit(1),
+            Mode::Limit(7),
+        ] {
+            assert_eq!(Mode::from_code(m.code(), Some(m.limit())), m);
+        }
+        assert_eq!(Mode::from_code("?", None), Mode::Exclusive);
+        assert_eq!(Mode::Limit(3).name(), "limit 3");
     }
 
     #[test]

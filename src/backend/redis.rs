@@ -708,19 +708,12 @@ fn outage_budget(timing: &Timing) -> Duration {
 }
 
 fn mode_args(mode: Mode) -> (&'static str, u32) {
-    match mode {
-        Mode::Exclusive => ("x", 1),
-        Mode::Shared => ("s", 1),
-        Mode::Limit(n) => ("n", n),
-    }
+    (mode.code(), mode.limit())
 }
 
 fn mode_from(code: Option<&str>, limit: Option<i64>) -> Mode {
-    match code {
-        Some("s") => Mode::Shared,
-        Some("n") => Mode::Limit(limit.unwrap_or(1).clamp(1, i64::from(u32::MAX)) as u32),
-        _ => Mode::Exclusive,
-    }
+    let limit = limit.map(|n| n.clamp(1, i64::from(u32::MAX)) as u32);
+    Mode::from_code(code.unwrap_or("x"), limit)
 }
 
 /// Holders from a reply's rows of eight fields, starting at `at`.
