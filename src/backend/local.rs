@@ -15,10 +15,7 @@ use rustix::fs::{
 };
 use rustix::io::Errno;
 
-use super::{
-    Acquired, Broken, Engine, Force, Held, Holder, Lease, Mode, Request, Status,
-    is_own_outer_holder,
-};
+use super::{Acquired, Engine, Held, Holder, Lease, Mode, Request, Status, is_own_outer_holder};
 use crate::clock::Boot;
 use crate::config::Wait;
 use crate::exit::{Class, Failure, fail};
@@ -1042,14 +1039,6 @@ impl Engine for Local {
             holders,
             waiters: Some(waiters),
         })
-    }
-
-    fn force_release(&mut self, _name: &str, _force: Force) -> Result<Broken, Failure> {
-        Err(fail(
-            Class::Usage,
-            "release --force is not available on the local engine: flock locks end only \
-             with their holder; stop the holder's process instead",
-        ))
     }
 }
 

@@ -351,8 +351,15 @@ pub trait Engine: Send {
     fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Failure>;
     /// Every holder of `name` and the number of waiters.
     fn status(&mut self, name: &str) -> Result<Status, Failure>;
-    /// Break `name`'s holders (only engines whose caps say so are asked).
-    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Failure>;
+    /// Break `name`'s holders. Only engines whose caps say so are asked;
+    /// for the others the refusal is said once, before anything is opened.
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Failure> {
+        let _ = (name, force);
+        Err(fail(
+            Class::Internal,
+            "release --force asked of an engine that cannot break a lease",
+        ))
+    }
 }
 
 /// Open the engine an endpoint names. `op` bounds one request.
