@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use clap::CommandFactory;
 
+use crate::backend::Wait;
 use crate::backend::{self, Acquired, Broken, Force, Holder, Mode, Owner, Request};
 use crate::cli::{Cli, Generate, OperatorCommand};
 use crate::clock::Boot;
-use crate::config::{self, Common, Endpoint};
+use crate::config::{self, Common};
 use crate::exit::{self, Class, Failure, JobEnd, ResultExt, fail};
 use crate::log;
 use crate::supervise::{self, Job};
@@ -47,9 +48,7 @@ fn setup_logging(common: &Common) {
     // memory or /proc/PID/environ, nor reopen our descriptors through
     // /proc/PID/fd, whatever the URL (README "How lockrun treats your job").
     crate::sys::set_dumpable(false);
-    if let Endpoint::Redis(r) = &common.backend
-        && let Some(p) = &r.password
-    {
+    if let Some(p) = common.address.secret() {
         log::add_secret(p);
     }
 }
@@ -65,9 +64,9 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
         timing: cfg.timing,
         mode: cfg.mode,
     };
-    let expires = cfg.common.backend.engine().caps.expires;
+    let expires = cfg.common.address.engine().caps.expires;
 
-    let mut engine = backend::open(&cfg.common.backend, &cfg.common.prefix, cfg.timing.op)?;
+    let mut engine = cfg.common.address.open(&cfg.common.prefix, cfg.timing.op)?;
     let lease = loop {
         match engine.acquire(&req, cfg.wait)? {
             // A grant whose lease is already (nearly) over, because lockrun was
@@ -89,15 +88,15 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
                     .unwrap_or("another process (no holder recorded)");
                 match cfg.wait {
                     // Cron mails every line: a skipped run stays silent.
-                    config::Wait::No => {
+                    Wait::No => {
                         log::info(format!("not acquired: {} is held by {holder}", cfg.name))
                     }
-                    config::Wait::For(d) => log::warn(format!(
+                    Wait::For(d) => log::warn(format!(
                         "gave up waiting for {} after {}: held by {holder}",
                         cfg.name,
                         human(d)
                     )),
-                    config::Wait::Forever => {}
+                    Wait::Forever => {}
                 }
                 return Ok(Ending::Exit(cfg.conflict_code));
             }
@@ -109,8 +108,7 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
         expires.then(|| Arc::new(Deadline::new(cfg.timing.deadline_from(lease.sent_at))));
     // A password must never reach the job, even through an inherited
     // LOCKRUN_URL that another --url overrode.
-    let password_in_effect =
-        matches!(&cfg.common.backend, Endpoint::Redis(r) if r.password.is_some());
+    let password_in_effect = cfg.common.address.secret().is_some();
     let secret = password_in_effect || config::inherited_url_has_password();
     let env = lease.job_env(&req, secret);
     let job = Job {
@@ -226,12 +224,12 @@ fn op_budget() -> Duration {
 }
 
 fn open_engine(common: &Common) -> Result<Box<dyn backend::Engine>, Failure> {
-    backend::open(&common.backend, &common.prefix, op_budget())
+    common.address.open(&common.prefix, op_budget())
 }
 
 fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
-    config::check_name(name, &common.backend)?;
+    config::check_name(name, &*common.address)?;
     setup_logging(&common);
     let mut engine = open_engine(&common)?;
     let asked = name.to_string();
@@ -313,14 +311,14 @@ fn release(
     now: bool,
 ) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
-    config::check_name(name, &common.backend)?;
-    if !common.backend.engine().caps.force_release {
+    config::check_name(name, &*common.address)?;
+    if !common.address.engine().caps.force_release {
         return Err(fail(
             Class::Usage,
             format!(
                 "release --force is not available on the {} engine: its locks end only \
                  with their holder; stop the holder's process instead",
-                common.backend.engine().name
+                common.address.engine().name
             ),
         ));
     }

@@ -314,7 +314,14 @@ mod tests {
             cli.subcommand,
             Some(OperatorCommand::Status { json: true, .. })
         ));
-        let cli = parse(&["lockrun", "--url", "redis://h", "release", "--force", "job"]);
+        let cli = parse(&[
+            "lockrun",
+            "--url",
+            "file:///tmp/locks",
+            "release",
+            "--force",
+            "job",
+        ]);
         assert!(matches!(
             cli.subcommand,
             Some(OperatorCommand::Release { force: true, .. })

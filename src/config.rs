@@ -2,56 +2,19 @@
 //! anything is contacted: every refusal here is exit 64 with one line.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::{EngineId, EngineInfo, Mode, engine_for};
+use std::sync::Arc;
+
+use crate::backend::{Address, AddressOptions, Mode, Wait};
 use crate::cli::{BackendArgs, RunArgs};
 use crate::exit::{Class, Failure, fail};
 use crate::schedule::Timing;
 
-/// Where locks live.
-#[derive(Debug, Clone)]
-pub enum Endpoint {
-    /// `flock(2)` files in a directory; `None` means the per-user default.
-    Local {
-        dir: Option<PathBuf>,
-    },
-    Redis(RedisUrl),
-}
-
-impl Endpoint {
-    /// The engine's row in the scheme table.
-    pub fn engine(&self) -> &'static EngineInfo {
-        crate::backend::engine(match self {
-            Endpoint::Local { .. } => EngineId::Local,
-            Endpoint::Redis(_) => EngineId::Redis,
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct RedisUrl {
-    /// The URL as given, handed to the redis crate; holds the password, never printed.
-    pub url: String,
-    /// The URL with any password replaced, for messages.
-    pub display: String,
-    pub password: Option<String>,
-    pub tls: bool,
-    pub insecure: bool,
-    pub ca_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
-    No,
-    For(Duration),
-    Forever,
-}
-
 #[derive(Debug, Clone)]
 pub struct Common {
-    pub backend: Endpoint,
+    /// The engine and its address, parsed by the engine.
+    pub address: Arc<dyn Address>,
     pub prefix: String,
     pub verbosity: u8,
 }
@@ -113,134 +76,33 @@ pub fn parse_duration(what: &str, s: &str, max: Duration) -> Result<Duration, Fa
 
 pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
     let url = args.url.as_deref().unwrap_or_default();
-    // A CA file from the environment is meant for TLS URLs; on any other
-    // engine it is ignored rather than refused.
-    let tls_ca = if args.tls_ca_from_env && !url.starts_with("rediss://") {
-        None
-    } else {
-        args.tls_ca.clone()
+    let opts = AddressOptions {
+        tls_ca: args.tls_ca.clone(),
+        tls_ca_from_env: args.tls_ca_from_env,
     };
-    let backend = match url {
-        "" => Endpoint::Local { dir: None },
-        url => parse_url(url, tls_ca.clone())?,
-    };
-    if matches!(backend, Endpoint::Local { .. }) && tls_ca.is_some() {
-        return Err(usage("--tls-ca only applies to a rediss:// URL"));
-    }
-    // The prefix names keys on a server; the local backend has none.
-    if matches!(backend, Endpoint::Redis(_)) && args.prefix.contains(['{', '}']) {
-        return Err(usage(format!(
-            "invalid --prefix {:?}: it may not contain '{{' or '}}' (the lock name is the hash tag)",
-            args.prefix
-        )));
-    }
+    let address = crate::backend::address(url, &opts)?;
+    address.check_prefix(&args.prefix)?;
     let verbosity = if args.quiet { 0 } else { 1 + args.verbose };
     Ok(Common {
-        backend,
+        address,
         prefix: args.prefix.clone(),
         verbosity,
     })
 }
 
-fn parse_url(raw: &str, ca_file: Option<PathBuf>) -> Result<Endpoint, Failure> {
-    let expected = "expected redis://[user][:pass@]host[:port][/db], rediss://… or file:///dir";
-    // Never echo the raw URL: it may hold a password.
-    let url = url::Url::parse(raw).map_err(|e| usage(format!("invalid --url: {e}; {expected}")))?;
-    let mut shown = url.clone();
-    if url.password().is_some() {
-        let _ = shown.set_password(Some("***"));
-    }
-    let display = shown.to_string();
-    let engine = engine_for(url.scheme()).ok_or_else(|| {
-        usage(format!(
-            "invalid --url: unknown scheme {:?}; {expected}",
-            url.scheme()
-        ))
-    })?;
-    match engine.id {
-        EngineId::Local => {
-            if url
-                .host_str()
-                .is_some_and(|h| !h.is_empty() && h != "localhost")
-            {
-                return Err(usage(format!(
-                    "invalid --url {display}: a file URL names a local directory, file:///dir"
-                )));
-            }
-            let dir = url
-                .to_file_path()
-                .map_err(|()| usage(format!("invalid --url {display}: {expected}")))?;
-            if ca_file.is_some() {
-                return Err(usage("--tls-ca only applies to a rediss:// URL"));
-            }
-            Ok(Endpoint::Local { dir: Some(dir) })
-        }
-        EngineId::Redis => {
-            if url.host_str().is_none_or(str::is_empty) {
-                return Err(usage(format!(
-                    "invalid --url {display}: missing host; {expected}"
-                )));
-            }
-            let db = url.path().trim_matches('/');
-            // Redis numbers its databases with a C int.
-            if !db.is_empty()
-                && db
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|d| *d <= i32::MAX as u32)
-                    .is_none()
-            {
-                return Err(usage(format!(
-                    "invalid --url {display}: database {db:?} is not a number from 0 to {}; {expected}",
-                    i32::MAX
-                )));
-            }
-            let tls = url.scheme() == "rediss";
-            let insecure = match url.fragment() {
-                None => false,
-                Some("insecure") if tls => true,
-                Some(_) => {
-                    return Err(usage(format!(
-                        "invalid --url {display}: the only fragment accepted is #insecure, on rediss://"
-                    )));
-                }
-            };
-            if url.query().is_some() {
-                return Err(usage(format!(
-                    "invalid --url {display}: query parameters are not supported; {expected}"
-                )));
-            }
-            if !tls && ca_file.is_some() {
-                return Err(usage("--tls-ca only applies to a rediss:// URL"));
-            }
-            let password = url.password().map(|p| {
-                url::form_urlencoded::parse(format!("p={p}").as_bytes())
-                    .next()
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default()
-            });
-            Ok(Endpoint::Redis(RedisUrl {
-                url: raw.to_string(),
-                display,
-                password,
-                tls,
-                insecure,
-                ca_file,
-            }))
-        }
-    }
-}
-
 /// The inherited LOCKRUN_URL carries a password (whichever URL is in effect,
 /// it must not reach the job, nor be readable from our /proc entries).
 pub fn inherited_url_has_password() -> bool {
-    std::env::var("LOCKRUN_URL")
-        .ok()
-        .and_then(|u| url::Url::parse(&u).ok())
-        .is_some_and(|u| u.password().is_some())
+    std::env::var("LOCKRUN_URL").ok().is_some_and(|u| {
+        let opts = AddressOptions {
+            tls_ca_from_env: true,
+            ..AddressOptions::default()
+        };
+        crate::backend::address(&u, &opts).is_ok_and(|a| a.secret().is_some())
+    })
 }
 
-/// A lock name must be printable and, on Redis, free of hash-tag braces.
+/// A lock name must be printable, bounded, and meet its engine's rules.
 /// Characters that change how a name looks without showing themselves:
 /// bidirectional controls, zero-width characters, line and paragraph
 /// separators, soft hyphen, byte-order mark.
@@ -255,7 +117,7 @@ fn is_invisible(c: char) -> bool {
 /// that long is already hashed into its local file name.
 pub const MAX_NAME: usize = 1024;
 
-pub fn check_name(name: &str, backend: &Endpoint) -> Result<(), Failure> {
+pub fn check_name(name: &str, address: &dyn Address) -> Result<(), Failure> {
     // First, and without the name: a line must not carry a huge name.
     if name.len() > MAX_NAME {
         return Err(usage(format!(
@@ -280,11 +142,7 @@ pub fn check_name(name: &str, backend: &Endpoint) -> Result<(), Failure> {
             c as u32
         )));
     }
-    if matches!(backend, Endpoint::Redis(_)) && name.contains(['{', '}']) {
-        return Err(usage(format!(
-            "invalid lock name {name:?}: '{{' and '}}' are not allowed on Redis (the name is the key's hash tag)"
-        )));
-    }
+    address.check_name(name)?;
     Ok(())
 }
 
@@ -293,7 +151,7 @@ pub fn check_name(name: &str, backend: &Endpoint) -> Result<(), Failure> {
 pub const MAX_LIMIT: u32 = 1000;
 
 /// The mode asked for, checked against what the engine can do.
-fn mode(run: &RunArgs, endpoint: &Endpoint) -> Result<Mode, Failure> {
+fn mode(run: &RunArgs, address: &dyn Address) -> Result<Mode, Failure> {
     let limit = run
         .limit
         .as_deref()
@@ -314,7 +172,7 @@ fn mode(run: &RunArgs, endpoint: &Endpoint) -> Result<Mode, Failure> {
         (false, Some(n)) => Mode::Limit(n),
         (false, None) => Mode::Exclusive,
     };
-    let caps = endpoint.engine().caps;
+    let caps = address.engine().caps;
     let missing = match mode {
         Mode::Shared if !caps.shared => Some("shared locks (-s)"),
         Mode::Limit(_) if !caps.limit => Some("--limit"),
@@ -323,7 +181,7 @@ fn mode(run: &RunArgs, endpoint: &Endpoint) -> Result<Mode, Failure> {
     if let Some(what) = missing {
         return Err(usage(format!(
             "the {} engine does not offer {what}",
-            endpoint.engine().name
+            address.engine().name
         )));
     }
     Ok(mode)
@@ -332,7 +190,7 @@ fn mode(run: &RunArgs, endpoint: &Endpoint) -> Result<Mode, Failure> {
 pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Failure> {
     let common = common(backend)?;
     let name = run.name.clone().unwrap_or_default();
-    check_name(&name, &common.backend)?;
+    check_name(&name, &*common.address)?;
 
     let ttl = parse_duration("--ttl", &run.ttl, MAX_TTL)?;
     let kill_after = run
@@ -394,7 +252,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         Some(l) => Some(l.to_string()),
     };
 
-    let mode = mode(run, &common.backend)?;
+    let mode = mode(run, &*common.address)?;
 
     Ok(RunConfig {
         common,
@@ -412,45 +270,11 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
 mod tests {
     use super::*;
 
-    fn spec(url: &str) -> Result<Endpoint, Failure> {
-        parse_url(url, None)
-    }
-
-    #[test]
-    fn urls_are_validated() {
-        assert!(matches!(
-            spec("redis://127.0.0.1:6379/2"),
-            Ok(Endpoint::Redis(_))
-        ));
-        assert!(matches!(spec("rediss://h#insecure"), Ok(Endpoint::Redis(r)) if r.insecure));
-        assert!(matches!(
-            spec("file:///tmp/x"),
-            Ok(Endpoint::Local { dir: Some(_) })
-        ));
-        for bad in [
-            "http://h",
-            "redis://",
-            "redis://h/x",
-            "redis://h/4294967295",
-            "redis://h/2147483648",
-            "redis://h#insecure",
-            "nonsense",
-            "file://h/x",
-        ] {
-            let e = spec(bad).unwrap_err();
-            assert_eq!(e.class, Class::Usage, "{bad}");
-        }
+    fn spec(url: &str) -> Result<Arc<dyn Address>, Failure> {
+        crate::backend::address(url, &AddressOptions::default())
     }
 
     proptest::proptest! {
-        #[test]
-        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|)(://)?") {
-            let url = format!("{scheme}{raw}");
-            if let Err(e) = parse_url(&url, None) {
-                proptest::prop_assert_eq!(e.class, Class::Usage);
-            }
-        }
-
         #[test]
         fn durations_never_panic(s in "\\PC{0,30}|[0-9.]{1,25}[a-z ]{0,6}") {
             let _ = parse_duration("--ttl", &s, MAX_TTL);
@@ -458,35 +282,21 @@ mod tests {
     }
 
     #[test]
-    fn passwords_never_reach_messages() {
-        let Endpoint::Redis(r) = spec("redis://u:s3cret@h:1/0").unwrap() else {
-            panic!()
-        };
-        assert!(!r.display.contains("s3cret"));
-        assert_eq!(r.password.as_deref(), Some("s3cret"));
-        let e = spec("redis://u:s3cret@h:1/zz").unwrap_err();
-        assert!(!e.to_string().contains("s3cret"), "{e}");
-        let e = spec("foo://u:s3cret@h").unwrap_err();
-        assert!(!e.to_string().contains("s3cret"), "{e}");
-    }
-
-    #[test]
     fn names_are_checked() {
-        let redis = spec("redis://h").unwrap();
-        let local = Endpoint::Local { dir: None };
-        assert!(check_name("", &local).is_err());
-        assert!(check_name("a\nb", &local).is_err());
-        assert!(check_name("a{b}", &redis).is_err());
-        assert!(check_name("a{b}", &local).is_ok());
-        assert!(check_name("../../x", &local).is_ok());
+        let local = spec("").unwrap();
+        let local = &*local;
+        assert!(check_name("", local).is_err());
+        assert!(check_name("a\nb", local).is_err());
+        assert!(check_name("a{b}", local).is_ok());
+        assert!(check_name("../../x", local).is_ok());
         for sneaky in ["a\u{202E}b", "a\u{200B}", "x\u{2028}y", "\u{FEFF}z"] {
-            assert!(check_name(sneaky, &local).is_err(), "{sneaky:?}");
+            assert!(check_name(sneaky, local).is_err(), "{sneaky:?}");
         }
-        assert!(check_name("café-Ünïcode", &local).is_ok());
-        assert!(check_name(&"x".repeat(MAX_NAME), &redis).is_ok());
-        assert!(check_name(&"x".repeat(MAX_NAME + 1), &local).is_err());
+        assert!(check_name("café-Ünïcode", local).is_ok());
+        assert!(check_name(&"x".repeat(MAX_NAME), local).is_ok());
+        assert!(check_name(&"x".repeat(MAX_NAME + 1), local).is_err());
         // Bytes, not characters: 513 two-byte characters are too many.
-        assert!(check_name(&"é".repeat(513), &redis).is_err());
+        assert!(check_name(&"é".repeat(513), local).is_err());
     }
 
     #[test]

@@ -231,7 +231,7 @@ fn verbose_quiet_and_default_output() {
     for step in [
         "connecting to",
         "acquired x with token",
-        "renewed in",
+        "lockrun: renewed in",
         "released x in",
     ] {
         assert!(err.contains(step), "-vv must show {step:?}: {err}");
@@ -242,8 +242,9 @@ fn verbose_quiet_and_default_output() {
     );
     let out = run(on(&url).args(["-v", "--ttl", "600ms", "x", "sleep", "0.5"]));
     assert!(
-        !text(&out.stderr).contains("renewed in"),
-        "renewals only at -vv"
+        !text(&out.stderr).contains("lockrun: renewed in"),
+        "renewals only at -vv: {}",
+        text(&out.stderr)
     );
     let out = run(on(&url).args(["-q", "x", "true"]));
     assert_eq!(text(&out.stderr), "");

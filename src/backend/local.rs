@@ -15,9 +15,13 @@ use rustix::fs::{
 };
 use rustix::io::Errno;
 
-use super::{Acquired, Engine, Held, Holder, Lease, Mode, Request, Status, is_own_outer_holder};
+use std::sync::Arc;
+
+use super::{
+    Acquired, Address, AddressOptions, Caps, Engine, EngineInfo, Held, Holder, Lease, Mode,
+    Request, Status, Wait, is_own_outer_holder,
+};
 use crate::clock::Boot;
-use crate::config::Wait;
 use crate::exit::{Class, Failure, fail};
 use crate::log;
 use crate::watchdog::Renewer;
@@ -641,6 +645,69 @@ impl Waiter<'_> {
             None => Ok(false),
         }
     }
+}
+
+/// The local engine's row of the scheme table: the default, with no URL.
+pub const ENGINE: EngineInfo = EngineInfo {
+    name: "local",
+    schemes: &["file"],
+    form: "file:///dir",
+    parse,
+    caps: Caps {
+        expires: false,
+        force_release: false,
+        shared: true,
+        limit: true,
+    },
+};
+
+/// A lock directory (README "Local (the default)"); None is the per-user default.
+#[derive(Debug, Clone)]
+pub struct LocalDir {
+    pub dir: Option<PathBuf>,
+}
+
+impl Address for LocalDir {
+    fn engine(&self) -> &'static EngineInfo {
+        &ENGINE
+    }
+    fn shown(&self) -> String {
+        match &self.dir {
+            Some(d) => format!("file://{}", d.display()),
+            None => "the local default directory".into(),
+        }
+    }
+    fn open(&self, _prefix: &str, _op: Duration) -> Result<Box<dyn Engine>, Failure> {
+        Ok(Box::new(Local::open(self.dir.as_deref())?))
+    }
+}
+
+/// Parse `file:///dir` (empty: the default directory).
+pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Failure> {
+    let usage = |msg: String| fail(Class::Usage, msg);
+    let dir = if raw.is_empty() {
+        None
+    } else {
+        let expected = format!("expected {}", ENGINE.form);
+        let url =
+            url::Url::parse(raw).map_err(|e| usage(format!("invalid --url: {e}; {expected}")))?;
+        let display = url.to_string();
+        if url
+            .host_str()
+            .is_some_and(|h| !h.is_empty() && h != "localhost")
+        {
+            return Err(usage(format!(
+                "invalid --url {display}: a file URL names a local directory, file:///dir"
+            )));
+        }
+        Some(
+            url.to_file_path()
+                .map_err(|()| usage(format!("invalid --url {display}: {expected}")))?,
+        )
+    };
+    let addr = LocalDir { dir };
+    opts.no_tls(&addr.shown())?;
+    Ok(Arc::new(addr))
 }
 
 /// The local engine: a directory of lock files.

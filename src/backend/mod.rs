@@ -7,10 +7,11 @@ pub mod local;
 pub mod redis;
 
 use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Boot;
-use crate::config::{Endpoint, Wait};
 use crate::exit::{Class, Failure, fail};
 use crate::schedule::Timing;
 use crate::watchdog::Renewer;
@@ -110,59 +111,109 @@ pub struct Caps {
     pub limit: bool,
 }
 
-/// The engines lockrun has.
+/// How long a request waits for a name that is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineId {
-    Local,
-    Redis,
+pub enum Wait {
+    No,
+    For(Duration),
+    Forever,
 }
 
-/// One row of the scheme table: which URL schemes name an engine, and what it can do.
+/// What an address may need besides its text.
+#[derive(Debug, Clone, Default)]
+pub struct AddressOptions {
+    /// `--tls-ca`: a CA file for an engine that speaks TLS.
+    pub tls_ca: Option<PathBuf>,
+    /// It came from the environment, which may be meant for another engine:
+    /// an engine without TLS ignores it rather than refusing it.
+    pub tls_ca_from_env: bool,
+}
+
+impl AddressOptions {
+    /// The refusal of a CA file by an address that does not use TLS (none
+    /// if it came from the environment).
+    pub fn no_tls(&self, shown: &str) -> Result<(), Failure> {
+        match &self.tls_ca {
+            Some(_) if !self.tls_ca_from_env => Err(fail(
+                Class::Usage,
+                format!("--tls-ca only applies to an address that uses TLS, not {shown}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// An engine at an address: parsed and checked by the engine, not contacted.
+pub trait Address: std::fmt::Debug + Send + Sync {
+    fn engine(&self) -> &'static EngineInfo;
+    /// The address as messages show it, any secret in it hidden.
+    fn shown(&self) -> String;
+    /// A secret the address carries (a password): kept out of every line
+    /// lockrun prints and out of the job's environment.
+    fn secret(&self) -> Option<&str> {
+        None
+    }
+    /// The engine's own rules for lock names, beyond lockrun's.
+    fn check_name(&self, _name: &str) -> Result<(), Failure> {
+        Ok(())
+    }
+    /// The engine's own rules for `--prefix`.
+    fn check_prefix(&self, _prefix: &str) -> Result<(), Failure> {
+        Ok(())
+    }
+    /// Open the engine. `op` bounds one request.
+    fn open(&self, prefix: &str, op: Duration) -> Result<Box<dyn Engine>, Failure>;
+}
+
+/// How an engine reads an address of its own (the whole text, scheme
+/// included; empty for the default engine with no URL).
+pub type Parse = fn(&str, &AddressOptions) -> Result<Arc<dyn Address>, Failure>;
+
+/// One row of the scheme table: which URL schemes name an engine, how its
+/// addresses are written and parsed, and what it can do.
 pub struct EngineInfo {
-    pub id: EngineId,
     /// As messages name it.
     pub name: &'static str,
     pub schemes: &'static [&'static str],
+    /// How an address is written, for messages.
+    pub form: &'static str,
+    pub parse: Parse,
     pub caps: Caps,
 }
 
-/// Every engine lockrun has, by URL scheme. No URL means the local engine.
-pub const ENGINES: [EngineInfo; 2] = [
-    EngineInfo {
-        id: EngineId::Local,
-        name: "local",
-        schemes: &["file"],
-        caps: Caps {
-            expires: false,
-            force_release: false,
-            shared: true,
-            limit: true,
-        },
-    },
-    EngineInfo {
-        id: EngineId::Redis,
-        name: "Redis",
-        schemes: &["redis", "rediss"],
-        caps: Caps {
-            expires: true,
-            force_release: true,
-            shared: true,
-            limit: true,
-        },
-    },
-];
-
-/// An engine's row.
-pub fn engine(id: EngineId) -> &'static EngineInfo {
-    ENGINES
-        .iter()
-        .find(|e| e.id == id)
-        .expect("every engine has a row")
-}
+/// Every engine lockrun has, by URL scheme. No URL means the first (local).
+pub const ENGINES: [EngineInfo; 2] = [local::ENGINE, redis::ENGINE];
 
 /// The engine a URL scheme names.
 pub fn engine_for(scheme: &str) -> Option<&'static EngineInfo> {
     ENGINES.iter().find(|e| e.schemes.contains(&scheme))
+}
+
+/// Parse `--url` (empty: the local default) into its engine's address.
+pub fn address(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Failure> {
+    if raw.is_empty() {
+        return (ENGINES[0].parse)(raw, opts);
+    }
+    let forms: Vec<&str> = ENGINES.iter().map(|e| e.form).collect();
+    let expected = format!("expected {}", forms.join(" or "));
+    // Never echo the raw URL: it may hold a password.
+    let scheme = raw
+        .split_once("://")
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .ok_or_else(|| {
+            fail(
+                Class::Usage,
+                format!("invalid --url: no scheme; {expected}"),
+            )
+        })?;
+    let engine = engine_for(&scheme).ok_or_else(|| {
+        let shown: String = scheme.chars().take(20).collect();
+        fail(
+            Class::Usage,
+            format!("invalid --url: unknown scheme {shown:?}; {expected}"),
+        )
+    })?;
+    (engine.parse)(raw, opts)
 }
 
 /// Who we are to the engine: a secret that proves ownership, and a label for humans.
@@ -362,14 +413,6 @@ pub trait Engine: Send {
     }
 }
 
-/// Open the engine an endpoint names. `op` bounds one request.
-pub fn open(endpoint: &Endpoint, prefix: &str, op: Duration) -> Result<Box<dyn Engine>, Failure> {
-    Ok(match endpoint {
-        Endpoint::Local { dir } => Box::new(local::Local::open(dir.as_deref())?),
-        Endpoint::Redis(url) => Box::new(redis::Redis::connect(url, prefix, op)?),
-    })
-}
-
 /// Run `f` on a thread of its own and wait for it at most `limit`: a server
 /// that trickles its replies (each read within its timeout, the whole
 /// without end) must not keep lockrun from ending. On time-out the thread is
@@ -447,6 +490,76 @@ pub fn gone_holder(label: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec(url: &str) -> Result<Arc<dyn Address>, Failure> {
+        address(url, &AddressOptions::default())
+    }
+
+    #[test]
+    fn urls_are_validated() {
+        assert_eq!(
+            spec("redis://127.0.0.1:6379/2").unwrap().engine().name,
+            "Redis"
+        );
+        assert_eq!(spec("rediss://h#insecure").unwrap().engine().name, "Redis");
+        assert_eq!(spec("file:///tmp/x").unwrap().engine().name, "local");
+        assert_eq!(spec("").unwrap().engine().name, "local");
+        for bad in [
+            "http://h",
+            "redis://",
+            "redis://h/x",
+            "redis://h/4294967295",
+            "redis://h/2147483648",
+            "redis://h#insecure",
+            "nonsense",
+            "file://h/x",
+        ] {
+            let e = spec(bad).unwrap_err();
+            assert_eq!(e.class, Class::Usage, "{bad}");
+        }
+        // A CA file on an address without TLS: refused when asked for, ignored
+        // when it only came from the environment.
+        let ca = |from_env| AddressOptions {
+            tls_ca: Some("/ca.pem".into()),
+            tls_ca_from_env: from_env,
+        };
+        for url in ["redis://h", "file:///tmp/x", ""] {
+            assert!(address(url, &ca(false)).is_err(), "{url}");
+            assert!(address(url, &ca(true)).is_ok(), "{url}");
+        }
+        assert!(address("rediss://h", &ca(false)).is_ok());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|)(://)?") {
+            let url = format!("{scheme}{raw}");
+            if let Err(e) = spec(&url) {
+                proptest::prop_assert_eq!(e.class, Class::Usage);
+            }
+        }
+
+    }
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        let r = spec("redis://u:s3cret@h:1/0").unwrap();
+        assert!(!r.shown().contains("s3cret"), "{}", r.shown());
+        assert_eq!(r.secret(), Some("s3cret"));
+        let e = spec("redis://u:s3cret@h:1/zz").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = spec("foo://u:s3cret@h").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn engines_add_their_own_name_rules() {
+        let redis = spec("redis://h").unwrap();
+        assert!(redis.check_name("a{b}").is_err());
+        assert!(redis.check_prefix("p{").is_err());
+        let local = spec("").unwrap();
+        assert!(local.check_name("a{b}").is_ok());
+    }
 
     #[test]
     fn modes_agree_as_the_readme_says() {

@@ -8,9 +8,14 @@ use std::time::Duration;
 use anyhow::anyhow;
 use redis::{Client, Connection, IntoConnectionInfo, Script, Value};
 
-use super::{Acquired, Broken, Engine, Force, Held, Holder, Lease, Mode, Request, Status};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{
+    Acquired, Address, AddressOptions, Broken, Caps, Engine, EngineInfo, Force, Held, Holder,
+    Lease, Mode, Request, Status, Wait,
+};
 use crate::clock::{Boot, jitter};
-use crate::config::{RedisUrl, Wait};
 use crate::exit::{Class, Failure, fail};
 use crate::log;
 use crate::schedule::Timing;
@@ -749,6 +754,137 @@ fn waiter_id() -> String {
 }
 
 /// The Redis engine at one address.
+/// Redis's row of the scheme table.
+pub const ENGINE: EngineInfo = EngineInfo {
+    name: "Redis",
+    schemes: &["redis", "rediss"],
+    form: "redis://[user][:pass@]host[:port][/db], rediss://…",
+    parse,
+    caps: Caps {
+        expires: true,
+        force_release: true,
+        shared: true,
+        limit: true,
+    },
+};
+
+/// A Redis server's address (README "Redis").
+#[derive(Debug, Clone)]
+pub struct RedisUrl {
+    /// The URL as given, handed to the redis crate; holds the password, never printed.
+    pub url: String,
+    /// The URL with any password replaced, for messages.
+    pub display: String,
+    pub password: Option<String>,
+    pub tls: bool,
+    pub insecure: bool,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Address for RedisUrl {
+    fn engine(&self) -> &'static EngineInfo {
+        &ENGINE
+    }
+    fn shown(&self) -> String {
+        self.display.clone()
+    }
+    fn secret(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+    fn check_name(&self, name: &str) -> Result<(), Failure> {
+        if name.contains(['{', '}']) {
+            return Err(fail(
+                Class::Usage,
+                format!(
+                    "invalid lock name {name:?}: '{{' and '}}' are not allowed on Redis (the name is the key's hash tag)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+    fn check_prefix(&self, prefix: &str) -> Result<(), Failure> {
+        if prefix.contains(['{', '}']) {
+            return Err(fail(
+                Class::Usage,
+                format!(
+                    "invalid --prefix {prefix:?}: it may not contain '{{' or '}}' (the lock name is the hash tag)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+    fn open(&self, prefix: &str, op: Duration) -> Result<Box<dyn Engine>, Failure> {
+        Ok(Box::new(Redis::connect(self, prefix, op)?))
+    }
+}
+
+/// Parse `redis://[user][:pass@]host[:port][/db]` or `rediss://…`.
+pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Failure> {
+    let usage = |msg: String| fail(Class::Usage, msg);
+    let expected = format!("expected {}", ENGINE.form);
+    // Never echo the raw URL: it may hold a password.
+    let url = url::Url::parse(raw).map_err(|e| usage(format!("invalid --url: {e}; {expected}")))?;
+    let mut shown = url.clone();
+    if url.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    let display = shown.to_string();
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(usage(format!(
+            "invalid --url {display}: missing host; {expected}"
+        )));
+    }
+    let db = url.path().trim_matches('/');
+    // Redis numbers its databases with a C int.
+    if !db.is_empty()
+        && db
+            .parse::<u32>()
+            .ok()
+            .filter(|d| *d <= i32::MAX as u32)
+            .is_none()
+    {
+        return Err(usage(format!(
+            "invalid --url {display}: database {db:?} is not a number from 0 to {}; {expected}",
+            i32::MAX
+        )));
+    }
+    let tls = url.scheme() == "rediss";
+    let insecure = match url.fragment() {
+        None => false,
+        Some("insecure") if tls => true,
+        Some(_) => {
+            return Err(usage(format!(
+                "invalid --url {display}: the only fragment accepted is #insecure, on rediss://"
+            )));
+        }
+    };
+    if url.query().is_some() {
+        return Err(usage(format!(
+            "invalid --url {display}: query parameters are not supported; {expected}"
+        )));
+    }
+    let ca_file = if tls {
+        opts.tls_ca.clone()
+    } else {
+        opts.no_tls(&display)?;
+        None
+    };
+    let password = url.password().map(|p| {
+        url::form_urlencoded::parse(format!("p={p}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default()
+    });
+    Ok(Arc::new(RedisUrl {
+        url: raw.to_string(),
+        display,
+        password,
+        tls,
+        insecure,
+        ca_file,
+    }))
+}
+
 pub struct Redis {
     link: Link,
     prefix: String,
