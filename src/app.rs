@@ -73,7 +73,10 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
             // paused right after it, must not start the job: ask again.
             Acquired::Granted(l)
                 if expires
-                    && Boot::now() >= cfg.timing.lost_at(cfg.timing.deadline_from(l.sent_at)) =>
+                    && Boot::now()
+                        >= cfg
+                            .timing
+                            .lost_at(cfg.timing.deadline_for(l.sent_at, l.ttl)) =>
             {
                 log::warn(format!(
                     "the lease on {} ran out before the job could start (was lockrun paused?); acquiring again",
@@ -104,8 +107,11 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
     };
     drop(engine);
 
-    let deadline =
-        expires.then(|| Arc::new(Deadline::new(cfg.timing.deadline_from(lease.sent_at))));
+    let deadline = expires.then(|| {
+        Arc::new(Deadline::new(
+            cfg.timing.deadline_for(lease.sent_at, lease.ttl),
+        ))
+    });
     // A password must never reach the job, even through an inherited
     // LOCKRUN_URL that another --url overrode.
     let password_in_effect = cfg.common.address.secret().is_some();

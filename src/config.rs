@@ -193,6 +193,8 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
     check_name(&name, &*common.address)?;
 
     let ttl = parse_duration("--ttl", &run.ttl, MAX_TTL)?;
+    // What the engine would grant: the schedule is built on that.
+    let ttl = common.address.engine().grantable(ttl)?;
     let kill_after = run
         .kill_after
         .as_deref()

@@ -106,9 +106,11 @@ impl Timing {
         self.lost_at(deadline).sub(self.op)
     }
 
-    /// Local expiry estimate from the moment the granting request was sent.
-    pub fn deadline_from(&self, sent_at: Boot) -> Boot {
-        sent_at.add(self.ttl).sub(self.drift)
+    /// Local expiry estimate of a lease the server granted for `granted`
+    /// (which may differ from the ttl asked for: an engine that grants whole
+    /// seconds), from the moment the granting request was sent.
+    pub fn deadline_for(&self, sent_at: Boot, granted: Duration) -> Boot {
+        sent_at.add(granted).sub(self.drift)
     }
 }
 
@@ -151,7 +153,7 @@ mod tests {
     fn job_dies_before_the_lease_expires() {
         let t = Timing::new(Duration::from_secs(1), None).unwrap();
         let sent = Boot(Duration::from_secs(100));
-        let deadline = t.deadline_from(sent);
+        let deadline = t.deadline_for(sent, t.ttl);
         // SIGKILL goes out at lost_at + grace, which must leave slack before expiry.
         let kill = t.lost_at(deadline).add(t.grace);
         let server_expiry = sent.add(t.ttl);

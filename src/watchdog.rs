@@ -14,10 +14,20 @@ use rustix::event::{PollFd, PollFlags, poll};
 use crate::clock::{Boot, BootTimer, jitter};
 use crate::schedule::Timing;
 
+/// What a renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Renewed for `ttl` from when the request was sent: what the server
+    /// granted, which may differ from what was asked (the deadline counts
+    /// from it).
+    Renewed { ttl: Duration },
+    /// The lease is not ours any more (final).
+    Lost,
+}
+
 /// One backend lease as the watchdog sees it: renew, or learn it is gone.
 pub trait Renewer: Send {
-    /// Ok(true): renewed for a full ttl; Ok(false): the lease is not ours any more.
-    fn renew(&mut self) -> anyhow::Result<bool>;
+    fn renew(&mut self) -> anyhow::Result<Renewal>;
     /// A renewer for the same lease with no connection yet, used when an
     /// attempt had to be abandoned (it may still be stuck somewhere).
     fn fresh(&self) -> Box<dyn Renewer>;
@@ -133,7 +143,7 @@ impl Drop for Watchdog {
 
 /// How one renewal attempt ended.
 enum Attempt {
-    Done(anyhow::Result<bool>),
+    Done(anyhow::Result<Renewal>),
     /// It did not finish within its bound; it was left to finish on its own.
     Abandoned,
 }
@@ -193,12 +203,12 @@ fn renew_loop(
         };
         let sent_at = Boot::now();
         let error = match attempt(&mut slot, &*template, limit) {
-            Attempt::Done(Ok(true)) => {
+            Attempt::Done(Ok(Renewal::Renewed { ttl })) => {
                 failures = 0;
                 // A late success cannot undo "lost": the supervisor also checks
                 // the deadline it had, and lost is final there.
                 if let Some(d) = deadline {
-                    d.set(timing.deadline_from(sent_at));
+                    d.set(timing.deadline_for(sent_at, ttl));
                 }
                 send(Event::Renewed {
                     took: Boot::now().since(sent_at),
@@ -208,7 +218,7 @@ fn renew_loop(
                 }
                 continue;
             }
-            Attempt::Done(Ok(false)) => {
+            Attempt::Done(Ok(Renewal::Lost)) => {
                 send(Event::Lost {
                     reason: "the lease is no longer ours (deleted, expired or taken over)".into(),
                 });
@@ -231,5 +241,49 @@ fn renew_loop(
         if wait_until(timer, stop, retry_at) {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Grants a fixed ttl on every renewal.
+    struct Grants(Duration);
+
+    impl Renewer for Grants {
+        fn renew(&mut self) -> anyhow::Result<Renewal> {
+            Ok(Renewal::Renewed { ttl: self.0 })
+        }
+        fn fresh(&self) -> Box<dyn Renewer> {
+            Box::new(Grants(self.0))
+        }
+    }
+
+    #[test]
+    fn the_deadline_counts_from_what_the_server_granted() {
+        let timing = Timing::new(Duration::from_secs(3), None).unwrap();
+        let start = Boot::now();
+        let deadline = Arc::new(Deadline::new(start.add(timing.ttl)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (_wake_rx, wake_tx) = UnixStream::pair().unwrap();
+        wake_tx.set_nonblocking(true).unwrap();
+        // The server grants 2 s where 3 s were asked: the deadline moves in.
+        let _w = Watchdog::spawn(
+            Box::new(Grants(Duration::from_secs(2))),
+            timing,
+            Some(Arc::clone(&deadline)),
+            tx,
+            wake_tx,
+        )
+        .unwrap();
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
+        let d = deadline.get();
+        assert!(d <= Boot::now().add(Duration::from_secs(2)), "{d:?}");
+        assert!(
+            d >= start.add(Duration::from_secs(2)).sub(timing.drift),
+            "{d:?}"
+        );
     }
 }

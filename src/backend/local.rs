@@ -24,7 +24,7 @@ use super::{
 use crate::clock::Boot;
 use crate::exit::{Class, Failure, fail};
 use crate::log;
-use crate::watchdog::Renewer;
+use crate::watchdog::{Renewal, Renewer};
 
 /// Size of the record at the start of each lock file, written in one `pwrite`.
 const RECORD: usize = 256;
@@ -653,6 +653,9 @@ pub const ENGINE: EngineInfo = EngineInfo {
     schemes: &["file"],
     form: "file:///dir",
     parse,
+    // Leases are asked for in milliseconds (PX / the boot clock).
+    ttl_step: Duration::from_millis(1),
+    ttl_min: Duration::ZERO,
     caps: Caps {
         expires: false,
         force_release: false,
@@ -1446,6 +1449,8 @@ impl Local {
             token,
             slot,
             sent_at,
+            // A flock has no end of its own; the job is told the ttl asked.
+            req.timing.ttl,
             Box::new(held),
         ))))
     }
@@ -1521,10 +1526,13 @@ struct LocalRenewer {
 }
 
 impl Renewer for LocalRenewer {
-    fn renew(&mut self) -> anyhow::Result<bool> {
+    fn renew(&mut self) -> anyhow::Result<Renewal> {
         // The flock cannot expire; the lease is lost only if the path stops
         // naming our file, since a new file there would admit a second holder.
-        Ok(matches!(stat(&self.path), Ok(st) if identity(&st) == self.id))
+        Ok(match stat(&self.path) {
+            Ok(st) if identity(&st) == self.id => Renewal::Renewed { ttl: Duration::MAX },
+            _ => Renewal::Lost,
+        })
     }
 
     fn fresh(&self) -> Box<dyn Renewer> {

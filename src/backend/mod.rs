@@ -179,6 +179,34 @@ pub struct EngineInfo {
     pub form: &'static str,
     pub parse: Parse,
     pub caps: Caps,
+    /// The engine grants leases in steps of this (a ttl asked for is rounded
+    /// up to it) and no shorter than `ttl_min`: refused before anything is
+    /// contacted.
+    pub ttl_step: Duration,
+    pub ttl_min: Duration,
+}
+
+impl EngineInfo {
+    /// The ttl this engine would grant for `asked`, or the one line saying
+    /// why it cannot.
+    pub fn grantable(&self, asked: Duration) -> Result<Duration, Failure> {
+        let step = self.ttl_step.as_nanos().max(1);
+        let ttl = Duration::from_nanos(
+            u64::try_from(asked.as_nanos().div_ceil(step) * step).unwrap_or(u64::MAX),
+        );
+        if ttl < self.ttl_min {
+            return Err(fail(
+                Class::Usage,
+                format!(
+                    "--ttl {} is below the {} engine's smallest lease of {}",
+                    humantime::format_duration(asked),
+                    self.name,
+                    humantime::format_duration(self.ttl_min)
+                ),
+            ));
+        }
+        Ok(ttl)
+    }
 }
 
 /// Every engine lockrun has, by URL scheme. No URL means the first (local).
@@ -273,6 +301,9 @@ pub struct Lease {
     /// When the request that started the lease was sent (or earlier): the
     /// lease deadline counts from here.
     pub sent_at: Boot,
+    /// The lease's length as the engine granted it (not always the ttl
+    /// asked for); the deadline counts from it.
+    pub ttl: Duration,
     held: Box<dyn Held>,
 }
 
@@ -289,11 +320,18 @@ pub trait Held: Send {
 }
 
 impl Lease {
-    pub fn new(token: u64, slot: Option<u32>, sent_at: Boot, held: Box<dyn Held>) -> Lease {
+    pub fn new(
+        token: u64,
+        slot: Option<u32>,
+        sent_at: Boot,
+        ttl: Duration,
+        held: Box<dyn Held>,
+    ) -> Lease {
         Lease {
             token,
             slot,
             sent_at,
+            ttl,
             held,
         }
     }
@@ -313,7 +351,7 @@ impl Lease {
             ("LOCKRUN_OWNER".to_string(), req.owner.label.clone()),
             (
                 "LOCKRUN_TTL_MS".to_string(),
-                req.timing.ttl.as_millis().to_string(),
+                self.ttl.as_millis().to_string(),
             ),
         ];
         if let Some(slot) = self.slot {
@@ -559,6 +597,35 @@ mod tests {
         assert!(redis.check_prefix("p{").is_err());
         let local = spec("").unwrap();
         assert!(local.check_name("a{b}").is_ok());
+    }
+
+    #[test]
+    fn a_ttl_is_rounded_up_to_the_engine_s_step_and_bounded_below() {
+        let e = EngineInfo {
+            ttl_step: Duration::from_secs(1),
+            ttl_min: Duration::from_secs(2),
+            ..local::ENGINE
+        };
+        assert_eq!(
+            e.grantable(Duration::from_millis(2001)).unwrap(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            e.grantable(Duration::from_secs(2)).unwrap(),
+            Duration::from_secs(2)
+        );
+        let refused = e.grantable(Duration::from_millis(900)).unwrap_err();
+        assert_eq!(refused.class, Class::Usage);
+        assert!(
+            refused.to_string().contains("smallest lease of 2s"),
+            "{refused}"
+        );
+        assert_eq!(
+            redis::ENGINE
+                .grantable(Duration::from_millis(1500))
+                .unwrap(),
+            Duration::from_millis(1500)
+        );
     }
 
     #[test]

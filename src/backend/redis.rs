@@ -19,7 +19,7 @@ use crate::clock::{Boot, jitter};
 use crate::exit::{Class, Failure, fail};
 use crate::log;
 use crate::schedule::Timing;
-use crate::watchdog::Renewer;
+use crate::watchdog::{Renewal, Renewer};
 
 /// Shared by every script. A name's state is one hash of holders, each
 /// field `h:<owner>` (or `r:<token>` once revoked) with the value
@@ -760,6 +760,9 @@ pub const ENGINE: EngineInfo = EngineInfo {
     schemes: &["redis", "rediss"],
     form: "redis://[user][:pass@]host[:port][/db], rediss://…",
     parse,
+    // Leases are asked for in milliseconds (PX / the boot clock).
+    ttl_step: Duration::from_millis(1),
+    ttl_min: Duration::ZERO,
     caps: Caps {
         expires: true,
         force_release: true,
@@ -1110,6 +1113,8 @@ impl Engine for Redis {
                         token,
                         slot,
                         sent_at,
+                        // PEXPIREAT with the ttl asked: Redis grants what it is asked.
+                        timing.ttl,
                         Box::new(held),
                     )));
                 }
@@ -1287,7 +1292,7 @@ impl Renewer for RedisRenewer {
         })
     }
 
-    fn renew(&mut self) -> anyhow::Result<bool> {
+    fn renew(&mut self) -> anyhow::Result<Renewal> {
         if self.conn.is_none() {
             self.conn =
                 Some(connect(&self.client, self.timing.op).map_err(|e| anyhow!(describe(&e)))?);
@@ -1299,7 +1304,10 @@ impl Renewer for RedisRenewer {
             .arg(self.timing.ttl.as_millis() as u64)
             .invoke::<i64>(conn);
         match r {
-            Ok(n) => Ok(n == 1),
+            Ok(1) => Ok(Renewal::Renewed {
+                ttl: self.timing.ttl,
+            }),
+            Ok(_) => Ok(Renewal::Lost),
             Err(e) => {
                 // Unknown state after a timeout: start over on a new connection.
                 self.conn = None;
