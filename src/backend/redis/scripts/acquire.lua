@@ -1,0 +1,104 @@
+-- Arguments are checked before anything is written: no key without expiry.
+if bad_ms(ARGV[3]) then return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[3])) end
+if bad_ms(ARGV[8]) then return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[8])) end
+local ttl, mode, limit = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+if not string.match(mode, '^[xsn]$') or not limit or limit < 1 or limit > 1000000 then
+  return redis.error_reply('LOCKRUN invalid mode')
+end
+if ARGV[11] ~= '' and (not string.match(ARGV[11], '^%d+$') or #ARGV[11] > 16) then
+  return redis.error_reply('LOCKRUN invalid arrival number')
+end
+local alive = now_ms() + tonumber(ARGV[8])
+-- A queued waiter that only keeps its place: behind a live head, or at the
+-- head while every holder's lease runs on, a few commands however long the
+-- queue (the head hears when the soonest lease ends). Not queued, woken,
+-- a dead head or a lease that ran out: the full path.
+if ARGV[10] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) == 1 then
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  local soon = nil
+  if head == ARGV[7] then
+    local all = redis.call('HGETALL', KEYS[1])
+    for i = 2, #all, 2 do
+      local r = parse(all[i])
+      local left = r and r.exp - now_ms()
+      if not left or left <= 0 then soon = nil break end
+      if not soon or left < soon then soon = left end
+    end
+  elseif head then
+    local head_alive = redis.call('ZSCORE', KEYS[6], head)
+    if head_alive and tonumber(head_alive) > now_ms() then soon = -1 end
+  end
+  if soon then
+    extend_queue(tonumber(ARGV[8]))
+    return {2, '', soon}
+  end
+end
+local hs = holders()
+if not hs then return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease') end
+-- Queue this request at arrival number `seq` (or keep it there).
+local function enqueue(seq)
+  redis.call('ZADD', KEYS[3], seq, ARGV[7])
+  redis.call('HSET', KEYS[4], ARGV[7], ARGV[3] .. '|' .. mode .. '|' .. ARGV[5] .. '|' ..
+    ARGV[1] .. '|' .. ARGV[2])
+  keep_place(ARGV[7], tonumber(ARGV[8]))
+end
+-- What to answer. Serving the queue may grant to a waiter on any path, so
+-- every answer is followed by one settle: the key never stays without an
+-- expiry, whichever way this call ends.
+local function answer()
+  local mine = 'h:' .. ARGV[1]
+  -- A waiter whose place lapsed while it lived (the server paused past
+  -- ttl/3, or the waiter itself) takes it back at its arrival number
+  -- before the queue is served: no waiter that came later goes first. A
+  -- place still there is kept the same way, so serving does not drop it.
+  local back = ARGV[6] == '1' and ARGV[11] ~= ''
+  for _, r in ipairs(hs) do
+    if r.field == mine then back = false end
+  end
+  if back then enqueue(ARGV[11]) end
+  local live = serve(hs)
+  for _, r in ipairs(hs) do
+    if r.field == mine then
+      r.exp = now_ms() + ttl
+      redis.call('HSET', KEYS[1], mine, encode(r))
+      dequeue(ARGV[7])
+      redis.call('DEL', KEYS[5] .. ARGV[7])
+      return {1, r.token, r.slot}
+    end
+  end
+  -- Run from inside a job holding this name: any wait would be for ourselves.
+  if ARGV[9] ~= '' then
+    for _, r in ipairs(hs) do
+      if r.label == ARGV[9] or string.sub(r.label, 1, #ARGV[9] + 2) == ARGV[9] .. ' (' then
+        dequeue(ARGV[7])
+        return {4}
+      end
+    end
+  end
+  local other = disagreeing(mode, limit, hs)
+  if other then
+    dequeue(ARGV[7])
+    redis.call('DEL', KEYS[5] .. ARGV[7])
+    return {3, other.mode, other.limit}
+  end
+  local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
+  if queued then
+    if not back then keep_place(ARGV[7], tonumber(ARGV[8])) end
+    return {2, first_label(hs), soonest_end(hs), tonumber(queued)}
+  end
+  local ok, slot = can_grant(mode, limit, hs)
+  if live == 0 and ok then
+    local r = grant(hs, ARGV[1], ARGV[2], ttl, mode, limit, slot)
+    return {1, r.token, r.slot}
+  end
+  if ARGV[6] ~= '1' then return {0, first_label(hs)} end
+  -- Behind everyone already queued, also within one microsecond.
+  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  local seq = now_us()
+  if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
+  enqueue(fmt(seq))
+  return {2, first_label(hs), soonest_end(hs), seq}
+end
+local reply = answer()
+settle(hs)
+return reply

@@ -1,0 +1,23 @@
+-- Arguments are checked before anything is written: no key without expiry.
+if bad_ms(ARGV[2]) then return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[2])) end
+local field = 'h:' .. ARGV[1]
+local v = redis.pcall('HGET', KEYS[1], field)
+if type(v) ~= 'string' then return 0 end
+local r = parse(v)
+if not r or r.exp <= now_ms() then return 0 end
+r.exp = now_ms() + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], field, encode(r))
+-- The key lives as long as its longest holder (GT: never shortened). GT
+-- leaves a key without expiry as it is (one an older lockrun left, say):
+-- that one gets its longest holder's.
+if redis.call('PEXPIREAT', KEYS[1], fmt(r.exp), 'GT') == 0
+    and redis.call('PTTL', KEYS[1]) == -1 then
+  local far = r.exp
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 2, #all, 2 do
+    local o = parse(all[i])
+    if o and o.exp > far then far = o.exp end
+  end
+  redis.call('PEXPIREAT', KEYS[1], fmt(far))
+end
+return 1
