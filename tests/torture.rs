@@ -287,6 +287,19 @@ fn worker(i: usize, sh: Arc<Shared>, seed: u64) {
     }
 }
 
+/// A worker, from a random one on, whose lockrun runs a job with its child:
+/// (worker, lockrun's pid, the child's pid).
+fn running_job(sh: &Shared, rng: &mut Rng) -> Option<(usize, i32, i32)> {
+    let workers = sh.lockrun_pid.len();
+    let start = rng.below(workers as u64) as usize;
+    (0..workers).map(|k| (start + k) % workers).find_map(|w| {
+        let lr = sh.lockrun_pid[w].load(Ordering::SeqCst);
+        let g = std::fs::read_to_string(sh.dir.join(format!("grandchild-{w}"))).ok()?;
+        let g = g.trim().parse::<i32>().ok()?;
+        (lr > 1 && alive(lr) && alive(g)).then_some((w, lr, g))
+    })
+}
+
 fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -> Vec<Chaos> {
     let mut rng = Rng(seed | 1);
     let mut log = Vec::new();
@@ -360,14 +373,9 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
             }
             4 => {
                 // SIGKILL a lockrun whose job (and its child) runs.
-                let start = rng.below(workers as u64) as usize;
-                let holder = (0..workers).map(|k| (start + k) % workers).find_map(|w| {
-                    let lr = sh.lockrun_pid[w].load(Ordering::SeqCst);
-                    let g = std::fs::read_to_string(sh.dir.join(format!("grandchild-{w}"))).ok()?;
-                    let g = g.trim().parse::<i32>().ok()?;
-                    (lr > 1 && alive(lr) && alive(g)).then_some((w, lr))
-                });
-                let Some((w, lr)) = holder else { continue };
+                let Some((w, lr, _)) = running_job(&sh, &mut rng) else {
+                    continue;
+                };
                 log.push(Chaos::Kill9 {
                     worker: w,
                     at: now_us(),
@@ -376,14 +384,9 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
             }
             6 => {
                 // A holder's job (its writing child) swarms.
-                let start = rng.below(workers as u64) as usize;
-                let holder = (0..workers).map(|k| (start + k) % workers).find_map(|w| {
-                    let lr = sh.lockrun_pid[w].load(Ordering::SeqCst);
-                    let g = std::fs::read_to_string(sh.dir.join(format!("grandchild-{w}"))).ok()?;
-                    let g = g.trim().parse::<i32>().ok()?;
-                    (lr > 1 && alive(lr) && alive(g)).then_some((w, g))
-                });
-                let Some((w, g)) = holder else { continue };
+                let Some((w, _, g)) = running_job(&sh, &mut rng) else {
+                    continue;
+                };
                 log.push(Chaos::Swarm {
                     worker: w,
                     at: now_us(),

@@ -1563,16 +1563,20 @@ mod tests {
         assert_ne!(a, b);
     }
 
-    #[test]
-    fn tokens_grow_and_survive_a_torn_record() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = std::fs::OpenOptions::new()
+    fn scratch_file(dir: &tempfile::TempDir, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(dir.path().join("t"))
-            .unwrap();
+            .open(dir.path().join(name))
+            .unwrap()
+    }
+
+    #[test]
+    fn tokens_grow_and_survive_a_torn_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = scratch_file(&dir, "t");
         let a = write_token(&f, "h:1").unwrap();
         let b = write_token(&f, "h:2").unwrap();
         assert!(b > a);
@@ -1585,13 +1589,7 @@ mod tests {
     #[test]
     fn a_place_is_refreshed_when_due_and_lapses_once_its_time_passed() {
         let dir = tempfile::tempdir().unwrap();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.path().join("p"))
-            .unwrap();
+        let f = scratch_file(&dir, "p");
         let now = mono_ns();
         let sec = 1_000_000_000;
         let mut place = Place {
