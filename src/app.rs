@@ -201,7 +201,7 @@ fn describe_holder(h: &Holder) -> String {
         parts.push("revoked by release --force".into());
     }
     if let Some(pid) = h.label.as_deref().and_then(backend::gone_holder) {
-        // A lockrun killed outright leaves its Redis lease until it expires.
+        // A lockrun killed outright leaves a server's lease until it expires.
         parts.push(format!(
             "but its lockrun (pid {pid}) no longer runs on this host"
         ));

@@ -36,7 +36,7 @@ fn usage(msg: impl std::fmt::Display) -> Failure {
     fail(Class::Usage, msg)
 }
 
-/// The longest lease: Redis accepts far more, and no time arithmetic near it can overflow.
+/// The longest lease: every engine accepts it, and no time arithmetic near it can overflow.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The longest `--wait`.
 pub const MAX_WAIT: Duration = Duration::from_secs(31_557_600); // humantime's 1y
@@ -113,8 +113,8 @@ fn is_invisible(c: char) -> bool {
 }
 
 /// The longest lock name, in bytes of UTF-8, on every engine (README
-/// "Options"): it becomes a Redis key and one line of `status`, and a name
-/// that long is already hashed into its local file name.
+/// "Options"): it becomes part of a key or a file name and one line of
+/// `status`.
 pub const MAX_NAME: usize = 1024;
 
 pub fn check_name(name: &str, address: &dyn Address) -> Result<(), Failure> {
@@ -146,8 +146,8 @@ pub fn check_name(name: &str, address: &dyn Address) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The most holders `--limit` allows: each is a slot file on the local
-/// engine and an entry walked by every script on Redis.
+/// The most holders `--limit` allows: each is a slot of its own on every
+/// engine (a file, an entry every script walks).
 pub const MAX_LIMIT: u32 = 1000;
 
 /// The mode asked for, checked against what the engine can do.
