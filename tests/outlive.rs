@@ -14,11 +14,11 @@ fn tree_size() -> usize {
     std::env::var("LOCKRUN_TEST_TREE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(6000)
+        .unwrap_or(8000)
 }
 
 fn tree_ttl() -> String {
-    std::env::var("LOCKRUN_TEST_TREE_TTL").unwrap_or_else(|_| "4s".into())
+    std::env::var("LOCKRUN_TEST_TREE_TTL").unwrap_or_else(|_| "5s".into())
 }
 
 /// A perl job that starts `k` processes ignoring SIGTERM, spread over
