@@ -63,6 +63,8 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
         owner: &owner,
         timing: cfg.timing,
         mode: cfg.mode,
+        outer: backend::outer_holder(&cfg.name),
+        quiet: cfg.common.verbosity == 0,
     };
     let expires = cfg.common.address.engine().caps.expires;
 

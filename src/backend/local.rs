@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::{
     Acquired, Address, AddressOptions, Caps, Engine, EngineInfo, Held, Holder, Lease, Mode,
-    Request, Status, Wait, is_own_outer_holder,
+    Request, Status, Wait,
 };
 use crate::clock::Boot;
 use crate::exit::{Class, Failure, fail};
@@ -532,6 +532,7 @@ enum Heard<T> {
 /// place in the queue once it has one.
 struct Waiter<'a> {
     name: &'a str,
+    req: &'a Request<'a>,
     wait: Wait,
     start: Boot,
     announced: bool,
@@ -821,7 +822,7 @@ impl Local {
             Ok(()) => {}
             Err(Errno::WOULDBLOCK) => {
                 let holder = read_record(&fd).map(|r| r.label).filter(|l| !l.is_empty());
-                if is_own_outer_holder(w.name, holder.as_deref()) {
+                if w.req.is_own_outer_holder(holder.as_deref()) {
                     return Err(super::nested(w.name));
                 }
                 if !block || !w.block(&fd, op, holder.as_deref())? {
@@ -1007,10 +1008,11 @@ impl Engine for Local {
         }
         let mut w = Waiter {
             name: req.name,
+            req,
             wait,
             start: Boot::now(),
             // Under -q there is no waiting line to print.
-            announced: log::level() == 0,
+            announced: req.quiet,
             queued: None,
             lapsed: false,
         };

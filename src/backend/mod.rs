@@ -290,6 +290,29 @@ pub struct Request<'a> {
     pub owner: &'a Owner,
     pub timing: Timing,
     pub mode: Mode,
+    /// The `host:pid` of an outer lockrun whose job this request runs in,
+    /// when that lockrun holds this very name: a holder with that label is
+    /// ourselves, and waiting for it would deadlock.
+    pub outer: Option<String>,
+    /// `-q`: no line about waiting (and no waking up to print one).
+    pub quiet: bool,
+}
+
+impl Request<'_> {
+    /// Whether a holder recorded as `holder_label` is the lockrun this
+    /// request runs inside.
+    pub fn is_own_outer_holder(&self, holder_label: Option<&str>) -> bool {
+        // A stored label is `host:pid`, perhaps followed by ` (note)`.
+        let holder = holder_label.and_then(|l| l.split(' ').next());
+        holder.is_some() && self.outer.as_deref() == holder
+    }
+}
+
+/// The `host:pid` of the lockrun whose job we run in, if it holds `name`
+/// (its job's environment says so).
+pub fn outer_holder(name: &str) -> Option<String> {
+    let env_name = std::env::var_os("LOCKRUN_NAME")?;
+    (env_name == *name).then(|| std::env::var("LOCKRUN_OWNER").ok())?
 }
 
 /// A granted lease. It owns what keeps it (a connection, a locked
@@ -500,17 +523,6 @@ pub fn nested(name: &str) -> Failure {
             "lock {name} is held by the job this command runs in; waiting for it would deadlock"
         ),
     )
-}
-
-/// The environment says we run inside a job holding `name` with this holder label.
-pub fn is_own_outer_holder(name: &str, holder_label: Option<&str>) -> bool {
-    let env_name = std::env::var_os("LOCKRUN_NAME");
-    let env_owner = std::env::var("LOCKRUN_OWNER").ok();
-    // A stored label is `host:pid`, perhaps followed by ` (note)`.
-    let holder = holder_label.and_then(|l| l.split(' ').next());
-    env_name.as_deref() == Some(std::ffi::OsStr::new(name))
-        && holder.is_some()
-        && env_owner.as_deref() == holder
 }
 
 /// For a holder shown as `host:pid…` on this very host whose process is gone:

@@ -648,13 +648,7 @@ impl Engine for Redis {
         let queue = if wait == Wait::No { "0" } else { "1" };
         // The `host:pid` of an outer lockrun whose job we run in, if it
         // holds this very name.
-        let outer = if std::env::var_os("LOCKRUN_NAME").as_deref()
-            == Some(std::ffi::OsStr::new(req.name))
-        {
-            std::env::var("LOCKRUN_OWNER").unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let outer = req.outer.clone().unwrap_or_default();
         let start = Boot::now();
         let give_up_at = match wait {
             Wait::No => Some(start),
@@ -664,7 +658,7 @@ impl Engine for Redis {
         let mut failing_since: Option<Boot> = None;
         let mut failures = 0u32;
         // Under -q there is no waiting line to print, and no reason to wake for it.
-        let mut announced = log::level() == 0;
+        let mut announced = req.quiet;
         let mut holder: Option<String> = None;
         // When the soonest holder's lease runs out on its own, as last heard
         // at the head of the queue, and whether the next call only keeps our
