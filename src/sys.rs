@@ -338,11 +338,6 @@ pub fn exited(pidfd: BorrowedFd<'_>) -> bool {
 
 /// Send `sig` to exactly the process of `pidfd` (nothing if it is gone).
 pub fn signal_pidfd(pidfd: BorrowedFd<'_>, sig: i32) {
-    pidfd_send(pidfd, sig, 0);
-}
-
-/// pidfd_send_signal(2) with no siginfo; 0 on success.
-fn pidfd_send(pidfd: BorrowedFd<'_>, sig: i32, flags: libc::c_uint) -> libc::c_long {
     // SAFETY: pidfd_send_signal with a null siginfo; no memory is passed.
     unsafe {
         libc::syscall(
@@ -350,16 +345,17 @@ fn pidfd_send(pidfd: BorrowedFd<'_>, sig: i32, flags: libc::c_uint) -> libc::c_l
             std::os::fd::AsRawFd::as_raw_fd(&pidfd),
             sig,
             std::ptr::null::<libc::siginfo_t>(),
-            flags,
+            0,
         )
-    }
+    };
 }
 
 /// A descriptor that becomes readable when process `pid` exits (None where
 /// the kernel has no pidfds). Only meaningful for a pid that cannot have been
 /// recycled: our parent (checked after opening) or a child not yet reaped.
 pub fn pidfd(pid: i32) -> Option<std::os::fd::OwnedFd> {
-    pidfd_checked(pid).ok().flatten()
+    let pid = rustix::process::Pid::from_raw(pid)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
 }
 
 /// A pidfd of `pid`, a child of `parent` (the guard's child, the job's main
@@ -368,8 +364,14 @@ pub fn pidfd(pid: i32) -> Option<std::os::fd::OwnedFd> {
 /// `parent`, which starts nothing but the job.
 pub fn pidfd_of_child(pid: i32, parent: i32) -> Option<std::os::fd::OwnedFd> {
     let fd = pidfd(pid)?;
-    let ppid = parent_by_pidfd(fd.as_fd())
-        .or_else(|| parent_of(pid, &mut true).filter(|_| !exited(fd.as_fd())))?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ppid: i32 = stat
+        .rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
     (ppid == parent).then_some(fd)
 }
 
@@ -388,7 +390,17 @@ pub fn leads_group(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
 const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 4;
 
 fn pidfd_group_signal(pidfd: std::os::fd::BorrowedFd<'_>, sig: i32) -> libc::c_long {
-    pidfd_send(pidfd, sig, PIDFD_SIGNAL_PROCESS_GROUP)
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal with a null siginfo; no memory is passed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            PIDFD_SIGNAL_PROCESS_GROUP,
+        )
+    }
 }
 
 /// Send `sig` to the process group whose leader `pidfd` refers to (the
@@ -402,7 +414,15 @@ pub fn signal_group_of(pidfd: std::os::fd::BorrowedFd<'_>, pgid: i32, sig: i32) 
     if r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
         return;
     }
-    if !exited(pidfd) {
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    if rustix::event::poll(&mut fds, Some(&zero)) == Ok(0) {
         signal_group(pgid, sig);
     }
 }

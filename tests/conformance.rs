@@ -190,8 +190,16 @@ fn all_succeed(children: Vec<Child>) {
     }
 }
 
+/// `status --json NAME` as parsed JSON.
 fn status(e: &dyn Fixture, name: &str) -> serde_json::Value {
-    status_json(&e.url(), name)
+    on(&e.url())
+        .args(["status", "--json", name])
+        .output()
+        .json()
+}
+
+fn waiters(e: &dyn Fixture, name: &str) -> u64 {
+    status(e, name)["waiters"].as_u64().unwrap_or(0)
 }
 
 /// Start a holder whose job runs until stopped; returns once it runs.
@@ -266,7 +274,7 @@ pub fn first_come_first_served(e: &dyn Fixture) {
                 .arg(format!("echo {i} >> {}; sleep 0.3", order.display()))
                 .spawn(),
         );
-        let queued = wait_until(Duration::from_secs(20), || waiters(&e.url(), "fifo") > i);
+        let queued = wait_until(Duration::from_secs(20), || waiters(e, "fifo") > i);
         assert!(queued, "waiter {i} never showed in status");
     }
     stop(&mut first);
@@ -302,10 +310,7 @@ pub fn readers_together_writer_alone(e: &dyn Fixture) {
             .spawn(),
     );
     // The writer is queued before the late readers come.
-    assert!(wait_until(Duration::from_secs(20), || waiters(
-        &e.url(),
-        "rw"
-    ) >= 1));
+    assert!(wait_until(Duration::from_secs(20), || waiters(e, "rw") >= 1));
     for i in 0..2 {
         children.push(
             on(&url)
@@ -480,10 +485,7 @@ pub fn release_force_token_and_now(e: &dyn Fixture) {
         .args(["-q", "now", "-c"])
         .arg(format!("touch {}", scratch.path("ran").display()))
         .spawn();
-    assert!(wait_until(Duration::from_secs(20), || waiters(
-        &e.url(),
-        "now"
-    ) == 1));
+    assert!(wait_until(Duration::from_secs(20), || waiters(e, "now") == 1));
     on(&url)
         .args(["release", "--force", "--now", "now"])
         .code(0);

@@ -263,6 +263,12 @@ fn timed_job(scratch: &Scratch, who: &str, hold: &str) -> String {
     )
 }
 
+fn waiters(url: &str, name: &str) -> u64 {
+    on(url).args(["status", "--json", name]).output().json()["waiters"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
 /// A waiter stopped while it waits loses its place within a third of its
 /// ttl, as on Redis; continued, it queues again and never runs beside the
 /// holder that went ahead.

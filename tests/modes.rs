@@ -25,10 +25,10 @@ fn a_killed_queued_waiter_delays_the_next_by_at_most_a_third_of_its_ttl() {
         .args(["-q", "--ttl", "6s", "q", "-c"])
         .arg(format!("date +%s%N > {}", started.display()))
         .spawn();
-    assert!(wait_until(Duration::from_secs(20), || waiters(
-        &redis.url(),
-        "q"
-    ) == 2));
+    assert!(wait_until(Duration::from_secs(20), || {
+        let st = on(&redis).args(["status", "--json", "q"]).output().json();
+        st["waiters"] == 2
+    }));
     // Killed at its place in the queue, just before the holder ends.
     std::thread::sleep(Duration::from_millis(1500));
     signal(doomed.id() as i32, libc::SIGKILL);
@@ -157,9 +157,10 @@ fn a_waiter_for_a_slot_takes_one_slot_only() {
     scratch.pid_in("b");
     // C waits for a slot, gets A's, and runs on.
     let mut c = holder("c");
-    assert!(wait_until(Duration::from_secs(20), || waiters(
-        &url, "slots"
-    ) >= 1));
+    assert!(wait_until(Duration::from_secs(20), || {
+        let v = on(&url).args(["status", "--json", "slots"]).output().json();
+        v["waiters"].as_u64().unwrap_or(0) >= 1
+    }));
     signal(a.id() as i32, libc::SIGTERM);
     wait_child(&mut a, Duration::from_secs(20));
     scratch.pid_in("c");

@@ -22,11 +22,6 @@ pub fn status_json(url: &str, name: &str) -> serde_json::Value {
     on(url).args(["status", "--json", name]).output().json()
 }
 
-/// How many requests `status` shows waiting for `name`.
-pub fn waiters(url: &str, name: &str) -> u64 {
-    status_json(url, name)["waiters"].as_u64().unwrap_or(0)
-}
-
 /// Wait (bounded) until `status` shows `name` held and `n` requests
 /// waiting for it: the order of waiters is set by this, not by sleeps.
 #[track_caller]
