@@ -316,7 +316,7 @@ fn a_deleted_lock_file_keeps_the_next_holder_out_without_root() {
     let script = format!(
         "L={BIN}; U=file://{d}/nobody; mkdir {d}/nobody; \
          $L -u $U --ttl 6s job -c 'eval \"exec $LOCKRUN_LOCK_FD>&-\"; for i in $(seq 40); do echo \"A $(date +%s%N)\" >> {d}/log; sleep 0.05; done' & \
-         while ! grep -q '^A' {d}/log 2>/dev/null; do sleep 0.05; done; \
+         for i in $(seq 400); do grep -q '^A' {d}/log 2>/dev/null && break; sleep 0.05; done; \
          rm -f {d}/nobody/*; \
          $L -u $U --ttl 6s -w 20 job -c 'echo \"B $(date +%s%N)\" >> {d}/log'; \
          wait"
