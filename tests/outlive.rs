@@ -309,6 +309,7 @@ fn a_deleted_lock_file_keeps_the_next_holder_out_without_root() {
     if unsafe { libc::geteuid() } != 0 {
         panic!("this test switches to the user nobody and needs root");
     }
+    let _alone = heavy();
     let scratch = Scratch::new();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(scratch.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
