@@ -314,8 +314,13 @@ fn a_deleted_lock_file_keeps_the_next_holder_out_without_root() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(scratch.dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let d = scratch.dir.path().display();
+    // A copy the user nobody can run, wherever the build tree lives.
+    let bin = scratch.path("lockrun");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = bin.display();
     let script = format!(
-        "L={BIN}; U=file://{d}/nobody; mkdir {d}/nobody; \
+        "L={bin}; U=file://{d}/nobody; mkdir {d}/nobody; \
          $L -u $U --ttl 6s job -c 'eval \"exec $LOCKRUN_LOCK_FD>&-\"; for i in $(seq 40); do echo \"A $(date +%s%N)\" >> {d}/log; sleep 0.05; done' & \
          for i in $(seq 400); do grep -q '^A' {d}/log 2>/dev/null && break; sleep 0.05; done; \
          rm -f {d}/nobody/*; \
