@@ -64,11 +64,15 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
         timing: cfg.timing,
         mode: cfg.mode,
         outer: backend::outer_holder(&cfg.name),
+        inherited_fd: backend::inherited_lock_fd(),
         quiet: cfg.common.verbosity == 0,
     };
     let expires = cfg.common.address.engine().caps.expires;
 
-    let mut engine = cfg.common.address.open(&cfg.common.prefix, cfg.timing.op)?;
+    let mut engine = cfg
+        .common
+        .address
+        .open(&opening(&cfg.common, cfg.timing.op))?;
     let lease = loop {
         match engine.acquire(&req, cfg.wait)? {
             // A grant whose lease is already (nearly) over, because lockrun was
@@ -231,8 +235,16 @@ fn op_budget() -> Duration {
         .unwrap_or(Duration::from_secs(2))
 }
 
+fn opening(common: &Common, op: Duration) -> backend::Opening {
+    backend::Opening {
+        prefix: common.prefix.clone(),
+        op,
+        check_settings: common.verbosity >= 2,
+    }
+}
+
 fn open_engine(common: &Common) -> Result<Box<dyn backend::Engine>, Failure> {
-    common.address.open(&common.prefix, op_budget())
+    Ok(common.address.open(&opening(common, op_budget()))?)
 }
 
 fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {

@@ -88,6 +88,12 @@ pub fn jitter(max: Duration) -> Duration {
     Duration::from_nanos(n % max_ns)
 }
 
+/// Jittered exponential backoff after `failures` failures in a row: below
+/// `base` × 2^failures, never above `cap`.
+pub fn backoff(failures: u32, base: Duration, cap: Duration) -> Duration {
+    jitter(base.saturating_mul(1 << failures.min(16)).min(cap))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +109,15 @@ mod tests {
     fn jitter_stays_below_its_bound() {
         for _ in 0..100 {
             assert!(jitter(Duration::from_millis(5)) < Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn backoff_grows_and_stays_capped() {
+        let ms = Duration::from_millis;
+        for _ in 0..100 {
+            assert!(backoff(1, ms(10), ms(500)) < ms(20));
+            assert!(backoff(40, ms(10), ms(500)) < ms(500));
         }
     }
 }

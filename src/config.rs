@@ -273,7 +273,7 @@ mod tests {
     use super::*;
 
     fn spec(url: &str) -> Result<Arc<dyn Address>, Failure> {
-        crate::backend::address(url, &AddressOptions::default())
+        Ok(crate::backend::address(url, &AddressOptions::default())?)
     }
 
     proptest::proptest! {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, poll};
 
-use crate::clock::{Boot, BootTimer, jitter};
+use crate::clock::{Boot, BootTimer, backoff};
 use crate::schedule::Timing;
 
 /// What a renewal found.
@@ -233,8 +233,7 @@ fn renew_loop(
         failures += 1;
         send(Event::Retrying { error });
         let cap = (timing.renew_every / 4).max(Duration::from_millis(10));
-        let base = Duration::from_millis(20).saturating_mul(1 << failures.min(16));
-        let mut retry_at = Boot::now().add(jitter(base.min(cap)));
+        let mut retry_at = Boot::now().add(backoff(failures, Duration::from_millis(20), cap));
         if let Some(c) = current {
             retry_at = retry_at.min(timing.last_attempt(c));
         }

@@ -1,10 +1,14 @@
 //! The seam every engine plugs into: a request in, a granted lease out (which
 //! owns its renewal, its hand-off to the job and its release), operator views
 //! beside it. Engines know names, owners, modes, slots and tokens, nothing of
-//! processes; every failure is a `Failure` whose class decides the exit code.
+//! processes; every failure is an `Error` of one kind, which decides the exit code.
 
+mod error;
 pub mod local;
 pub mod redis;
+pub mod wait;
+
+pub use error::Error;
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
@@ -12,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Boot;
-use crate::exit::{Class, Failure, fail};
 use crate::schedule::Timing;
 use crate::watchdog::Renewer;
 
@@ -83,19 +86,16 @@ impl Mode {
     }
 
     /// The one line for a request that disagrees with the holders in force.
-    pub fn disagreement(self, name: &str, in_force: Mode) -> Failure {
+    pub fn disagreement(self, name: &str, in_force: Mode) -> Error {
         let held = match in_force {
             Mode::Limit(n) => format!("--limit {n}"),
             _ => "a plain lock (exclusive or -s, without --limit)".into(),
         };
-        fail(
-            Class::Usage,
-            format!(
-                "{name} is held as {held}; this request asks for {}: every user of a name \
-                 must agree on its mode and limit",
-                self.flag()
-            ),
-        )
+        Error::Request(format!(
+            "{name} is held as {held}; this request asks for {}: every user of a name \
+             must agree on its mode and limit",
+            self.flag()
+        ))
     }
 }
 
@@ -132,12 +132,11 @@ pub struct AddressOptions {
 impl AddressOptions {
     /// The refusal of a CA file by an address that does not use TLS (none
     /// if it came from the environment).
-    pub fn no_tls(&self, shown: &str) -> Result<(), Failure> {
+    pub fn no_tls(&self, shown: &str) -> Result<(), Error> {
         match &self.tls_ca {
-            Some(_) if !self.tls_ca_from_env => Err(fail(
-                Class::Usage,
-                format!("--tls-ca only applies to an address that uses TLS, not {shown}"),
-            )),
+            Some(_) if !self.tls_ca_from_env => Err(Error::Request(format!(
+                "--tls-ca only applies to an address that uses TLS, not {shown}"
+            ))),
             _ => Ok(()),
         }
     }
@@ -154,20 +153,32 @@ pub trait Address: std::fmt::Debug + Send + Sync {
         None
     }
     /// The engine's own rules for lock names, beyond lockrun's.
-    fn check_name(&self, _name: &str) -> Result<(), Failure> {
+    fn check_name(&self, _name: &str) -> Result<(), Error> {
         Ok(())
     }
     /// The engine's own rules for `--prefix`.
-    fn check_prefix(&self, _prefix: &str) -> Result<(), Failure> {
+    fn check_prefix(&self, _prefix: &str) -> Result<(), Error> {
         Ok(())
     }
-    /// Open the engine. `op` bounds one request.
-    fn open(&self, prefix: &str, op: Duration) -> Result<Box<dyn Engine>, Failure>;
+    /// Open the engine (contacting it, for a server).
+    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error>;
+}
+
+/// How an engine is opened.
+#[derive(Debug, Clone)]
+pub struct Opening {
+    /// `--prefix`: put before every key or name the engine stores.
+    pub prefix: String,
+    /// Bounds one request, connecting included.
+    pub op: Duration,
+    /// `-v`: worth a round trip to check the server's settings and say
+    /// what would break a lock.
+    pub check_settings: bool,
 }
 
 /// How an engine reads an address of its own (the whole text, scheme
 /// included; empty for the default engine with no URL).
-pub type Parse = fn(&str, &AddressOptions) -> Result<Arc<dyn Address>, Failure>;
+pub type Parse = fn(&str, &AddressOptions) -> Result<Arc<dyn Address>, Error>;
 
 /// One row of the scheme table: which URL schemes name an engine, how its
 /// addresses are written and parsed, and what it can do.
@@ -189,21 +200,18 @@ pub struct EngineInfo {
 impl EngineInfo {
     /// The ttl this engine would grant for `asked`, or the one line saying
     /// why it cannot.
-    pub fn grantable(&self, asked: Duration) -> Result<Duration, Failure> {
+    pub fn grantable(&self, asked: Duration) -> Result<Duration, Error> {
         let step = self.ttl_step.as_nanos().max(1);
         let ttl = Duration::from_nanos(
             u64::try_from(asked.as_nanos().div_ceil(step) * step).unwrap_or(u64::MAX),
         );
         if ttl < self.ttl_min {
-            return Err(fail(
-                Class::Usage,
-                format!(
-                    "--ttl {} is below the {} engine's smallest lease of {}",
-                    humantime::format_duration(asked),
-                    self.name,
-                    humantime::format_duration(self.ttl_min)
-                ),
-            ));
+            return Err(Error::Request(format!(
+                "--ttl {} is below the {} engine's smallest lease of {}",
+                humantime::format_duration(asked),
+                self.name,
+                humantime::format_duration(self.ttl_min)
+            )));
         }
         Ok(ttl)
     }
@@ -218,7 +226,7 @@ pub fn engine_for(scheme: &str) -> Option<&'static EngineInfo> {
 }
 
 /// Parse `--url` (empty: the local default) into its engine's address.
-pub fn address(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Failure> {
+pub fn address(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
     if raw.is_empty() {
         return (ENGINES[0].parse)(raw, opts);
     }
@@ -228,18 +236,12 @@ pub fn address(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Fai
     let scheme = raw
         .split_once("://")
         .map(|(s, _)| s.to_ascii_lowercase())
-        .ok_or_else(|| {
-            fail(
-                Class::Usage,
-                format!("invalid --url: no scheme; {expected}"),
-            )
-        })?;
+        .ok_or_else(|| Error::Request(format!("invalid --url: no scheme; {expected}")))?;
     let engine = engine_for(&scheme).ok_or_else(|| {
         let shown: String = scheme.chars().take(20).collect();
-        fail(
-            Class::Usage,
-            format!("invalid --url: unknown scheme {shown:?}; {expected}"),
-        )
+        Error::Request(format!(
+            "invalid --url: unknown scheme {shown:?}; {expected}"
+        ))
     })?;
     (engine.parse)(raw, opts)
 }
@@ -256,15 +258,10 @@ pub struct Owner {
 }
 
 impl Owner {
-    pub fn new(note: Option<&str>) -> Result<Owner, Failure> {
+    pub fn new(note: Option<&str>) -> Result<Owner, Error> {
         let mut bytes = [0u8; 16];
         rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).map_err(
-            |e| {
-                fail(
-                    Class::Internal,
-                    format!("reading random bytes for the owner value: {e}"),
-                )
-            },
+            |e| Error::Internal(format!("reading random bytes for the owner value: {e}")),
         )?;
         let secret = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let host = rustix::system::uname()
@@ -294,6 +291,9 @@ pub struct Request<'a> {
     /// when that lockrun holds this very name: a holder with that label is
     /// ourselves, and waiting for it would deadlock.
     pub outer: Option<String>,
+    /// The lock descriptor an outer lockrun handed its job
+    /// (LOCKRUN_LOCK_FD): a lock held on it is ourselves.
+    pub inherited_fd: Option<RawFd>,
     /// `-q`: no line about waiting (and no waking up to print one).
     pub quiet: bool,
 }
@@ -313,6 +313,15 @@ impl Request<'_> {
 pub fn outer_holder(name: &str) -> Option<String> {
     let env_name = std::env::var_os("LOCKRUN_NAME")?;
     (env_name == *name).then(|| std::env::var("LOCKRUN_OWNER").ok())?
+}
+
+/// The descriptor number an outer lockrun's job was given as LOCKRUN_LOCK_FD
+/// (anything but a plain descriptor number is not ours to look at).
+pub fn inherited_lock_fd() -> Option<RawFd> {
+    std::env::var("LOCKRUN_LOCK_FD")
+        .ok()
+        .and_then(|v| v.parse::<RawFd>().ok())
+        .filter(|n| *n >= 0)
 }
 
 /// A granted lease. It owns what keeps it (a connection, a locked
@@ -339,7 +348,7 @@ pub trait Held: Send {
         None
     }
     /// Give the lease up. Ok(false): it was no longer ours.
-    fn release(self: Box<Self>) -> Result<bool, Failure>;
+    fn release(self: Box<Self>) -> Result<bool, Error>;
 }
 
 impl Lease {
@@ -396,7 +405,7 @@ impl Lease {
         }
     }
 
-    pub fn release(self) -> Result<bool, Failure> {
+    pub fn release(self) -> Result<bool, Error> {
         self.held.release()
     }
 }
@@ -460,16 +469,15 @@ pub struct Force {
 /// One engine at one address.
 pub trait Engine: Send {
     /// Take a lease as `req` asks, waiting as `wait` says.
-    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Failure>;
+    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error>;
     /// Every holder of `name` and the number of waiters.
-    fn status(&mut self, name: &str) -> Result<Status, Failure>;
+    fn status(&mut self, name: &str) -> Result<Status, Error>;
     /// Break `name`'s holders. Only engines whose caps say so are asked;
     /// for the others the refusal is said once, before anything is opened.
-    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Failure> {
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
         let _ = (name, force);
-        Err(fail(
-            Class::Internal,
-            "release --force asked of an engine that cannot break a lease",
+        Err(Error::Internal(
+            "release --force asked of an engine that cannot break a lease".into(),
         ))
     }
 }
@@ -481,48 +489,28 @@ pub trait Engine: Send {
 pub fn bounded<T: Send + 'static>(
     doing: &str,
     limit: Duration,
-    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
-) -> Result<T, Failure> {
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("lockrun-call".into())
         .spawn(move || {
             let _ = tx.send(f());
         })
-        .map_err(|e| {
-            fail(
-                Class::Internal,
-                format!("{doing}: cannot start a thread: {e}"),
-            )
-        })?;
+        .map_err(|e| Error::Internal(format!("{doing}: cannot start a thread: {e}")))?;
     rx.recv_timeout(limit).unwrap_or_else(|_| {
-        Err(fail(
-            Class::Unavailable,
-            format!(
-                "{doing}: no answer within {}",
-                humantime::format_duration(limit)
-            ),
-        ))
+        Err(Error::Transient(format!(
+            "{doing}: no answer within {}",
+            humantime::format_duration(limit)
+        )))
     })
 }
 
-/// The one line a wait prints once it has lasted a second (unless -q), so a
-/// CI log says why it is stuck.
-pub fn announce_wait(name: &str, holder: Option<&str>) {
-    crate::log::warn(format!(
-        "waiting for {name}: held by {}",
-        holder.unwrap_or("another process (no holder recorded)")
-    ));
-}
-
 /// Refusal for `lockrun X` run from inside the job that holds X.
-pub fn nested(name: &str) -> Failure {
-    fail(
-        Class::Usage,
-        format!(
-            "lock {name} is held by the job this command runs in; waiting for it would deadlock"
-        ),
-    )
+pub fn nested(name: &str) -> Error {
+    Error::Request(format!(
+        "lock {name} is held by the job this command runs in; waiting for it would deadlock"
+    ))
 }
 
 /// For a holder shown as `host:pid…` on this very host whose process is gone:
@@ -541,7 +529,7 @@ pub fn gone_holder(label: &str) -> Option<u32> {
 mod tests {
     use super::*;
 
-    fn spec(url: &str) -> Result<Arc<dyn Address>, Failure> {
+    fn spec(url: &str) -> Result<Arc<dyn Address>, Error> {
         address(url, &AddressOptions::default())
     }
 
@@ -565,7 +553,7 @@ mod tests {
             "file://h/x",
         ] {
             let e = spec(bad).unwrap_err();
-            assert_eq!(e.class, Class::Usage, "{bad}");
+            assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
         }
         // A CA file on an address without TLS: refused when asked for, ignored
         // when it only came from the environment.
@@ -585,7 +573,7 @@ mod tests {
         fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|)(://)?") {
             let url = format!("{scheme}{raw}");
             if let Err(e) = spec(&url) {
-                proptest::prop_assert_eq!(e.class, Class::Usage);
+                proptest::prop_assert!(matches!(e, Error::Request(_)));
             }
         }
 
@@ -627,7 +615,7 @@ mod tests {
             Duration::from_secs(2)
         );
         let refused = e.grantable(Duration::from_millis(900)).unwrap_err();
-        assert_eq!(refused.class, Class::Usage);
+        assert!(matches!(refused, Error::Request(_)));
         assert!(
             refused.to_string().contains("smallest lease of 2s"),
             "{refused}"

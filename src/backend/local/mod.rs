@@ -4,350 +4,48 @@
 //! are served in arrival order across modes and one that stops keeping its
 //! place (stopped, or dead) holds nobody up for long. The locked descriptor
 //! is inherited by the job, as flock(1) does.
+//!
+//! By layer: `files.rs` is the directory (and why it is safe to trust), file
+//! names and flocking; `record.rs` the text a lock file holds; `proclocks.rs`
+//! what /proc/locks says and the search for a deleted file's holder;
+//! `queue.rs` the places in the queue and one request's wait. This file
+//! holds the engine's row and address, taking and granting a name, status,
+//! and the lease.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use rustix::fs::{
-    FlockOperation, Mode as FileMode, OFlags, flock, fstat, lstat, mkdir, open, stat,
-};
+use rustix::fs::{FlockOperation, Mode as FileMode, OFlags, flock, fstat, open, stat};
 use rustix::io::Errno;
 
 use std::sync::Arc;
 
 use super::{
-    Acquired, Address, AddressOptions, Caps, Engine, EngineInfo, Held, Holder, Lease, Mode,
-    Request, Status, Wait,
+    Acquired, Address, AddressOptions, Caps, Engine, EngineInfo, Error, Held, Holder, Lease, Mode,
+    Opening, Request, Status, Wait,
 };
+mod files;
+mod proclocks;
+mod queue;
+mod record;
+
+use files::{
+    file_name, flock_blocking, identity, nonblocking, open_lock_file, prepare_dir, suffixed,
+};
+use proclocks::{find_orphan_holder, flocks, lockers};
+use queue::{
+    Heard, MAX_PLACES, Place, Queued, Seen, Waiter, mono_ns, read_place, share_gate, write_place,
+};
+#[cfg(test)]
+use record::write_token;
+use record::{Record, next_token, now_since_epoch, read_readers, read_record, write_record};
+
+use crate::backend::wait::Patience;
 use crate::clock::Boot;
-use crate::exit::{Class, Failure, fail};
 use crate::log;
 use crate::watchdog::{Renewal, Renewer};
-
-/// Size of the record at the start of each lock file, written in one `pwrite`.
-const RECORD: usize = 256;
-
-/// The per-user default directory; it depends only on the uid, so cron and a
-/// login shell find the same files.
-fn default_dir() -> PathBuf {
-    let uid = rustix::process::getuid().as_raw();
-    let run_lock = Path::new("/run/lock");
-    if rustix::fs::access(run_lock, rustix::fs::Access::WRITE_OK).is_ok() {
-        run_lock.join(format!("lockrun-{uid}"))
-    } else {
-        // Not $TMPDIR: it differs between login sessions and cron.
-        Path::new("/tmp").join(format!("lockrun-{uid}"))
-    }
-}
-
-/// Create the directory if needed and check that it is safe to trust.
-fn prepare_dir(given: Option<&Path>) -> Result<PathBuf, Failure> {
-    let dir = given.map(Path::to_path_buf).unwrap_or_else(default_dir);
-    let unusable = |why: String| {
-        fail(
-            Class::Unavailable,
-            format!("lock directory {}: {why}", dir.display()),
-        )
-    };
-    match mkdir(&dir, FileMode::from_raw_mode(0o700)) {
-        Ok(()) | Err(Errno::EXIST) => {}
-        Err(e) => return Err(unusable(format!("cannot create it: {e}"))),
-    }
-    if given.is_none() {
-        // A directory in a shared place must be ours alone: otherwise another
-        // user could pre-create it and hold or fake our locks.
-        let st = lstat(&dir).map_err(|e| unusable(e.to_string()))?;
-        let is_dir =
-            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
-        // Failing closed is right here; the message says what is wrong and
-        // how to get going again.
-        let elsewhere = "or choose a directory of your own with --url file:///path";
-        if !is_dir {
-            return Err(unusable(format!(
-                "not a directory (a symbolic link or a file, perhaps planted by another user); \
-                 have it removed (it is in a shared place), {elsewhere}"
-            )));
-        }
-        if st.st_uid != rustix::process::getuid().as_raw() {
-            return Err(unusable(format!(
-                "owned by uid {}, not by you, so that user could hold or fake your locks; \
-                 have it removed (as root), {elsewhere}",
-                st.st_uid
-            )));
-        }
-        if st.st_mode & 0o077 != 0 {
-            return Err(unusable(format!(
-                "mode {:o} lets other users in; run chmod 700 {}, {elsewhere}",
-                st.st_mode & 0o777,
-                dir.display()
-            )));
-        }
-    } else if !dir.is_dir() {
-        return Err(unusable("not a directory".into()));
-    }
-    Ok(dir)
-}
-
-/// Encode a lock name into one safe file name: no `/`, no leading dot, bounded length.
-pub fn file_name(name: &str) -> String {
-    let mut out = String::new();
-    for (i, b) in name.bytes().enumerate() {
-        let plain = b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0);
-        if plain {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    if out.len() > 200 {
-        // FNV-1a keeps long names distinct and stable across versions.
-        let mut h: u64 = 0xcbf29ce484222325;
-        for b in name.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x100000001b3);
-        }
-        out.truncate(150);
-        out = format!("{out}~{h:016x}");
-    }
-    out + ".lock"
-}
-
-fn identity(st: &rustix::fs::Stat) -> (u64, u64) {
-    (st.st_dev, st.st_ino)
-}
-
-struct Record {
-    token: u64,
-    granted_ms: u64,
-    label: String,
-    /// The inode the record was written to: a copy of the file carries the
-    /// old one, which tells a replaced file from the one that was locked.
-    ino: Option<u64>,
-    /// The mode of the grant that wrote it: with the file locked, the mode in force.
-    mode: Mode,
-}
-
-fn mode_code(mode: Mode) -> String {
-    match mode {
-        Mode::Limit(n) => format!("{}{n}", mode.code()),
-        _ => mode.code().into(),
-    }
-}
-
-fn mode_from_code(code: &str) -> Mode {
-    match code.split_at(code.len().min(1)) {
-        // A limit that does not read back is taken as the strictest mode.
-        ("n", n) if n.parse::<u32>().is_err() => Mode::Exclusive,
-        (letter, n) => Mode::from_code(letter, n.parse().ok()),
-    }
-}
-
-fn read_record(fd: impl AsFd) -> Option<Record> {
-    let mut buf = [0u8; RECORD];
-    let n = rustix::io::pread(fd, &mut buf, 0).ok()?;
-    let text = std::str::from_utf8(&buf[..n]).ok()?;
-    let mut token = None;
-    let mut granted_ms = None;
-    let mut label = None;
-    let mut ino = None;
-    let mut mode = Mode::Exclusive;
-    for field in text.trim_end().split(' ') {
-        if let Some(v) = field.strip_prefix("token=") {
-            token = v.parse().ok();
-        } else if let Some(v) = field.strip_prefix("granted_ms=") {
-            granted_ms = v.parse().ok();
-        } else if field.starts_with("label=") {
-            // The label is the rest of the line (it may hold spaces).
-            let at = text.find(" label=").map_or(0, |i| i + 1);
-            label = text[at..]
-                .trim_end()
-                .strip_prefix("label=")
-                .map(str::to_string);
-            break;
-        } else if let Some(v) = field.strip_prefix("ino=") {
-            ino = v.parse().ok();
-        } else if let Some(v) = field.strip_prefix("mode=") {
-            mode = mode_from_code(v);
-        }
-    }
-    Some(Record {
-        token: token?,
-        granted_ms: granted_ms.unwrap_or(0),
-        label: label.unwrap_or_default(),
-        ino,
-        mode,
-    })
-}
-
-fn now_since_epoch() -> Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-}
-
-/// Next token: max(stored + 1, wall clock in µs), saturating (a record the
-/// job wrote at u64::MAX must not wrap to a lower token).
-fn next_token(fd: impl AsFd) -> u64 {
-    let stored = read_record(fd).map(|r| r.token).unwrap_or(0);
-    stored
-        .saturating_add(1)
-        .max(u64::try_from(now_since_epoch().as_micros()).unwrap_or(u64::MAX))
-}
-
-/// Write a grant's record in place in one write of fixed size, so a torn or
-/// lost write never makes tokens go backwards.
-fn write_record(fd: impl AsFd + Copy, token: u64, label: &str, mode: Mode) -> std::io::Result<()> {
-    let label: String = label
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(150)
-        .collect();
-    let ino = fstat(fd).map(|st| st.st_ino).unwrap_or(0);
-    // The label goes last: it is cut to fit.
-    let mut text = format!(
-        "token={token} granted_ms={} ino={ino} mode={} label={label}",
-        now_since_epoch().as_millis(),
-        mode_code(mode)
-    );
-    // Cut at a character boundary: the label may be any text.
-    let mut cut = text.len().min(RECORD - 1);
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    text.truncate(cut);
-    let mut buf = [b' '; RECORD];
-    buf[..text.len()].copy_from_slice(text.as_bytes());
-    buf[RECORD - 1] = b'\n';
-    let n = rustix::io::pwrite(fd, &buf, 0)?;
-    if n != RECORD {
-        return Err(std::io::Error::other("short write of the token record"));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
-    let token = next_token(fd);
-    write_record(fd, token, label, Mode::Exclusive)?;
-    Ok(token)
-}
-
-/// One flock in /proc/locks: the inode, the pid that took (or waits for)
-/// it, whether it is exclusive, and whether it is only waited for.
-struct Flock {
-    ino: u64,
-    pid: u32,
-    exclusive: bool,
-    waiting: bool,
-}
-
-/// The flocks held on files of device `dev`, and those waited for.
-fn all_flocks(dev: u64) -> Vec<Flock> {
-    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
-        return Vec::new();
-    };
-    let (maj, min) = (rustix::fs::major(dev), rustix::fs::minor(dev));
-    let mut out = Vec::new();
-    for line in text.lines() {
-        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; a waiter's line
-        // has "->" after the number.
-        let mut f: Vec<&str> = line.split_whitespace().collect();
-        let waiting = f.get(1) == Some(&"->");
-        if waiting {
-            f.remove(1);
-        }
-        if f.len() < 6 || f[1] != "FLOCK" {
-            continue;
-        }
-        let parts: Vec<&str> = f[5].split(':').collect();
-        if parts.len() != 3 {
-            continue;
-        }
-        let ok = u32::from_str_radix(parts[0], 16) == Ok(maj)
-            && u32::from_str_radix(parts[1], 16) == Ok(min);
-        if let (true, Ok(ino), Ok(pid)) = (ok, parts[2].parse::<u64>(), f[4].parse::<u32>()) {
-            out.push(Flock {
-                ino,
-                pid,
-                exclusive: f[3] == "WRITE",
-                waiting,
-            });
-        }
-    }
-    out
-}
-
-/// The flocks held (not waited for) on files of device `dev`.
-fn flocks(dev: u64) -> Vec<Flock> {
-    let mut all = all_flocks(dev);
-    all.retain(|l| !l.waiting);
-    all
-}
-
-/// Inodes on `dev` under a flock other than `ours` (exclusive ones only,
-/// unless `any`).
-fn other_flocked_inodes(dev: u64, ours: u64, any: bool) -> Vec<u64> {
-    flocks(dev)
-        .into_iter()
-        .filter(|l| l.ino != ours && (any || l.exclusive))
-        .map(|l| l.ino)
-        .collect()
-}
-
-/// A descriptor (reopened through /proc) of a deleted lock file for `path` that
-/// some process still holds locked: its holder must finish before we may run.
-fn find_orphan_holder(path: &Path, dev: u64, ours: u64, any: bool) -> Option<OwnedFd> {
-    let candidates = other_flocked_inodes(dev, ours, any);
-    if candidates.is_empty() {
-        return None;
-    }
-    let mut deleted = path.as_os_str().as_bytes().to_vec();
-    deleted.extend_from_slice(b" (deleted)");
-    for proc_entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(fds) = std::fs::read_dir(proc_entry.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            let Ok(target) = std::fs::read_link(fd.path()) else {
-                continue;
-            };
-            if target.as_os_str().as_bytes() != deleted.as_slice() {
-                continue;
-            }
-            if let Ok(opened) = open(
-                fd.path(),
-                OFlags::RDONLY | OFlags::CLOEXEC,
-                FileMode::empty(),
-            ) && let Ok(st) = fstat(&opened)
-                && st.st_dev == dev
-                && candidates.contains(&st.st_ino)
-            {
-                return Some(opened);
-            }
-        }
-    }
-    None
-}
-
-/// Block in flock(2) until it is ours, retrying interrupted calls.
-fn flock_blocking(fd: impl AsFd + Copy, op: FlockOperation) -> std::io::Result<()> {
-    loop {
-        match flock(fd, op) {
-            Ok(()) => return Ok(()),
-            Err(Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-fn nonblocking(op: FlockOperation) -> FlockOperation {
-    match op {
-        FlockOperation::LockShared => FlockOperation::NonBlockingLockShared,
-        _ => FlockOperation::NonBlockingLockExclusive,
-    }
-}
 
 /// A lock taken: the descriptor the job inherits and its file's identity;
 /// with `--limit`, also the main file's shared lock and the slot number.
@@ -364,288 +62,6 @@ enum Try {
     Busy(Option<String>),
     /// The file changed under us; start over.
     Retry,
-}
-
-/// Open a lock file, creating it if needed. None: it vanished meanwhile.
-fn open_lock_file(path: &Path) -> Result<Option<(OwnedFd, bool)>, Errno> {
-    let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    match open(
-        path,
-        flags | OFlags::CREATE | OFlags::EXCL,
-        FileMode::from_raw_mode(0o666),
-    ) {
-        Ok(fd) => Ok(Some((fd, true))),
-        Err(Errno::EXIST) => match open(path, flags, FileMode::empty()) {
-            Ok(fd) => Ok(Some((fd, false))),
-            Err(Errno::NOENT) => Ok(None),
-            Err(e) => Err(e),
-        },
-        Err(e) => Err(e),
-    }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the queue's clock. Every process of the
-/// machine reads the same one, and unlike CLOCK_BOOTTIME it stands still
-/// through a suspend, which stops every waiter alike and must not cost any
-/// of them its place.
-fn mono_ns() -> u64 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
-/// Size of a place's record, written in one `pwrite`.
-const PLACE_RECORD: usize = 80;
-
-/// Most places a name's queue has (one file each).
-const MAX_PLACES: u32 = 10_000;
-
-/// A queued request's place (README "Local (the default)"): a place file it
-/// holds LOCK_EX, so the place goes with the process, and a record of when
-/// it came (its rank in the queue) and until when it keeps the place.
-struct Place {
-    fd: OwnedFd,
-    index: u32,
-    arrived: u64,
-    until: u64,
-    /// How long one refresh keeps the place (ttl/3), and how often it is
-    /// refreshed (ttl/5), as a Redis waiter keeps its place.
-    keep: u64,
-    every: u64,
-    refresh_at: u64,
-}
-
-/// A place as another request sees it: its file, open, and its record.
-struct Seen {
-    file: OwnedFd,
-    arrived: u64,
-    until: u64,
-    pid: u32,
-}
-
-impl Seen {
-    fn rank(&self) -> (u64, u32) {
-        (self.arrived, self.pid)
-    }
-}
-
-fn write_place(fd: impl AsFd, arrived: u64, until: u64) -> std::io::Result<()> {
-    let text = format!("arrived={arrived} until={until} pid={}", std::process::id());
-    let mut buf = [b' '; PLACE_RECORD];
-    buf[..text.len()].copy_from_slice(text.as_bytes());
-    buf[PLACE_RECORD - 1] = b'\n';
-    let n = rustix::io::pwrite(fd, &buf, 0)?;
-    if n != PLACE_RECORD {
-        return Err(std::io::Error::other("short write of a place in the queue"));
-    }
-    Ok(())
-}
-
-/// A place's record: (arrived, until, pid).
-fn read_place(fd: impl AsFd) -> Option<(u64, u64, u32)> {
-    let mut buf = [0u8; PLACE_RECORD];
-    let n = rustix::io::pread(fd, &mut buf, 0).ok()?;
-    let text = std::str::from_utf8(&buf[..n]).ok()?;
-    let (mut arrived, mut until, mut pid) = (None, None, None);
-    for field in text.split_whitespace() {
-        if let Some(v) = field.strip_prefix("arrived=") {
-            arrived = v.parse().ok();
-        } else if let Some(v) = field.strip_prefix("until=") {
-            until = v.parse().ok();
-        } else if let Some(v) = field.strip_prefix("pid=") {
-            pid = v.parse().ok();
-        }
-    }
-    Some((arrived?, until?, pid?))
-}
-
-impl Place {
-    fn rank(&self) -> (u64, u32) {
-        (self.arrived, std::process::id())
-    }
-
-    /// Keep the place: refresh its record when due. False when it lapsed
-    /// (we were stopped, or starved, past `until`): a waiter behind may have
-    /// gone ahead, so the place is taken again at the back of the queue.
-    fn tend(&mut self) -> bool {
-        let now = mono_ns();
-        let kept = now < self.until;
-        if !kept {
-            self.arrived = now;
-        }
-        if !kept || now >= self.refresh_at {
-            self.until = now.saturating_add(self.keep);
-            self.refresh_at = now.saturating_add(self.every);
-            // A failed write only makes the place lapse, which we notice.
-            let _ = write_place(&self.fd, self.arrived, self.until);
-        }
-        kept
-    }
-}
-
-/// What a queued request holds: its place, and a share of the gate, which
-/// tells requests that come later that someone is queued.
-struct Queued {
-    place: Place,
-    gate: OwnedFd,
-    /// False while a request looking at the gate kept us from our share.
-    shared: bool,
-}
-
-impl Queued {
-    fn tend(&mut self) -> bool {
-        if !self.shared {
-            self.shared = share_gate(&self.gate, 1);
-        }
-        self.place.tend()
-    }
-}
-
-/// Take a share of the gate (LOCK_SH), trying `tries` times a millisecond
-/// apart: it is held exclusively only for the instant a request looks
-/// whether anyone is queued, never while anyone waits.
-fn share_gate(gate: &OwnedFd, tries: u32) -> bool {
-    for i in 0..tries {
-        if i > 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        match flock(gate, FlockOperation::NonBlockingLockShared) {
-            Ok(()) => return true,
-            Err(Errno::WOULDBLOCK) => continue,
-            Err(_) => return false,
-        }
-    }
-    false
-}
-
-/// What one wait ended with.
-enum Heard<T> {
-    Got(T),
-    /// The time asked for came.
-    Woke,
-    /// The wait ran out (`-w`, `-n`), or our place lapsed (`lapsed` is set).
-    Over,
-}
-
-/// One request's wait: its limit, the one line a long wait prints, and its
-/// place in the queue once it has one.
-struct Waiter<'a> {
-    name: &'a str,
-    req: &'a Request<'a>,
-    wait: Wait,
-    start: Boot,
-    announced: bool,
-    queued: Option<Queued>,
-    /// Our place lapsed during a wait and was taken again at the back.
-    lapsed: bool,
-}
-
-impl Waiter<'_> {
-    fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> Failure {
-        fail(Class::Unavailable, format!("{what} {}: {e}", self.name))
-    }
-
-    /// Block until `rx` delivers, as the wait allows. None: gave up, or our
-    /// place lapsed.
-    fn receive<T>(&mut self, rx: &std::sync::mpsc::Receiver<T>, holder: Option<&str>) -> Option<T> {
-        match self.hear(rx, holder, None) {
-            Heard::Got(v) => Some(v),
-            Heard::Woke | Heard::Over => None,
-        }
-    }
-
-    /// Block until `rx` delivers or, if given, until `wake` (on `mono_ns`),
-    /// keeping our place meanwhile.
-    fn hear<T>(
-        &mut self,
-        rx: &std::sync::mpsc::Receiver<T>,
-        holder: Option<&str>,
-        wake: Option<u64>,
-    ) -> Heard<T> {
-        use std::sync::mpsc::RecvTimeoutError;
-        let limit = match self.wait {
-            Wait::No => Some(self.start),
-            Wait::For(d) => Some(self.start.add(d)),
-            Wait::Forever => None,
-        };
-        let announce_at = self.start.add(Duration::from_secs(1));
-        loop {
-            // First, so that a wait resuming after a stop sees its place lapsed.
-            if let Some(q) = self.queued.as_mut()
-                && !q.tend()
-            {
-                self.lapsed = true;
-                return Heard::Over;
-            }
-            let now = Boot::now();
-            let mono = mono_ns();
-            let mut next: Option<Duration> = None;
-            let mut upto = |d: Duration| next = Some(next.map_or(d, |n| n.min(d)));
-            if let Some(l) = limit {
-                upto(l.since(now));
-            }
-            if !self.announced {
-                upto(announce_at.since(now));
-            }
-            if let Some(q) = &self.queued {
-                upto(Duration::from_nanos(
-                    q.place.refresh_at.saturating_sub(mono),
-                ));
-            }
-            if let Some(at) = wake {
-                upto(Duration::from_nanos(at.saturating_sub(mono)));
-            }
-            let got = match next {
-                Some(d) => rx.recv_timeout(d),
-                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
-            match got {
-                Ok(v) => return Heard::Got(v),
-                Err(RecvTimeoutError::Disconnected) => return Heard::Over,
-                Err(RecvTimeoutError::Timeout) => {
-                    if limit.is_some_and(|l| Boot::now() >= l) {
-                        return Heard::Over;
-                    }
-                    if wake.is_some_and(|at| mono_ns() >= at) {
-                        return Heard::Woke;
-                    }
-                    if !self.announced && Boot::now() >= announce_at {
-                        self.announced = true;
-                        super::announce_wait(self.name, holder);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Block on `fd`'s lock as the wait allows. Ok(false): gave up (or `-n`).
-    fn block(
-        &mut self,
-        fd: &OwnedFd,
-        op: FlockOperation,
-        holder: Option<&str>,
-    ) -> Result<bool, Failure> {
-        if self.wait == Wait::No {
-            return Ok(false);
-        }
-        // A helper thread blocks in flock on a duplicate of the same open file
-        // (the lock belongs to the open file, so it is ours when it comes). If
-        // we give up, lockrun is about to exit, which ends the helper and
-        // drops any lock it got.
-        let dup = fd.try_clone().map_err(|e| self.unavailable("dup", e))?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .spawn(move || {
-                let _ = tx.send(flock_blocking(&dup, op));
-            })
-            .map_err(|e| self.unavailable("cannot start a thread to wait for", e))?;
-        match self.receive(&rx, holder) {
-            Some(Ok(())) => Ok(true),
-            Some(Err(e)) => Err(self.unavailable("locking", e)),
-            None => Ok(false),
-        }
-    }
 }
 
 /// The local engine's row of the scheme table: the default, with no URL.
@@ -681,14 +97,14 @@ impl Address for LocalDir {
             None => "the local default directory".into(),
         }
     }
-    fn open(&self, _prefix: &str, _op: Duration) -> Result<Box<dyn Engine>, Failure> {
+    fn open(&self, _how: &Opening) -> Result<Box<dyn Engine>, Error> {
         Ok(Box::new(Local::open(self.dir.as_deref())?))
     }
 }
 
 /// Parse `file:///dir` (empty: the default directory).
-pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Failure> {
-    let usage = |msg: String| fail(Class::Usage, msg);
+pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+    let usage = Error::Request;
     let dir = if raw.is_empty() {
         None
     } else {
@@ -738,49 +154,8 @@ impl Files {
     }
 }
 
-/// A shared holder as the readers file lists it: `pid token granted_ms label`.
-struct Reader {
-    pid: u32,
-    token: u64,
-    granted_ms: u64,
-    label: String,
-}
-
-fn read_readers(path: &Path) -> Vec<Reader> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(4, ' ');
-            Some(Reader {
-                pid: f.next()?.parse().ok()?,
-                token: f.next()?.parse().ok()?,
-                granted_ms: f.next()?.parse().ok()?,
-                label: f.next().unwrap_or("").to_string(),
-            })
-        })
-        .collect()
-}
-
-/// `path` with `suffix` appended to its last component.
-fn suffixed(path: &Path, suffix: &str) -> PathBuf {
-    let mut p = path.as_os_str().to_os_string();
-    p.push(suffix);
-    p.into()
-}
-
-/// The pids holding a flock on `ino` (of device `dev`).
-fn lockers(dev: u64, ino: u64) -> Vec<(u32, bool)> {
-    flocks(dev)
-        .into_iter()
-        .filter(|l| l.ino == ino)
-        .map(|l| (l.pid, l.exclusive))
-        .collect()
-}
-
 impl Local {
-    pub fn open(dir: Option<&Path>) -> Result<Local, Failure> {
+    pub fn open(dir: Option<&Path>) -> Result<Local, Error> {
         Ok(Local {
             dir: prepare_dir(dir)?,
         })
@@ -796,11 +171,8 @@ impl Local {
         }
     }
 
-    fn unavailable(&self, what: &str, path: &Path, e: impl std::fmt::Display) -> Failure {
-        fail(
-            Class::Unavailable,
-            format!("{what} {}: {e}", path.display()),
-        )
+    fn unavailable(&self, what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+        Error::Refused(format!("{what} {}: {e}", path.display()))
     }
 
     /// Take one lock file: at once, or (`block`) waiting as the request allows.
@@ -812,7 +184,7 @@ impl Local {
         path: &Path,
         op: FlockOperation,
         block: bool,
-    ) -> Result<Try, Failure> {
+    ) -> Result<Try, Error> {
         let Some((fd, created)) =
             open_lock_file(path).map_err(|e| self.unavailable("cannot open lock file", path, e))?
         else {
@@ -864,14 +236,10 @@ impl Local {
         }))
     }
 
-    /// True when this process runs inside a job that holds a lock of `files`.
-    fn inside_holder(files: &Files) -> bool {
-        // Anything but a plain descriptor number is not ours to look at.
-        let Some(n) = std::env::var("LOCKRUN_LOCK_FD")
-            .ok()
-            .and_then(|v| v.parse::<RawFd>().ok())
-            .filter(|n| *n >= 0)
-        else {
+    /// True when this process runs inside a job that holds a lock of
+    /// `files` on the descriptor it inherited.
+    fn inside_holder(files: &Files, inherited: Option<RawFd>) -> bool {
+        let Some(n) = inherited else {
             return false;
         };
         // SAFETY: the descriptor number only lives for this call; fstat on a
@@ -918,7 +286,7 @@ impl Local {
         files: &Files,
         n: u32,
         holder: Option<&str>,
-    ) -> Result<Option<(u32, OwnedFd)>, Failure> {
+    ) -> Result<Option<(u32, OwnedFd)>, Error> {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
         if w.wait == Wait::No {
@@ -954,13 +322,7 @@ impl Local {
 
     /// Take one of `n` slots (main file shared, slot file exclusive): at
     /// once, or (`block`) waiting as the request allows.
-    fn lock_slot(
-        &self,
-        w: &mut Waiter,
-        files: &Files,
-        n: u32,
-        block: bool,
-    ) -> Result<Try, Failure> {
+    fn lock_slot(&self, w: &mut Waiter, files: &Files, n: u32, block: bool) -> Result<Try, Error> {
         let main = match self.lock_path(w, &files.main, FlockOperation::LockShared, block)? {
             Try::Locked(got) => got.fd,
             other => return Ok(other),
@@ -1001,18 +363,16 @@ fn slotted(main: OwnedFd, k: u32, fd: OwnedFd, id: (u64, u64)) -> Try {
 }
 
 impl Engine for Local {
-    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Failure> {
+    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
         let files = self.files(req.name);
-        if Self::inside_holder(&files) {
+        if Self::inside_holder(&files, req.inherited_fd) {
             return Err(super::nested(req.name));
         }
         let mut w = Waiter {
             name: req.name,
             req,
             wait,
-            start: Boot::now(),
-            // Under -q there is no waiting line to print.
-            announced: req.quiet,
+            patience: Patience::new(req, wait),
             queued: None,
             lapsed: false,
         };
@@ -1028,13 +388,13 @@ impl Engine for Local {
                 return Ok(done);
             }
         }
-        Err(fail(
-            Class::Unavailable,
-            format!("lock file {} keeps changing under us", files.main.display()),
-        ))
+        Err(Error::Refused(format!(
+            "lock file {} keeps changing under us",
+            files.main.display()
+        )))
     }
 
-    fn status(&mut self, name: &str) -> Result<Status, Failure> {
+    fn status(&mut self, name: &str) -> Result<Status, Error> {
         let files = self.files(name);
         // Read-only: a probing flock could make a concurrent `-n` fail.
         let file = match std::fs::File::open(&files.main) {
@@ -1172,7 +532,7 @@ fn live_places(files: &Files, except: Option<u32>) -> Vec<Seen> {
 impl Local {
     /// True when nobody is queued for the name: nobody holds a share of the
     /// gate. The look takes the gate for an instant and lets it go.
-    fn nobody_queued(&self, files: &Files) -> Result<bool, Failure> {
+    fn nobody_queued(&self, files: &Files) -> Result<bool, Error> {
         let Some((gate, _)) = open_lock_file(&files.gate)
             .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
         else {
@@ -1187,7 +547,7 @@ impl Local {
 
     /// Take the request's lock: at once when nobody is queued, else through
     /// the queue, first come, first served across modes.
-    fn take(&self, w: &mut Waiter, req: &Request, files: &Files) -> Result<Try, Failure> {
+    fn take(&self, w: &mut Waiter, req: &Request, files: &Files) -> Result<Try, Error> {
         if w.queued.is_none() {
             let open = self.nobody_queued(files)?;
             if !open && w.wait == Wait::No && !live_places(files, None).is_empty() {
@@ -1228,7 +588,7 @@ impl Local {
         req: &Request,
         files: &Files,
         block: bool,
-    ) -> Result<Try, Failure> {
+    ) -> Result<Try, Error> {
         match req.mode {
             Mode::Exclusive => self.lock_path(w, &files.main, FlockOperation::LockExclusive, block),
             Mode::Shared => self.lock_path(w, &files.main, FlockOperation::LockShared, block),
@@ -1236,7 +596,7 @@ impl Local {
         }
     }
 
-    fn refuse_disagreement(&self, req: &Request, files: &Files) -> Result<(), Failure> {
+    fn refuse_disagreement(&self, req: &Request, files: &Files) -> Result<(), Error> {
         match Self::mode_in_force(files) {
             Some(in_force) if !req.mode.agrees_with(in_force) => {
                 Err(req.mode.disagreement(req.name, in_force))
@@ -1248,7 +608,7 @@ impl Local {
     /// Join the back of the queue: a share of the gate, then the first free
     /// place file, with a record saying when we came. False: the gate
     /// vanished meanwhile; start over.
-    fn join_queue(&self, w: &mut Waiter, files: &Files, ttl: Duration) -> Result<bool, Failure> {
+    fn join_queue(&self, w: &mut Waiter, files: &Files, ttl: Duration) -> Result<bool, Error> {
         let Some((gate, _)) = open_lock_file(&files.gate)
             .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
         else {
@@ -1296,7 +656,7 @@ impl Local {
     /// Wait until no place ahead of ours is kept: each predecessor in turn
     /// until it lets its place go (granted, gave up or died: its flock
     /// goes) or stops refreshing it. False: the wait ran out.
-    fn wait_turn(&self, w: &mut Waiter, files: &Files) -> Result<bool, Failure> {
+    fn wait_turn(&self, w: &mut Waiter, files: &Files) -> Result<bool, Error> {
         let holder = recorded_holder(files);
         loop {
             let Some(q) = &w.queued else { return Ok(true) };
@@ -1344,7 +704,7 @@ impl Local {
 
     /// Hold the grant lock, as the wait allows. None: gave up, or our place
     /// lapsed meanwhile (`lapsed` is set).
-    fn lock_grant(&self, w: &mut Waiter, files: &Files) -> Result<Option<OwnedFd>, Failure> {
+    fn lock_grant(&self, w: &mut Waiter, files: &Files) -> Result<Option<OwnedFd>, Error> {
         for _ in 0..100 {
             let Some((fd, _)) = open_lock_file(&files.grant)
                 .map_err(|e| self.unavailable("cannot open lock file", &files.grant, e))?
@@ -1376,13 +736,10 @@ impl Local {
                 return Ok(Some(fd));
             }
         }
-        Err(fail(
-            Class::Unavailable,
-            format!(
-                "lock file {} keeps changing under us",
-                files.grant.display()
-            ),
-        ))
+        Err(Error::Refused(format!(
+            "lock file {} keeps changing under us",
+            files.grant.display()
+        )))
     }
 
     /// Make a lock taken a grant: check it against the holders, write its
@@ -1394,7 +751,7 @@ impl Local {
         req: &Request,
         files: &Files,
         got: Got,
-    ) -> Result<Option<Acquired>, Failure> {
+    ) -> Result<Option<Acquired>, Error> {
         if std::mem::take(&mut w.lapsed) || w.queued.as_mut().is_some_and(|q| !q.tend()) {
             return Ok(None);
         }
@@ -1437,7 +794,7 @@ impl Local {
         log::info(format!(
             "acquired {} with token {token} after {:.1?}",
             req.name,
-            Boot::now().since(w.start)
+            Boot::now().since(w.patience.started())
         ));
         let path = slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
         let held = LocalHeld {
@@ -1510,7 +867,7 @@ impl Held for LocalHeld {
         Some(self.fd.as_raw_fd())
     }
 
-    fn release(self: Box<Self>) -> Result<bool, Failure> {
+    fn release(self: Box<Self>) -> Result<bool, Error> {
         // Closing (not LOCK_UN) releases only when no process of the job still
         // holds the inherited descriptor: the safe side if one escaped.
         let still_ours = matches!(stat(&self.path), Ok(st) if identity(&st) == self.id);

@@ -1,0 +1,262 @@
+//! The queue of places beside a name's lock file, and one request's wait:
+//! its place kept by refreshing it, blocking on a lock from a helper thread,
+//! the give-up clock and the waiting line (the seam's `Patience`).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
+
+use rustix::fs::{FlockOperation, flock};
+use rustix::io::Errno;
+
+use super::files::flock_blocking;
+use crate::backend::wait::Patience;
+use crate::backend::{Error, Request, Wait};
+
+/// CLOCK_MONOTONIC in nanoseconds: the queue's clock. Every process of the
+/// machine reads the same one, and unlike CLOCK_BOOTTIME it stands still
+/// through a suspend, which stops every waiter alike and must not cost any
+/// of them its place.
+pub(super) fn mono_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Size of a place's record, written in one `pwrite`.
+pub(super) const PLACE_RECORD: usize = 80;
+
+/// Most places a name's queue has (one file each).
+pub(super) const MAX_PLACES: u32 = 10_000;
+
+/// A queued request's place (README "Local (the default)"): a place file it
+/// holds LOCK_EX, so the place goes with the process, and a record of when
+/// it came (its rank in the queue) and until when it keeps the place.
+pub(super) struct Place {
+    pub(super) fd: OwnedFd,
+    pub(super) index: u32,
+    pub(super) arrived: u64,
+    pub(super) until: u64,
+    /// How long one refresh keeps the place (ttl/3), and how often it is
+    /// refreshed (ttl/5), as a Redis waiter keeps its place.
+    pub(super) keep: u64,
+    pub(super) every: u64,
+    pub(super) refresh_at: u64,
+}
+
+/// A place as another request sees it: its file, open, and its record.
+pub(super) struct Seen {
+    pub(super) file: OwnedFd,
+    pub(super) arrived: u64,
+    pub(super) until: u64,
+    pub(super) pid: u32,
+}
+
+impl Seen {
+    pub(super) fn rank(&self) -> (u64, u32) {
+        (self.arrived, self.pid)
+    }
+}
+
+pub(super) fn write_place(fd: impl AsFd, arrived: u64, until: u64) -> std::io::Result<()> {
+    let text = format!("arrived={arrived} until={until} pid={}", std::process::id());
+    let mut buf = [b' '; PLACE_RECORD];
+    buf[..text.len()].copy_from_slice(text.as_bytes());
+    buf[PLACE_RECORD - 1] = b'\n';
+    let n = rustix::io::pwrite(fd, &buf, 0)?;
+    if n != PLACE_RECORD {
+        return Err(std::io::Error::other("short write of a place in the queue"));
+    }
+    Ok(())
+}
+
+/// A place's record: (arrived, until, pid).
+pub(super) fn read_place(fd: impl AsFd) -> Option<(u64, u64, u32)> {
+    let mut buf = [0u8; PLACE_RECORD];
+    let n = rustix::io::pread(fd, &mut buf, 0).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    let (mut arrived, mut until, mut pid) = (None, None, None);
+    for field in text.split_whitespace() {
+        if let Some(v) = field.strip_prefix("arrived=") {
+            arrived = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("until=") {
+            until = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("pid=") {
+            pid = v.parse().ok();
+        }
+    }
+    Some((arrived?, until?, pid?))
+}
+
+impl Place {
+    pub(super) fn rank(&self) -> (u64, u32) {
+        (self.arrived, std::process::id())
+    }
+
+    /// Keep the place: refresh its record when due. False when it lapsed
+    /// (we were stopped, or starved, past `until`): a waiter behind may have
+    /// gone ahead, so the place is taken again at the back of the queue.
+    pub(super) fn tend(&mut self) -> bool {
+        let now = mono_ns();
+        let kept = now < self.until;
+        if !kept {
+            self.arrived = now;
+        }
+        if !kept || now >= self.refresh_at {
+            self.until = now.saturating_add(self.keep);
+            self.refresh_at = now.saturating_add(self.every);
+            // A failed write only makes the place lapse, which we notice.
+            let _ = write_place(&self.fd, self.arrived, self.until);
+        }
+        kept
+    }
+}
+
+/// What a queued request holds: its place, and a share of the gate, which
+/// tells requests that come later that someone is queued.
+pub(super) struct Queued {
+    pub(super) place: Place,
+    pub(super) gate: OwnedFd,
+    /// False while a request looking at the gate kept us from our share.
+    pub(super) shared: bool,
+}
+
+impl Queued {
+    pub(super) fn tend(&mut self) -> bool {
+        if !self.shared {
+            self.shared = share_gate(&self.gate, 1);
+        }
+        self.place.tend()
+    }
+}
+
+/// Take a share of the gate (LOCK_SH), trying `tries` times a millisecond
+/// apart: it is held exclusively only for the instant a request looks
+/// whether anyone is queued, never while anyone waits.
+pub(super) fn share_gate(gate: &OwnedFd, tries: u32) -> bool {
+    for i in 0..tries {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match flock(gate, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => return true,
+            Err(Errno::WOULDBLOCK) => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// What one wait ended with.
+pub(super) enum Heard<T> {
+    Got(T),
+    /// The time asked for came.
+    Woke,
+    /// The wait ran out (`-w`, `-n`), or our place lapsed (`lapsed` is set).
+    Over,
+}
+
+/// One request's wait: its patience (limit and waiting line) and its place
+/// in the queue once it has one.
+pub(super) struct Waiter<'a> {
+    pub(super) name: &'a str,
+    pub(super) req: &'a Request<'a>,
+    pub(super) wait: Wait,
+    pub(super) patience: Patience,
+    pub(super) queued: Option<Queued>,
+    /// Our place lapsed during a wait and was taken again at the back.
+    pub(super) lapsed: bool,
+}
+
+impl Waiter<'_> {
+    pub(super) fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> Error {
+        Error::Refused(format!("{what} {}: {e}", self.name))
+    }
+
+    /// Block until `rx` delivers, as the wait allows. None: gave up, or our
+    /// place lapsed.
+    pub(super) fn receive<T>(
+        &mut self,
+        rx: &std::sync::mpsc::Receiver<T>,
+        holder: Option<&str>,
+    ) -> Option<T> {
+        match self.hear(rx, holder, None) {
+            Heard::Got(v) => Some(v),
+            Heard::Woke | Heard::Over => None,
+        }
+    }
+
+    /// Block until `rx` delivers or, if given, until `wake` (on `mono_ns`),
+    /// keeping our place meanwhile.
+    pub(super) fn hear<T>(
+        &mut self,
+        rx: &std::sync::mpsc::Receiver<T>,
+        holder: Option<&str>,
+        wake: Option<u64>,
+    ) -> Heard<T> {
+        use std::sync::mpsc::RecvTimeoutError;
+        loop {
+            // First, so that a wait resuming after a stop sees its place lapsed.
+            if let Some(q) = self.queued.as_mut()
+                && !q.tend()
+            {
+                self.lapsed = true;
+                return Heard::Over;
+            }
+            if self.patience.over() {
+                return Heard::Over;
+            }
+            if wake.is_some_and(|at| mono_ns() >= at) {
+                return Heard::Woke;
+            }
+            self.patience.tick(holder);
+            let mono = mono_ns();
+            let ours = [self.queued.as_ref().map(|q| q.place.refresh_at), wake]
+                .into_iter()
+                .flatten()
+                .map(|at| Duration::from_nanos(at.saturating_sub(mono)))
+                .min();
+            let next = match (ours, self.patience.block_for()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let got = match next {
+                Some(d) => rx.recv_timeout(d),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match got {
+                Ok(v) => return Heard::Got(v),
+                Err(RecvTimeoutError::Disconnected) => return Heard::Over,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+
+    /// Block on `fd`'s lock as the wait allows. Ok(false): gave up (or `-n`).
+    pub(super) fn block(
+        &mut self,
+        fd: &OwnedFd,
+        op: FlockOperation,
+        holder: Option<&str>,
+    ) -> Result<bool, Error> {
+        if self.wait == Wait::No {
+            return Ok(false);
+        }
+        // A helper thread blocks in flock on a duplicate of the same open file
+        // (the lock belongs to the open file, so it is ours when it comes). If
+        // we give up, lockrun is about to exit, which ends the helper and
+        // drops any lock it got.
+        let dup = fd.try_clone().map_err(|e| self.unavailable("dup", e))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .spawn(move || {
+                let _ = tx.send(flock_blocking(&dup, op));
+            })
+            .map_err(|e| self.unavailable("cannot start a thread to wait for", e))?;
+        match self.receive(&rx, holder) {
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(self.unavailable("locking", e)),
+            None => Ok(false),
+        }
+    }
+}

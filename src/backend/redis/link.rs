@@ -1,0 +1,174 @@
+//! One connection to one Redis server: connecting within a bound, which of
+//! the server's errors are worth riding out, and how an error is told
+//! without echoing what was sent.
+
+use std::time::Duration;
+
+use redis::{Client, Connection};
+
+use crate::backend::Error;
+use crate::log;
+
+/// Server error codes that a restart, a failover or a cluster change produce
+/// for a while: ridden out like a lost connection, never final.
+const TRANSIENT: [&str; 7] = [
+    "LOADING",
+    "BUSY",
+    "READONLY",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+];
+
+/// Whether an error is worth retrying: a transport failure (timeout, reset,
+/// refused) or one of the transient server states. Everything else the server
+/// says (a wrong password, an ACL denial, a key of the wrong type, a script
+/// error) is final.
+fn is_transient(e: &redis::RedisError) -> bool {
+    if matches!(e.kind(), redis::ErrorKind::Io | redis::ErrorKind::Parse)
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+    {
+        return true;
+    }
+    if e.code().is_some_and(|c| TRANSIENT.contains(&c)) {
+        return true;
+    }
+    // A script that fails on a write (a replica, a cluster in trouble) may
+    // carry the code inside its own error text.
+    let text = e.to_string();
+    TRANSIENT.iter().any(|c| {
+        text.split(|ch: char| !ch.is_ascii_alphabetic())
+            .any(|w| w == *c)
+    })
+}
+
+/// One connection to one server, reconnected on demand.
+pub struct Link {
+    pub client: Client,
+    pub conn: Option<Connection>,
+    pub display: String,
+    /// Bounds one request, connect included.
+    pub op: Duration,
+    /// The server has answered at least once: later transport errors may be
+    /// a restart worth waiting out, earlier ones are misconfiguration.
+    pub replied: bool,
+}
+
+impl Link {
+    fn conn(&mut self) -> Result<&mut Connection, Error> {
+        if self.conn.is_none() {
+            self.conn = Some(reconnect(&self.client, self.op).map_err(Error::Transient)?);
+        }
+        Ok(self.conn.as_mut().expect("just connected"))
+    }
+
+    /// Run a call; any transport error drops the connection, since its state is unknown.
+    pub fn call<T>(
+        &mut self,
+        f: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        let conn = self.conn()?;
+        match f(conn) {
+            Ok(v) => {
+                self.replied = true;
+                Ok(v)
+            }
+            Err(e) => {
+                if !is_transient(&e) {
+                    self.replied = true;
+                    return Err(Error::Refused(describe(&e)));
+                }
+                if e.code().is_some() {
+                    // A transient state reported by a server that does answer.
+                    self.replied = true;
+                }
+                self.conn = None;
+                Err(Error::Transient(describe(&e)))
+            }
+        }
+    }
+
+    /// A link on the same server that takes over this one's connection (a
+    /// granted lease keeps the connection it was granted on).
+    pub fn hand_over(&mut self) -> Link {
+        Link {
+            client: self.client.clone(),
+            conn: self.conn.take(),
+            display: self.display.clone(),
+            op: self.op,
+            replied: true,
+        }
+    }
+
+    /// A failure of `doing`, saying which server it was.
+    pub fn failed(&self, doing: &str, e: Error) -> Error {
+        e.doing(format_args!("{doing} on {}", self.display))
+    }
+}
+
+pub fn connect(client: &Client, timeout: Duration) -> redis::RedisResult<Connection> {
+    let conn = client.get_connection_with_timeout(timeout)?;
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
+    Ok(conn)
+}
+
+/// A new connection after the first one, bounded as a whole (name resolution
+/// included, which no socket timeout covers): a resolver that stopped
+/// answering must not hang a waiter or the release at the end of a run.
+fn reconnect(client: &Client, timeout: Duration) -> Result<Connection, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let client = client.clone();
+    std::thread::Builder::new()
+        .name("lockrun-connect".into())
+        .spawn(move || {
+            let _ = tx.send(connect(&client, timeout));
+        })
+        .map_err(|e| format!("cannot start a thread to connect: {e}"))?;
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(describe(&e)),
+        Err(_) => Err(format!(
+            "no connection within {timeout:?} (name resolution or connect stalled)"
+        )),
+    }
+}
+
+pub fn is_auth_error(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || e.code().is_some_and(|c| c == "WRONGPASS" || c == "NOAUTH")
+}
+
+/// Describe a Redis error without ever including the server's echo of our arguments.
+pub fn describe(e: &redis::RedisError) -> String {
+    if e.is_timeout() {
+        return "timed out".into();
+    }
+    if e.is_connection_refusal() {
+        return "connection refused".into();
+    }
+    if is_auth_error(e) {
+        return "the server refused the credentials (check the user and password in the URL)"
+            .into();
+    }
+    let text = e.to_string();
+    if text.contains("certificate") {
+        return format!(
+            "TLS: the server's certificate is not trusted ({}); pass its CA with --tls-ca",
+            log::scrub(&text)
+        );
+    }
+    if text.contains("WRONGTYPE") || text.contains("LOCKRUN the key exists") {
+        return "a key at this lock's name is not a lockrun lease (wrong type); \
+                remove it or choose another --prefix"
+            .into();
+    }
+    // A server error reads as the server said it ("LOADING Redis is loading…").
+    if let (Some(code), Some(detail)) = (e.code(), e.detail()) {
+        return log::scrub(&format!("{code} {detail}"));
+    }
+    log::scrub(&text)
+}

@@ -1,0 +1,98 @@
+//! The Lua scripts that change a name's state, each loaded with the
+//! prelude they share, and the keys they are run on. What each returns is
+//! read in `reply.rs`.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Shared by every script. A name's state is one hash of holders, each
+/// field `h:<owner>` (or `r:<token>` once revoked) with the value
+/// `token|expires ms|mode|limit|slot|granted ms|label`, a waiter queue (a
+/// sorted set of waiter ids by arrival, details in a hash) and one wake-up
+/// list per waiter; a second sorted set holds until when each waiter
+/// keeps its place. Times are the server's `TIME`; expired holders and dead
+/// waiters are purged by whichever script looks first.
+/// KEYS: lock, fence, queue, waiters, wake-up prefix, waiters' liveness.
+const PRELUDE: &str = include_str!("scripts/prelude.lua");
+
+/// ARGV: owner, label, ttl ms, mode (x s n), limit, queue ('1' wait, '0' -n),
+/// waiter id, waiter lifetime ms, the `host:pid` of an outer lockrun holding
+/// this name ('' when not run from inside one), '1' when a queued waiter
+/// only comes to keep its place (nothing woke it), the waiter's arrival
+/// number once it has one ('' before).
+/// {1, token, slot} granted (idempotent for our owner value: a retried
+/// acquire, or the confirmation of a grant handed over in the queue, gets a
+/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends, arrival
+/// number} queued (a waiter only keeping its place hears no holder and no
+/// number);
+/// {3, mode, limit} the holders disagree with this request; {4} the outer
+/// lockrun holds it (waiting would deadlock).
+const ACQUIRE: &str = include_str!("scripts/acquire.lua");
+
+/// KEYS: lock. ARGV: owner, ttl ms. 1 renewed, 0 not ours.
+const RENEW: &str = include_str!("scripts/renew.lua");
+
+/// ARGV: owner, waiter id. Gives up a lease (or a place in the queue, with
+/// any grant handed over meanwhile) and serves the queue in the same call:
+/// the next holder's grant is made here, one round trip for the hand-off.
+/// 1 released, 0 not ours.
+const RELEASE: &str = include_str!("scripts/release.lua");
+
+/// Never returns an owner value. {now ms, waiters, rows…}, each holder as
+/// eight fields: label, token, slot, mode, limit, ms left, ms held, revoked.
+const INSPECT: &str = include_str!("scripts/inspect.lua");
+
+/// ARGV: token ('' = every holder), now ('1'/'0').
+/// {0} nothing held, {2, tokens…} no holder has that token, {3} already
+/// revoked, {1, rows…} as INSPECT's rows for the holders broken.
+/// Without `now`, a holder's owner value is replaced: its next renewal fails
+/// and new grants still wait for the old expiry. With `now`, the holder goes
+/// and the queue is served at once.
+const FORCE: &str = include_str!("scripts/force.lua");
+
+// Each script's SHA1 is computed once, on first use.
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}{body}"))
+}
+pub static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(ACQUIRE));
+pub static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RENEW));
+pub static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(RELEASE));
+pub static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(INSPECT));
+pub static FORCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(FORCE));
+
+/// Every key of one name, all under one hash tag (one Cluster slot).
+#[derive(Clone)]
+pub struct Keys {
+    pub lock: String,
+    fence: String,
+    queue: String,
+    waiters: String,
+    pub wake: String,
+    alive: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str, name: &str) -> Keys {
+        let lock = format!("{prefix}{{{name}}}");
+        Keys {
+            fence: format!("{lock}:fence"),
+            queue: format!("{lock}:queue"),
+            waiters: format!("{lock}:waiters"),
+            wake: format!("{lock}:wake:"),
+            alive: format!("{lock}:alive"),
+            lock,
+        }
+    }
+
+    pub fn on<'a>(&self, script: &'a Script) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        inv.key(&self.lock)
+            .key(&self.fence)
+            .key(&self.queue)
+            .key(&self.waiters)
+            .key(&self.wake)
+            .key(&self.alive);
+        inv
+    }
+}

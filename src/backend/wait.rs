@@ -1,0 +1,172 @@
+//! What every engine's wait shares, written once: when it gives up (`-n`,
+//! `-w`), the one line it prints after a second (unless `-q`), and how it
+//! rides out a failing server. An engine supplies the rest: one try at the
+//! name, and a way to block until it is woken or a deadline passes.
+
+use std::time::Duration;
+
+use super::{Request, Wait};
+use crate::clock::{Boot, backoff};
+
+/// One request's patience.
+pub struct Patience {
+    name: String,
+    start: Boot,
+    give_up_at: Option<Boot>,
+    announce_at: Option<Boot>,
+}
+
+impl Patience {
+    pub fn new(req: &Request, wait: Wait) -> Patience {
+        let start = Boot::now();
+        Patience {
+            name: req.name.to_string(),
+            start,
+            give_up_at: match wait {
+                Wait::No => Some(start),
+                Wait::For(d) => Some(start.add(d)),
+                Wait::Forever => None,
+            },
+            // Under -q there is no line to print, and no reason to wake for it.
+            announce_at: (!req.quiet).then(|| start.add(Duration::from_secs(1))),
+        }
+    }
+
+    pub fn started(&self) -> Boot {
+        self.start
+    }
+
+    /// The wait ran out (at once for `-n`).
+    pub fn over(&self) -> bool {
+        self.give_up_at.is_some_and(|g| Boot::now() >= g)
+    }
+
+    /// How long a waiter may block before it must look again, on its own
+    /// account (the engine adds its own reasons): none when it may block
+    /// for ever.
+    pub fn block_for(&self) -> Option<Duration> {
+        let now = Boot::now();
+        [self.give_up_at, self.announce_at]
+            .into_iter()
+            .flatten()
+            .map(|at| at.since(now))
+            .min()
+    }
+
+    /// The earlier of `d` and what the wait allows.
+    pub fn cap(&self, d: Duration) -> Duration {
+        self.block_for().map_or(d, |b| b.min(d))
+    }
+
+    /// Print the waiting line once the wait has lasted a second, so a CI log
+    /// says why it is stuck.
+    pub fn tick(&mut self, holder: Option<&str>) {
+        if self.announce_at.is_some_and(|at| Boot::now() >= at) {
+            self.announce_at = None;
+            crate::log::warn(format!(
+                "waiting for {}: held by {}",
+                self.name,
+                holder.unwrap_or("another process (no holder recorded)")
+            ));
+        }
+    }
+}
+
+/// How long a request keeps trying through transient failures in a row.
+pub struct Retry {
+    budget: Duration,
+    failing_since: Option<Boot>,
+    failures: u32,
+}
+
+impl Retry {
+    /// A server that keeps failing for `budget` (or, when waiting, past the
+    /// wait) is given up on.
+    pub fn new(budget: Duration) -> Retry {
+        Retry {
+            budget,
+            failing_since: None,
+            failures: 0,
+        }
+    }
+
+    /// A request went through: the next failure starts a new outage.
+    pub fn succeeded(&mut self) {
+        self.failing_since = None;
+        self.failures = 0;
+    }
+
+    /// After a transient failure: how long to back off before the next try,
+    /// or None once the outage has outlasted its budget or `patience`.
+    pub fn failed(&mut self, patience: &Patience) -> Option<Duration> {
+        self.failures += 1;
+        let since = *self.failing_since.get_or_insert_with(Boot::now);
+        if patience.over() || Boot::now().since(since) >= self.budget {
+            return None;
+        }
+        Some(backoff(
+            self.failures,
+            Duration::from_millis(25),
+            Duration::from_secs(1),
+        ))
+    }
+
+    /// A failure that does not end the request by itself (a wait that
+    /// broke off): back off, longer each time in a row.
+    pub fn pause(&mut self) -> Duration {
+        self.failures += 1;
+        backoff(
+            self.failures,
+            Duration::from_millis(25),
+            Duration::from_secs(1),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Mode, Owner};
+    use crate::schedule::Timing;
+
+    fn request<'a>(owner: &'a Owner, quiet: bool) -> Request<'a> {
+        Request {
+            name: "n",
+            owner,
+            timing: Timing::new(Duration::from_secs(3), None).unwrap(),
+            mode: Mode::Exclusive,
+            outer: None,
+            inherited_fd: None,
+            quiet,
+        }
+    }
+
+    #[test]
+    fn a_wait_blocks_no_longer_than_its_limit_or_its_line() {
+        let owner = Owner::new(None).unwrap();
+        let no = Patience::new(&request(&owner, false), Wait::No);
+        assert!(no.over());
+        let long = Patience::new(&request(&owner, false), Wait::For(Duration::from_secs(60)));
+        assert!(!long.over());
+        // The waiting line is due within a second.
+        assert!(long.block_for().unwrap() <= Duration::from_secs(1));
+        let quiet = Patience::new(&request(&owner, true), Wait::Forever);
+        assert_eq!(quiet.block_for(), None);
+        assert_eq!(quiet.cap(Duration::from_secs(9)), Duration::from_secs(9));
+    }
+
+    #[test]
+    fn retries_stop_when_the_outage_outlasts_its_budget() {
+        let owner = Owner::new(None).unwrap();
+        let p = Patience::new(&request(&owner, true), Wait::Forever);
+        let mut r = Retry::new(Duration::from_millis(30));
+        let first = r.failed(&p).expect("the first failure is retried");
+        assert!(first <= Duration::from_millis(50), "{first:?}");
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(r.failed(&p), None);
+        r.succeeded();
+        assert!(r.failed(&p).is_some(), "a success starts a new outage");
+        let no = Patience::new(&request(&owner, true), Wait::No);
+        assert_eq!(Retry::new(Duration::from_secs(9)).failed(&no), None);
+    }
+}
