@@ -414,3 +414,40 @@ fn a_stopped_waiter_does_not_reorder_the_others() {
     }
     assert_eq!(scratch.read("order"), "holder\na\nb\nc\nstopped\n");
 }
+
+/// Waiters watch the place ahead of them by blocking on its file. A newcomer
+/// that takes that file again the instant it is left must not leave an older
+/// waiter blocked behind it: the queue would wait in a circle until a place
+/// lapsed (ttl/3, 20 s here), with no holder at all.
+#[test]
+fn a_busy_queue_hands_over_without_stalling() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let mut slowest = Duration::ZERO;
+                for _ in 0..25 {
+                    let t = std::time::Instant::now();
+                    let out =
+                        run(lockrun()
+                            .args(["-q", "--url", &url, "--ttl", "60s", "busy", "--", "true"]));
+                    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+                    slowest = slowest.max(t.elapsed());
+                }
+                slowest
+            })
+        })
+        .collect();
+    let slowest = workers
+        .into_iter()
+        .map(|w| w.join().unwrap())
+        .max()
+        .unwrap();
+    // One acquisition takes milliseconds here; a circle lasts until a place lapses.
+    assert!(
+        slowest < Duration::from_secs(10),
+        "one acquisition among 100 took {slowest:?}"
+    );
+}

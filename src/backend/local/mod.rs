@@ -36,7 +36,8 @@ use files::{
 };
 use proclocks::{find_orphan_holder, flocks, lockers};
 use queue::{
-    Heard, MAX_PLACES, Place, Queued, Seen, Waiter, mono_ns, read_place, share_gate, write_place,
+    Heard, MAX_PLACES, Place, Queued, Seen, Waiter, fresh_place, mono_ns, read_place, share_gate,
+    write_place,
 };
 #[cfg(test)]
 use record::write_token;
@@ -618,7 +619,7 @@ impl Local {
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         for k in 0..MAX_PLACES {
             let path = files.place(k);
-            let Some((fd, _)) = open_lock_file(&path)
+            let Some((fd, created)) = open_lock_file(&path)
                 .map_err(|e| self.unavailable("cannot open lock file", &path, e))?
             else {
                 continue;
@@ -628,6 +629,19 @@ impl Local {
                 Err(Errno::WOULDBLOCK) => continue,
                 Err(e) => return Err(self.unavailable("cannot lock", &path, e)),
             }
+            // Another request may have put a fresh file at the path meanwhile.
+            match (fstat(&fd), stat(&path)) {
+                (Ok(ours), Ok(now)) if identity(&ours) == identity(&now) => {}
+                _ => continue,
+            }
+            // A place left is taken again in a file of its own: a waiter
+            // still blocked on the old one waits for the request it saw,
+            // never for us, who came after it.
+            let fd = if created {
+                fd
+            } else {
+                fresh_place(&path).map_err(|e| self.unavailable("cannot replace", &path, e))?
+            };
             let now = mono_ns();
             let place = Place {
                 fd,

@@ -5,10 +5,12 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-use rustix::fs::{FlockOperation, flock};
+use std::path::Path;
+
+use rustix::fs::{FlockOperation, Mode as FileMode, OFlags, flock, open};
 use rustix::io::Errno;
 
-use super::files::flock_blocking;
+use super::files::{flock_blocking, suffixed};
 use crate::backend::wait::Patience;
 use crate::backend::{Error, Request, Wait};
 
@@ -21,6 +23,25 @@ pub(super) fn mono_ns() -> u64 {
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
+}
+
+/// A new file for place `path`, locked LOCK_EX, put at the path in one
+/// rename while the caller holds the old file locked (so no other request
+/// takes the place meanwhile). A waiter that watches the old file gets its
+/// share of it as soon as the request that was there is gone.
+pub(super) fn fresh_place(path: &Path) -> Result<OwnedFd, Errno> {
+    let tmp = suffixed(path, &format!(".new{}", std::process::id()));
+    let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::CREATE | OFlags::EXCL;
+    // One left by a lockrun of the same pid killed mid-way: ours to remove.
+    let _ = rustix::fs::unlink(&tmp);
+    let fd = open(&tmp, flags, FileMode::from_raw_mode(0o666))?;
+    let done = flock(&fd, FlockOperation::NonBlockingLockExclusive)
+        .and_then(|()| rustix::fs::rename(&tmp, path));
+    if let Err(e) = done {
+        let _ = rustix::fs::unlink(&tmp);
+        return Err(e);
+    }
+    Ok(fd)
 }
 
 /// Size of a place's record, written in one `pwrite`.
