@@ -3,6 +3,11 @@
 //!
 //!     cargo bench                       # full run, writes target/lockrun-bench.json
 //!     LOCKRUN_BENCH_QUICK=1 cargo bench # fewer rounds, for a smoke test
+//!     LOCKRUN_BENCH_AB=OTHER cargo bench  # this lockrun (A) against OTHER (B)
+//!
+//! With LOCKRUN_BENCH_AB set it runs only the A/B comparison: the same
+//! measures for both builds, interleaved round by round, so a difference
+//! between them is not the machine changing between two runs.
 //!
 //! It starts its own redis-server on a free loopback port. The job processes
 //! are this very executable, re-run with a `job-*` argument, so a job's start
@@ -90,6 +95,40 @@ fn time_once(argv: &[String]) -> f64 {
     d
 }
 
+/// Each command timed once per round, all of them in every round, after
+/// one untimed run each (to warm caches and the script cache).
+fn time_interleaved(variants: &[Vec<String>], rounds: usize) -> Vec<Stats> {
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for argv in variants {
+        time_once(argv);
+    }
+    for _ in 0..rounds {
+        for (i, argv) in variants.iter().enumerate() {
+            samples[i].push(time_once(argv));
+        }
+    }
+    samples.into_iter().map(stats).collect()
+}
+
+/// Acquisitions per second when `w` workers each run `argv` `k` times.
+fn contend(argv: &[String], w: usize, k: usize) -> f64 {
+    let t = Instant::now();
+    let threads: Vec<_> = (0..w)
+        .map(|_| {
+            let argv = argv.to_vec();
+            std::thread::spawn(move || {
+                for _ in 0..k {
+                    time_once(&argv);
+                }
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    (w * k) as f64 / t.elapsed().as_secs_f64()
+}
+
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
@@ -145,16 +184,20 @@ fn start_etcd(dir: &Path) -> Option<EtcdServer> {
 }
 
 impl Bench {
-    fn lockrun_redis(&self, name: &str, job: &[String]) -> Vec<String> {
-        let mut v = s(&[&bin(), "-q", "--url", &self.redis.url(), name, "--"]);
+    /// `LOCKRUN -q --url URL NAME -- JOB`, for any build of lockrun.
+    fn lockrun_on(&self, lockrun: &str, url: &str, name: &str, job: &[String]) -> Vec<String> {
+        let mut v = s(&[lockrun, "-q", "--url", url, name, "--"]);
         v.extend_from_slice(job);
         v
     }
+    fn local_url(&self) -> String {
+        format!("file://{}", self.dir.path().join("locks").display())
+    }
+    fn lockrun_redis(&self, name: &str, job: &[String]) -> Vec<String> {
+        self.lockrun_on(&bin(), &self.redis.url(), name, job)
+    }
     fn lockrun_local(&self, name: &str, job: &[String]) -> Vec<String> {
-        let dir = format!("file://{}", self.dir.path().join("locks").display());
-        let mut v = s(&[&bin(), "-q", "--url", &dir, name, "--"]);
-        v.extend_from_slice(job);
-        v
+        self.lockrun_on(&bin(), &self.local_url(), name, job)
     }
     fn flock(&self, name: &str, job: &[String]) -> Vec<String> {
         let mut v = s(&["flock", &self.dir.path().join(name).display().to_string()]);
@@ -169,9 +212,13 @@ impl Bench {
         self.results.insert(key.to_string(), v);
     }
 
+    fn uncontended_rounds(&self) -> usize {
+        if self.quick { 30 } else { 200 }
+    }
+
     /// Uncontended `TOOL NAME true`, interleaved.
     fn uncontended(&mut self) {
-        let rounds = if self.quick { 30 } else { 200 };
+        let rounds = self.uncontended_rounds();
         let t = s(&["/bin/true"]);
         let mut variants: Vec<(&str, Vec<String>)> = vec![
             ("true", t.clone()),
@@ -184,21 +231,13 @@ impl Bench {
             v.extend(t.clone());
             variants.push(("etcdctl", v));
         }
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
-        for (_, argv) in &variants {
-            time_once(argv); // warm caches and the script cache
-        }
-        for _ in 0..rounds {
-            for (i, (_, argv)) in variants.iter().enumerate() {
-                samples[i].push(time_once(argv));
-            }
-        }
+        let argvs: Vec<Vec<String>> = variants.iter().map(|(_, a)| a.clone()).collect();
+        let all = time_interleaved(&argvs, rounds);
         println!("\nUncontended `TOOL NAME true`, {rounds} interleaved rounds (ms)");
         println!("{:<16} {:>8} {:>8}", "tool", "median", "p90");
         let mut out = serde_json::Map::new();
         let mut medians = std::collections::HashMap::new();
-        for (i, (name, _)) in variants.iter().enumerate() {
-            let st = stats(samples[i].clone());
+        for ((name, _), st) in variants.iter().zip(&all) {
             println!("{name:<16} {:>8.3} {:>8.3}", st.median, st.p90);
             medians.insert(*name, st.median);
             out.insert(
@@ -214,13 +253,17 @@ impl Bench {
         self.record("uncontended", Value::Object(out));
     }
 
+    /// (workers, acquisitions each, repetitions) of the contention run.
+    fn contention_size(&self) -> (usize, usize, usize) {
+        if self.quick { (4, 10, 1) } else { (8, 25, 3) }
+    }
+
     /// W workers × K acquisitions of one name around a short section.
     fn contention(&mut self) {
-        let (w, k) = if self.quick { (4, 10) } else { (8, 25) };
+        let (w, k, reps) = self.contention_size();
         let section = vec![self.exe.clone(), "job-sleep".into(), "5".into()];
         let mut out = serde_json::Map::new();
         let mut rates = std::collections::HashMap::new();
-        let reps = if self.quick { 1 } else { 3 };
         for rep in 0..reps {
             for tool in ["flock", "lockrun-redis", "lockrun-local"] {
                 let argv = match tool {
@@ -228,21 +271,7 @@ impl Bench {
                     "lockrun-redis" => self.lockrun_redis("c", &section),
                     _ => self.lockrun_local("c", &section),
                 };
-                let t = Instant::now();
-                let threads: Vec<_> = (0..w)
-                    .map(|_| {
-                        let argv = argv.clone();
-                        std::thread::spawn(move || {
-                            for _ in 0..k {
-                                time_once(&argv);
-                            }
-                        })
-                    })
-                    .collect();
-                for th in threads {
-                    th.join().unwrap();
-                }
-                let rate = (w * k) as f64 / t.elapsed().as_secs_f64();
+                let rate = contend(&argv, w, k);
                 rates.entry(tool).or_insert_with(Vec::new).push(rate);
                 let _ = rep;
             }
@@ -265,7 +294,6 @@ impl Bench {
         self.record("contention", Value::Object(out));
     }
 
-    /// One hand-off: holder's job ends → waiter's job starts, in ms.
     /// A lock tool's command line with extra options before the name.
     fn argv_with(&self, tool: &str, opts: &[&str], name: &str, job: &[String]) -> Vec<String> {
         let mut v = match tool {
@@ -279,7 +307,7 @@ impl Bench {
                 let url = if tool == "lockrun-redis" {
                     self.redis.url()
                 } else {
-                    format!("file://{}", self.dir.path().join("locks").display())
+                    self.local_url()
                 };
                 let mut v = s(&[&bin(), "-q", "--url", &url]);
                 v.extend(s(opts));
@@ -415,7 +443,9 @@ impl Bench {
         self.record("throughput", Value::Object(out));
     }
 
-    fn handoff_once(&self, tool: &str, name: &str, waiters: usize) -> f64 {
+    /// One hand-off: holder's job ends → waiter's job starts, in ms.
+    /// `argv` is the lock tool's command line (one name) around a job.
+    fn handoff_once(&self, argv: impl Fn(&[String]) -> Vec<String>, waiters: usize) -> f64 {
         let go = self.path("go");
         let end = self.path("end");
         let _ = std::fs::remove_file(&go);
@@ -426,11 +456,6 @@ impl Bench {
             go.display().to_string(),
             end.display().to_string(),
         ];
-        let argv = |job: &[String]| match tool {
-            "flock" => self.flock(name, job),
-            "lockrun-redis" => self.lockrun_redis(name, job),
-            _ => self.lockrun_local(name, job),
-        };
         let ha = argv(&hold_job);
         let mut holder = Command::new(&ha[0])
             .args(&ha[1..])
@@ -483,12 +508,16 @@ impl Bench {
         (first_start as f64 - end_ns as f64) / 1e6
     }
 
+    fn handoff_rounds(&self) -> usize {
+        if self.quick { 10 } else { 40 }
+    }
+
     fn handoff(&mut self) {
-        let rounds = if self.quick { 10 } else { 40 };
+        let rounds = self.handoff_rounds();
         let mut samples: std::collections::HashMap<&str, Vec<f64>> = Default::default();
         for _ in 0..rounds {
             for tool in ["flock", "lockrun-redis", "lockrun-local"] {
-                let v = self.handoff_once(tool, "h", 1);
+                let v = self.handoff_once(|j| self.argv_with(tool, &[], "h", j), 1);
                 samples.entry(tool).or_default().push(v);
             }
         }
@@ -518,6 +547,94 @@ impl Bench {
             );
         }
         self.record("handoff", Value::Object(out));
+    }
+
+    /// This lockrun (A) against `other` (B): uncontended runs, hand-offs and
+    /// contention on both engines, the two builds taking turns within every
+    /// round, with the rounds and sizes of the usual measures.
+    fn ab(&mut self, other: &str) {
+        let builds = [bin(), other.to_string()];
+        let engines = [("local", self.local_url()), ("redis", self.redis.url())];
+        // Each build has names of its own, so neither meets the other's
+        // leftovers (an older build may keep its state differently).
+        let name = |what: &str, b: usize| format!("ab{what}-{}", ["a", "b"][b]);
+        // (measure, A, B), in the order printed.
+        let mut rows: Vec<(String, f64, f64)> = Vec::new();
+
+        let rounds = self.uncontended_rounds();
+        let t = s(&["/bin/true"]);
+        let variants: Vec<Vec<String>> = engines
+            .iter()
+            .flat_map(|(_, url)| {
+                (0..2).map(|b| self.lockrun_on(&builds[b], url, &name("u", b), &t))
+            })
+            .collect();
+        let all = time_interleaved(&variants, rounds);
+        for (e, (engine, _)) in engines.iter().enumerate() {
+            let (a, b) = (&all[2 * e], &all[2 * e + 1]);
+            rows.push((
+                format!("uncontended_{engine}_median_ms"),
+                a.median,
+                b.median,
+            ));
+            rows.push((format!("uncontended_{engine}_p90_ms"), a.p90, b.p90));
+        }
+
+        let hand_rounds = self.handoff_rounds();
+        let mut samples = vec![Vec::new(); 4];
+        for _ in 0..hand_rounds {
+            for (e, (_, url)) in engines.iter().enumerate() {
+                for (b, lockrun) in builds.iter().enumerate() {
+                    let n = name("h", b);
+                    let v = self.handoff_once(|j| self.lockrun_on(lockrun, url, &n, j), 1);
+                    samples[2 * e + b].push(v);
+                }
+            }
+        }
+        let hand: Vec<Stats> = samples.into_iter().map(stats).collect();
+        for (e, (engine, _)) in engines.iter().enumerate() {
+            let (a, b) = (&hand[2 * e], &hand[2 * e + 1]);
+            rows.push((format!("handoff_{engine}_median_ms"), a.median, b.median));
+            rows.push((format!("handoff_{engine}_p90_ms"), a.p90, b.p90));
+        }
+
+        let (w, k, reps) = self.contention_size();
+        let section = vec![self.exe.clone(), "job-sleep".into(), "5".into()];
+        let mut rates = vec![Vec::new(); 4];
+        for _ in 0..reps {
+            for (e, (_, url)) in engines.iter().enumerate() {
+                for (b, lockrun) in builds.iter().enumerate() {
+                    let argv = self.lockrun_on(lockrun, url, &name("c", b), &section);
+                    rates[2 * e + b].push(contend(&argv, w, k));
+                }
+            }
+        }
+        let rate: Vec<f64> = rates.into_iter().map(|r| stats(r).median).collect();
+        for (e, (engine, _)) in engines.iter().enumerate() {
+            rows.push((
+                format!("contention_{engine}_per_second"),
+                rate[2 * e],
+                rate[2 * e + 1],
+            ));
+        }
+
+        println!("\nA/B, the two builds taking turns within every round");
+        println!("A = {}", builds[0]);
+        println!("B = {}", builds[1]);
+        println!(
+            "uncontended: {rounds} rounds; hand-off: {hand_rounds} rounds; \
+             contention: {w} workers × {k} around 5 ms, median of {reps}"
+        );
+        println!("(B/A above 1: B is slower in ms, faster per second)");
+        println!("{:<32} {:>9} {:>9} {:>7}", "measure", "A", "B", "B/A");
+        let mut out = serde_json::Map::new();
+        out.insert("a".into(), json!(builds[0]));
+        out.insert("b".into(), json!(builds[1]));
+        for (measure, a, b) in rows {
+            println!("{measure:<32} {a:>9.3} {b:>9.3} {:>6.2}x", b / a);
+            out.insert(measure, json!({"a": a, "b": b, "b_over_a": b / a}));
+        }
+        self.record("ab", Value::Object(out));
     }
 
     /// Commands the server has run so far. One connection, kept open, so
@@ -615,10 +732,10 @@ impl Bench {
         }
         let rounds = if self.quick { 3 } else { 7 };
         let one: Vec<f64> = (0..rounds)
-            .map(|_| self.handoff_once("lockrun-redis", "hw", 1))
+            .map(|_| self.handoff_once(|j| self.lockrun_redis("hw", j), 1))
             .collect();
         let hundred: Vec<f64> = (0..rounds)
-            .map(|_| self.handoff_once("lockrun-redis", "hw", 100))
+            .map(|_| self.handoff_once(|j| self.lockrun_redis("hw", j), 100))
             .collect();
         let (a, b) = (stats(one).median, stats(hundred).median);
         println!(
@@ -696,7 +813,21 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("locks")).unwrap();
     let quick = std::env::var_os("LOCKRUN_BENCH_QUICK").is_some_and(|v| !v.is_empty());
-    let etcd = start_etcd(dir.path());
+    let ab = std::env::var("LOCKRUN_BENCH_AB")
+        .ok()
+        .filter(|v| !v.is_empty());
+    if let Some(other) = &ab {
+        assert!(
+            Path::new(other).is_file(),
+            "LOCKRUN_BENCH_AB={other}: no such file (it names the other lockrun binary)"
+        );
+    }
+    // The A/B comparison has no etcdctl in it: no etcd to wait for.
+    let etcd = if ab.is_none() {
+        start_etcd(dir.path())
+    } else {
+        None
+    };
     let redis = Redis::start();
     let stats_conn = redis.conn();
     let mut b = Bench {
@@ -723,21 +854,25 @@ fn main() {
         "lockrun benchmark on {cpu} ({cores} cores){}",
         if quick { ", quick mode" } else { "" }
     );
-    if b.etcd.is_none() {
+    if b.etcd.is_none() && ab.is_none() {
         println!("(etcd/etcdctl not installed: etcdctl lock is not measured)");
     }
     b.record(
         "machine",
         json!({"cpu": cpu, "cores": cores, "quick": quick}),
     );
-    b.uncontended();
-    b.contention();
-    b.handoff();
-    b.waiting_load();
-    b.holding_cost();
-    b.footprint();
-    b.fairness();
-    b.throughput();
+    if let Some(other) = ab {
+        b.ab(&other);
+    } else {
+        b.uncontended();
+        b.contention();
+        b.handoff();
+        b.waiting_load();
+        b.holding_cost();
+        b.footprint();
+        b.fairness();
+        b.throughput();
+    }
     let out = std::env::var("LOCKRUN_BENCH_OUT").unwrap_or_else(|_| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("target/lockrun-bench.json")
