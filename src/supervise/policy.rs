@@ -696,7 +696,7 @@ mod tests {
         let a = p.tick(at(0), Some(deadline), &[]);
         match a.as_slice() {
             [Action::Alert(m)] => assert!(
-                m.contains("20000 processes") && m.contains("--ttl 8s"),
+                m.contains("20000 processes") && m.contains("--ttl 13s"),
                 "{m}"
             ),
             other => panic!("{other:?}"),
