@@ -90,6 +90,40 @@ impl Fixture for RedisEngine {
     }
 }
 
+/// A master and a replica behind three sentinels.
+pub struct SentinelEngine {
+    set: Sentinels,
+}
+
+impl SentinelEngine {
+    pub fn new() -> SentinelEngine {
+        SentinelEngine {
+            set: Sentinels::start(),
+        }
+    }
+}
+
+impl Fixture for SentinelEngine {
+    fn url(&self) -> String {
+        self.set.url()
+    }
+    fn breaks(&self) -> bool {
+        true
+    }
+    fn take_away(&self, name: &str) {
+        let _: () = self
+            .set
+            .master()
+            .cmd(&["DEL", &format!("lockrun:{{{name}}}")]);
+    }
+    fn untouched(&self) -> bool {
+        self.set.nodes.iter().all(|n| n.keys().is_empty())
+    }
+    fn unreachable(&self) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/{MASTER}", free_port())
+    }
+}
+
 /// One job's run as it logged it: `start|end WHO SLOT TOKEN NANOS`.
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -632,4 +666,5 @@ macro_rules! conformance {
 conformance! {
     local: LocalEngine::new();
     redis: RedisEngine::new();
+    sentinel: SentinelEngine::new();
 }

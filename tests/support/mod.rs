@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod sentinel;
+pub use sentinel::*;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockrun");
 
 /// Tests that load the whole machine (thousands of processes, the torture

@@ -1,6 +1,7 @@
-//! A Redis address: `redis://` and `rediss://` URLs, what in them is
-//! secret, Redis's own rules for names, and the client (TLS included) they
-//! make.
+//! A Redis address: one server (`redis://`, `rediss://`) or a master found
+//! through sentinels (`redis+sentinel://`, `rediss+sentinel://`), what in it
+//! is secret, Redis's own rules for names, and the clients (TLS included) it
+//! makes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +10,6 @@ use redis::{Client, IntoConnectionInfo};
 
 use super::{ENGINE, Redis};
 use crate::backend::{Address, AddressOptions, Engine, EngineInfo, Error, Opening};
-use crate::log;
 
 /// A Redis server's address (README "Redis").
 #[derive(Debug, Clone)]
@@ -22,6 +22,107 @@ pub struct RedisUrl {
     pub tls: bool,
     pub insecure: bool,
     pub ca_file: Option<PathBuf>,
+    pub topology: Topology,
+}
+
+/// Where the server that holds the keys is.
+#[derive(Debug, Clone)]
+pub enum Topology {
+    /// One server, at `url`.
+    Server,
+    /// The master that these sentinels name `master`, reached with the
+    /// URL's credentials and database.
+    Sentinel {
+        sentinels: Vec<Node>,
+        master: String,
+        /// `user:pass` as written in the URL (still percent-encoded).
+        userinfo: String,
+        db: u32,
+    },
+}
+
+/// A host and port, as a URL writes them (an IPv6 address in brackets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+impl RedisUrl {
+    /// The user the credentials are for, for messages.
+    pub fn user(&self) -> String {
+        let userinfo = match &self.topology {
+            Topology::Server => url::Url::parse(&self.url)
+                .ok()
+                .map(|u| u.username().to_string()),
+            Topology::Sentinel { userinfo, .. } => userinfo.split(':').next().map(str::to_string),
+        };
+        userinfo
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "default".into())
+    }
+
+    /// A client for one server of this address: the data node at `node`
+    /// (with the URL's credentials and database), or a sentinel (`auth`:
+    /// with the credentials, for a sentinel that asks for them).
+    pub fn client_at(&self, node: &Node, data: bool, auth: bool) -> Result<Client, Error> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let (userinfo, db) = match &self.topology {
+            Topology::Sentinel { userinfo, db, .. } => (userinfo.as_str(), *db),
+            Topology::Server => ("", 0),
+        };
+        let at = if (data || auth) && !userinfo.is_empty() {
+            format!("{userinfo}@")
+        } else {
+            String::new()
+        };
+        let db = if data {
+            format!("/{db}")
+        } else {
+            String::new()
+        };
+        let fragment = if self.insecure { "#insecure" } else { "" };
+        self.client_from(&format!("{scheme}://{at}{node}{db}{fragment}"))
+    }
+
+    /// The client for a one-server address.
+    pub fn client(&self) -> Result<Client, Error> {
+        self.client_from(&self.url)
+    }
+
+    fn client_from(&self, url: &str) -> Result<Client, Error> {
+        let bad_url =
+            |e: redis::RedisError| Error::Request(format!("invalid --url {}: {e}", self.display));
+        let info = url.into_connection_info().map_err(bad_url)?;
+        // CLIENT SETINFO costs a round trip on every connect and tells the server nothing it needs.
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let info = info.set_redis_settings(settings);
+        if !self.tls {
+            return Client::open(info).map_err(bad_url);
+        }
+        // One crypto provider for rustls; a second install attempt is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root_cert = match &self.ca_file {
+            None => None,
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                Error::Request(format!("cannot read --tls-ca {}: {e}", path.display()))
+            })?),
+        };
+        Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert,
+            },
+        )
+        .map_err(bad_url)
+    }
 }
 
 impl Address for RedisUrl {
@@ -55,8 +156,15 @@ impl Address for RedisUrl {
     }
 }
 
-/// Parse `redis://[user][:pass@]host[:port][/db]` or `rediss://…`.
+/// Parse `redis://[user][:pass@]host[:port][/db]`, `rediss://…`, or their
+/// `+sentinel` forms.
 pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+    let scheme = raw.split_once("://").map_or("", |(s, _)| s);
+    if scheme.eq_ignore_ascii_case("redis+sentinel")
+        || scheme.eq_ignore_ascii_case("rediss+sentinel")
+    {
+        return parse_sentinel(raw, opts);
+    }
     let usage = Error::Request;
     let expected = format!("expected {}", ENGINE.form);
     // Never echo the raw URL: it may hold a password.
@@ -119,39 +227,126 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
         tls,
         insecure,
         ca_file,
+        topology: Topology::Server,
     }))
 }
 
-pub fn client_for(spec: &RedisUrl) -> Result<Client, Error> {
-    let bad_url =
-        |e: redis::RedisError| Error::Request(format!("invalid --url {}: {e}", spec.display));
-    let info = spec.url.as_str().into_connection_info().map_err(bad_url)?;
-    // CLIENT SETINFO costs a round trip on every connect and tells the server nothing it needs.
-    let settings = info.redis_settings().clone().set_skip_set_lib_name();
-    let info = info.set_redis_settings(settings);
-    if !spec.tls {
-        return Client::open(info).map_err(bad_url);
-    }
-    // One crypto provider for rustls; a second install attempt is harmless.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    if spec.insecure {
-        log::warn(format!(
-            "{}: TLS certificate checks are off (#insecure)",
-            spec.display
-        ));
-    }
-    let root_cert = match &spec.ca_file {
-        None => None,
-        Some(path) => Some(std::fs::read(path).map_err(|e| {
-            Error::Request(format!("cannot read --tls-ca {}: {e}", path.display()))
-        })?),
+/// Decode a percent-encoded part of a URL.
+fn decoded(part: &str) -> String {
+    url::form_urlencoded::parse(format!("p={}", part.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// `redis+sentinel://[user[:pass]@]h1[:p1][,h2[:p2]…]/MASTER[/db]`, also
+/// `rediss+sentinel://` (TLS to sentinels and data nodes alike). `url::Url`
+/// cannot read a list of hosts, so this reads it by hand.
+fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+    let expected = "expected redis+sentinel://[user:pass@]host[:port][,host[:port]…]/MASTER[/db]";
+    let (scheme, rest) = raw.split_once("://").expect("the caller found a scheme");
+    let tls = scheme.eq_ignore_ascii_case("rediss+sentinel");
+    let (rest, fragment) = match rest.split_once('#') {
+        Some((r, f)) => (r, Some(f)),
+        None => (rest, None),
     };
-    Client::build_with_tls(
-        info,
-        redis::TlsCertificates {
-            client_tls: None,
-            root_cert,
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (u, h),
+        None => ("", authority),
+    };
+    let (user, password) = match userinfo.split_once(':') {
+        Some((u, p)) => (u, Some(decoded(p))),
+        None => (userinfo, None),
+    };
+    let shown_user = match (user.is_empty(), password.is_some()) {
+        (true, false) => String::new(),
+        (_, true) => format!("{user}:***@"),
+        (false, false) => format!("{user}@"),
+    };
+    let display = format!(
+        "{}://{shown_user}{hosts}/{path}",
+        scheme.to_ascii_lowercase()
+    );
+    let usage = |why: &str| Error::Request(format!("invalid --url {display}: {why}; {expected}"));
+    if path.contains('?') {
+        return Err(usage("query parameters are not supported"));
+    }
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',') {
+        sentinels.push(
+            node(host, 26379).ok_or_else(|| usage(&format!("bad sentinel address {host:?}")))?,
+        );
+    }
+    let mut parts = path.split('/');
+    let master = decoded(parts.next().unwrap_or(""));
+    if master.is_empty() {
+        return Err(usage("no master name"));
+    }
+    let db = match parts.next() {
+        None | Some("") => 0,
+        Some(d) => d
+            .parse::<u32>()
+            .ok()
+            .filter(|d| *d <= i32::MAX as u32)
+            .ok_or_else(|| {
+                usage(&format!(
+                    "database {d:?} is not a number from 0 to {}",
+                    i32::MAX
+                ))
+            })?,
+    };
+    if parts.next().is_some_and(|p| !p.is_empty()) {
+        return Err(usage("too many parts in the path"));
+    }
+    let insecure = match fragment {
+        None => false,
+        Some("insecure") if tls => true,
+        Some(_) => {
+            return Err(Error::Request(format!(
+                "invalid --url {display}: the only fragment accepted is #insecure, on rediss+sentinel://"
+            )));
+        }
+    };
+    let ca_file = if tls {
+        opts.tls_ca.clone()
+    } else {
+        opts.no_tls(&display)?;
+        None
+    };
+    Ok(Arc::new(RedisUrl {
+        url: String::new(),
+        display,
+        password,
+        tls,
+        insecure,
+        ca_file,
+        topology: Topology::Sentinel {
+            sentinels,
+            master,
+            userinfo: userinfo.to_string(),
+            db,
         },
-    )
-    .map_err(bad_url)
+    }))
+}
+
+/// `host[:port]`, `[v6]:port`; None when it is not one.
+fn node(text: &str, default_port: u16) -> Option<Node> {
+    let (host, port) = if let Some(v6) = text.strip_prefix('[') {
+        let (addr, after) = v6.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if after.is_empty() => default_port,
+            None => return None,
+        };
+        (format!("[{addr}]"), port)
+    } else {
+        match text.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse().ok()?),
+            None => (text.to_string(), default_port),
+        }
+    };
+    let plain =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']');
+    (port > 0 && !host.is_empty() && host.chars().all(plain)).then_some(Node { host, port })
 }

@@ -4,15 +4,19 @@
 
 use std::time::Duration;
 
-use redis::{Client, Connection};
+use redis::Connection;
 
+use super::address::Node;
+use super::connector::{Connector, Linked};
 use crate::backend::Error;
 use crate::log;
 
 /// Server error codes that a restart, a failover or a cluster change produce
 /// for a while: ridden out like a lost connection, never final.
-const TRANSIENT: [&str; 7] = [
+const TRANSIENT: [&str; 8] = [
     "LOADING",
+    // A blocked BLPOP on a master that a failover turned into a replica.
+    "UNBLOCKED",
     "BUSY",
     "READONLY",
     "MASTERDOWN",
@@ -45,10 +49,12 @@ fn is_transient(e: &redis::RedisError) -> bool {
     })
 }
 
-/// One connection to one server, reconnected on demand.
+/// One connection to the server that holds the keys, reconnected on demand.
 pub struct Link {
-    pub client: Client,
+    pub connector: Connector,
     pub conn: Option<Connection>,
+    /// The data node `conn` reaches, behind sentinels.
+    pub node: Option<Node>,
     pub display: String,
     /// Bounds one request, connect included.
     pub op: Duration,
@@ -60,7 +66,9 @@ pub struct Link {
 impl Link {
     fn conn(&mut self) -> Result<&mut Connection, Error> {
         if self.conn.is_none() {
-            self.conn = Some(reconnect(&self.client, self.op).map_err(Error::Transient)?);
+            let linked = reconnect(&self.connector, self.op).map_err(Error::Transient)?;
+            self.conn = Some(linked.conn);
+            self.node = linked.node;
         }
         Ok(self.conn.as_mut().expect("just connected"))
     }
@@ -95,12 +103,18 @@ impl Link {
     /// granted lease keeps the connection it was granted on).
     pub fn hand_over(&mut self) -> Link {
         Link {
-            client: self.client.clone(),
+            connector: self.connector.clone(),
             conn: self.conn.take(),
+            node: self.node.clone(),
             display: self.display.clone(),
             op: self.op,
             replied: true,
         }
+    }
+
+    /// Whether the connection still reaches the master (behind sentinels).
+    pub fn on_master(&self) -> bool {
+        self.connector.still_master(self.node.as_ref(), self.op)
     }
 
     /// A failure of `doing`, saying which server it was.
@@ -109,23 +123,16 @@ impl Link {
     }
 }
 
-pub fn connect(client: &Client, timeout: Duration) -> redis::RedisResult<Connection> {
-    let conn = client.get_connection_with_timeout(timeout)?;
-    conn.set_read_timeout(Some(timeout))?;
-    conn.set_write_timeout(Some(timeout))?;
-    Ok(conn)
-}
-
 /// A new connection after the first one, bounded as a whole (name resolution
 /// included, which no socket timeout covers): a resolver that stopped
 /// answering must not hang a waiter or the release at the end of a run.
-fn reconnect(client: &Client, timeout: Duration) -> Result<Connection, String> {
+pub fn reconnect(connector: &Connector, timeout: Duration) -> Result<Linked, String> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let client = client.clone();
+    let connector = connector.clone();
     std::thread::Builder::new()
         .name("lockrun-connect".into())
         .spawn(move || {
-            let _ = tx.send(connect(&client, timeout));
+            let _ = tx.send(connector.connect(timeout));
         })
         .map_err(|e| format!("cannot start a thread to connect: {e}"))?;
     match rx.recv_timeout(timeout) {

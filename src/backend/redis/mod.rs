@@ -11,6 +11,7 @@
 //! renewal.
 
 mod address;
+mod connector;
 mod link;
 mod queue;
 mod reply;
@@ -19,11 +20,12 @@ mod scripts;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use redis::{Client, Connection, Value};
+use redis::{Connection, Value};
 
-use address::client_for;
+use address::Node;
 pub use address::{RedisUrl, parse};
-use link::{Link, connect, describe, is_auth_error};
+use connector::Connector;
+use link::{Link, describe, is_auth_error};
 use scripts::{FORCE_SCRIPT, INSPECT_SCRIPT, Keys, RENEW_SCRIPT};
 
 use super::{
@@ -37,8 +39,8 @@ use crate::watchdog::{Renewal, Renewer};
 /// Redis's row of the scheme table.
 pub const ENGINE: EngineInfo = EngineInfo {
     name: "Redis",
-    schemes: &["redis", "rediss"],
-    form: "redis://[user][:pass@]host[:port][/db], rediss://…",
+    schemes: &["redis", "rediss", "redis+sentinel", "rediss+sentinel"],
+    form: "redis://[user][:pass@]host[:port][/db], rediss://…, redis+sentinel://[user:pass@]host[:port][,host…]/MASTER[/db]",
     parse,
     // Leases are asked for in milliseconds (PX / the boot clock).
     ttl_step: Duration::from_millis(1),
@@ -59,16 +61,18 @@ pub struct Redis {
 impl Redis {
     pub fn connect(url: &RedisUrl, how: &Opening) -> Result<Redis, Error> {
         let op = how.op;
-        let client = client_for(url)?;
+        let connector = Connector::new(url)?;
+        if url.insecure {
+            log::warn(format!(
+                "{}: TLS certificate checks are off (#insecure)",
+                url.display
+            ));
+        }
         log::info(format!("connecting to {}", url.display));
         let started = Boot::now();
-        let conn = connect(&client, op.max(Duration::from_millis(500))).map_err(|e| {
+        let linked = connector.connect(op.max(Duration::from_millis(500))).map_err(|e| {
             let msg = if is_auth_error(&e) {
-                let user = url::Url::parse(&url.url)
-                    .ok()
-                    .map(|u| u.username().to_string())
-                    .filter(|u| !u.is_empty())
-                    .unwrap_or_else(|| "default".into());
+                let user = url.user();
                 format!(
                     "Redis at {} refused the credentials of user {user}: check the user and password in the URL",
                     url.display
@@ -81,8 +85,9 @@ impl Redis {
         log::info(format!("connected in {:.1?}", Boot::now().since(started)));
         let mut r = Redis {
             link: Link {
-                client,
-                conn: Some(conn),
+                connector,
+                conn: Some(linked.conn),
+                node: linked.node,
                 display: url.display.clone(),
                 op,
                 replied: false,
@@ -155,8 +160,9 @@ struct RedisHeld {
 impl Held for RedisHeld {
     fn renewer(&self) -> Option<Box<dyn Renewer>> {
         Some(Box::new(RedisRenewer {
-            client: self.link.client.clone(),
+            connector: self.link.connector.clone(),
             conn: None,
+            node: None,
             lock: self.keys.lock.clone(),
             owner: self.owner.clone(),
             timing: self.timing,
@@ -189,8 +195,10 @@ impl Held for RedisHeld {
 }
 
 struct RedisRenewer {
-    client: Client,
+    connector: Connector,
     conn: Option<Connection>,
+    /// The data node `conn` reaches, behind sentinels.
+    node: Option<Node>,
     lock: String,
     owner: String,
     timing: Timing,
@@ -199,8 +207,9 @@ struct RedisRenewer {
 impl Renewer for RedisRenewer {
     fn fresh(&self) -> Box<dyn Renewer> {
         Box::new(RedisRenewer {
-            client: self.client.clone(),
+            connector: self.connector.clone(),
             conn: None,
+            node: None,
             lock: self.lock.clone(),
             owner: self.owner.clone(),
             timing: self.timing,
@@ -208,9 +217,23 @@ impl Renewer for RedisRenewer {
     }
 
     fn renew(&mut self) -> anyhow::Result<Renewal> {
+        // Behind sentinels, every renewal asks where the master is: a
+        // master demoted by a failover still accepts the renewal for a
+        // while, and a lease kept there is kept nowhere.
+        if self.conn.is_some()
+            && !self
+                .connector
+                .still_master(self.node.as_ref(), self.timing.op)
+        {
+            self.conn = None;
+        }
         if self.conn.is_none() {
-            self.conn =
-                Some(connect(&self.client, self.timing.op).map_err(|e| anyhow!(describe(&e)))?);
+            let linked = self
+                .connector
+                .connect(self.timing.op)
+                .map_err(|e| anyhow!(describe(&e)))?;
+            self.conn = Some(linked.conn);
+            self.node = linked.node;
         }
         let conn = self.conn.as_mut().expect("just connected");
         let r = RENEW_SCRIPT

@@ -146,6 +146,15 @@ impl Redis {
             };
             let holder_ends_in = match reply {
                 Acquire::Granted { token, slot } => {
+                    // Behind sentinels, a grant from a master that a
+                    // failover demoted is no grant: give it back there and
+                    // ask the new master.
+                    if !self.link.on_master() {
+                        let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
+                        self.link.conn = None;
+                        std::thread::sleep(retry.pause());
+                        continue;
+                    }
                     log::info(format!(
                         "acquired {} with token {token} after {:.1?}",
                         req.name,

@@ -1,0 +1,205 @@
+//! Where a connection goes: one server, or the master that the sentinels
+//! name at the moment of connecting (README "High availability"). Every
+//! step is bounded by the time given, all steps together included.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::{Client, Connection, ErrorKind, RedisError, RedisResult, Value};
+
+use super::address::{Node, RedisUrl, Topology};
+use super::link::{describe, is_auth_error};
+use crate::log;
+
+#[derive(Clone)]
+pub enum Connector {
+    Server(Box<Client>),
+    Sentinel(Arc<Sentinels>),
+}
+
+/// The sentinels of one master, and how to reach the data nodes they name.
+pub struct Sentinels {
+    url: RedisUrl,
+    nodes: Vec<Node>,
+    master: String,
+    /// One client per sentinel, without and with the URL's credentials
+    /// (sent only to a sentinel that asks for them).
+    plain: Vec<Client>,
+    authed: Vec<Client>,
+}
+
+/// A connection and the data node it reaches (None: the one server).
+pub struct Linked {
+    pub conn: Connection,
+    pub node: Option<Node>,
+}
+
+fn refused(what: &'static str, detail: String) -> RedisError {
+    RedisError::from((ErrorKind::InvalidClientConfig, what, detail))
+}
+
+/// A failure worth retrying, as a lost connection is.
+fn passing(what: &'static str, detail: String) -> RedisError {
+    RedisError::from((ErrorKind::Io, what, detail))
+}
+
+impl Connector {
+    pub fn new(url: &RedisUrl) -> Result<Connector, crate::backend::Error> {
+        match &url.topology {
+            Topology::Server => Ok(Connector::Server(Box::new(url.client()?))),
+            Topology::Sentinel {
+                sentinels, master, ..
+            } => {
+                let mut plain = Vec::new();
+                let mut authed = Vec::new();
+                for node in sentinels {
+                    plain.push(url.client_at(node, false, false)?);
+                    authed.push(url.client_at(node, false, true)?);
+                }
+                Ok(Connector::Sentinel(Arc::new(Sentinels {
+                    url: url.clone(),
+                    nodes: sentinels.clone(),
+                    master: master.clone(),
+                    plain,
+                    authed,
+                })))
+            }
+        }
+    }
+
+    /// A connection to the server that holds the keys now.
+    pub fn connect(&self, timeout: Duration) -> RedisResult<Linked> {
+        match self {
+            Connector::Server(client) => Ok(Linked {
+                conn: connect(client, timeout)?,
+                node: None,
+            }),
+            Connector::Sentinel(s) => s.connect_master(timeout),
+        }
+    }
+
+    /// Whether a connection made to `node` still reaches the master: a
+    /// demoted master goes on accepting writes for a while after a
+    /// failover, and a lease kept there is kept nowhere. Ok(true) when no
+    /// sentinel answers (the master we have is the best we know).
+    pub fn still_master(&self, node: Option<&Node>, timeout: Duration) -> bool {
+        match (self, node) {
+            (Connector::Sentinel(s), Some(node)) => match s.locate(timeout) {
+                Ok(Some(now)) if now != *node => {
+                    log::info(format!(
+                        "the sentinels name {now} as master of {} now, not {node}",
+                        s.master
+                    ));
+                    false
+                }
+                _ => true,
+            },
+            _ => true,
+        }
+    }
+}
+
+/// Connect within `timeout`, with reads and writes bounded by it too.
+pub fn connect(client: &Client, timeout: Duration) -> RedisResult<Connection> {
+    let conn = client.get_connection_with_timeout(timeout)?;
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
+    Ok(conn)
+}
+
+fn left(deadline: Instant) -> Option<Duration> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    (!d.is_zero()).then_some(d)
+}
+
+impl Sentinels {
+    /// Ask sentinel `i` where the master is. Ok(None): it knows no master
+    /// of that name.
+    fn ask(&self, i: usize, timeout: Duration) -> RedisResult<Option<Node>> {
+        let query = |client: &Client| -> RedisResult<Option<(String, u16)>> {
+            let mut conn = connect(client, timeout)?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.master)
+                .query(&mut conn)
+        };
+        let answer = match query(&self.plain[i]) {
+            Err(e) if is_auth_error(&e) => query(&self.authed[i]),
+            other => other,
+        }?;
+        Ok(answer.map(|(host, port)| Node {
+            host: if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host
+            },
+            port,
+        }))
+    }
+
+    /// Where the sentinels say the master is, asking each in turn until one
+    /// answers.
+    fn locate(&self, timeout: Duration) -> RedisResult<Option<Node>> {
+        let deadline = Instant::now() + timeout;
+        let mut unknown = 0;
+        let mut last = None;
+        for i in 0..self.nodes.len() {
+            let Some(t) = left(deadline) else { break };
+            match self.ask(i, t) {
+                Ok(Some(node)) => return Ok(Some(node)),
+                Ok(None) => unknown += 1,
+                Err(e) => {
+                    log::info(format!("sentinel {}: {}", self.nodes[i], describe(&e)));
+                    last = Some(e);
+                }
+            }
+        }
+        match last {
+            Some(e) if unknown == 0 => Err(e),
+            _ if unknown > 0 => Ok(None),
+            _ => Err(passing(
+                "no sentinel answered",
+                format!("within {timeout:?}"),
+            )),
+        }
+    }
+
+    /// Resolve the master and connect to it, checking that it says it is
+    /// one.
+    fn connect_master(&self, timeout: Duration) -> RedisResult<Linked> {
+        let deadline = Instant::now() + timeout;
+        let node = self.locate(timeout)?.ok_or_else(|| {
+            refused(
+                "unknown master",
+                format!(
+                    "no sentinel knows a master named {:?}; check the name in the URL",
+                    self.master
+                ),
+            )
+        })?;
+        let t =
+            left(deadline).ok_or_else(|| passing("timed out", "resolving the master".into()))?;
+        let client = self
+            .url
+            .client_at(&node, true, true)
+            .map_err(|e| refused("bad address", e.to_string()))?;
+        let mut conn = connect(&client, t)?;
+        let role: Vec<Value> = redis::cmd("ROLE").query(&mut conn)?;
+        match role.first() {
+            Some(Value::BulkString(r)) if r == b"master" => {
+                log::info(format!("master of {} is {node}", self.master));
+                Ok(Linked {
+                    conn,
+                    node: Some(node),
+                })
+            }
+            _ => Err(passing(
+                "not a master",
+                format!(
+                    "{node}, named master of {} by the sentinels, is not one yet (a failover is under way)",
+                    self.master
+                ),
+            )),
+        }
+    }
+}

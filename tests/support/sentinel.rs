@@ -1,0 +1,186 @@
+//! A master, a replica and three sentinels of our own on 127.0.0.1, for the
+//! Sentinel tests: started with config files in a temporary directory,
+//! stopped by pid.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{Redis, free_port, signal, wait_until};
+
+/// The name the sentinels know the master by.
+pub const MASTER: &str = "lockrun-master";
+
+pub struct Sentinels {
+    pub nodes: Vec<Redis>,
+    sentinels: Vec<(u16, Child)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Sentinels {
+    /// A master and one replica, watched by three sentinels (quorum 2) that
+    /// call a master down after 1 s.
+    pub fn start() -> Sentinels {
+        let master = Redis::start();
+        let replica = Redis::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+        let dir = tempfile::tempdir().unwrap();
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let port = free_port();
+            let conf = dir.path().join(format!("sentinel{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {MASTER} 127.0.0.1 {} 2\n\
+                     sentinel down-after-milliseconds {MASTER} 1000\n\
+                     sentinel failover-timeout {MASTER} 10000\n\
+                     sentinel parallel-syncs {MASTER} 1\n",
+                    dir.path().display(),
+                    master.port
+                ),
+            )
+            .unwrap();
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start redis-server --sentinel (apt-get install -y redis-server)");
+            sentinels.push((port, child));
+        }
+        let s = Sentinels {
+            nodes: vec![master, replica],
+            sentinels,
+            _dir: dir,
+        };
+        // Ready when every sentinel names the master and knows the other
+        // two (which a failover needs) and the replica is in sync.
+        let ready = wait_until(Duration::from_secs(60), || {
+            s.sentinels.iter().all(|(p, _)| {
+                let others: Result<Vec<redis::Value>, _> =
+                    sentinel_cmd(*p, &["SENTINEL", "sentinels", MASTER]);
+                others.is_ok_and(|o| o.len() == 2)
+            }) && s.nodes[1].info("replication").contains("master_link_status:up")
+        });
+        assert!(ready, "the sentinels did not come up and find each other");
+        s
+    }
+
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(p, _)| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+    }
+
+    /// The sentinels' ports.
+    pub fn ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|(p, _)| *p).collect()
+    }
+
+    /// The port of the node the first sentinel that answers names master.
+    pub fn master_port(&self) -> u16 {
+        for (p, _) in &self.sentinels {
+            if let Ok((_, port)) =
+                sentinel_cmd::<(String, u16)>(*p, &["SENTINEL", "get-master-addr-by-name", MASTER])
+            {
+                return port;
+            }
+        }
+        panic!("no sentinel names a master");
+    }
+
+    /// The node that is master now.
+    pub fn master(&self) -> &Redis {
+        let port = self.master_port();
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("the master is one of ours")
+    }
+
+    /// The node that is not the master now.
+    pub fn replica(&self) -> &Redis {
+        let port = self.master_port();
+        self.nodes.iter().find(|n| n.port != port).unwrap()
+    }
+
+    /// Make the replica master (`SENTINEL FAILOVER`) and wait until the
+    /// sentinels name it and it says it is one.
+    pub fn failover(&self) {
+        let before = self.master_port();
+        let _: String = sentinel_cmd(self.sentinels[0].0, &["SENTINEL", "failover", MASTER])
+            .expect("SENTINEL FAILOVER");
+        self.wait_new_master(before);
+    }
+
+    /// Wait until the sentinels name a master other than `before`, and it
+    /// says it is one.
+    pub fn wait_new_master(&self, before: u16) -> u16 {
+        let mut now = before;
+        let moved = wait_until(Duration::from_secs(60), || {
+            now = self.master_port();
+            now != before
+                && self
+                    .nodes
+                    .iter()
+                    .find(|n| n.port == now)
+                    .is_some_and(|n| n.info("replication").contains("role:master"))
+        });
+        assert!(moved, "no new master within 60 s");
+        now
+    }
+
+    /// Wait until every node but the master is its replica again, in sync.
+    pub fn wait_synced(&self) {
+        let master = self.master_port();
+        let synced = wait_until(Duration::from_secs(60), || {
+            self.nodes.iter().filter(|n| n.port != master).all(|n| {
+                let info = n.info("replication");
+                info.contains("master_link_status:up")
+                    && info.contains(&format!("master_port:{master}"))
+            })
+        });
+        assert!(synced, "the replica did not sync with the new master");
+    }
+}
+
+impl Drop for Sentinels {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.sentinels {
+            signal(c.id() as i32, libc::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One command to the sentinel on `port`.
+pub fn sentinel_cmd<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisResult<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query(&mut conn)
+}
+
+impl Redis {
+    /// `INFO section` as text.
+    pub fn info(&self, section: &str) -> String {
+        let client = redis::Client::open(self.url()).unwrap();
+        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(2)) else {
+            return String::new();
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        redis::cmd("INFO")
+            .arg(section)
+            .query(&mut conn)
+            .unwrap_or_default()
+    }
+}
