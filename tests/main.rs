@@ -14,6 +14,7 @@ mod ops;
 mod outlive;
 mod props;
 mod redis_core;
+mod sentinel;
 mod supervise;
 mod switching;
 mod terminal;

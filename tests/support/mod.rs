@@ -9,6 +9,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod sentinel;
+// The benchmark shares these helpers and needs no sentinels.
+#[allow(unused_imports)]
 pub use sentinel::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockrun");

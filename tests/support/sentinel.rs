@@ -61,7 +61,9 @@ impl Sentinels {
                 let others: Result<Vec<redis::Value>, _> =
                     sentinel_cmd(*p, &["SENTINEL", "sentinels", MASTER]);
                 others.is_ok_and(|o| o.len() == 2)
-            }) && s.nodes[1].info("replication").contains("master_link_status:up")
+            }) && s.nodes[1]
+                .info("replication")
+                .contains("master_link_status:up")
         });
         assert!(ready, "the sentinels did not come up and find each other");
         s

@@ -3,6 +3,7 @@
 //! step is bounded by the time given, all steps together included.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::{Client, Connection, ErrorKind, RedisError, RedisResult, Value};
@@ -26,6 +27,9 @@ pub struct Sentinels {
     /// (sent only to a sentinel that asks for them).
     plain: Vec<Client>,
     authed: Vec<Client>,
+    /// A sentinel has named the master: the address is right, and a master
+    /// that does not answer is a failover under way, not a mistake.
+    answered: AtomicBool,
 }
 
 /// A connection and the data node it reaches (None: the one server).
@@ -62,6 +66,7 @@ impl Connector {
                     master: master.clone(),
                     plain,
                     authed,
+                    answered: AtomicBool::new(false),
                 })))
             }
         }
@@ -76,6 +81,12 @@ impl Connector {
             }),
             Connector::Sentinel(s) => s.connect_master(timeout),
         }
+    }
+
+    /// Whether a sentinel has ever named the master: then the address is
+    /// right, and a master that does not answer is an outage to ride out.
+    pub fn sentinel_answered(&self) -> bool {
+        matches!(self, Connector::Sentinel(s) if s.answered.load(Ordering::Relaxed))
     }
 
     /// Whether a connection made to `node` still reaches the master: a
@@ -146,7 +157,10 @@ impl Sentinels {
         for i in 0..self.nodes.len() {
             let Some(t) = left(deadline) else { break };
             match self.ask(i, t) {
-                Ok(Some(node)) => return Ok(Some(node)),
+                Ok(Some(node)) => {
+                    self.answered.store(true, Ordering::Relaxed);
+                    return Ok(Some(node));
+                }
                 Ok(None) => unknown += 1,
                 Err(e) => {
                     log::info(format!("sentinel {}: {}", self.nodes[i], describe(&e)));
@@ -183,8 +197,17 @@ impl Sentinels {
             .url
             .client_at(&node, true, true)
             .map_err(|e| refused("bad address", e.to_string()))?;
-        let mut conn = connect(&client, t)?;
-        let role: Vec<Value> = redis::cmd("ROLE").query(&mut conn)?;
+        let unreachable = |e: RedisError| {
+            passing(
+                "master unreachable",
+                format!("the master the sentinels name, {node}: {}", describe(&e)),
+            )
+        };
+        let mut conn = match connect(&client, t) {
+            Err(e) if !is_auth_error(&e) => return Err(unreachable(e)),
+            other => other?,
+        };
+        let role: Vec<Value> = redis::cmd("ROLE").query(&mut conn).map_err(unreachable)?;
         match role.first() {
             Some(Value::BulkString(r)) if r == b"master" => {
                 log::info(format!("master of {} is {node}", self.master));

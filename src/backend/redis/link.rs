@@ -29,7 +29,7 @@ const TRANSIENT: [&str; 8] = [
 /// refused) or one of the transient server states. Everything else the server
 /// says (a wrong password, an ACL denial, a key of the wrong type, a script
 /// error) is final.
-fn is_transient(e: &redis::RedisError) -> bool {
+pub fn is_transient(e: &redis::RedisError) -> bool {
     if matches!(e.kind(), redis::ErrorKind::Io | redis::ErrorKind::Parse)
         || e.is_timeout()
         || e.is_connection_dropped()

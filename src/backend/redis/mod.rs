@@ -70,7 +70,17 @@ impl Redis {
         }
         log::info(format!("connecting to {}", url.display));
         let started = Boot::now();
-        let linked = connector.connect(op.max(Duration::from_millis(500))).map_err(|e| {
+        let first = connector.connect(op.max(Duration::from_millis(500)));
+        // Behind sentinels that named a master, a master that does not
+        // answer is a failover under way: ridden out like any outage.
+        let first = match first {
+            Err(e) if link::is_transient(&e) && connector.sentinel_answered() => {
+                log::info(format!("{}: {}; trying again", url.display, describe(&e)));
+                None
+            }
+            other => Some(other),
+        };
+        let linked = first.transpose().map_err(|e| {
             let msg = if is_auth_error(&e) {
                 let user = url.user();
                 format!(
@@ -83,14 +93,19 @@ impl Redis {
             Error::Refused(msg)
         })?;
         log::info(format!("connected in {:.1?}", Boot::now().since(started)));
+        let (conn, node) = match linked {
+            Some(l) => (Some(l.conn), l.node),
+            None => (None, None),
+        };
         let mut r = Redis {
             link: Link {
+                // The sentinels answered when the master did not.
+                replied: conn.is_none(),
+                conn,
                 connector,
-                conn: Some(linked.conn),
-                node: linked.node,
+                node,
                 display: url.display.clone(),
                 op,
-                replied: false,
             },
             prefix: how.prefix.clone(),
         };
@@ -171,6 +186,11 @@ impl Held for RedisHeld {
 
     fn release(mut self: Box<Self>) -> Result<bool, Error> {
         let started = Boot::now();
+        // The lease lives where the renewals went: after a failover, on
+        // the new master, not on the one it was granted on.
+        if !self.link.on_master() {
+            self.link.conn = None;
+        }
         let mut last = None;
         // The connection sat idle while the job ran; one retry on a fresh
         // connection covers a server that dropped it.

@@ -1,0 +1,209 @@
+//! Redis behind Sentinel (README "High availability"): failovers and a
+//! master's death while a job holds, tokens across them, and the errors a
+//! wrong address gives. The behaviour every engine shares runs in the
+//! conformance suite.
+
+use std::time::Duration;
+
+use crate::conformance::{logging_job, spans};
+use crate::support::*;
+
+/// Wait until the job of `who` has logged its start.
+fn wait_started(scratch: &Scratch, who: &str) {
+    let started = wait_until(Duration::from_secs(30), || {
+        scratch.exists("log") && scratch.read("log").contains(&format!("start {who} "))
+    });
+    assert!(started, "{who} never started");
+}
+
+/// Like `logging_job`, but a job that lockrun stops also logs its end, at
+/// the SIGTERM that stops it (with bash's own clock: a `date` started then
+/// would be stopped too).
+fn stoppable_job(scratch: &Scratch, who: &str, tenths: u32) -> String {
+    let log = scratch.path("log");
+    let script = scratch.path(&format!("{who}.sh"));
+    std::fs::write(
+        &script,
+        format!(
+            "stamp() {{ echo \"$1 {who} - $LOCKRUN_TOKEN ${{EPOCHREALTIME/./}}000\" >> {log}; }}\n\
+             stamp start\n\
+             trap 'stamp end; exit 0' TERM\n\
+             for ((i = 0; i < {tenths}; i++)); do sleep 0.1; done\n\
+             stamp end\n",
+            log = log.display()
+        ),
+    )
+    .unwrap();
+    format!("exec bash {}", script.display())
+}
+
+/// Wait until the holder of `name` has renewed its lease on the master
+/// (its expiry moved later).
+fn wait_renewed(set: &Sentinels, name: &str) {
+    let key = format!("lockrun:{{{name}}}");
+    let pexpiretime = || -> i64 { set.master().cmd(&["PEXPIRETIME", &key]) };
+    let first = pexpiretime();
+    assert!(first > 0, "no lease on the master: {first}");
+    let renewed = wait_until(Duration::from_secs(20), || pexpiretime() > first + 200);
+    assert!(renewed, "the holder never renewed");
+}
+
+/// A graceful failover while a job holds: its renewals follow the master,
+/// so the lease lives on there and a waiter that comes after the failover
+/// waits for the job's end. (Renewals that stayed with the demoted master
+/// would let the lease lapse on the new one and the waiter in beside the job.)
+#[test]
+fn a_failover_keeps_the_lease_on_the_new_master() {
+    let set = Sentinels::start();
+    let url = set.url();
+    let scratch = Scratch::new();
+    let mut holder = Reap(
+        on(&url)
+            .args(["--ttl", "3s", "fo", "-c", &logging_job(&scratch, "h", "9")])
+            .stderr(std::process::Stdio::piped())
+            .spawn(),
+    );
+    wait_started(&scratch, "h");
+    // The holder's renewer must have its connection to the old master.
+    wait_renewed(&set, "fo");
+    set.failover();
+    on(&url)
+        .args([
+            "--ttl",
+            "3s",
+            "-w",
+            "40",
+            "fo",
+            "-c",
+            &logging_job(&scratch, "w", "0"),
+        ])
+        .code(0);
+    let st = wait_child(&mut holder.0, Duration::from_secs(40));
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut holder.0.stderr.take().unwrap(), &mut said).unwrap();
+    assert_eq!(st.code(), Some(0), "the holder lost its lease: {said}");
+    // Released where the lease lived: the waiter did not wait for it to lapse.
+    assert!(!said.contains("no longer ours"), "{said}");
+    let s = spans(&scratch);
+    assert_eq!(s.len(), 2, "{s:?}");
+    let (h, w) = (&s[0], &s[1]);
+    assert!(w.start >= h.end, "the waiter ran beside the holder: {s:?}");
+    assert!(
+        w.token > h.token,
+        "tokens must grow across a failover: {s:?}"
+    );
+}
+
+/// The master killed outright while a job holds: the job keeps its lease
+/// on the promoted replica or is stopped (76) before its lease could lapse
+/// there, and a waiter never runs beside it.
+#[test]
+fn a_dead_master_never_lets_a_waiter_in_beside_the_job() {
+    let mut set = Sentinels::start();
+    let url = set.url();
+    let scratch = Scratch::new();
+    let mut holder = Reap(
+        on(&url)
+            .args([
+                "--ttl",
+                "3s",
+                "km",
+                "-c",
+                &stoppable_job(&scratch, "h", 120),
+            ])
+            .spawn(),
+    );
+    wait_started(&scratch, "h");
+    let before = set.master_port();
+    // A waiter rides out an outage for max(ttl, 5 s): longer than the
+    // sentinels take to promote the replica.
+    let waiter = on(&url)
+        .args([
+            "--ttl",
+            "10s",
+            "-w",
+            "60",
+            "km",
+            "-c",
+            &logging_job(&scratch, "w", "0"),
+        ])
+        .spawn();
+    let mut waiter = Reap(waiter);
+    let at = set.nodes.iter().position(|n| n.port == before).unwrap();
+    set.nodes[at].kill();
+    set.wait_new_master(before);
+    let st = wait_child(&mut holder.0, Duration::from_secs(60));
+    assert!(matches!(st.code(), Some(0 | 76)), "holder: {st:?}");
+    let ws = wait_child(&mut waiter.0, Duration::from_secs(60));
+    assert_eq!(ws.code(), Some(0), "waiter: {ws:?}");
+    let s = spans(&scratch);
+    let h = s.iter().find(|x| x.who == "h").expect("h ran");
+    let w = s.iter().find(|x| x.who == "w").expect("w ran");
+    assert!(w.start >= h.end, "the waiter ran beside the holder: {s:?}");
+    assert!(
+        w.token > h.token,
+        "tokens must grow across a failover: {s:?}"
+    );
+}
+
+/// Tokens keep growing across failovers back and forth.
+#[test]
+fn tokens_grow_across_failovers() {
+    let set = Sentinels::start();
+    let url = set.url();
+    let token = || -> u64 {
+        on(&url)
+            .args(["tok", "-c", "echo $LOCKRUN_TOKEN"])
+            .code(0)
+            .stdout()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let mut last = token();
+    for _ in 0..2 {
+        set.wait_synced();
+        set.failover();
+        for _ in 0..3 {
+            let t = token();
+            assert!(t > last, "token {t} after {last}");
+            last = t;
+        }
+    }
+}
+
+/// A master name no sentinel knows, and sentinels that are not there: one
+/// line and 69, no job started.
+#[test]
+fn a_wrong_master_name_or_no_sentinel_is_69() {
+    let set = Sentinels::start();
+    let scratch = Scratch::new();
+    let marker = scratch.path("ran");
+    let job = format!("touch {}", marker.display());
+    let hosts: Vec<String> = set
+        .ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let wrong = format!("redis+sentinel://{}/no-such-master", hosts.join(","));
+    let ran = on(&wrong).args(["n", "-c", &job]).code(69);
+    assert!(
+        ran.stderr()
+            .contains("no sentinel knows a master named \"no-such-master\""),
+        "{}",
+        ran.stderr()
+    );
+    assert_eq!(ran.stderr().trim().lines().count(), 1, "{}", ran.stderr());
+    let nowhere = format!("redis+sentinel://127.0.0.1:{}/{MASTER}", free_port());
+    on(&nowhere).args(["n", "-c", &job]).code(69);
+    assert!(!marker.exists(), "a job ran without a lease");
+}
+
+/// `-v` says which node the sentinels named master.
+#[test]
+fn verbose_names_the_master() {
+    let set = Sentinels::start();
+    let ran = on(&set.url()).args(["-v", "vm", "true"]).code(0);
+    let expected = format!("master of {MASTER} is 127.0.0.1:{}", set.master_port());
+    assert!(ran.stderr().contains(&expected), "{}", ran.stderr());
+}
