@@ -56,8 +56,9 @@ pub enum Generate {
 /// Where the lock lives and how lockrun talks; shared by every subcommand.
 #[derive(Debug, Args)]
 pub struct BackendArgs {
-    /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or
-    /// file:///dir. Default: a per-user directory on this machine.
+    /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS),
+    /// redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir.
+    /// Default: a per-user directory on this machine.
     #[arg(
         short = 'u',
         long,
@@ -75,6 +76,22 @@ pub struct BackendArgs {
     /// applies to rediss:// URLs and never breaks a run on another engine.
     #[arg(skip)]
     pub tls_ca_from_env: bool,
+
+    /// A grant or renewal counts only once N replicas acknowledged it
+    /// (engines with replicas: Redis, also behind Sentinel).
+    #[arg(
+        long,
+        env = "LOCKRUN_REPLICAS",
+        value_name = "N",
+        default_value_t = 0,
+        global = true
+    )]
+    pub replicas: u32,
+
+    /// --replicas came from LOCKRUN_REPLICAS: an engine without replicas
+    /// ignores it rather than refusing it.
+    #[arg(skip)]
+    pub replicas_from_env: bool,
 
     /// Key namespace on the server.
     #[arg(

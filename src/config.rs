@@ -79,6 +79,8 @@ pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
     let opts = AddressOptions {
         tls_ca: args.tls_ca.clone(),
         tls_ca_from_env: args.tls_ca_from_env,
+        replicas: args.replicas,
+        replicas_from_env: args.replicas_from_env,
     };
     let address = crate::backend::address(url, &opts)?;
     address.check_prefix(&args.prefix)?;
@@ -96,6 +98,7 @@ pub fn inherited_url_has_password() -> bool {
     std::env::var("LOCKRUN_URL").ok().is_some_and(|u| {
         let opts = AddressOptions {
             tls_ca_from_env: true,
+            replicas_from_env: true,
             ..AddressOptions::default()
         };
         crate::backend::address(&u, &opts).is_ok_and(|a| a.secret().is_some())

@@ -75,6 +75,8 @@ fn parse() -> Result<cli::Cli, clap::Error> {
     let matches = cli::Cli::command().try_get_matches()?;
     let mut cli = cli::Cli::from_arg_matches(&matches)?;
     cli.backend.tls_ca_from_env = matches.value_source("tls_ca") == Some(ValueSource::EnvVariable);
+    cli.backend.replicas_from_env =
+        matches.value_source("replicas") == Some(ValueSource::EnvVariable);
     Ok(cli)
 }
 

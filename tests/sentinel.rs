@@ -207,3 +207,57 @@ fn verbose_names_the_master() {
     let expected = format!("master of {MASTER} is 127.0.0.1:{}", set.master_port());
     assert!(ran.stderr().contains(&expected), "{}", ran.stderr());
 }
+
+/// `--replicas 1`: with no replica the job never starts (69 once the
+/// retries are spent, nothing left behind); with one it runs.
+#[test]
+fn replicas_must_acknowledge_a_grant() {
+    let alone = Redis::start();
+    let scratch = Scratch::new();
+    let marker = scratch.path("ran");
+    let job = format!("touch {}", marker.display());
+    let ran = on(&alone)
+        .args(["--replicas", "1", "--ttl", "1s", "r", "-c", &job])
+        .code(69);
+    assert!(
+        ran.stderr()
+            .contains("only 0 of 1 replicas acknowledged the grant"),
+        "{}",
+        ran.stderr()
+    );
+    assert!(!marker.exists(), "the job ran without a replica");
+    let mut conn = alone.conn();
+    assert!(
+        alone.keys_without_expiry(&mut conn, "lockrun:*").is_empty(),
+        "{:?}",
+        alone.keys()
+    );
+    let _: () = alone.cmd(&["DEL", "lockrun:{r}:fence"]);
+    assert!(
+        alone.keys().iter().all(|k| !k.starts_with("lockrun:{r}")),
+        "{:?}",
+        alone.keys()
+    );
+
+    let set = Sentinels::start();
+    on(&set.url())
+        .args(["--replicas", "1", "r", "-c", &job])
+        .code(0);
+    assert!(marker.exists());
+}
+
+/// `--replicas` on an engine without replicas is refused, unless it only
+/// came from the environment (meant for another engine).
+#[test]
+fn replicas_on_an_engine_without_them() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    on(&url)
+        .args(["--replicas", "1", "x", "true"])
+        .code(64)
+        .says(&["--replicas only applies"]);
+    on(&url)
+        .env("LOCKRUN_REPLICAS", "1")
+        .args(["x", "true"])
+        .code(0);
+}

@@ -127,6 +127,9 @@ pub struct AddressOptions {
     /// It came from the environment, which may be meant for another engine:
     /// an engine without TLS ignores it rather than refusing it.
     pub tls_ca_from_env: bool,
+    /// `--replicas N`: a grant counts once N replicas acknowledged it.
+    pub replicas: u32,
+    pub replicas_from_env: bool,
 }
 
 impl AddressOptions {
@@ -139,6 +142,17 @@ impl AddressOptions {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// The refusal of `--replicas` by an engine that has none (none if it
+    /// came from the environment).
+    pub fn no_replicas(&self, shown: &str) -> Result<(), Error> {
+        if self.replicas > 0 && !self.replicas_from_env {
+            return Err(Error::Request(format!(
+                "--replicas only applies to an engine with replicas, not {shown}"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -560,6 +574,7 @@ mod tests {
         let ca = |from_env| AddressOptions {
             tls_ca: Some("/ca.pem".into()),
             tls_ca_from_env: from_env,
+            ..AddressOptions::default()
         };
         for url in ["redis://h", "file:///tmp/x", ""] {
             assert!(address(url, &ca(false)).is_err(), "{url}");

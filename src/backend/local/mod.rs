@@ -128,6 +128,7 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
     };
     let addr = LocalDir { dir };
     opts.no_tls(&addr.shown())?;
+    opts.no_replicas(&addr.shown())?;
     Ok(Arc::new(addr))
 }
 

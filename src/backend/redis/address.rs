@@ -23,6 +23,8 @@ pub struct RedisUrl {
     pub insecure: bool,
     pub ca_file: Option<PathBuf>,
     pub topology: Topology,
+    /// `--replicas N`: a write counts once N replicas acknowledged it.
+    pub replicas: u32,
 }
 
 /// Where the server that holds the keys is.
@@ -228,6 +230,7 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
         insecure,
         ca_file,
         topology: Topology::Server,
+        replicas: opts.replicas,
     }))
 }
 
@@ -327,6 +330,7 @@ fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, 
             userinfo: userinfo.to_string(),
             db,
         },
+        replicas: opts.replicas,
     }))
 }
 

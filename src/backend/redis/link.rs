@@ -112,6 +112,19 @@ impl Link {
         }
     }
 
+    /// `WAIT`: whether `replicas` replicas acknowledged every write made on
+    /// this connection so far, waiting for them within the request's bound.
+    pub fn acknowledged(&mut self, replicas: u32, what: &str) -> Result<(), Error> {
+        let op = self.op;
+        let n = self.call(|c| wait_replicas(c, replicas, op))?;
+        if n < i64::from(replicas) {
+            return Err(Error::Transient(format!(
+                "only {n} of {replicas} replicas acknowledged the {what}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether the connection still reaches the master (behind sentinels).
     pub fn on_master(&self) -> bool {
         self.connector.still_master(self.node.as_ref(), self.op)
@@ -121,6 +134,12 @@ impl Link {
     pub fn failed(&self, doing: &str, e: Error) -> Error {
         e.doing(format_args!("{doing} on {}", self.display))
     }
+}
+
+/// `WAIT replicas ms`, answering before the connection's own read timeout.
+pub fn wait_replicas(c: &mut Connection, replicas: u32, op: Duration) -> redis::RedisResult<i64> {
+    let ms = (op.as_millis() * 3 / 4).max(1) as u64;
+    redis::cmd("WAIT").arg(replicas).arg(ms).query(c)
 }
 
 /// A new connection after the first one, bounded as a whole (name resolution

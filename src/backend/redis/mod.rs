@@ -56,6 +56,8 @@ pub const ENGINE: EngineInfo = EngineInfo {
 pub struct Redis {
     link: Link,
     prefix: String,
+    /// `--replicas N`.
+    replicas: u32,
 }
 
 impl Redis {
@@ -108,6 +110,7 @@ impl Redis {
                 op,
             },
             prefix: how.prefix.clone(),
+            replicas: url.replicas,
         };
         if how.check_settings {
             r.warn_on_eviction();
@@ -165,6 +168,7 @@ impl Engine for Redis {
 /// A Redis lease: the connection it was granted on, kept for its release.
 struct RedisHeld {
     link: Link,
+    replicas: u32,
     keys: Keys,
     owner: String,
     id: String,
@@ -175,6 +179,7 @@ struct RedisHeld {
 impl Held for RedisHeld {
     fn renewer(&self) -> Option<Box<dyn Renewer>> {
         Some(Box::new(RedisRenewer {
+            replicas: self.replicas,
             connector: self.link.connector.clone(),
             conn: None,
             node: None,
@@ -216,6 +221,7 @@ impl Held for RedisHeld {
 
 struct RedisRenewer {
     connector: Connector,
+    replicas: u32,
     conn: Option<Connection>,
     /// The data node `conn` reaches, behind sentinels.
     node: Option<Node>,
@@ -227,6 +233,7 @@ struct RedisRenewer {
 impl Renewer for RedisRenewer {
     fn fresh(&self) -> Box<dyn Renewer> {
         Box::new(RedisRenewer {
+            replicas: self.replicas,
             connector: self.connector.clone(),
             conn: None,
             node: None,
@@ -261,6 +268,25 @@ impl Renewer for RedisRenewer {
             .arg(&self.owner)
             .arg(self.timing.ttl.as_millis() as u64)
             .invoke::<i64>(conn);
+        // With --replicas, a renewal counts once enough replicas have it.
+        let r = match r {
+            Ok(1) if self.replicas > 0 => link::wait_replicas(conn, self.replicas, self.timing.op)
+                .and_then(|n| {
+                    if n >= i64::from(self.replicas) {
+                        Ok(1)
+                    } else {
+                        Err(redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "too few replicas",
+                            format!(
+                                "only {n} of {} replicas acknowledged the renewal",
+                                self.replicas
+                            ),
+                        )))
+                    }
+                }),
+            other => other,
+        };
         match r {
             Ok(1) => Ok(Renewal::Renewed {
                 ttl: self.timing.ttl,

@@ -93,6 +93,9 @@ impl Redis {
         let doing = format!("acquiring {}", req.name);
         let mut patience = Patience::new(req, wait);
         let mut retry = Retry::new(outage_budget(req));
+        // Replicas that do not acknowledge: a budget of its own, which a
+        // script that answers does not renew.
+        let mut unreplicated = Retry::new(outage_budget(req));
         let mut holder: Option<String> = None;
         // When the soonest holder's lease runs out on its own, as last heard
         // at the head of the queue, and whether the next call only keeps our
@@ -155,6 +158,21 @@ impl Redis {
                         std::thread::sleep(retry.pause());
                         continue;
                     }
+                    // With --replicas, a grant counts once enough replicas
+                    // have it: else it is given back and tried again.
+                    if self.replicas > 0
+                        && let Err(e) = self.link.acknowledged(self.replicas, "grant")
+                    {
+                        let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
+                        match unreplicated.failed(&patience) {
+                            Some(pause) if e.is_transient() => {
+                                log::info(format!("{e}; retrying"));
+                                std::thread::sleep(pause);
+                                continue;
+                            }
+                            _ => return Err(self.link.failed(&doing, e)),
+                        }
+                    }
                     log::info(format!(
                         "acquired {} with token {token} after {:.1?}",
                         req.name,
@@ -162,6 +180,7 @@ impl Redis {
                     ));
                     let held = RedisHeld {
                         link: self.link.hand_over(),
+                        replicas: self.replicas,
                         keys,
                         owner: req.owner.secret.clone(),
                         id,
