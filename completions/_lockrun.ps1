@@ -21,9 +21,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
 
     $completions = @(switch ($command) {
         'lockrun' {
-            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine')
-            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine')
             [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a rediss:// server with')
+            [CompletionResult]::new('--replicas', '--replicas', [CompletionResultType]::ParameterName, 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace on the server')
             [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'Run this string with /bin/sh -c')
             [CompletionResult]::new('--command', '--command', [CompletionResultType]::ParameterName, 'Run this string with /bin/sh -c')
@@ -60,9 +61,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             break
         }
         'lockrun;status' {
-            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine')
-            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine')
             [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a rediss:// server with')
+            [CompletionResult]::new('--replicas', '--replicas', [CompletionResultType]::ParameterName, 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace on the server')
             [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print one JSON object instead of text')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
@@ -75,9 +77,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
         }
         'lockrun;release' {
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Break only the holder with token T (default: every holder)')
-            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine')
-            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine')
             [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a rediss:// server with')
+            [CompletionResult]::new('--replicas', '--replicas', [CompletionResultType]::ParameterName, 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace on the server')
             [CompletionResult]::new('--force', '--force', [CompletionResultType]::ParameterName, 'Required: breaking a lock someone holds is deliberate')
             [CompletionResult]::new('--now', '--now', [CompletionResultType]::ParameterName, 'Delete the lease at once and wake a waiter. Unsafe without fencing: the old job may still be running when the next one starts')

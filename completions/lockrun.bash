@@ -41,7 +41,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --kill-after --generate --help --version status release help"
+            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --replicas --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --kill-after --generate --help --version status release help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -56,6 +56,10 @@ _lockrun() {
                     return 0
                     ;;
                 --tls-ca)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --replicas)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -179,7 +183,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__release)
-            opts="-u -v -q -h --force --token --now --url --tls-ca --prefix --verbose --quiet --help"
+            opts="-u -v -q -h --force --token --now --url --tls-ca --replicas --prefix --verbose --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -201,6 +205,10 @@ _lockrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --replicas)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --prefix)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -213,7 +221,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__status)
-            opts="-u -v -q -h --json --url --tls-ca --prefix --verbose --quiet --help"
+            opts="-u -v -q -h --json --url --tls-ca --replicas --prefix --verbose --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -228,6 +236,10 @@ _lockrun() {
                     return 0
                     ;;
                 --tls-ca)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --replicas)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

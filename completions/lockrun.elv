@@ -18,9 +18,10 @@ set edit:completion:arg-completer[lockrun] = {|@words|
     }
     var completions = [
         &'lockrun'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a rediss:// server with'
+            cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand -c 'Run this string with /bin/sh -c'
             cand --command 'Run this string with /bin/sh -c'
@@ -56,9 +57,10 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;status'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a rediss:// server with'
+            cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --json 'Print one JSON object instead of text'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
@@ -70,9 +72,10 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         }
         &'lockrun;release'= {
             cand --token 'Break only the holder with token T (default: every holder)'
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a rediss:// server with'
+            cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --force 'Required: breaking a lock someone holds is deliberate'
             cand --now 'Delete the lease at once and wake a waiter. Unsafe without fencing: the old job may still be running when the next one starts'
