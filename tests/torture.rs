@@ -176,9 +176,10 @@ struct Job {
 
 struct Shared {
     dir: PathBuf,
-    /// Workers reach Redis through the proxy, so replies can be made to trickle.
+    /// Workers reach Redis through the proxy, so replies can be made to
+    /// trickle (behind Sentinel, through the sentinels: no proxy).
     url: String,
-    proxy: Proxy,
+    proxy: Option<Proxy>,
     stop: AtomicBool,
     /// Per worker, the pid of its running lockrun (0 when none).
     lockrun_pid: Vec<AtomicI32>,
@@ -300,7 +301,24 @@ fn running_job(sh: &Shared, rng: &mut Rng) -> Option<(usize, i32, i32)> {
     })
 }
 
-fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -> Vec<Chaos> {
+/// The servers the workers use: one Redis, or a master and a replica
+/// behind sentinels.
+enum Servers {
+    One(Mutex<Redis>),
+    Sentinel(Mutex<Sentinels>),
+}
+
+impl Servers {
+    /// A connection to the node that holds the leases now.
+    fn conn(&self) -> redis::Connection {
+        match self {
+            Servers::One(r) => r.lock().unwrap().conn(),
+            Servers::Sentinel(s) => s.lock().unwrap().master().conn(),
+        }
+    }
+}
+
+fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> Vec<Chaos> {
     let mut rng = Rng(seed | 1);
     let mut log = Vec::new();
     let workers = sh.lockrun_pid.len();
@@ -333,30 +351,64 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
                     to: now_us(),
                 });
             }
-            1 => {
-                let at = now_us();
-                redis.lock().unwrap().restart();
-                log.push(Chaos::Break {
-                    kind: "restart",
-                    name: None,
-                    at,
-                });
-            }
-            2 => {
-                let r = redis.lock().unwrap();
-                let from = now_us();
-                r.pause();
-                std::thread::sleep(rng.ms(200, 900));
-                r.resume();
-                log.push(Chaos::RedisPause { from, to: now_us() });
-            }
+            1 => match &*servers {
+                Servers::One(redis) => {
+                    let at = now_us();
+                    redis.lock().unwrap().restart();
+                    log.push(Chaos::Break {
+                        kind: "restart",
+                        name: None,
+                        at,
+                    });
+                }
+                Servers::Sentinel(set) => {
+                    // The master killed outright; it comes back empty, as a
+                    // replica once the sentinels have promoted the other.
+                    let mut set = set.lock().unwrap();
+                    let before = set.master_port();
+                    let at = now_us();
+                    let i = set.nodes.iter().position(|n| n.port == before).unwrap();
+                    set.nodes[i].kill();
+                    log.push(Chaos::Break {
+                        kind: "master kill",
+                        name: None,
+                        at,
+                    });
+                    set.wait_new_master(before);
+                    set.nodes[i].restart();
+                    set.wait_synced();
+                }
+            },
+            2 => match &*servers {
+                Servers::One(redis) => {
+                    let r = redis.lock().unwrap();
+                    let from = now_us();
+                    r.pause();
+                    std::thread::sleep(rng.ms(200, 900));
+                    r.resume();
+                    log.push(Chaos::RedisPause { from, to: now_us() });
+                }
+                Servers::Sentinel(set) => {
+                    let set = set.lock().unwrap();
+                    let at = now_us();
+                    set.failover();
+                    // Replication is asynchronous: a lease granted just before
+                    // may not have reached the new master.
+                    log.push(Chaos::Break {
+                        kind: "failover",
+                        name: None,
+                        at,
+                    });
+                    set.wait_synced();
+                }
+            },
             3 => {
                 let at = now_us();
                 let name = NAMES[rng.below(3) as usize];
                 if rng.below(2) == 0 {
                     let _: Result<i64, _> = redis::cmd("DEL")
                         .arg(format!("lockrun:{{{name}}}"))
-                        .query(&mut redis.lock().unwrap().conn());
+                        .query(&mut servers.conn());
                     log.push(Chaos::Break {
                         kind: "DEL",
                         name: Some(name),
@@ -394,10 +446,11 @@ fn chaos(sh: Arc<Shared>, redis: Arc<Mutex<Redis>>, seed: u64, until: Instant) -
                 signal(g, libc::SIGUSR1);
             }
             5 => {
+                let Some(proxy) = &sh.proxy else { continue };
                 let from = now_us();
-                sh.proxy.set_trickle(true);
+                proxy.set_trickle(true);
                 std::thread::sleep(rng.ms(500, 3000));
-                sh.proxy.set_trickle(false);
+                proxy.set_trickle(false);
                 log.push(Chaos::Stall { from, to: now_us() });
             }
             _ => {
@@ -637,10 +690,28 @@ fn env_u64(name: &str, default: u64) -> u64 {
 #[test]
 fn torture_with_a_fenced_resource() {
     let _alone = heavy();
+    let redis = Redis::start();
+    let proxy = Proxy::start(redis.port);
+    let url = proxy.url();
+    let secs = env_u64("LOCKRUN_TORTURE_SECS", 40);
+    torture(Servers::One(Mutex::new(redis)), url, Some(proxy), secs);
+}
+
+/// The same behind Sentinel, where the chaos thread also fails the master
+/// over and kills it outright (LOCKRUN_TORTURE_SENTINEL_SECS, default 30).
+#[test]
+fn torture_behind_sentinel() {
+    let _alone = heavy();
+    let set = Sentinels::start();
+    let url = set.url();
+    let secs = env_u64("LOCKRUN_TORTURE_SENTINEL_SECS", 30);
+    torture(Servers::Sentinel(Mutex::new(set)), url, None, secs);
+}
+
+fn torture(servers: Servers, url: String, proxy: Option<Proxy>, secs: u64) {
     if Command::new("perl").arg("-v").output().is_err() {
         panic!("perl not found: the torture test's job needs it (apt-get install -y perl)");
     }
-    let secs = env_u64("LOCKRUN_TORTURE_SECS", 40);
     let workers = env_u64("LOCKRUN_TORTURE_WORKERS", 9) as usize;
     let seed = env_u64("LOCKRUN_TORTURE_SEED", now_us());
     println!(
@@ -648,11 +719,10 @@ fn torture_with_a_fenced_resource() {
     );
     let scratch = Scratch::new();
     std::fs::write(scratch.path("job.pl"), JOB).unwrap();
-    let redis = Arc::new(Mutex::new(Redis::start()));
-    let proxy = Proxy::start(redis.lock().unwrap().port);
+    let servers = Arc::new(servers);
     let sh = Arc::new(Shared {
         dir: scratch.dir.path().to_path_buf(),
-        url: proxy.url(),
+        url,
         proxy,
         stop: AtomicBool::new(false),
         lockrun_pid: (0..workers).map(|_| AtomicI32::new(0)).collect(),
@@ -667,8 +737,8 @@ fn torture_with_a_fenced_resource() {
         })
         .collect();
     let chaos_log = {
-        let (sh, redis) = (Arc::clone(&sh), Arc::clone(&redis));
-        std::thread::spawn(move || chaos(sh, redis, seed, until))
+        let (sh, servers) = (Arc::clone(&sh), Arc::clone(&servers));
+        std::thread::spawn(move || chaos(sh, servers, seed, until))
     };
     let chaos_log = chaos_log.join().unwrap();
     while Instant::now() < until {
@@ -687,7 +757,7 @@ fn torture_with_a_fenced_resource() {
     let summary = format!(
         "seed {seed}: {} grants, {} writes accepted, {} stale writes rejected, {} lost leases (exit 76), \
          {} unreachable (69), {} out of descriptors (70); chaos: {} lockrun pauses, {} lockrun SIGKILLs, {} stalls, \
-         {} Redis restarts, {} Redis pauses, {} raw deletes or release --now, {} revokes, {} swarms; {} admitted late actions",
+         {} Redis restarts, {} Redis pauses, {} failovers, {} master kills, {} raw deletes or release --now, {} revokes, {} swarms; {} admitted late actions",
         history.jobs.len(),
         history.accepted.values().map(Vec::len).sum::<usize>(),
         history.rejected,
@@ -705,7 +775,23 @@ fn torture_with_a_fenced_resource() {
             }
         )),
         count(|c| matches!(c, Chaos::RedisPause { .. })),
-        count(|c| matches!(c, Chaos::Break { kind, .. } if *kind != "restart")),
+        count(|c| matches!(
+            c,
+            Chaos::Break {
+                kind: "failover",
+                ..
+            }
+        )),
+        count(|c| matches!(
+            c,
+            Chaos::Break {
+                kind: "master kill",
+                ..
+            }
+        )),
+        count(
+            |c| matches!(c, Chaos::Break { kind, .. } if !matches!(*kind, "restart" | "failover" | "master kill"))
+        ),
         count(|c| matches!(c, Chaos::Revoke { .. })),
         count(|c| matches!(c, Chaos::Swarm { .. })),
         overlaps,
