@@ -165,7 +165,7 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
     if scheme.eq_ignore_ascii_case("redis+sentinel")
         || scheme.eq_ignore_ascii_case("rediss+sentinel")
     {
-        return parse_sentinel(raw, opts);
+        return Ok(Arc::new(parse_sentinel(raw, opts)?));
     }
     let usage = Error::Request;
     let expected = format!("expected {}", ENGINE.form);
@@ -196,26 +196,12 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
         )));
     }
     let tls = url.scheme() == "rediss";
-    let insecure = match url.fragment() {
-        None => false,
-        Some("insecure") if tls => true,
-        Some(_) => {
-            return Err(usage(format!(
-                "invalid --url {display}: the only fragment accepted is #insecure, on rediss://"
-            )));
-        }
-    };
     if url.query().is_some() {
         return Err(usage(format!(
             "invalid --url {display}: query parameters are not supported; {expected}"
         )));
     }
-    let ca_file = if tls {
-        opts.tls_ca.clone()
-    } else {
-        opts.no_tls(&display)?;
-        None
-    };
+    let (insecure, ca_file) = tls_options(tls, url.fragment(), &display, opts)?;
     let password = url.password().map(|p| {
         url::form_urlencoded::parse(format!("p={p}").as_bytes())
             .next()
@@ -234,6 +220,29 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
     }))
 }
 
+/// `#insecure` (only with TLS) and the CA file (refused without TLS).
+fn tls_options(
+    tls: bool,
+    fragment: Option<&str>,
+    display: &str,
+    opts: &AddressOptions,
+) -> Result<(bool, Option<PathBuf>), Error> {
+    let insecure = match fragment {
+        None => false,
+        Some("insecure") if tls => true,
+        Some(_) => {
+            return Err(Error::Request(format!(
+                "invalid --url {display}: the only fragment accepted is #insecure, with TLS (rediss)"
+            )));
+        }
+    };
+    if !tls {
+        opts.no_tls(display)?;
+        return Ok((false, None));
+    }
+    Ok((insecure, opts.tls_ca.clone()))
+}
+
 /// Decode a percent-encoded part of a URL.
 fn decoded(part: &str) -> String {
     url::form_urlencoded::parse(format!("p={}", part.replace('+', "%2B")).as_bytes())
@@ -245,7 +254,7 @@ fn decoded(part: &str) -> String {
 /// `redis+sentinel://[user[:pass]@]h1[:p1][,h2[:p2]…]/MASTER[/db]`, also
 /// `rediss+sentinel://` (TLS to sentinels and data nodes alike). `url::Url`
 /// cannot read a list of hosts, so this reads it by hand.
-fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     let expected = "expected redis+sentinel://[user:pass@]host[:port][,host[:port]…]/MASTER[/db]";
     let (scheme, rest) = raw.split_once("://").expect("the caller found a scheme");
     let tls = scheme.eq_ignore_ascii_case("rediss+sentinel");
@@ -302,22 +311,8 @@ fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, 
     if parts.next().is_some_and(|p| !p.is_empty()) {
         return Err(usage("too many parts in the path"));
     }
-    let insecure = match fragment {
-        None => false,
-        Some("insecure") if tls => true,
-        Some(_) => {
-            return Err(Error::Request(format!(
-                "invalid --url {display}: the only fragment accepted is #insecure, on rediss+sentinel://"
-            )));
-        }
-    };
-    let ca_file = if tls {
-        opts.tls_ca.clone()
-    } else {
-        opts.no_tls(&display)?;
-        None
-    };
-    Ok(Arc::new(RedisUrl {
+    let (insecure, ca_file) = tls_options(tls, fragment, &display, opts)?;
+    Ok(RedisUrl {
         url: String::new(),
         display,
         password,
@@ -331,7 +326,7 @@ fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, 
             db,
         },
         replicas: opts.replicas,
-    }))
+    })
 }
 
 /// `host[:port]`, `[v6]:port`; None when it is not one.
@@ -353,4 +348,70 @@ fn node(text: &str, default_port: u16) -> Option<Node> {
     let plain =
         |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']');
     (port > 0 && !host.is_empty() && host.chars().all(plain)).then_some(Node { host, port })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sentinel(raw: &str) -> Result<Arc<dyn Address>, Error> {
+        parse(raw, &AddressOptions::default())
+    }
+
+    #[test]
+    fn sentinel_urls_name_their_sentinels_master_and_database() {
+        let a = sentinel("redis+sentinel://u:p%40ss@h1,h2:26380,[::1]:7/mymaster/3").unwrap();
+        assert_eq!(a.secret(), Some("p@ss"));
+        assert!(
+            !a.shown().contains("p@ss") && !a.shown().contains("p%40ss"),
+            "{}",
+            a.shown()
+        );
+        assert_eq!(
+            a.shown(),
+            "redis+sentinel://u:***@h1,h2:26380,[::1]:7/mymaster/3"
+        );
+        assert!(
+            a.check_name("a{b}").is_err(),
+            "Redis's own name rules apply"
+        );
+        for bad in [
+            "redis+sentinel://h1",
+            "redis+sentinel://h1/",
+            "redis+sentinel://h1:0/m",
+            "redis+sentinel://h1:99999/m",
+            "redis+sentinel://h1,/m",
+            "redis+sentinel://h 1/m",
+            "redis+sentinel://h1/m/x",
+            "redis+sentinel://h1/m/0/1",
+            "redis+sentinel://h1/m?x=1",
+            "redis+sentinel://h1/m#insecure",
+            "redis+sentinel://u:s3cret@h1:x/m",
+        ] {
+            let e = sentinel(bad).unwrap_err();
+            assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+        assert!(sentinel("rediss+sentinel://h1/m#insecure").is_ok());
+    }
+
+    #[test]
+    fn a_data_node_gets_the_url_s_credentials_and_database() {
+        let r = parse_sentinel("redis+sentinel://u:pw@s1/m/2", &AddressOptions::default()).unwrap();
+        let node = Node {
+            host: "127.0.0.1".into(),
+            port: 6390,
+        };
+        let data = r.client_at(&node, true, true).unwrap();
+        let info = data.get_connection_info();
+        assert_eq!(info.redis_settings().db(), 2);
+        assert_eq!(info.redis_settings().password(), Some("pw"));
+        // A sentinel is asked without them first.
+        let plain = r.client_at(&node, false, false).unwrap();
+        assert_eq!(
+            plain.get_connection_info().redis_settings().password(),
+            None
+        );
+        assert_eq!(r.user(), "u");
+    }
 }
