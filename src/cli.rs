@@ -57,7 +57,8 @@ pub enum Generate {
 #[derive(Debug, Args)]
 pub struct BackendArgs {
     /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS),
-    /// redis+sentinel://host[:port][,host...]/MASTER[/db], or file:///dir.
+    /// redis+sentinel://host[:port][,host...]/MASTER[/db],
+    /// redis+cluster://host[:port][,host...], or file:///dir.
     /// Default: a per-user directory on this machine.
     #[arg(
         short = 'u',

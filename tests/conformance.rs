@@ -124,6 +124,38 @@ impl Fixture for SentinelEngine {
     }
 }
 
+/// Three masters of a Redis Cluster.
+pub struct ClusterEngine {
+    cluster: Cluster,
+}
+
+impl ClusterEngine {
+    pub fn new() -> ClusterEngine {
+        ClusterEngine {
+            cluster: Cluster::start(),
+        }
+    }
+}
+
+impl Fixture for ClusterEngine {
+    fn url(&self) -> String {
+        self.cluster.url()
+    }
+    fn breaks(&self) -> bool {
+        true
+    }
+    fn take_away(&self, name: &str) {
+        let key = format!("lockrun:{{{name}}}");
+        let _: () = self.cluster.node_of(&key).cmd(&["DEL", &key]);
+    }
+    fn untouched(&self) -> bool {
+        self.cluster.keys().is_empty()
+    }
+    fn unreachable(&self) -> String {
+        format!("redis+cluster://127.0.0.1:{}", free_port())
+    }
+}
+
 /// One job's run as it logged it: `start|end WHO SLOT TOKEN NANOS`.
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -667,4 +699,5 @@ conformance! {
     local: LocalEngine::new();
     redis: RedisEngine::new();
     sentinel: SentinelEngine::new();
+    cluster: ClusterEngine::new();
 }

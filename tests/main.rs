@@ -3,6 +3,7 @@
 
 mod support;
 
+mod cluster;
 mod conformance;
 mod faults;
 mod generated;

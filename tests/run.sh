@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# redis-cli builds the test clusters.
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v perl >/dev/null 2>&1 || missing+=(perl)
 command -v bash >/dev/null 2>&1 || missing+=(bash)

@@ -375,8 +375,12 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                         at,
                     });
                     set.wait_new_master(before);
-                    set.nodes[i].restart();
-                    set.wait_synced();
+                    if !set.rejoin(i) {
+                        sh.violations
+                            .lock()
+                            .unwrap()
+                            .push("setup: the killed master did not rejoin as a replica".into());
+                    }
                 }
             },
             2 => match &*servers {
@@ -399,7 +403,12 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                         name: None,
                         at,
                     });
-                    set.wait_synced();
+                    if !set.synced() {
+                        sh.violations
+                            .lock()
+                            .unwrap()
+                            .push("setup: the old master did not become a replica".into());
+                    }
                 }
             },
             3 => {

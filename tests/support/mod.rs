@@ -8,8 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod cluster;
 mod sentinel;
-// The benchmark shares these helpers and needs no sentinels.
+// The benchmark shares these helpers and needs neither.
+#[allow(unused_imports)]
+pub use cluster::*;
 #[allow(unused_imports)]
 pub use sentinel::*;
 

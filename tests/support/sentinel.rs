@@ -138,15 +138,35 @@ impl Sentinels {
 
     /// Wait until every node but the master is its replica again, in sync.
     pub fn wait_synced(&self) {
+        assert!(
+            self.synced(),
+            "the replica did not sync with the new master"
+        );
+    }
+
+    /// Whether every node but the master is its replica, in sync, within 60 s.
+    pub fn synced(&self) -> bool {
         let master = self.master_port();
-        let synced = wait_until(Duration::from_secs(60), || {
+        wait_until(Duration::from_secs(60), || {
             self.nodes.iter().filter(|n| n.port != master).all(|n| {
                 let info = n.info("replication");
                 info.contains("master_link_status:up")
                     && info.contains(&format!("master_port:{master}"))
             })
-        });
-        assert!(synced, "the replica did not sync with the new master");
+        })
+    }
+
+    /// Start node `i` again after it was killed, empty, and make it a
+    /// replica of the master, as an operator would (the sentinels would, in
+    /// their time).
+    pub fn rejoin(&mut self, i: usize) -> bool {
+        self.nodes[i].restart();
+        let master = self.master_port().to_string();
+        let _: redis::RedisResult<()> = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(&master)
+            .query(&mut self.nodes[i].conn());
+        self.synced()
     }
 }
 

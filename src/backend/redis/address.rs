@@ -6,6 +6,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use redis::cluster::ClusterClient;
 use redis::{Client, IntoConnectionInfo};
 
 use super::{ENGINE, Redis};
@@ -41,6 +44,8 @@ pub enum Topology {
         userinfo: String,
         db: u32,
     },
+    /// A cluster, found through any of these nodes.
+    Cluster { nodes: Vec<Node>, userinfo: String },
 }
 
 /// A host and port, as a URL writes them (an IPv6 address in brackets).
@@ -63,7 +68,9 @@ impl RedisUrl {
             Topology::Server => url::Url::parse(&self.url)
                 .ok()
                 .map(|u| u.username().to_string()),
-            Topology::Sentinel { userinfo, .. } => userinfo.split(':').next().map(str::to_string),
+            Topology::Sentinel { userinfo, .. } | Topology::Cluster { userinfo, .. } => {
+                userinfo.split(':').next().map(str::to_string)
+            }
         };
         userinfo
             .filter(|u| !u.is_empty())
@@ -77,6 +84,7 @@ impl RedisUrl {
         let scheme = if self.tls { "rediss" } else { "redis" };
         let (userinfo, db) = match &self.topology {
             Topology::Sentinel { userinfo, db, .. } => (userinfo.as_str(), *db),
+            Topology::Cluster { userinfo, .. } => (userinfo.as_str(), 0),
             Topology::Server => ("", 0),
         };
         let at = if (data || auth) && !userinfo.is_empty() {
@@ -91,6 +99,41 @@ impl RedisUrl {
         };
         let fragment = if self.insecure { "#insecure" } else { "" };
         self.client_from(&format!("{scheme}://{at}{node}{db}{fragment}"))
+    }
+
+    /// The client of a cluster found through `nodes`; `op` bounds each
+    /// request to a node, and a request follows one redirection at most
+    /// (a slot moved) before it fails and is retried as lockrun retries.
+    pub fn cluster(&self, nodes: &[Node], op: Duration) -> Result<ClusterClient, Error> {
+        let bad_url =
+            |e: redis::RedisError| Error::Request(format!("invalid --url {}: {e}", self.display));
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let userinfo = match &self.topology {
+            Topology::Cluster { userinfo, .. } if !userinfo.is_empty() => format!("{userinfo}@"),
+            _ => String::new(),
+        };
+        let fragment = if self.insecure { "#insecure" } else { "" };
+        let urls: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("{scheme}://{userinfo}{n}{fragment}"))
+            .collect();
+        let mut builder = ClusterClient::builder(urls)
+            .retries(1)
+            .connection_timeout(op)
+            .response_timeout(op);
+        if self.tls {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            if let Some(path) = &self.ca_file {
+                let root_cert = std::fs::read(path).map_err(|e| {
+                    Error::Request(format!("cannot read --tls-ca {}: {e}", path.display()))
+                })?;
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                });
+            }
+        }
+        builder.build().map_err(bad_url)
     }
 
     /// The client for a one-server address.
@@ -161,11 +204,11 @@ impl Address for RedisUrl {
 /// Parse `redis://[user][:pass@]host[:port][/db]`, `rediss://…`, or their
 /// `+sentinel` forms.
 pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
-    let scheme = raw.split_once("://").map_or("", |(s, _)| s);
-    if scheme.eq_ignore_ascii_case("redis+sentinel")
-        || scheme.eq_ignore_ascii_case("rediss+sentinel")
-    {
-        return Ok(Arc::new(parse_sentinel(raw, opts)?));
+    let scheme = raw
+        .split_once("://")
+        .map_or(String::new(), |(s, _)| s.to_ascii_lowercase());
+    if scheme.ends_with("+sentinel") || scheme.ends_with("+cluster") {
+        return Ok(Arc::new(parse_multi(raw, opts)?));
     }
     let usage = Error::Request;
     let expected = format!("expected {}", ENGINE.form);
@@ -251,13 +294,20 @@ fn decoded(part: &str) -> String {
         .unwrap_or_default()
 }
 
-/// `redis+sentinel://[user[:pass]@]h1[:p1][,h2[:p2]…]/MASTER[/db]`, also
-/// `rediss+sentinel://` (TLS to sentinels and data nodes alike). `url::Url`
-/// cannot read a list of hosts, so this reads it by hand.
-fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
-    let expected = "expected redis+sentinel://[user:pass@]host[:port][,host[:port]…]/MASTER[/db]";
+/// `redis+sentinel://[user[:pass]@]h1[:p1][,h2[:p2]…]/MASTER[/db]` and
+/// `redis+cluster://[user[:pass]@]h1[:p1][,h2[:p2]…]`, also with `rediss`
+/// (TLS to every node). `url::Url` cannot read a list of hosts, so this
+/// reads it by hand.
+fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     let (scheme, rest) = raw.split_once("://").expect("the caller found a scheme");
-    let tls = scheme.eq_ignore_ascii_case("rediss+sentinel");
+    let scheme = scheme.to_ascii_lowercase();
+    let tls = scheme.starts_with("rediss+");
+    let sentinel = scheme.ends_with("+sentinel");
+    let expected = if sentinel {
+        "expected redis+sentinel://[user:pass@]host[:port][,host[:port]…]/MASTER[/db]"
+    } else {
+        "expected redis+cluster://[user:pass@]host[:port][,host[:port]…]"
+    };
     let (rest, fragment) = match rest.split_once('#') {
         Some((r, f)) => (r, Some(f)),
         None => (rest, None),
@@ -276,42 +326,66 @@ fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
         (_, true) => format!("{user}:***@"),
         (false, false) => format!("{user}@"),
     };
-    let display = format!(
-        "{}://{shown_user}{hosts}/{path}",
-        scheme.to_ascii_lowercase()
-    );
+    let shown_path = if path.is_empty() {
+        String::new()
+    } else {
+        format!("/{path}")
+    };
+    let display = format!("{scheme}://{shown_user}{hosts}{shown_path}");
     let usage = |why: &str| Error::Request(format!("invalid --url {display}: {why}; {expected}"));
-    if path.contains('?') {
+    if path.contains('?') || hosts.contains('?') {
         return Err(usage("query parameters are not supported"));
     }
-    let mut sentinels = Vec::new();
+    let mut nodes = Vec::new();
     for host in hosts.split(',') {
-        sentinels.push(
-            node(host, 26379).ok_or_else(|| usage(&format!("bad sentinel address {host:?}")))?,
-        );
-    }
-    let mut parts = path.split('/');
-    let master = decoded(parts.next().unwrap_or(""));
-    if master.is_empty() {
-        return Err(usage("no master name"));
-    }
-    let db = match parts.next() {
-        None | Some("") => 0,
-        Some(d) => d
-            .parse::<u32>()
-            .ok()
-            .filter(|d| *d <= i32::MAX as u32)
-            .ok_or_else(|| {
-                usage(&format!(
-                    "database {d:?} is not a number from 0 to {}",
-                    i32::MAX
-                ))
-            })?,
-    };
-    if parts.next().is_some_and(|p| !p.is_empty()) {
-        return Err(usage("too many parts in the path"));
+        let default_port = if sentinel { 26379 } else { 6379 };
+        nodes
+            .push(node(host, default_port).ok_or_else(|| usage(&format!("bad address {host:?}")))?);
     }
     let (insecure, ca_file) = tls_options(tls, fragment, &display, opts)?;
+    let topology = if sentinel {
+        let mut parts = path.split('/');
+        let master = decoded(parts.next().unwrap_or(""));
+        if master.is_empty() {
+            return Err(usage("no master name"));
+        }
+        let db = match parts.next() {
+            None | Some("") => 0,
+            Some(d) => d
+                .parse::<u32>()
+                .ok()
+                .filter(|d| *d <= i32::MAX as u32)
+                .ok_or_else(|| {
+                    usage(&format!(
+                        "database {d:?} is not a number from 0 to {}",
+                        i32::MAX
+                    ))
+                })?,
+        };
+        if parts.next().is_some_and(|p| !p.is_empty()) {
+            return Err(usage("too many parts in the path"));
+        }
+        Topology::Sentinel {
+            sentinels: nodes,
+            master,
+            userinfo: userinfo.to_string(),
+            db,
+        }
+    } else {
+        // A cluster has one database, 0.
+        if !path.is_empty() {
+            return Err(usage("a cluster has no database to choose"));
+        }
+        if opts.replicas > 0 && !opts.replicas_from_env {
+            return Err(Error::Request(format!(
+                "--replicas is not supported on a cluster ({display})"
+            )));
+        }
+        Topology::Cluster {
+            nodes,
+            userinfo: userinfo.to_string(),
+        }
+    };
     Ok(RedisUrl {
         url: String::new(),
         display,
@@ -319,13 +393,8 @@ fn parse_sentinel(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
         tls,
         insecure,
         ca_file,
-        topology: Topology::Sentinel {
-            sentinels,
-            master,
-            userinfo: userinfo.to_string(),
-            db,
-        },
-        replicas: opts.replicas,
+        replicas: if sentinel { opts.replicas } else { 0 },
+        topology,
     })
 }
 
@@ -397,7 +466,7 @@ mod tests {
 
     #[test]
     fn a_data_node_gets_the_url_s_credentials_and_database() {
-        let r = parse_sentinel("redis+sentinel://u:pw@s1/m/2", &AddressOptions::default()).unwrap();
+        let r = parse_multi("redis+sentinel://u:pw@s1/m/2", &AddressOptions::default()).unwrap();
         let node = Node {
             host: "127.0.0.1".into(),
             port: 6390,

@@ -1,12 +1,14 @@
-//! Where a connection goes: one server, or the master that the sentinels
-//! name at the moment of connecting (README "High availability"). Every
-//! step is bounded by the time given, all steps together included.
+//! Where a connection goes: one server, the master that the sentinels name
+//! at the moment of connecting, or a cluster, which routes each command to
+//! the node of its key (README "High availability"). Every step is bounded
+//! by the time given, all steps together included.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, ErrorKind, RedisError, RedisResult, Value};
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::{Client, Cmd, Connection, ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
 
 use super::address::{Node, RedisUrl, Topology};
 use super::link::{describe, is_auth_error};
@@ -16,6 +18,84 @@ use crate::log;
 pub enum Connector {
     Server(Box<Client>),
     Sentinel(Arc<Sentinels>),
+    Cluster(Arc<ClusterClient>),
+}
+
+/// A connection to one server, or to a cluster.
+pub enum Conn {
+    One(Connection),
+    Cluster(Box<ClusterConnection>),
+}
+
+impl Conn {
+    pub fn set_read_timeout(&self, d: Option<Duration>) -> RedisResult<()> {
+        match self {
+            Conn::One(c) => c.set_read_timeout(d),
+            Conn::Cluster(c) => c.set_read_timeout(d),
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        match self {
+            Conn::One(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::One(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    // The cluster routes a command by its key: it must see the command,
+    // not only its bytes.
+    fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::One(c) => c.req_command(cmd),
+            Conn::Cluster(c) => c.req_command(cmd),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::One(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+
+    fn supports_pipelining(&self) -> bool {
+        match self {
+            Conn::One(c) => c.supports_pipelining(),
+            Conn::Cluster(c) => c.supports_pipelining(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            Conn::One(c) => c.check_connection(),
+            Conn::Cluster(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Conn::One(c) => c.is_open(),
+            Conn::Cluster(c) => c.is_open(),
+        }
+    }
 }
 
 /// The sentinels of one master, and how to reach the data nodes they name.
@@ -32,9 +112,10 @@ pub struct Sentinels {
     answered: AtomicBool,
 }
 
-/// A connection and the data node it reaches (None: the one server).
+/// A connection and the data node it reaches (None: the one server, or a
+/// cluster).
 pub struct Linked {
-    pub conn: Connection,
+    pub conn: Conn,
     pub node: Option<Node>,
 }
 
@@ -48,7 +129,7 @@ fn passing(what: &'static str, detail: String) -> RedisError {
 }
 
 impl Connector {
-    pub fn new(url: &RedisUrl) -> Result<Connector, crate::backend::Error> {
+    pub fn new(url: &RedisUrl, op: Duration) -> Result<Connector, crate::backend::Error> {
         match &url.topology {
             Topology::Server => Ok(Connector::Server(Box::new(url.client()?))),
             Topology::Sentinel {
@@ -69,6 +150,9 @@ impl Connector {
                     answered: AtomicBool::new(false),
                 })))
             }
+            Topology::Cluster { nodes, .. } => {
+                Ok(Connector::Cluster(Arc::new(url.cluster(nodes, op)?)))
+            }
         }
     }
 
@@ -76,10 +160,19 @@ impl Connector {
     pub fn connect(&self, timeout: Duration) -> RedisResult<Linked> {
         match self {
             Connector::Server(client) => Ok(Linked {
-                conn: connect(client, timeout)?,
+                conn: Conn::One(connect(client, timeout)?),
                 node: None,
             }),
             Connector::Sentinel(s) => s.connect_master(timeout),
+            Connector::Cluster(client) => {
+                let conn = client.get_connection()?;
+                conn.set_read_timeout(Some(timeout))?;
+                conn.set_write_timeout(Some(timeout))?;
+                Ok(Linked {
+                    conn: Conn::Cluster(Box::new(conn)),
+                    node: None,
+                })
+            }
         }
     }
 
@@ -212,7 +305,7 @@ impl Sentinels {
             Some(Value::BulkString(r)) if r == b"master" => {
                 log::info(format!("master of {} is {node}", self.master));
                 Ok(Linked {
-                    conn,
+                    conn: Conn::One(conn),
                     node: Some(node),
                 })
             }

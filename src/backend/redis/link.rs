@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use redis::Connection;
-
 use super::address::Node;
-use super::connector::{Connector, Linked};
+use super::connector::{Conn, Connector, Linked};
 use crate::backend::Error;
 use crate::log;
 
@@ -52,7 +50,7 @@ pub fn is_transient(e: &redis::RedisError) -> bool {
 /// One connection to the server that holds the keys, reconnected on demand.
 pub struct Link {
     pub connector: Connector,
-    pub conn: Option<Connection>,
+    pub conn: Option<Conn>,
     /// The data node `conn` reaches, behind sentinels.
     pub node: Option<Node>,
     pub display: String,
@@ -64,7 +62,7 @@ pub struct Link {
 }
 
 impl Link {
-    fn conn(&mut self) -> Result<&mut Connection, Error> {
+    fn conn(&mut self) -> Result<&mut Conn, Error> {
         if self.conn.is_none() {
             let linked = reconnect(&self.connector, self.op).map_err(Error::Transient)?;
             self.conn = Some(linked.conn);
@@ -76,7 +74,7 @@ impl Link {
     /// Run a call; any transport error drops the connection, since its state is unknown.
     pub fn call<T>(
         &mut self,
-        f: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
+        f: impl FnOnce(&mut Conn) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         let conn = self.conn()?;
         match f(conn) {
@@ -137,7 +135,7 @@ impl Link {
 }
 
 /// `WAIT replicas ms`, answering before the connection's own read timeout.
-pub fn wait_replicas(c: &mut Connection, replicas: u32, op: Duration) -> redis::RedisResult<i64> {
+pub fn wait_replicas(c: &mut Conn, replicas: u32, op: Duration) -> redis::RedisResult<i64> {
     let ms = (op.as_millis() * 3 / 4).max(1) as u64;
     redis::cmd("WAIT").arg(replicas).arg(ms).query(c)
 }

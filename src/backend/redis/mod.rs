@@ -20,7 +20,7 @@ mod scripts;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use redis::{Connection, Value};
+use redis::Value;
 
 use address::Node;
 pub use address::{RedisUrl, parse};
@@ -39,8 +39,15 @@ use crate::watchdog::{Renewal, Renewer};
 /// Redis's row of the scheme table.
 pub const ENGINE: EngineInfo = EngineInfo {
     name: "Redis",
-    schemes: &["redis", "rediss", "redis+sentinel", "rediss+sentinel"],
-    form: "redis://[user][:pass@]host[:port][/db], rediss://…, redis+sentinel://[user:pass@]host[:port][,host…]/MASTER[/db]",
+    schemes: &[
+        "redis",
+        "rediss",
+        "redis+sentinel",
+        "rediss+sentinel",
+        "redis+cluster",
+        "rediss+cluster",
+    ],
+    form: "redis://[user][:pass@]host[:port][/db], rediss://…, redis+sentinel://[user:pass@]host[:port][,host…]/MASTER[/db], redis+cluster://[user:pass@]host[:port][,host…]",
     parse,
     // Leases are asked for in milliseconds (PX / the boot clock).
     ttl_step: Duration::from_millis(1),
@@ -63,7 +70,7 @@ pub struct Redis {
 impl Redis {
     pub fn connect(url: &RedisUrl, how: &Opening) -> Result<Redis, Error> {
         let op = how.op;
-        let connector = Connector::new(url)?;
+        let connector = Connector::new(url, op)?;
         if url.insecure {
             log::warn(format!(
                 "{}: TLS certificate checks are off (#insecure)",
@@ -222,7 +229,7 @@ impl Held for RedisHeld {
 struct RedisRenewer {
     connector: Connector,
     replicas: u32,
-    conn: Option<Connection>,
+    conn: Option<connector::Conn>,
     /// The data node `conn` reaches, behind sentinels.
     node: Option<Node>,
     lock: String,

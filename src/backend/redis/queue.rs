@@ -40,6 +40,17 @@ fn wait_for_wakeup(link: &mut Link, key: &str, timeout: Duration) -> Result<Opti
     let op = link.op;
     let mut cut = false;
     let woken = link.call(|c| {
+        if c.is_cluster() {
+            // A cluster connection retries a read that timed out: the
+            // server's own timeout ends the wait (up to 1/hz late).
+            c.set_read_timeout(Some(timeout + op))?;
+            let popped: Option<(String, String)> = redis::cmd("BLPOP")
+                .arg(key)
+                .arg(format!("{:.3}", timeout.as_secs_f64()))
+                .query(c)?;
+            c.set_read_timeout(Some(op))?;
+            return Ok(popped.map(|(_, v)| v != "refused"));
+        }
         // Redis ends a BLPOP's timeout only when it next looks at its
         // blocked clients, up to 1/hz (100 ms) late: `--wait`, a place
         // in the queue and a holder's end must not wait for that. Our
