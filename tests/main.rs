@@ -4,6 +4,7 @@
 mod support;
 
 mod conformance;
+mod etcd;
 mod faults;
 mod generated;
 mod hostile;
