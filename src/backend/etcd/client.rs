@@ -177,6 +177,15 @@ impl Client {
         }
     }
 
+    /// A client on the same connections (a granted lease releases on the
+    /// connection it was granted on, with no new connect).
+    pub fn hand_over(&self) -> Client {
+        Client {
+            agent: self.agent.clone(),
+            ..self.fresh()
+        }
+    }
+
     /// A client for the same cluster with connections of its own (a
     /// renewal must not wait behind a stuck one).
     pub fn fresh(&self) -> Client {

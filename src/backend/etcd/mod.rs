@@ -268,17 +268,14 @@ impl Held for EtcdHeld {
     fn release(mut self: Box<Self>) -> Result<bool, Error> {
         let c = &mut self.client;
         // Deleted only while it is still ours: a revoked key stays until its
-        // lease ends, as `release --force` promised.
+        // lease ends, as `release --force` promised. The lease itself, with
+        // nothing on it any more, ends on its own within the ttl: revoking
+        // it too would cost every run another round trip.
         let delete = json!({"request_delete_range": {"key": b64(&self.key)}});
         let v = txn(c, vec![holds(&self.key, &self.value)], vec![delete], vec![])
             .map_err(|e| c.failed(&format!("releasing {}", self.name), e))?;
-        let ours = succeeded(&v);
-        if ours {
-            // Nothing is on it any more; it would end on its own within the ttl.
-            let _ = revoke(c, self.lease);
-        }
         log::info(format!("released {}", self.name));
-        Ok(ours)
+        Ok(succeeded(&v))
     }
 }
 

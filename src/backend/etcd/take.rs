@@ -45,6 +45,28 @@ struct Mine {
     /// The create transaction went through (a retry finds the key there).
     created: bool,
     next_keepalive: Boot,
+    /// A promotion sent whose reply may have been lost.
+    promoting: Option<Promotion>,
+}
+
+/// What our key becomes when our turn comes.
+struct Promotion {
+    value: String,
+    lease: i64,
+    lease_ttl: Duration,
+    lease_sent: Boot,
+    slot: Option<u32>,
+}
+
+impl Mine {
+    fn promoted(&mut self, p: Promotion) {
+        // A waiter lease left behind has nothing on it and lapses on its own.
+        self.value = p.value;
+        self.lease = p.lease;
+        self.lease_ttl = p.lease_ttl;
+        self.lease_sent = p.lease_sent;
+        self.waiting = false;
+    }
 }
 
 /// What one look at the queue led to.
@@ -139,6 +161,7 @@ impl Etcd {
                 value: record.encode(),
                 created: false,
                 next_keepalive: sent.add(ttl / 3),
+                promoting: None,
             });
         }
         let m = mine.as_mut().expect("set above");
@@ -169,6 +192,17 @@ impl Etcd {
             self.leave(mine);
             return Ok(Step::Again);
         };
+        if let Some(p) = m.promoting.take() {
+            if queue[me].value == p.value && queue[me].lease == p.lease {
+                // The promotion went through; only its reply was lost.
+                let slot = p.slot;
+                m.promoted(p);
+                return Ok(Step::Done(self.granted(m, req, slot)));
+            }
+            if p.lease != m.lease {
+                let _ = revoke(&mut self.client, p.lease);
+            }
+        }
         if queue[me].value != m.value {
             // Revoked by `release --force` as it came to the front: not ours;
             // the revoked key ends with its lease. Queue again.
@@ -277,25 +311,28 @@ impl Etcd {
             }));
         }
         let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&value), "lease": lease.to_string()}});
+        m.promoting = Some(Promotion {
+            value,
+            lease,
+            lease_ttl: ttl,
+            lease_sent: sent,
+            slot: record.slot,
+        });
         let v = txn(&mut self.client, compare, vec![put], vec![])?;
+        let p = m.promoting.take().expect("set above");
         if !succeeded(&v) {
-            if m.waiting {
-                let _ = revoke(&mut self.client, lease);
+            if p.lease != m.lease {
+                let _ = revoke(&mut self.client, p.lease);
             }
             return Ok(Step::Again);
         }
-        // The waiter lease has nothing on it now and lapses on its own.
-        m.lease = lease;
-        m.lease_ttl = ttl;
-        m.lease_sent = sent;
-        m.waiting = false;
-        m.value = value;
+        m.promoted(p);
         Ok(Step::Done(self.granted(m, req, record.slot)))
     }
 
     fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>) -> Acquired {
         let held = EtcdHeld {
-            client: self.client.fresh(),
+            client: self.client.hand_over(),
             key: m.key.clone(),
             lease: m.lease,
             value: m.value.clone(),
