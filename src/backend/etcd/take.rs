@@ -45,8 +45,21 @@ struct Mine {
     /// The create transaction went through (a retry finds the key there).
     created: bool,
     next_keepalive: Boot,
+    /// While waiting, the full lease the key was created on, kept alive
+    /// with nothing on it: the key moves back onto it when our turn comes,
+    /// with no new lease to grant at hand-off.
+    spare: Option<Spare>,
     /// A promotion sent whose reply may have been lost.
     promoting: Option<Promotion>,
+}
+
+#[derive(Clone, Copy)]
+struct Spare {
+    lease: i64,
+    ttl: Duration,
+    /// When its last keepalive (or its grant) was sent.
+    sent: Boot,
+    next_keepalive: Boot,
 }
 
 /// What our key becomes when our turn comes.
@@ -66,6 +79,7 @@ impl Mine {
         self.lease_ttl = p.lease_ttl;
         self.lease_sent = p.lease_sent;
         self.waiting = false;
+        self.spare = None;
     }
 }
 
@@ -132,6 +146,9 @@ impl Etcd {
     fn leave(&mut self, mine: &mut Option<Mine>) {
         if let Some(m) = mine.take() {
             let _ = revoke(&mut self.client, m.lease);
+            if let Some(sp) = m.spare {
+                let _ = revoke(&mut self.client, sp.lease);
+            }
         }
     }
 
@@ -161,12 +178,21 @@ impl Etcd {
                 value: record.encode(),
                 created: false,
                 next_keepalive: sent.add(ttl / 3),
+                spare: None,
                 promoting: None,
             });
         }
         let m = mine.as_mut().expect("set above");
         let (queue, revision) = if m.created {
-            self.queue(keys)?
+            // Served by the member we talk to, without a round of the
+            // cluster: a stale read can only show keys ahead of ours that
+            // are gone since (keys never appear ahead of an existing one),
+            // so a grant it shows is a grant; every change is then made by
+            // a transaction that checks what it relies on.
+            let mut range = keys.range();
+            range["serializable"] = json!(true);
+            let v = self.client.call("/v3/kv/range", &range)?;
+            entries(&v, &v["header"])?
         } else {
             // Created only if absent: a retry after a lost reply finds it.
             let absent = json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
@@ -199,7 +225,7 @@ impl Etcd {
                 m.promoted(p);
                 return Ok(Step::Done(self.granted(m, req, slot)));
             }
-            if p.lease != m.lease {
+            if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
                 let _ = revoke(&mut self.client, p.lease);
             }
         }
@@ -210,6 +236,9 @@ impl Etcd {
                 "our place in {}'s queue was revoked; queueing again",
                 req.name
             ));
+            if let Some(sp) = m.spare {
+                let _ = revoke(&mut self.client, sp.lease);
+            }
             *mine = None;
             return Ok(Step::Again);
         }
@@ -251,8 +280,13 @@ impl Etcd {
             let _ = revoke(&mut self.client, lease);
             return Ok(false);
         }
-        // Nothing is on the full lease any more.
-        let _ = revoke(&mut self.client, m.lease);
+        // Nothing is on the full lease any more: it waits, kept alive, for our turn.
+        m.spare = Some(Spare {
+            lease: m.lease,
+            ttl: m.lease_ttl,
+            sent: m.lease_sent,
+            next_keepalive: m.lease_sent.add(m.lease_ttl / 3),
+        });
         m.lease = lease;
         m.lease_ttl = ttl;
         m.lease_sent = sent;
@@ -279,7 +313,10 @@ impl Etcd {
         if !m.waiting && !limit {
             return Ok(Step::Done(self.granted(m, req, None)));
         }
-        let (lease, ttl, sent) = if m.waiting {
+        let (lease, ttl, sent) = if let (true, Some(sp)) = (m.waiting, m.spare) {
+            // The deadline counts from the spare's last keepalive.
+            (sp.lease, sp.ttl, sp.sent)
+        } else if m.waiting {
             let sent = Boot::now();
             let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
             (lease, ttl, sent)
@@ -318,10 +355,20 @@ impl Etcd {
             lease_sent: sent,
             slot: record.slot,
         });
-        let v = txn(&mut self.client, compare, vec![put], vec![])?;
+        let v = match txn(&mut self.client, compare, vec![put], vec![]) {
+            Ok(v) => v,
+            // The spare lapsed (its keepalives failed for a ttl): look
+            // again, and grant a new one.
+            Err(Error::Refused(e)) if e.contains("lease not found") => {
+                m.promoting = None;
+                m.spare = None;
+                return Ok(Step::Again);
+            }
+            Err(e) => return Err(e),
+        };
         let p = m.promoting.take().expect("set above");
         if !succeeded(&v) {
-            if p.lease != m.lease {
+            if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
                 let _ = revoke(&mut self.client, p.lease);
             }
             return Ok(Step::Again);
@@ -374,8 +421,11 @@ impl Etcd {
         let woken = self.client.watch(creates, WATCH_LIFE);
         loop {
             let m = mine.as_mut().expect("in the queue");
+            let due = m.spare.map_or(m.next_keepalive, |sp| {
+                sp.next_keepalive.min(m.next_keepalive)
+            });
             let timeout = patience
-                .cap(m.next_keepalive.since(Boot::now()))
+                .cap(due.since(Boot::now()))
                 .max(Duration::from_millis(1));
             match woken.recv_timeout(timeout) {
                 Ok(Ok(())) | Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
@@ -400,6 +450,20 @@ impl Etcd {
                     Some(ttl) => m.next_keepalive = sent.add(ttl / 3),
                     // Gone: the next look finds our key missing and queues again.
                     None => return Ok(Step::Again),
+                }
+            }
+            if let Some(sp) = m.spare.as_mut()
+                && Boot::now() >= sp.next_keepalive
+            {
+                let sent = Boot::now();
+                match keepalive(&mut self.client, sp.lease)? {
+                    Some(ttl) => {
+                        sp.sent = sent;
+                        sp.ttl = ttl;
+                        sp.next_keepalive = sent.add(ttl / 3);
+                    }
+                    // Lapsed: our turn will grant a new one.
+                    None => m.spare = None,
                 }
             }
         }
