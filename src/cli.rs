@@ -9,8 +9,9 @@ use clap::{Args, Parser, Subcommand};
 /// time across many machines.
 ///
 /// Without --url, the lock is local to this machine (flock on a file). With a
-/// redis:// or rediss:// URL, the lease lives in Redis and is renewed while the
-/// job runs; the job is stopped before the lease could lapse. The job gets a
+/// server's URL (redis://, rediss://, redis+sentinel://, redis+cluster://,
+/// etcd://, etcds://), the lease lives there and is renewed while the job
+/// runs; the job is stopped before the lease could lapse. The job gets a
 /// fencing token in LOCKRUN_TOKEN that grows with every grant.
 ///
 /// To run a job under a lock named like a subcommand, put `--` before the name:
@@ -58,7 +59,8 @@ pub enum Generate {
 pub struct BackendArgs {
     /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS),
     /// redis+sentinel://host[:port][,host...]/MASTER[/db],
-    /// redis+cluster://host[:port][,host...], or file:///dir.
+    /// redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...],
+    /// etcds://... (TLS), or file:///dir.
     /// Default: a per-user directory on this machine.
     #[arg(
         short = 'u',
@@ -69,12 +71,12 @@ pub struct BackendArgs {
     )]
     pub url: Option<String>,
 
-    /// CA certificate file (PEM) to verify a rediss:// server with.
+    /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with.
     #[arg(long, env = "LOCKRUN_TLS_CA", value_name = "PATH", global = true)]
     pub tls_ca: Option<std::path::PathBuf>,
 
     /// --tls-ca came from LOCKRUN_TLS_CA, not the command line: then it only
-    /// applies to rediss:// URLs and never breaks a run on another engine.
+    /// applies to TLS URLs and never breaks a run on another engine.
     #[arg(skip)]
     pub tls_ca_from_env: bool,
 

@@ -156,6 +156,38 @@ impl Fixture for ClusterEngine {
     }
 }
 
+/// An etcd server of our own.
+pub struct EtcdEngine {
+    etcd: Etcd,
+}
+
+impl EtcdEngine {
+    pub fn new() -> EtcdEngine {
+        EtcdEngine {
+            etcd: Etcd::start(),
+        }
+    }
+}
+
+impl Fixture for EtcdEngine {
+    fn url(&self) -> String {
+        self.etcd.url()
+    }
+    fn breaks(&self) -> bool {
+        true
+    }
+    fn take_away(&self, name: &str) {
+        self.etcd
+            .ctl(&["del", "--prefix", &format!("lockrun:{name}/")]);
+    }
+    fn untouched(&self) -> bool {
+        self.etcd.keys().is_empty() && self.etcd.leases().is_empty()
+    }
+    fn unreachable(&self) -> String {
+        format!("etcd://127.0.0.1:{}", free_port())
+    }
+}
+
 /// One job's run as it logged it: `start|end WHO SLOT TOKEN NANOS`.
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -700,4 +732,5 @@ conformance! {
     redis: RedisEngine::new();
     sentinel: SentinelEngine::new();
     cluster: ClusterEngine::new();
+    etcd: EtcdEngine::new();
 }

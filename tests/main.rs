@@ -5,6 +5,7 @@ mod support;
 
 mod cluster;
 mod conformance;
+mod etcd;
 mod faults;
 mod generated;
 mod hostile;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
-# need (redis-server, openssl, perl, bash, util-linux) when it is missing,
+# need (redis-server, etcd, openssl, perl, bash, util-linux) when it is missing,
 # then run `cargo test` with any arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,8 @@ command -v perl >/dev/null 2>&1 || missing+=(perl)
 command -v bash >/dev/null 2>&1 || missing+=(bash)
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 command -v groff >/dev/null 2>&1 || missing+=(groff-base)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

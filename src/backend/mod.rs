@@ -4,6 +4,7 @@
 //! processes; every failure is an `Error` of one kind, which decides the exit code.
 
 mod error;
+pub mod etcd;
 pub mod local;
 pub mod redis;
 pub mod wait;
@@ -232,7 +233,7 @@ impl EngineInfo {
 }
 
 /// Every engine lockrun has, by URL scheme. No URL means the first (local).
-pub const ENGINES: [EngineInfo; 2] = [local::ENGINE, redis::ENGINE];
+pub const ENGINES: [EngineInfo; 3] = [local::ENGINE, redis::ENGINE, etcd::ENGINE];
 
 /// The engine a URL scheme names.
 pub fn engine_for(scheme: &str) -> Option<&'static EngineInfo> {

@@ -549,6 +549,64 @@ impl Bench {
         self.record("handoff", Value::Object(out));
     }
 
+    /// lockrun on etcd next to `etcdctl lock` on the same etcd, interleaved:
+    /// uncontended runs, hand-offs and contention (target: lockrun's times
+    /// at most a third of etcdctl's).
+    fn etcd(&mut self) {
+        let Some(e) = &self.etcd else { return };
+        let endpoint = e.endpoint.clone();
+        let url = format!("etcd://{}", endpoint.trim_start_matches("http://"));
+        let lockrun = |name: &str, job: &[String]| self.lockrun_on(&bin(), &url, name, job);
+        let etcdctl = |name: &str, job: &[String]| {
+            let mut v = s(&["etcdctl", "--endpoints", &endpoint, "lock", name]);
+            v.extend_from_slice(job);
+            v
+        };
+        let rounds = self.handoff_rounds();
+        let t = s(&["/bin/true"]);
+        let unc = time_interleaved(&[lockrun("eu", &t), etcdctl("eu", &t)], rounds);
+        let (mut hand_lockrun, mut hand_etcdctl) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            hand_lockrun.push(self.handoff_once(|j| lockrun("eh", j), 1));
+            hand_etcdctl.push(self.handoff_once(|j| etcdctl("eh", j), 1));
+        }
+        let (w, k, _) = self.contention_size();
+        let section = vec![self.exe.clone(), "job-sleep".into(), "5".into()];
+        let cont = [
+            contend(&lockrun("ec", &section), w, k),
+            contend(&etcdctl("ec", &section), w, k),
+        ];
+        let hand = [stats(hand_lockrun), stats(hand_etcdctl)];
+        println!("\netcd: lockrun next to etcdctl lock, {rounds} interleaved rounds");
+        println!(
+            "{:<14} {:>18} {:>18} {:>14}",
+            "tool", "uncontended ms", "hand-off ms", "contention/s"
+        );
+        let mut out = serde_json::Map::new();
+        for (i, tool) in ["lockrun-etcd", "etcdctl"].iter().enumerate() {
+            println!(
+                "{tool:<14} {:>8.3} ({:>7.3}) {:>8.3} ({:>7.3}) {:>14.1}",
+                unc[i].median, unc[i].p90, hand[i].median, hand[i].p90, cont[i]
+            );
+            out.insert(
+                tool.to_string(),
+                json!({
+                    "uncontended_median_ms": unc[i].median, "uncontended_p90_ms": unc[i].p90,
+                    "handoff_median_ms": hand[i].median, "handoff_p90_ms": hand[i].p90,
+                    "contention_per_second": cont[i],
+                }),
+            );
+        }
+        let (u, h) = (
+            unc[0].median / unc[1].median,
+            hand[0].median / hand[1].median,
+        );
+        println!("lockrun-etcd/etcdctl: uncontended {u:.2}x, hand-off {h:.2}x (target ≤ 0.33x)");
+        out.insert("uncontended_over_etcdctl".into(), json!(u));
+        out.insert("handoff_over_etcdctl".into(), json!(h));
+        self.record("etcd", Value::Object(out));
+    }
+
     /// This lockrun (A) against `other` (B): uncontended runs, hand-offs and
     /// contention on both engines, the two builds taking turns within every
     /// round, with the rounds and sizes of the usual measures.
@@ -872,6 +930,7 @@ fn main() {
         b.footprint();
         b.fairness();
         b.throughput();
+        b.etcd();
     }
     let out = std::env::var("LOCKRUN_BENCH_OUT").unwrap_or_else(|_| {
         Path::new(env!("CARGO_MANIFEST_DIR"))

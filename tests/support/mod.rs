@@ -721,3 +721,155 @@ impl Lockrun {
         self.code(0)
     }
 }
+
+fn etcd_path() -> &'static str {
+    for tool in ["etcd", "etcdctl"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            panic!(
+                "{tool} not found: these tests need a real etcd; \
+                 install it with `apt-get install -y etcd-server etcd-client`"
+            );
+        }
+    }
+    "etcd"
+}
+
+/// A one-member etcd of our own on 127.0.0.1, its data in memory (/dev/shm
+/// where there is one), stopped by PID on drop.
+pub struct Etcd {
+    pub port: u16,
+    peer: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    pub fn start() -> Etcd {
+        let dir = if Path::new("/dev/shm").is_dir() {
+            tempfile::tempdir_in("/dev/shm").unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        };
+        let mut e = Etcd {
+            port: free_port(),
+            peer: free_port(),
+            child: None,
+            dir,
+        };
+        e.launch();
+        e
+    }
+
+    fn launch(&mut self) {
+        let client = format!("http://127.0.0.1:{}", self.port);
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let mut cmd = Command::new(etcd_path());
+        cmd.arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("default={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.child = Some(cmd.spawn().expect("start etcd"));
+        let port = self.port;
+        let up = wait_until(Duration::from_secs(20), || etcd_healthy(port));
+        assert!(up, "etcd did not come up on port {port}");
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    pub fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    /// `etcdctl ARGS` against this etcd; its stdout, after checking it succeeded.
+    #[track_caller]
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let out = Command::new("etcdctl")
+            .args(["--endpoints", &format!("127.0.0.1:{}", self.port)])
+            .args(["--command-timeout", "10s"])
+            .args(args)
+            .env("ETCDCTL_API", "3")
+            .output()
+            .expect("run etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    /// Every key stored.
+    pub fn keys(&self) -> Vec<String> {
+        self.ctl(&["get", "", "--prefix", "--keys-only"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()
+    }
+
+    /// Every lease alive, as etcdctl prints their ids (hex).
+    pub fn leases(&self) -> Vec<String> {
+        self.ctl(&["lease", "list"])
+            .lines()
+            .skip(1)
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
+    /// Kill the server outright; its data stays (etcd is durable).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id() as i32, libc::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kill and start again on the same ports and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        signal(self.pid(), libc::SIGCONT);
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Engine for Etcd {
+    fn url(&self) -> String {
+        Etcd::url(self)
+    }
+}
+
+/// etcd answers its health check with a leader in place.
+fn etcd_healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(1000)));
+    let req = format!("GET /health HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    let mut reply = String::new();
+    s.write_all(req.as_bytes()).is_ok()
+        && s.read_to_string(&mut reply).is_ok()
+        && reply.contains("\"health\":\"true\"")
+}

@@ -1,0 +1,223 @@
+//! An etcd address: `etcd://` and `etcds://` URLs with one or more
+//! endpoints, what in them is secret, and the TLS settings they imply.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{ENGINE, Etcd};
+use crate::backend::{Address, AddressOptions, Engine, EngineInfo, Error, Opening};
+
+/// etcd's client port when a URL names none.
+const DEFAULT_PORT: u16 = 2379;
+
+/// A cluster's address (README "etcd").
+#[derive(Debug, Clone)]
+pub struct EtcdUrl {
+    /// `http://host:port` (or `https://`) for each endpoint, in the order given.
+    pub endpoints: Vec<String>,
+    /// The URL with any password replaced, for messages.
+    pub display: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub tls: bool,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Address for EtcdUrl {
+    fn engine(&self) -> &'static EngineInfo {
+        &ENGINE
+    }
+    fn shown(&self) -> String {
+        self.display.clone()
+    }
+    fn secret(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
+        Ok(Box::new(Etcd::open(self, how)?))
+    }
+}
+
+/// Percent-decoding of a user or password as URLs write them.
+fn decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("v={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// One `host[:port]` (or `[v6][:port]`) of the endpoint list, checked.
+fn endpoint(text: &str, scheme: &str) -> Result<String, String> {
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("endpoint {text:?} has no closing ']'"))?;
+        if h.is_empty() || !h.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
+            return Err(format!("endpoint {text:?} is not an IPv6 address"));
+        }
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("endpoint {text:?}: expected :port after ']'"))?,
+            ),
+        };
+        (format!("[{h}]"), port)
+    } else {
+        let (h, p) = match text.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        };
+        if h.is_empty() {
+            return Err("an endpoint has no host".into());
+        }
+        if !h
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        {
+            return Err(format!(
+                "endpoint host {h:?} may only hold letters, digits, '.', '-' and '_'"
+            ));
+        }
+        (h.to_string(), p)
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("endpoint port {p:?} is not a number from 1 to 65535"))?,
+    };
+    Ok(format!("{scheme}://{host}:{port}"))
+}
+
+/// Parse `etcd://[user:pass@]h1[:2379][,h2[:2379]…]` or `etcds://…`.
+pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+    Ok(Arc::new(read(raw, opts)?))
+}
+
+fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
+    let expected = format!("expected {}", ENGINE.form);
+    let (scheme, rest) = raw
+        .split_once("://")
+        .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
+    let tls = scheme.eq_ignore_ascii_case("etcds");
+    // Never echo the raw URL: it may hold a password.
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let (user, password) = match userinfo {
+        None => (None, None),
+        Some(u) => match u.split_once(':') {
+            Some((name, pass)) => (Some(decode(name)), Some(decode(pass))),
+            None => (Some(decode(u)), None),
+        },
+    };
+    let shown_user = match (&user, &password) {
+        (Some(u), Some(_)) => format!("{u}:***@"),
+        (Some(u), None) => format!("{u}@"),
+        _ => String::new(),
+    };
+    let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
+    let display = format!("{}://{shown_user}{hosts}", scheme.to_ascii_lowercase());
+    let bad = |why: String| {
+        Error::Request(format!(
+            "invalid --url {}: {why}; {expected}",
+            display.chars().take(200).collect::<String>()
+        ))
+    };
+    if hosts.contains(['/', '?', '#']) {
+        return Err(bad(
+            "an etcd URL has no path, query or fragment, only endpoints".into(),
+        ));
+    }
+    if user.as_deref().is_some_and(str::is_empty) {
+        return Err(bad("the user name is empty".into()));
+    }
+    if user.is_some() && password.is_none() {
+        return Err(bad("a user needs a password (user:pass@)".into()));
+    }
+    let http = if tls { "https" } else { "http" };
+    let endpoints = hosts
+        .split(',')
+        .map(|h| endpoint(h, http))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(bad)?;
+    let ca_file = if tls {
+        opts.tls_ca.clone()
+    } else {
+        opts.no_tls(&display)?;
+        None
+    };
+    // A grant on etcd is raft-committed: there are no replicas to wait for.
+    opts.no_replicas(&display)?;
+    Ok(EtcdUrl {
+        endpoints,
+        display,
+        user,
+        password,
+        tls,
+        ca_file,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(raw: &str) -> Result<EtcdUrl, Error> {
+        read(raw, &AddressOptions::default())
+    }
+
+    fn endpoints(raw: &str) -> Vec<String> {
+        url(raw).unwrap().endpoints
+    }
+
+    #[test]
+    fn endpoints_are_read_in_order_with_the_default_port() {
+        assert_eq!(
+            endpoints("etcd://a,b:2380,10.0.0.1:1"),
+            ["http://a:2379", "http://b:2380", "http://10.0.0.1:1"]
+        );
+        assert_eq!(endpoints("etcds://h/"), ["https://h:2379"]);
+        assert_eq!(endpoints("etcd://[::1]:9"), ["http://[::1]:9"]);
+    }
+
+    #[test]
+    fn bad_urls_are_refused_without_their_password() {
+        for bad in [
+            "etcd://",
+            "etcd://h:0",
+            "etcd://h:99999",
+            "etcd://h,",
+            "etcd://h/x",
+            "etcd://h?x=1",
+            "etcd://u:s3cret@h/x",
+            "etcd://u:s3cret@h:port",
+            "etcd://u@h",
+            "etcd://:s3cret@h",
+            "etcd://[::1",
+            "etcd://h h",
+        ] {
+            let e = url(bad).unwrap_err();
+            assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+        let ok = url("etcd://u:s%40cret@h").unwrap();
+        assert_eq!(ok.password.as_deref(), Some("s@cret"));
+        assert!(!ok.display.contains("cret"), "{}", ok.display);
+    }
+
+    #[test]
+    fn a_ca_file_needs_tls() {
+        let ca = AddressOptions {
+            tls_ca: Some("/ca.pem".into()),
+            tls_ca_from_env: false,
+            ..AddressOptions::default()
+        };
+        assert!(parse("etcd://h", &ca).is_err());
+        assert!(parse("etcds://h", &ca).is_ok());
+    }
+}

@@ -1,0 +1,485 @@
+//! The transport: etcd's v3 JSON gateway over HTTP/1.1, one small
+//! synchronous client (ureq) with no runtime. Every call is bounded as a
+//! whole (name resolution, connect, TLS, reply); endpoints are tried in
+//! turn; which of etcd's errors are worth riding out is decided here.
+
+use std::io::BufRead;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::address::EtcdUrl;
+use crate::backend::Error;
+use crate::clock::Boot;
+use crate::log;
+
+/// What every client of one address shares: endpoints, credentials, TLS roots.
+pub struct Setup {
+    endpoints: Vec<String>,
+    pub display: String,
+    credentials: Option<(String, String)>,
+    tls: Option<ureq::tls::TlsConfig>,
+}
+
+impl Setup {
+    pub fn new(url: &EtcdUrl) -> Result<Setup, Error> {
+        let tls = if url.tls {
+            Some(tls_config(url)?)
+        } else {
+            None
+        };
+        Ok(Setup {
+            endpoints: url.endpoints.clone(),
+            display: url.display.clone(),
+            credentials: url.user.clone().zip(url.password.clone()),
+            tls,
+        })
+    }
+
+    fn agent(&self) -> ureq::Agent {
+        let mut cfg = ureq::Agent::config_builder()
+            // etcd's errors come as JSON bodies with a non-200 status: read them.
+            .http_status_as_error(false)
+            .user_agent("lockrun")
+            .max_redirects(0)
+            .no_delay(true);
+        if let Some(tls) = &self.tls {
+            cfg = cfg.tls_config(tls.clone());
+        }
+        cfg.build().new_agent()
+    }
+}
+
+/// The roots an `etcds://` server is checked against: `--tls-ca`, else the system's.
+fn tls_config(url: &EtcdUrl) -> Result<ureq::tls::TlsConfig, Error> {
+    use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig, TlsProvider};
+    let certs: Vec<Certificate<'static>> = match &url.ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| {
+                Error::Request(format!("cannot read --tls-ca {}: {e}", path.display()))
+            })?;
+            let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                return Err(Error::Request(format!(
+                    "--tls-ca {} holds no PEM certificate",
+                    path.display()
+                )));
+            }
+            certs
+        }
+        None => rustls_native_certs::load_native_certs()
+            .certs
+            .iter()
+            .map(|der| Certificate::from_der(der.as_ref()).to_owned())
+            .collect(),
+    };
+    Ok(TlsConfig::builder()
+        .provider(TlsProvider::Rustls)
+        .root_certs(RootCerts::Specific(Arc::new(certs)))
+        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .build())
+}
+
+/// gRPC status codes (etcd's errors carry them) of states that a leader
+/// election, an overloaded or restarting member produce for a while:
+/// UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED ("too many
+/// requests"), ABORTED.
+const TRANSIENT_CODES: [i64; 4] = [14, 4, 8, 10];
+
+/// The same states as etcd words them, for errors that come without a code.
+const TRANSIENT_TEXT: [&str; 6] = [
+    "leader changed",
+    "no leader",
+    "too many requests",
+    "request timed out",
+    "timed out",
+    "not capable",
+];
+
+/// etcd's UNAUTHENTICATED with an expired or unknown token: authenticate again.
+const CODE_UNAUTHENTICATED: i64 = 16;
+
+/// What an error reply from etcd means to lockrun.
+fn classify(code: i64, message: &str, display: &str) -> Error {
+    let message = log::scrub(message);
+    if TRANSIENT_CODES.contains(&code) || TRANSIENT_TEXT.iter().any(|t| message.contains(t)) {
+        return Error::Transient(message);
+    }
+    if code == 7
+        || code == CODE_UNAUTHENTICATED
+        || [
+            "authentication failed",
+            "permission denied",
+            "user name is empty",
+        ]
+        .iter()
+        .any(|t| message.contains(t))
+    {
+        return Error::Refused(format!(
+            "etcd at {display} refused lockrun: {message}; check the user and password in the \
+             URL and the role's permissions (README \"etcd\")"
+        ));
+    }
+    Error::Refused(format!("etcd at {display}: {message}"))
+}
+
+/// How one try at one endpoint ended.
+enum Try {
+    Answered(Value),
+    /// An error reply (or no etcd at all behind the address).
+    Failed(Error),
+    /// This endpoint cannot be reached: the next may be.
+    Unreachable(String),
+    /// The budget ran out on this endpoint.
+    TimedOut,
+}
+
+fn describe(e: &ureq::Error) -> String {
+    let text = log::scrub(&e.to_string());
+    if text.contains("certificate") || text.contains("UnknownIssuer") {
+        return format!(
+            "TLS: the server's certificate is not trusted ({text}); pass its CA with --tls-ca"
+        );
+    }
+    text
+}
+
+/// One client: a connection pool over the endpoints, the endpoint in use,
+/// and the auth token once it has one.
+pub struct Client {
+    setup: Arc<Setup>,
+    agent: ureq::Agent,
+    current: usize,
+    token: Option<String>,
+    /// Bounds one call, connecting and authenticating included.
+    pub op: Duration,
+    /// etcd has answered at least once: later transport errors may be a
+    /// restart worth waiting out, earlier ones are misconfiguration.
+    pub replied: bool,
+}
+
+impl Client {
+    pub fn new(setup: Arc<Setup>, op: Duration) -> Client {
+        Client {
+            agent: setup.agent(),
+            setup,
+            current: 0,
+            token: None,
+            op,
+            replied: false,
+        }
+    }
+
+    /// A client on the same connections (a granted lease releases on the
+    /// connection it was granted on, with no new connect).
+    pub fn hand_over(&self) -> Client {
+        Client {
+            agent: self.agent.clone(),
+            ..self.fresh()
+        }
+    }
+
+    /// A client for the same cluster with connections of its own (a
+    /// renewal must not wait behind a stuck one).
+    pub fn fresh(&self) -> Client {
+        Client {
+            agent: self.setup.agent(),
+            setup: Arc::clone(&self.setup),
+            current: self.current,
+            token: self.token.clone(),
+            op: self.op,
+            replied: true,
+        }
+    }
+
+    /// A failure of `doing`, saying which cluster it was.
+    pub fn failed(&self, doing: &str, e: Error) -> Error {
+        e.doing(format_args!("{doing} on {}", self.setup.display))
+    }
+
+    /// POST `body` to `path` (`/v3/kv/range`, …) and return etcd's reply,
+    /// within `op` whatever the endpoints do.
+    pub fn call(&mut self, path: &str, body: &Value) -> Result<Value, Error> {
+        let until = Boot::now().add(self.op);
+        let n = self.setup.endpoints.len();
+        // One endpoint gets a second try: a pooled connection the server
+        // closed while we were idle fails once, then a new one is opened.
+        let tries = n.max(2);
+        let mut last = String::new();
+        let mut reauthenticated = false;
+        let mut tried = 0;
+        while tried < tries {
+            let left = until.since(Boot::now());
+            if left.is_zero() {
+                break;
+            }
+            let base = self.setup.endpoints[self.current].clone();
+            if self.token.is_none()
+                && let Some((user, password)) = self.setup.credentials.clone()
+            {
+                let auth = json!({"name": user, "password": password});
+                match self.post(&base, "/v3/auth/authenticate", &auth, left, false) {
+                    Try::Answered(v) => {
+                        self.token = v["token"].as_str().map(String::from);
+                    }
+                    Try::Failed(e) => return Err(e),
+                    Try::Unreachable(why) => {
+                        last = why;
+                        self.current = (self.current + 1) % n;
+                        tried += 1;
+                        continue;
+                    }
+                    Try::TimedOut => break,
+                }
+            }
+            let left = until.since(Boot::now());
+            match self.post(&base, path, body, left, true) {
+                Try::Answered(v) => return Ok(v),
+                Try::Failed(Error::Refused(m))
+                    if self.token.is_some()
+                        && !reauthenticated
+                        && m.contains("invalid auth token") =>
+                {
+                    // Simple tokens expire (5 minutes idle by default): once more with a new one.
+                    self.token = None;
+                    reauthenticated = true;
+                }
+                Try::Failed(e) => return Err(e),
+                Try::Unreachable(why) => {
+                    last = why;
+                    self.current = (self.current + 1) % n;
+                    tried += 1;
+                }
+                Try::TimedOut => {
+                    // The next call starts on the next endpoint: this one may be stuck.
+                    self.current = (self.current + 1) % n;
+                    break;
+                }
+            }
+        }
+        if tried >= tries {
+            return Err(Error::Transient(format!(
+                "cannot reach etcd at {}: {last}",
+                self.setup.display
+            )));
+        }
+        Err(Error::Transient(format!(
+            "no answer from etcd at {} within {}",
+            self.setup.display,
+            humantime::format_duration(Duration::from_millis(self.op.as_millis() as u64))
+        )))
+    }
+
+    fn post(&mut self, base: &str, path: &str, body: &Value, left: Duration, auth: bool) -> Try {
+        let mut req = self
+            .agent
+            .post(format!("{base}{path}"))
+            .config()
+            .timeout_global(Some(left.max(Duration::from_millis(1))))
+            .build()
+            .header("Content-Type", "application/json");
+        if auth && let Some(t) = &self.token {
+            req = req.header("Authorization", t.as_str());
+        }
+        let resp = match req.send(body.to_string().as_bytes()) {
+            Ok(r) => r,
+            Err(ureq::Error::Timeout(_)) => return Try::TimedOut,
+            Err(
+                e
+                @ (ureq::Error::Io(_) | ureq::Error::ConnectionFailed | ureq::Error::HostNotFound),
+            ) => return Try::Unreachable(describe(&e)),
+            Err(e) => return Try::Failed(Error::Refused(describe(&e))),
+        };
+        let status = resp.status().as_u16();
+        let text = match resp
+            .into_body()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+        {
+            Ok(t) => t,
+            Err(ureq::Error::Timeout(_)) => return Try::TimedOut,
+            // The server answered, then the connection broke: worth another try.
+            Err(e) => return Try::Failed(Error::Transient(describe(&e))),
+        };
+        let Ok(v) = serde_json::from_str::<Value>(&text) else {
+            self.replied = true;
+            return Try::Failed(Error::Refused(format!(
+                "{base} answered HTTP {status} with something other than etcd's v3 JSON \
+                 gateway (etcd 3.4 or later is needed)"
+            )));
+        };
+        self.replied = true;
+        if status == 200 && v.get("error").is_none() {
+            return Try::Answered(v);
+        }
+        let message = v["message"]
+            .as_str()
+            .or(v["error"].as_str())
+            .unwrap_or("unexpected reply");
+        let code = v["code"].as_i64().unwrap_or(0);
+        Try::Failed(classify(code, message, &self.setup.display))
+    }
+
+    /// Watch `creates` (one or more watch create requests, as JSON) on a
+    /// thread of its own. The receiver hears once: Ok when an event came (or
+    /// the server cancelled the watch: look again either way), Err when the
+    /// stream broke. After `life` the thread gives up on its own, with Ok,
+    /// so a watch never outlives its use by long.
+    pub fn watch(&self, creates: String, life: Duration) -> Receiver<Result<(), Error>> {
+        let (tx, rx) = channel();
+        let agent = self.agent.clone();
+        let base = self.setup.endpoints[self.current].clone();
+        let token = self.token.clone();
+        let op = self.op;
+        let spawned = std::thread::Builder::new()
+            .name("lockrun-watch".into())
+            .spawn(move || watch_stream(agent, base, token, creates, op, life, &tx));
+        if let Err(e) = spawned {
+            let (tx, rx2) = channel();
+            let _ = tx.send(Err(Error::Internal(format!(
+                "cannot start a thread to watch: {e}"
+            ))));
+            return rx2;
+        }
+        rx
+    }
+}
+
+fn watch_stream(
+    agent: ureq::Agent,
+    base: String,
+    token: Option<String>,
+    creates: String,
+    op: Duration,
+    life: Duration,
+    tx: &Sender<Result<(), Error>>,
+) {
+    let mut req = agent
+        .post(format!("{base}/v3/watch"))
+        .config()
+        .timeout_resolve(Some(op))
+        .timeout_connect(Some(op))
+        .timeout_recv_response(Some(op))
+        .timeout_recv_body(Some(life))
+        .build()
+        .header("Content-Type", "application/json");
+    if let Some(t) = &token {
+        req = req.header("Authorization", t.as_str());
+    }
+    let resp = match req.send(creates.as_bytes()) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = tx.send(Err(Error::Transient(format!("watching: {}", describe(&e)))));
+            return;
+        }
+    };
+    if resp.status().as_u16() != 200 {
+        let _ = tx.send(Err(Error::Transient(format!(
+            "watching: HTTP {}",
+            resp.status().as_u16()
+        ))));
+        return;
+    }
+    let reader = std::io::BufReader::new(resp.into_body().into_reader());
+    for line in reader.lines() {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                let _ = tx.send(Ok(()));
+                return;
+            }
+            Err(e) => {
+                let _ = tx.send(Err(Error::Transient(format!("watching: {e}"))));
+                return;
+            }
+        };
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if let Some(err) = v.get("error") {
+            let message = err["message"].as_str().unwrap_or("watch failed");
+            let code = err["code"].as_i64().unwrap_or(14);
+            let _ = tx.send(Err(classify(code, message, &base)));
+            return;
+        }
+        let r = &v["result"];
+        let events = r["events"].as_array().is_some_and(|e| !e.is_empty());
+        if events || r["canceled"].as_bool() == Some(true) {
+            let _ = tx.send(Ok(()));
+            return;
+        }
+    }
+    // The server ended the stream: look again.
+    let _ = tx.send(Ok(()));
+}
+
+/// etcd's int64 fields come as JSON strings.
+pub fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::String(s) => s.parse().ok(),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+pub fn b64(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+pub fn unb64(v: &Value) -> Option<String> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(v.as_str()?)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_errors_fall_in_the_documented_classes() {
+        let d = "etcd://h";
+        for (code, text) in [
+            (14, "etcdserver: leader changed"),
+            (8, "etcdserver: too many requests"),
+            (14, "etcdserver: request timed out"),
+            (2, "etcdserver: no leader"),
+        ] {
+            assert!(classify(code, text, d).is_transient(), "{text}");
+        }
+        for (code, text) in [
+            (
+                3,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            (7, "etcdserver: permission denied"),
+            (3, "etcdserver: user name is empty"),
+            (3, "etcdserver: key is not provided"),
+        ] {
+            let e = classify(code, text, d);
+            assert!(matches!(e, Error::Refused(_)), "{text}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn ints_and_keys_read_as_the_gateway_writes_them() {
+        assert_eq!(int(&json!("12")), Some(12));
+        assert_eq!(int(&json!(12)), Some(12));
+        assert_eq!(int(&Value::Null), None);
+        assert_eq!(
+            unb64(&json!(b64("lockrun:a/q/1"))).unwrap(),
+            "lockrun:a/q/1"
+        );
+    }
+}

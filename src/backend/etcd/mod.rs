@@ -1,0 +1,317 @@
+//! The etcd engine, after the recipe of etcd's own concurrency package: a
+//! request is a key `PREFIX NAME/q/<lease id>` on an etcd lease, created in
+//! one transaction; the holders are the front of the queue in create-revision
+//! order; a waiter watches the key just ahead of it; the token is the key's
+//! create revision (raft-committed, so it never goes back).
+//!
+//! By layer: `address.rs` reads the URL; `client.rs` is the transport (the
+//! v3 JSON gateway, bounded calls, endpoints in turn, the error table);
+//! `queue.rs` reads a name's keys into types and judges who holds;
+//! `take.rs` is the acquire loop (create, judge, watch). This file holds the
+//! engine's row, the lease calls, status, `release --force`, the lease and
+//! its renewal.
+
+mod address;
+mod client;
+mod queue;
+mod take;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use serde_json::{Value, json};
+
+pub use address::{EtcdUrl, parse};
+use client::{Client, Setup, b64, int};
+use queue::{Entry, Keys, entries, holders};
+
+use super::{
+    Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, Opening, Request,
+    Status, Wait,
+};
+use crate::log;
+use crate::watchdog::{Renewal, Renewer};
+
+/// etcd's row of the scheme table.
+pub const ENGINE: EngineInfo = EngineInfo {
+    name: "etcd",
+    schemes: &["etcd", "etcds"],
+    form: "etcd://[user:pass@]host[:port][,host[:port]…], etcds://…",
+    parse,
+    // etcd leases are whole seconds, and etcd grants none shorter than
+    // 1.5 election timeouts, rounded up: 2 s with the default 1 s timeout
+    // (README "etcd").
+    ttl_step: Duration::from_secs(1),
+    ttl_min: Duration::from_secs(2),
+    caps: Caps {
+        expires: true,
+        force_release: true,
+        shared: true,
+        limit: true,
+    },
+};
+
+pub struct Etcd {
+    client: Client,
+    prefix: String,
+}
+
+impl Etcd {
+    pub fn open(url: &EtcdUrl, how: &Opening) -> Result<Etcd, Error> {
+        let setup = Arc::new(Setup::new(url)?);
+        log::info(format!("using etcd at {}", url.display));
+        Ok(Etcd {
+            client: Client::new(setup, how.op),
+            prefix: how.prefix.clone(),
+        })
+    }
+
+    /// The queue of `name` as etcd holds it now.
+    fn queue(&mut self, keys: &Keys) -> Result<(Vec<Entry>, u64), Error> {
+        let v = self.client.call("/v3/kv/range", &keys.range())?;
+        entries(&v, &v["header"])
+    }
+}
+
+/// A new lease of `ttl` (whole seconds): its id and the ttl etcd granted.
+fn grant(c: &mut Client, ttl: Duration) -> Result<(i64, Duration), Error> {
+    let v = c.call("/v3/lease/grant", &json!({"TTL": ttl.as_secs()}))?;
+    let id = int(&v["ID"]).filter(|id| *id != 0);
+    let granted = int(&v["TTL"]).filter(|t| *t > 0);
+    match (id, granted) {
+        (Some(id), Some(t)) => Ok((id, Duration::from_secs(t as u64))),
+        _ => Err(Error::Internal(format!(
+            "etcd granted no lease: {}",
+            log::scrub(&v.to_string())
+        ))),
+    }
+}
+
+/// Keep a lease alive: the ttl etcd renewed it for, or None when it is gone.
+fn keepalive(c: &mut Client, lease: i64) -> Result<Option<Duration>, Error> {
+    // One request on the gateway's stream, one result line back.
+    let v = c.call("/v3/lease/keepalive", &json!({"ID": lease.to_string()}))?;
+    Ok(int(&v["result"]["TTL"])
+        .filter(|t| *t > 0)
+        .map(|t| Duration::from_secs(t as u64)))
+}
+
+/// End a lease and every key on it. Ok(false): it was gone already.
+fn revoke(c: &mut Client, lease: i64) -> Result<bool, Error> {
+    match c.call("/v3/lease/revoke", &json!({"ID": lease.to_string()})) {
+        Ok(_) => Ok(true),
+        Err(Error::Refused(m)) if m.contains("lease not found") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Time left on a lease (whole seconds, as etcd tells it); None when gone.
+fn time_to_live(c: &mut Client, lease: i64) -> Result<Option<Duration>, Error> {
+    let v = c.call("/v3/lease/timetolive", &json!({"ID": lease.to_string()}))?;
+    Ok(int(&v["TTL"])
+        .filter(|t| *t >= 0)
+        .map(|t| Duration::from_secs(t as u64)))
+}
+
+/// A transaction: all `compare`s hold → `success`, else `failure`.
+fn txn(
+    c: &mut Client,
+    compare: Vec<Value>,
+    success: Vec<Value>,
+    failure: Vec<Value>,
+) -> Result<Value, Error> {
+    c.call(
+        "/v3/kv/txn",
+        &json!({"compare": compare, "success": success, "failure": failure}),
+    )
+}
+
+fn succeeded(v: &Value) -> bool {
+    v["succeeded"].as_bool() == Some(true)
+}
+
+/// The compare "`key` still holds exactly `value`".
+fn holds(key: &str, value: &str) -> Value {
+    json!({"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)})
+}
+
+/// Wall-clock milliseconds: only ever shown (`status`'s "held for"), never
+/// part of a lease's time.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Etcd {
+    fn holder(&mut self, e: &Entry) -> Result<Holder, Error> {
+        let ttl_left = time_to_live(&mut self.client, e.lease)?;
+        let r = &e.record;
+        Ok(Holder {
+            label: Some(r.label.clone()).filter(|l| !l.is_empty()),
+            token: Some(e.token),
+            mode: r.mode,
+            slot: r.slot.filter(|_| matches!(r.mode, super::Mode::Limit(_))),
+            ttl_left,
+            held_for: (r.granted_ms > 0)
+                .then(|| Duration::from_millis(wall_ms().saturating_sub(r.granted_ms))),
+            revoked: r.revoked,
+        })
+    }
+}
+
+impl Engine for Etcd {
+    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        self.take(req, wait)
+    }
+
+    fn status(&mut self, name: &str) -> Result<Status, Error> {
+        let keys = Keys::new(&self.prefix, name);
+        let doing = format!("reading {name}");
+        let (queue, _) = self
+            .queue(&keys)
+            .map_err(|e| self.client.failed(&doing, e))?;
+        let held = holders(&queue);
+        let mut out = Vec::new();
+        for e in &queue[..held] {
+            let h = self
+                .holder(e)
+                .map_err(|err| self.client.failed(&doing, err))?;
+            // A lease that ended since the range: its key is going.
+            if h.ttl_left.is_some() {
+                out.push(h);
+            }
+        }
+        Ok(Status {
+            holders: out,
+            waiters: Some((queue.len() - held) as u64),
+        })
+    }
+
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
+        let keys = Keys::new(&self.prefix, name);
+        let doing = format!("releasing {name}");
+        let (queue, _) = self
+            .queue(&keys)
+            .map_err(|e| self.client.failed(&doing, e))?;
+        let held = &queue[..holders(&queue)];
+        if held.is_empty() {
+            return Ok(Broken::NotHeld);
+        }
+        let matched: Vec<&Entry> = held
+            .iter()
+            .filter(|e| force.token.is_none_or(|t| t == e.token))
+            .collect();
+        if matched.is_empty() {
+            return Ok(Broken::TokenMismatch(
+                held.iter().map(|e| e.token).collect(),
+            ));
+        }
+        let mut broken = Vec::new();
+        for e in matched {
+            if e.record.revoked && !force.now {
+                continue;
+            }
+            let unchanged = json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()});
+            let change = if force.now {
+                json!({"request_delete_range": {"key": b64(&e.key)}})
+            } else {
+                // The key stays on the holder's lease, so it ends when that
+                // lease would have: nobody else gets in early.
+                json!({"request_put": {"key": b64(&e.key), "value": b64(&e.record.revoked().encode()), "ignore_lease": true}})
+            };
+            let v = txn(&mut self.client, vec![unchanged], vec![change], vec![])
+                .map_err(|err| self.client.failed(&doing, err))?;
+            if !succeeded(&v) {
+                // It changed hands since we looked: not the lease asked about.
+                continue;
+            }
+            let mut h = self
+                .holder(e)
+                .map_err(|err| self.client.failed(&doing, err))?;
+            if force.now {
+                // Its holder's next keepalive finds the lease gone.
+                let _ = revoke(&mut self.client, e.lease);
+                h.ttl_left = None;
+            }
+            broken.push(h);
+        }
+        if broken.is_empty() {
+            return Ok(Broken::AlreadyRevoked);
+        }
+        Ok(Broken::Leases(broken))
+    }
+}
+
+/// An etcd lease: our key, the lease it lives on, and its value exactly as
+/// written (ownership is that value, unchanged).
+struct EtcdHeld {
+    client: Client,
+    key: String,
+    lease: i64,
+    value: String,
+    name: String,
+}
+
+impl Held for EtcdHeld {
+    fn renewer(&self) -> Option<Box<dyn Renewer>> {
+        Some(Box::new(EtcdRenewer {
+            client: self.client.fresh(),
+            key: self.key.clone(),
+            lease: self.lease,
+            value: self.value.clone(),
+        }))
+    }
+
+    fn release(mut self: Box<Self>) -> Result<bool, Error> {
+        let c = &mut self.client;
+        // Deleted only while it is still ours: a revoked key stays until its
+        // lease ends, as `release --force` promised. The lease itself, with
+        // nothing on it any more, ends on its own within the ttl: revoking
+        // it too would cost every run another round trip.
+        let delete = json!({"request_delete_range": {"key": b64(&self.key)}});
+        let v = txn(c, vec![holds(&self.key, &self.value)], vec![delete], vec![])
+            .map_err(|e| c.failed(&format!("releasing {}", self.name), e))?;
+        log::info(format!("released {}", self.name));
+        Ok(succeeded(&v))
+    }
+}
+
+struct EtcdRenewer {
+    client: Client,
+    key: String,
+    lease: i64,
+    value: String,
+}
+
+impl Renewer for EtcdRenewer {
+    fn fresh(&self) -> Box<dyn Renewer> {
+        Box::new(EtcdRenewer {
+            client: self.client.fresh(),
+            key: self.key.clone(),
+            lease: self.lease,
+            value: self.value.clone(),
+        })
+    }
+
+    fn renew(&mut self) -> anyhow::Result<Renewal> {
+        // Ownership first: a revoked key must not get one more ttl from us.
+        let v = self
+            .client
+            .call("/v3/kv/range", &json!({"key": b64(&self.key)}))
+            .map_err(|e| anyhow!("{e}"))?;
+        let kv = &v["kvs"][0];
+        let ours = client::unb64(kv.get("value").unwrap_or(&json!(""))).as_deref()
+            == Some(self.value.as_str())
+            && int(&kv["lease"]) == Some(self.lease);
+        if !ours {
+            return Ok(Renewal::Lost);
+        }
+        match keepalive(&mut self.client, self.lease).map_err(|e| anyhow!("{e}"))? {
+            Some(ttl) => Ok(Renewal::Renewed { ttl }),
+            None => Ok(Renewal::Lost),
+        }
+    }
+}

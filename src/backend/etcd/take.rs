@@ -1,0 +1,471 @@
+//! Taking a name on etcd: create our key in the queue (on a lease of the
+//! full ttl, so an uncontended grant is two calls), judge the queue, and
+//! while blocked sit on a short lease and watch the keys whose going could
+//! let us in. The give-up clock, the waiting line and the retry budget are
+//! the seam's (`backend::wait`).
+
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::client::b64;
+use super::queue::{Entry, Keys, Record, Verdict, entries, holders, judge};
+use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
+use crate::backend::wait::{Patience, Retry};
+use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
+use crate::clock::Boot;
+use crate::log;
+
+/// A watch gives up on its own after this (the waiter then looks again and
+/// watches anew): no watch outlives its waiter by long, and a stream that
+/// died silently costs at most this.
+const WATCH_LIFE: Duration = Duration::from_secs(30);
+
+/// A waiter's key lives on a lease of a third of the ttl (whole seconds, at
+/// least etcd's smallest), so one killed in the queue holds up the others
+/// by no more than that.
+fn waiter_ttl(ttl: Duration) -> Duration {
+    Duration::from_secs((ttl / 3).as_secs().max(super::ENGINE.ttl_min.as_secs()))
+}
+
+/// Our request in the queue.
+struct Mine {
+    key: String,
+    /// The key's create revision, once read.
+    token: u64,
+    lease: i64,
+    lease_ttl: Duration,
+    /// When the request that started (or last renewed) the lease was sent.
+    lease_sent: Boot,
+    /// On the short waiter lease rather than a full one.
+    waiting: bool,
+    /// Our record exactly as stored.
+    value: String,
+    /// The create transaction went through (a retry finds the key there).
+    created: bool,
+    next_keepalive: Boot,
+    /// While waiting, the full lease the key was created on, kept alive
+    /// with nothing on it: the key moves back onto it when our turn comes,
+    /// with no new lease to grant at hand-off.
+    spare: Option<Spare>,
+    /// A promotion sent whose reply may have been lost.
+    promoting: Option<Promotion>,
+}
+
+#[derive(Clone, Copy)]
+struct Spare {
+    lease: i64,
+    ttl: Duration,
+    /// When its last keepalive (or its grant) was sent.
+    sent: Boot,
+    next_keepalive: Boot,
+}
+
+/// What our key becomes when our turn comes.
+struct Promotion {
+    value: String,
+    lease: i64,
+    lease_ttl: Duration,
+    lease_sent: Boot,
+    slot: Option<u32>,
+}
+
+impl Mine {
+    fn promoted(&mut self, p: Promotion) {
+        // A waiter lease left behind has nothing on it and lapses on its own.
+        self.value = p.value;
+        self.lease = p.lease;
+        self.lease_ttl = p.lease_ttl;
+        self.lease_sent = p.lease_sent;
+        self.waiting = false;
+        self.spare = None;
+    }
+}
+
+/// What one look at the queue led to.
+enum Step {
+    Done(Acquired),
+    /// Look again.
+    Again,
+}
+
+impl Etcd {
+    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        let keys = Keys::new(&self.prefix, req.name);
+        let doing = format!("acquiring {}", req.name);
+        let mut patience = Patience::new(req, wait);
+        let mut retry = Retry::new(req.timing.ttl.max(Duration::from_secs(5)));
+        let mut mine: Option<Mine> = None;
+        let mut holder: Option<String> = None;
+        loop {
+            match self.step(
+                req,
+                &keys,
+                &mut mine,
+                &mut patience,
+                &mut holder,
+                &mut retry,
+            ) {
+                Ok(Step::Done(acquired)) => {
+                    if let Acquired::Granted(l) = &acquired {
+                        log::info(format!(
+                            "acquired {} with token {} after {:.1?}",
+                            req.name,
+                            l.token,
+                            Boot::now().since(patience.started())
+                        ));
+                    }
+                    return Ok(acquired);
+                }
+                Ok(Step::Again) => retry.succeeded(),
+                // Final, or a cluster that never answered: misconfiguration,
+                // not an outage to wait out.
+                Err(e) if !e.is_transient() || !self.client.replied => {
+                    self.leave(&mut mine);
+                    return Err(match e {
+                        Error::Request(_) => e,
+                        e => self.client.failed(&doing, e),
+                    });
+                }
+                Err(e) => match retry.failed(&patience) {
+                    Some(pause) => {
+                        log::info(format!("acquire failed: {e}; retrying"));
+                        std::thread::sleep(pause);
+                    }
+                    None => {
+                        self.leave(&mut mine);
+                        return Err(self.client.failed(&doing, e));
+                    }
+                },
+            }
+        }
+    }
+
+    /// Give up our place (and any grant): the lease goes, and our key with it.
+    fn leave(&mut self, mine: &mut Option<Mine>) {
+        if let Some(m) = mine.take() {
+            let _ = revoke(&mut self.client, m.lease);
+            if let Some(sp) = m.spare {
+                let _ = revoke(&mut self.client, sp.lease);
+            }
+        }
+    }
+
+    fn step(
+        &mut self,
+        req: &Request,
+        keys: &Keys,
+        mine: &mut Option<Mine>,
+        patience: &mut Patience,
+        holder: &mut Option<String>,
+        retry: &mut Retry,
+    ) -> Result<Step, Error> {
+        if mine.is_none() {
+            let sent = Boot::now();
+            let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
+            let record = Record {
+                granted_ms: wall_ms(),
+                ..Record::new(req)
+            };
+            *mine = Some(Mine {
+                key: keys.entry(lease),
+                token: 0,
+                lease,
+                lease_ttl: ttl,
+                lease_sent: sent,
+                waiting: false,
+                value: record.encode(),
+                created: false,
+                next_keepalive: sent.add(ttl / 3),
+                spare: None,
+                promoting: None,
+            });
+        }
+        let m = mine.as_mut().expect("set above");
+        let (queue, revision) = if m.created {
+            // Served by the member we talk to, without a round of the
+            // cluster: a stale read can only show keys ahead of ours that
+            // are gone since (keys never appear ahead of an existing one),
+            // so a grant it shows is a grant; every change is then made by
+            // a transaction that checks what it relies on.
+            let mut range = keys.range();
+            range["serializable"] = json!(true);
+            let v = self.client.call("/v3/kv/range", &range)?;
+            entries(&v, &v["header"])?
+        } else {
+            // Created only if absent: a retry after a lost reply finds it.
+            let absent = json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
+            let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": m.lease.to_string()}});
+            let range = json!({ "request_range": keys.range() });
+            let v = txn(
+                &mut self.client,
+                vec![absent],
+                vec![put, range.clone()],
+                vec![range],
+            )?;
+            m.created = true;
+            let at = if succeeded(&v) { 1 } else { 0 };
+            entries(&v["responses"][at]["response_range"], &v["header"])?
+        };
+        let Some(me) = queue.iter().position(|e| e.key == m.key) else {
+            // Our key went with its lease (lockrun or etcd paused past it):
+            // queue again, at the back.
+            log::info(format!(
+                "our place in {}'s queue lapsed; queueing again",
+                req.name
+            ));
+            self.leave(mine);
+            return Ok(Step::Again);
+        };
+        if let Some(p) = m.promoting.take() {
+            if queue[me].value == p.value && queue[me].lease == p.lease {
+                // The promotion went through; only its reply was lost.
+                let slot = p.slot;
+                m.promoted(p);
+                return Ok(Step::Done(self.granted(m, req, slot)));
+            }
+            if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
+                let _ = revoke(&mut self.client, p.lease);
+            }
+        }
+        if queue[me].value != m.value {
+            // Revoked by `release --force` as it came to the front: not ours;
+            // the revoked key ends with its lease. Queue again.
+            log::info(format!(
+                "our place in {}'s queue was revoked; queueing again",
+                req.name
+            ));
+            if let Some(sp) = m.spare {
+                let _ = revoke(&mut self.client, sp.lease);
+            }
+            *mine = None;
+            return Ok(Step::Again);
+        }
+        m.token = queue[me].token;
+        match judge(&queue, me, req) {
+            Verdict::Nested => Err(crate::backend::nested(req.name)),
+            Verdict::Disagrees(in_force) => Err(req.mode.disagreement(req.name, in_force)),
+            Verdict::Granted => self.promote(req, keys, mine, &queue, revision),
+            Verdict::Blocked { watch, holder: h } => {
+                *holder = h.or(holder.take());
+                if patience.over() {
+                    self.leave(mine);
+                    return Ok(Step::Done(Acquired::Busy {
+                        holder: holder.clone(),
+                    }));
+                }
+                if !m.waiting && !self.onto_waiter_lease(m, req)? {
+                    return Ok(Step::Again);
+                }
+                patience.tick(holder.as_deref());
+                self.wait_turn(mine, &watch, revision, patience, holder, retry)
+            }
+        }
+    }
+
+    /// Move our key to a lease of a third of the ttl while it waits.
+    /// Ok(false): the key changed meanwhile; look again.
+    fn onto_waiter_lease(&mut self, m: &mut Mine, req: &Request) -> Result<bool, Error> {
+        let sent = Boot::now();
+        let (lease, ttl) = grant(&mut self.client, waiter_ttl(req.timing.ttl))?;
+        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": lease.to_string()}});
+        let v = txn(
+            &mut self.client,
+            vec![holds(&m.key, &m.value)],
+            vec![put],
+            vec![],
+        )?;
+        if !succeeded(&v) {
+            let _ = revoke(&mut self.client, lease);
+            return Ok(false);
+        }
+        // Nothing is on the full lease any more: it waits, kept alive, for our turn.
+        m.spare = Some(Spare {
+            lease: m.lease,
+            ttl: m.lease_ttl,
+            sent: m.lease_sent,
+            next_keepalive: m.lease_sent.add(m.lease_ttl / 3),
+        });
+        m.lease = lease;
+        m.lease_ttl = ttl;
+        m.lease_sent = sent;
+        m.waiting = true;
+        m.next_keepalive = sent.add(ttl / 3);
+        Ok(true)
+    }
+
+    /// Our turn has come: a waiter moves its key to a lease of the full ttl
+    /// (the deadline counts from that grant), a `--limit` holder takes a
+    /// free slot. Both in one transaction that holds only if nothing in
+    /// the queue changed since it was read (two new holders never take the
+    /// same slot).
+    fn promote(
+        &mut self,
+        req: &Request,
+        keys: &Keys,
+        mine: &mut Option<Mine>,
+        queue: &[Entry],
+        revision: u64,
+    ) -> Result<Step, Error> {
+        let m = mine.as_mut().expect("in the queue");
+        let limit = matches!(req.mode, Mode::Limit(_));
+        if !m.waiting && !limit {
+            return Ok(Step::Done(self.granted(m, req, None)));
+        }
+        let (lease, ttl, sent) = if let (true, Some(sp)) = (m.waiting, m.spare) {
+            // The deadline counts from the spare's last keepalive.
+            (sp.lease, sp.ttl, sp.sent)
+        } else if m.waiting {
+            let sent = Boot::now();
+            let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
+            (lease, ttl, sent)
+        } else {
+            (m.lease, m.lease_ttl, m.lease_sent)
+        };
+        let mut record = Record::decode(&m.value).expect("our own record");
+        record.granted_ms = wall_ms();
+        if limit {
+            let used: Vec<u32> = queue[..holders(queue)]
+                .iter()
+                .filter(|e| e.key != m.key)
+                .filter_map(|e| e.record.slot)
+                .collect();
+            record.slot = (0..req.mode.limit()).find(|s| !used.contains(s));
+        }
+        let value = record.encode();
+        let mut compare = vec![
+            holds(&m.key, &m.value),
+            json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.token.to_string()}),
+        ];
+        if limit {
+            // No key of the queue written (a slot taken, a request come)
+            // since it was read.
+            compare.push(json!({
+                "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
+                "target": "MOD", "result": "LESS",
+                "mod_revision": (revision + 1).to_string(),
+            }));
+        }
+        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&value), "lease": lease.to_string()}});
+        m.promoting = Some(Promotion {
+            value,
+            lease,
+            lease_ttl: ttl,
+            lease_sent: sent,
+            slot: record.slot,
+        });
+        let v = match txn(&mut self.client, compare, vec![put], vec![]) {
+            Ok(v) => v,
+            // The spare lapsed (its keepalives failed for a ttl): look
+            // again, and grant a new one.
+            Err(Error::Refused(e)) if e.contains("lease not found") => {
+                m.promoting = None;
+                m.spare = None;
+                return Ok(Step::Again);
+            }
+            Err(e) => return Err(e),
+        };
+        let p = m.promoting.take().expect("set above");
+        if !succeeded(&v) {
+            if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
+                let _ = revoke(&mut self.client, p.lease);
+            }
+            return Ok(Step::Again);
+        }
+        m.promoted(p);
+        Ok(Step::Done(self.granted(m, req, record.slot)))
+    }
+
+    fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>) -> Acquired {
+        let held = EtcdHeld {
+            client: self.client.hand_over(),
+            key: m.key.clone(),
+            lease: m.lease,
+            value: m.value.clone(),
+            name: req.name.to_string(),
+        };
+        Acquired::Granted(Lease::new(
+            m.token,
+            slot,
+            m.lease_sent,
+            m.lease_ttl,
+            Box::new(held),
+        ))
+    }
+
+    /// Block until a watched key goes, keeping our waiter lease alive,
+    /// printing the waiting line and giving up when the wait says so.
+    fn wait_turn(
+        &mut self,
+        mine: &mut Option<Mine>,
+        watch: &[String],
+        revision: u64,
+        patience: &mut Patience,
+        holder: &mut Option<String>,
+        retry: &mut Retry,
+    ) -> Result<Step, Error> {
+        // Only deletions matter, from just after the queue was read: one
+        // that happened since is not missed.
+        let creates: String = watch
+            .iter()
+            .map(|k| {
+                json!({"create_request": {
+                    "key": b64(k),
+                    "start_revision": (revision + 1).to_string(),
+                    "filters": ["NOPUT"],
+                }})
+                .to_string()
+            })
+            .collect();
+        let woken = self.client.watch(creates, WATCH_LIFE);
+        loop {
+            let m = mine.as_mut().expect("in the queue");
+            let due = m.spare.map_or(m.next_keepalive, |sp| {
+                sp.next_keepalive.min(m.next_keepalive)
+            });
+            let timeout = patience
+                .cap(due.since(Boot::now()))
+                .max(Duration::from_millis(1));
+            match woken.recv_timeout(timeout) {
+                Ok(Ok(())) | Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
+                Ok(Err(e)) if !e.is_transient() => return Err(e),
+                Ok(Err(e)) => {
+                    log::info(format!("waiting failed: {e}; retrying"));
+                    std::thread::sleep(retry.pause());
+                    return Ok(Step::Again);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if patience.over() {
+                self.leave(mine);
+                return Ok(Step::Done(Acquired::Busy {
+                    holder: holder.clone(),
+                }));
+            }
+            patience.tick(holder.as_deref());
+            if Boot::now() >= m.next_keepalive {
+                let sent = Boot::now();
+                match keepalive(&mut self.client, m.lease)? {
+                    Some(ttl) => m.next_keepalive = sent.add(ttl / 3),
+                    // Gone: the next look finds our key missing and queues again.
+                    None => return Ok(Step::Again),
+                }
+            }
+            if let Some(sp) = m.spare.as_mut()
+                && Boot::now() >= sp.next_keepalive
+            {
+                let sent = Boot::now();
+                match keepalive(&mut self.client, sp.lease)? {
+                    Some(ttl) => {
+                        sp.sent = sent;
+                        sp.ttl = ttl;
+                        sp.next_keepalive = sent.add(ttl / 3);
+                    }
+                    // Lapsed: our turn will grant a new one.
+                    None => m.spare = None,
+                }
+            }
+        }
+    }
+}
