@@ -322,6 +322,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
     let mut rng = Rng(seed | 1);
     let mut log = Vec::new();
     let workers = sh.lockrun_pid.len();
+    let mut last_failover: Option<Instant> = None;
     while Instant::now() + Duration::from_secs(4) < until {
         std::thread::sleep(rng.ms(700, 2000));
         match rng.below(8) {
@@ -351,6 +352,14 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                     to: now_us(),
                 });
             }
+            // Sentinel fails a master over once per failover timeout at most.
+            1 | 2
+                if matches!(&*servers, Servers::Sentinel(_))
+                    && last_failover
+                        .is_some_and(|t: Instant| t.elapsed() < Duration::from_secs(12)) =>
+            {
+                continue;
+            }
             1 => match &*servers {
                 Servers::One(redis) => {
                     let at = now_us();
@@ -367,6 +376,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                     let mut set = set.lock().unwrap();
                     let before = set.master_port();
                     let at = now_us();
+                    last_failover = Some(Instant::now());
                     let i = set.nodes.iter().position(|n| n.port == before).unwrap();
                     set.nodes[i].kill();
                     log.push(Chaos::Break {
@@ -374,7 +384,12 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                         name: None,
                         at,
                     });
-                    set.wait_new_master(before);
+                    if set.new_master(before).is_none() {
+                        // No replica the sentinels would promote: the node
+                        // comes back as the master, empty.
+                        set.nodes[i].restart();
+                        continue;
+                    }
                     if !set.rejoin(i) {
                         sh.violations
                             .lock()
@@ -395,14 +410,19 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 Servers::Sentinel(set) => {
                     let set = set.lock().unwrap();
                     let at = now_us();
-                    set.failover();
+                    last_failover = Some(Instant::now());
+                    let failed_over = set.try_failover();
                     // Replication is asynchronous: a lease granted just before
-                    // may not have reached the new master.
+                    // may not have reached the new master. (A refused
+                    // failover is logged too: it may have begun.)
                     log.push(Chaos::Break {
                         kind: "failover",
                         name: None,
                         at,
                     });
+                    if !failed_over {
+                        continue;
+                    }
                     if !set.synced() {
                         sh.violations
                             .lock()

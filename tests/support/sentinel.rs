@@ -33,7 +33,7 @@ impl Sentinels {
                     "port {port}\nbind 127.0.0.1\ndir {}\n\
                      sentinel monitor {MASTER} 127.0.0.1 {} 2\n\
                      sentinel down-after-milliseconds {MASTER} 1000\n\
-                     sentinel failover-timeout {MASTER} 10000\n\
+                     sentinel failover-timeout {MASTER} 5000\n\
                      sentinel parallel-syncs {MASTER} 1\n",
                     dir.path().display(),
                     master.port
@@ -113,15 +113,30 @@ impl Sentinels {
     /// Make the replica master (`SENTINEL FAILOVER`) and wait until the
     /// sentinels name it and it says it is one.
     pub fn failover(&self) {
+        assert!(
+            self.try_failover(),
+            "SENTINEL FAILOVER did not make a new master"
+        );
+    }
+
+    /// `SENTINEL FAILOVER`; false if the sentinels refused it (no replica
+    /// they would promote, one under way) or no new master came.
+    pub fn try_failover(&self) -> bool {
         let before = self.master_port();
-        let _: String = sentinel_cmd(self.sentinels[0].0, &["SENTINEL", "failover", MASTER])
-            .expect("SENTINEL FAILOVER");
-        self.wait_new_master(before);
+        let asked: redis::RedisResult<String> =
+            sentinel_cmd(self.sentinels[0].0, &["SENTINEL", "failover", MASTER]);
+        asked.is_ok() && self.new_master(before).is_some()
     }
 
     /// Wait until the sentinels name a master other than `before`, and it
     /// says it is one.
     pub fn wait_new_master(&self, before: u16) -> u16 {
+        self.new_master(before).expect("no new master within 60 s")
+    }
+
+    /// The new master, once the sentinels name one other than `before` and
+    /// it says it is one; None if that takes more than 60 s.
+    pub fn new_master(&self, before: u16) -> Option<u16> {
         let mut now = before;
         let moved = wait_until(Duration::from_secs(60), || {
             now = self.master_port();
@@ -132,8 +147,7 @@ impl Sentinels {
                     .find(|n| n.port == now)
                     .is_some_and(|n| n.info("replication").contains("role:master"))
         });
-        assert!(moved, "no new master within 60 s");
-        now
+        moved.then_some(now)
     }
 
     /// Wait until every node but the master is its replica again, in sync.
