@@ -261,3 +261,68 @@ fn replicas_on_an_engine_without_them() {
         .args(["x", "true"])
         .code(0);
 }
+
+/// A sentinel that names another server master (one cut off from the
+/// others, still naming the old master) must not decide alone: lockrun
+/// follows what a majority of the sentinels say, whichever it asks first.
+/// Trusting the first answer, two lockruns listing the sentinels in two
+/// orders would both hold the name, on two servers.
+#[test]
+fn a_stray_sentinel_cannot_send_a_holder_to_another_master() {
+    let set = Sentinels::start();
+    let stray = StraySentinel::start();
+    let real: Vec<String> = set
+        .ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let stray_first = format!(
+        "redis+sentinel://127.0.0.1:{},{}/{MASTER}",
+        stray.port,
+        real.join(",")
+    );
+    let stray_last = format!(
+        "redis+sentinel://{},127.0.0.1:{}/{MASTER}",
+        real.join(","),
+        stray.port
+    );
+    let scratch = Scratch::new();
+    let mut holder = Reap(
+        on(&stray_first)
+            .args(["--ttl", "3s", "stray", "-c"])
+            .arg(format!("touch {}; sleep 3", scratch.path("held").display()))
+            .spawn(),
+    );
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("held")));
+    on(&stray_last).args(["-n", "stray", "true"]).code(75);
+    assert!(
+        stray.server.keys().is_empty(),
+        "a lease was taken on the stray sentinel's server: {:?}",
+        stray.server.keys()
+    );
+    wait_child(&mut holder.0, Duration::from_secs(20));
+}
+
+/// A sentinel that accepts connections and never answers (a host gone
+/// silent) holds nothing up: the others are asked at the same time, and a
+/// job holds and renews as usual.
+#[test]
+fn a_silent_sentinel_holds_up_nothing() {
+    let set = Sentinels::start();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let real: Vec<String> = set
+        .ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{silent_port},{}/{MASTER}",
+        real.join(",")
+    );
+    // Three renewals at least, each of which asks the sentinels.
+    on(&url)
+        .args(["--ttl", "3s", "silent", "-c", "sleep 4"])
+        .code(0);
+    drop(silent);
+}

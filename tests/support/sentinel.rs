@@ -25,29 +25,7 @@ impl Sentinels {
         let dir = tempfile::tempdir().unwrap();
         let mut sentinels = Vec::new();
         for i in 0..3 {
-            let port = free_port();
-            let conf = dir.path().join(format!("sentinel{i}.conf"));
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndir {}\n\
-                     sentinel monitor {MASTER} 127.0.0.1 {} 2\n\
-                     sentinel down-after-milliseconds {MASTER} 1000\n\
-                     sentinel failover-timeout {MASTER} 5000\n\
-                     sentinel parallel-syncs {MASTER} 1\n",
-                    dir.path().display(),
-                    master.port
-                ),
-            )
-            .unwrap();
-            let child = Command::new("redis-server")
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start redis-server --sentinel (apt-get install -y redis-server)");
-            sentinels.push((port, child));
+            sentinels.push(sentinel_process(dir.path(), i, master.port, 2));
         }
         let s = Sentinels {
             nodes: vec![master, replica],
@@ -181,6 +159,73 @@ impl Sentinels {
             .arg(&master)
             .query(&mut self.nodes[i].conn());
         self.synced()
+    }
+}
+
+/// A sentinel on a free port watching the master on `master_port` under
+/// the name MASTER, its config file in `dir`.
+fn sentinel_process(
+    dir: &std::path::Path,
+    i: usize,
+    master_port: u16,
+    quorum: u32,
+) -> (u16, Child) {
+    let port = free_port();
+    let conf = dir.join(format!("sentinel{i}.conf"));
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\n\
+             sentinel monitor {MASTER} 127.0.0.1 {master_port} {quorum}\n\
+             sentinel down-after-milliseconds {MASTER} 1000\n\
+             sentinel failover-timeout {MASTER} 5000\n\
+             sentinel parallel-syncs {MASTER} 1\n",
+            dir.display(),
+        ),
+    )
+    .unwrap();
+    let child = Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start redis-server --sentinel (apt-get install -y redis-server)");
+    (port, child)
+}
+
+/// A sentinel of its own that names another server master under the same
+/// name: a sentinel cut off from the others, still naming the old master.
+pub struct StraySentinel {
+    pub server: Redis,
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl StraySentinel {
+    pub fn start() -> StraySentinel {
+        let server = Redis::start();
+        let dir = tempfile::tempdir().unwrap();
+        let (port, child) = sentinel_process(dir.path(), 9, server.port, 1);
+        let named = wait_until(Duration::from_secs(30), || {
+            sentinel_cmd::<(String, u16)>(port, &["SENTINEL", "get-master-addr-by-name", MASTER])
+                .is_ok_and(|(_, p)| p == server.port)
+        });
+        assert!(named, "the stray sentinel did not come up");
+        StraySentinel {
+            server,
+            port,
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for StraySentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -308,18 +308,28 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     } else {
         "expected redis+cluster://[user:pass@]host[:port][,host[:port]…]"
     };
+    // The credentials first, up to the last `@`: a password may hold a
+    // `/` or `#` that was not percent-encoded, and none of it may end up
+    // in the hosts or the path, which messages show.
+    let (userinfo, rest) = rest.rsplit_once('@').unwrap_or(("", rest));
     let (rest, fragment) = match rest.split_once('#') {
         Some((r, f)) => (r, Some(f)),
         None => (rest, None),
     };
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (u, h),
-        None => ("", authority),
-    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
     let (user, password) = match userinfo.split_once(':') {
-        Some((u, p)) => (u, Some(decoded(p))),
-        None => (userinfo, None),
+        Some((u, p)) => (decoded(u), Some(decoded(p))),
+        None => (decoded(userinfo), None),
+    };
+    // As every node's URL carries them: percent-encoded.
+    let userinfo = {
+        let mut u = url::Url::parse("redis://h").expect("a valid URL");
+        let _ = u.set_username(&user);
+        let _ = u.set_password(password.as_deref());
+        match u.password() {
+            Some(p) => format!("{}:{p}", u.username()),
+            None => u.username().to_string(),
+        }
     };
     let shown_user = match (user.is_empty(), password.is_some()) {
         (true, false) => String::new(),
@@ -376,7 +386,9 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
         if !path.is_empty() {
             return Err(usage("a cluster has no database to choose"));
         }
-        if opts.replicas > 0 && !opts.replicas_from_env {
+        // Refused also when it came from the environment: it was meant for
+        // Redis, and a cluster would silently not wait for replicas.
+        if opts.replicas > 0 {
             return Err(Error::Request(format!(
                 "--replicas is not supported on a cluster ({display})"
             )));
@@ -462,6 +474,37 @@ mod tests {
             assert!(!e.to_string().contains("s3cret"), "{e}");
         }
         assert!(sentinel("rediss+sentinel://h1/m#insecure").is_ok());
+    }
+
+    #[test]
+    fn a_password_with_slashes_or_hashes_stays_a_password() {
+        for (raw, shown) in [
+            (
+                "redis+sentinel://u:pa/ss@h1/m",
+                "redis+sentinel://u:***@h1/m",
+            ),
+            (
+                "redis+sentinel://u:2024/x@h1/m",
+                "redis+sentinel://u:***@h1/m",
+            ),
+            ("redis+cluster://u:p#w@h1,h2", "redis+cluster://u:***@h1,h2"),
+        ] {
+            let a = sentinel(raw).unwrap_or_else(|e| panic!("{raw}: {e}"));
+            assert_eq!(a.shown(), shown);
+            assert!(a.secret().is_some_and(|p| p.contains(['/', '#'])), "{raw}");
+        }
+        let r = parse_multi("redis+sentinel://u:pa/ss@h1/m", &AddressOptions::default()).unwrap();
+        let node = Node {
+            host: "127.0.0.1".into(),
+            port: 1,
+        };
+        let data = r.client_at(&node, true, true).unwrap();
+        assert_eq!(
+            data.get_connection_info().redis_settings().password(),
+            Some("pa/ss")
+        );
+        let e = sentinel("redis+sentinel://u:s3/cr3t@h 1/m").unwrap_err();
+        assert!(!e.to_string().contains("cr3t"), "{e}");
     }
 
     #[test]

@@ -184,21 +184,26 @@ impl Connector {
 
     /// Whether a connection made to `node` still reaches the master: a
     /// demoted master goes on accepting writes for a while after a
-    /// failover, and a lease kept there is kept nowhere. Ok(true) when no
-    /// sentinel answers (the master we have is the best we know).
-    pub fn still_master(&self, node: Option<&Node>, timeout: Duration) -> bool {
+    /// failover, and a lease kept there is kept nowhere. An error when no
+    /// majority of the sentinels names a master: then nothing says the one
+    /// we have is still it (it may be on the minority side of a partition).
+    pub fn still_master(&self, node: Option<&Node>, timeout: Duration) -> RedisResult<bool> {
         match (self, node) {
-            (Connector::Sentinel(s), Some(node)) => match s.locate(timeout) {
-                Ok(Some(now)) if now != *node => {
+            (Connector::Sentinel(s), Some(node)) => match s.locate(timeout)? {
+                Some(now) if now == *node => Ok(true),
+                Some(now) => {
                     log::info(format!(
                         "the sentinels name {now} as master of {} now, not {node}",
                         s.master
                     ));
-                    false
+                    Ok(false)
                 }
-                _ => true,
+                None => Err(refused(
+                    "unknown master",
+                    format!("the sentinels no longer know a master named {:?}", s.master),
+                )),
             },
-            _ => true,
+            _ => Ok(true),
         }
     }
 }
@@ -216,59 +221,114 @@ fn left(deadline: Instant) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
 
-impl Sentinels {
-    /// Ask sentinel `i` where the master is. Ok(None): it knows no master
-    /// of that name.
-    fn ask(&self, i: usize, timeout: Duration) -> RedisResult<Option<Node>> {
-        let query = |client: &Client| -> RedisResult<Option<(String, u16)>> {
-            let mut conn = connect(client, timeout)?;
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(&self.master)
-                .query(&mut conn)
-        };
-        let answer = match query(&self.plain[i]) {
-            Err(e) if is_auth_error(&e) => query(&self.authed[i]),
-            other => other,
-        }?;
-        Ok(answer.map(|(host, port)| Node {
-            host: if host.contains(':') {
-                format!("[{host}]")
-            } else {
-                host
-            },
-            port,
-        }))
-    }
+/// Ask the sentinel behind `plain` (or, if it asks for them, with the
+/// URL's credentials: `authed`) where the master named `master` is.
+/// Ok(None): it knows no master of that name.
+fn ask(
+    plain: &Client,
+    authed: &Client,
+    master: &str,
+    timeout: Duration,
+) -> RedisResult<Option<Node>> {
+    let query = |client: &Client| -> RedisResult<Option<(String, u16)>> {
+        let mut conn = connect(client, timeout)?;
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(master)
+            .query(&mut conn)
+    };
+    let answer = match query(plain) {
+        Err(e) if is_auth_error(&e) => query(authed),
+        other => other,
+    }?;
+    Ok(answer.map(|(host, port)| Node {
+        host: if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        },
+        port,
+    }))
+}
 
-    /// Where the sentinels say the master is, asking each in turn until one
-    /// answers.
+impl Sentinels {
+    /// The master a majority of the sentinels in the URL name, asking them
+    /// all at once (a sentinel that hangs costs no one else's time).
+    /// Ok(None): a majority knows no master of that name. A sentinel cut off
+    /// from the others may still name the old master; it is outvoted, and
+    /// with no majority either way there is no answer.
     fn locate(&self, timeout: Duration) -> RedisResult<Option<Node>> {
+        let n = self.nodes.len();
+        let majority = n / 2 + 1;
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..n {
+            let (plain, authed) = (self.plain[i].clone(), self.authed[i].clone());
+            let (master, tx) = (self.master.clone(), tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name("lockrun-sentinel".into())
+                .spawn(move || {
+                    let _ = tx.send((i, ask(&plain, &authed, &master, timeout)));
+                });
+            if let Err(e) = spawned {
+                return Err(passing(
+                    "no thread",
+                    format!("cannot start a thread to ask a sentinel: {e}"),
+                ));
+            }
+        }
+        drop(tx);
         let deadline = Instant::now() + timeout;
+        let mut named: Vec<(Node, usize)> = Vec::new();
         let mut unknown = 0;
         let mut last = None;
-        for i in 0..self.nodes.len() {
-            let Some(t) = left(deadline) else { break };
-            match self.ask(i, t) {
+        while let Some(t) = left(deadline) {
+            let Ok((i, answer)) = rx.recv_timeout(t) else {
+                break;
+            };
+            match answer {
                 Ok(Some(node)) => {
                     self.answered.store(true, Ordering::Relaxed);
-                    return Ok(Some(node));
+                    let votes = match named.iter_mut().find(|(m, _)| *m == node) {
+                        Some((_, v)) => {
+                            *v += 1;
+                            *v
+                        }
+                        None => {
+                            named.push((node.clone(), 1));
+                            1
+                        }
+                    };
+                    if votes >= majority {
+                        return Ok(Some(node));
+                    }
                 }
-                Ok(None) => unknown += 1,
+                Ok(None) => {
+                    unknown += 1;
+                    if unknown >= majority {
+                        return Ok(None);
+                    }
+                }
                 Err(e) => {
                     log::info(format!("sentinel {}: {}", self.nodes[i], describe(&e)));
-                    last = Some(e);
+                    last = Some(describe(&e));
                 }
             }
         }
-        match last {
-            Some(e) if unknown == 0 => Err(e),
-            _ if unknown > 0 => Ok(None),
-            _ => Err(passing(
-                "no sentinel answered",
-                format!("within {timeout:?}"),
-            )),
-        }
+        let heard: Vec<String> = named.iter().map(|(m, v)| format!("{v} name {m}")).collect();
+        Err(passing(
+            "no majority",
+            format!(
+                "no majority of the {n} sentinels names a master of {} ({}{})",
+                self.master,
+                if heard.is_empty() {
+                    "none answered".to_string()
+                } else {
+                    heard.join(", ")
+                },
+                last.map(|e| format!("; last error: {e}"))
+                    .unwrap_or_default()
+            ),
+        ))
     }
 
     /// Resolve the master and connect to it, checking that it says it is

@@ -123,9 +123,12 @@ impl Link {
         Ok(())
     }
 
-    /// Whether the connection still reaches the master (behind sentinels).
-    pub fn on_master(&self) -> bool {
-        self.connector.still_master(self.node.as_ref(), self.op)
+    /// Whether the connection still reaches the master (behind sentinels);
+    /// an error when no majority of the sentinels says.
+    pub fn on_master(&self) -> Result<bool, Error> {
+        self.connector
+            .still_master(self.node.as_ref(), self.op)
+            .map_err(|e| Error::Transient(describe(&e)))
     }
 
     /// A failure of `doing`, saying which server it was.

@@ -200,7 +200,7 @@ impl Held for RedisHeld {
         let started = Boot::now();
         // The lease lives where the renewals went: after a failover, on
         // the new master, not on the one it was granted on.
-        if !self.link.on_master() {
+        if !matches!(self.link.on_master(), Ok(true)) {
             self.link.conn = None;
         }
         let mut last = None;
@@ -254,12 +254,17 @@ impl Renewer for RedisRenewer {
         // Behind sentinels, every renewal asks where the master is: a
         // master demoted by a failover still accepts the renewal for a
         // while, and a lease kept there is kept nowhere.
-        if self.conn.is_some()
-            && !self
+        if self.conn.is_some() {
+            match self
                 .connector
                 .still_master(self.node.as_ref(), self.timing.op)
-        {
-            self.conn = None;
+            {
+                Ok(true) => {}
+                Ok(false) => self.conn = None,
+                // No majority of the sentinels names a master: nothing says
+                // ours still is (a partition's minority side): a failed renewal.
+                Err(e) => return Err(anyhow!(describe(&e))),
+            }
         }
         if self.conn.is_none() {
             let linked = self

@@ -107,6 +107,8 @@ impl Redis {
         // Replicas that do not acknowledge: a budget of its own, which a
         // script that answers does not renew.
         let mut unreplicated = Retry::new(outage_budget(req));
+        // The same for a grant no majority of the sentinels could confirm.
+        let mut unconfirmed = Retry::new(outage_budget(req));
         let mut holder: Option<String> = None;
         // When the soonest holder's lease runs out on its own, as last heard
         // at the head of the queue, and whether the next call only keeps our
@@ -163,11 +165,28 @@ impl Redis {
                     // Behind sentinels, a grant from a master that a
                     // failover demoted is no grant: give it back there and
                     // ask the new master.
-                    if !self.link.on_master() {
-                        let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                        self.link.conn = None;
-                        std::thread::sleep(retry.pause());
-                        continue;
+                    match self.link.on_master() {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
+                            self.link.conn = None;
+                            std::thread::sleep(retry.pause());
+                            continue;
+                        }
+                        // No majority of the sentinels says where the master
+                        // is: no grant counts; give it back and try again.
+                        Err(e) => {
+                            let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
+                            self.link.conn = None;
+                            match unconfirmed.failed(&patience) {
+                                Some(pause) => {
+                                    log::info(format!("{e}; retrying"));
+                                    std::thread::sleep(pause);
+                                    continue;
+                                }
+                                None => return Err(self.link.failed(&doing, e)),
+                            }
+                        }
                     }
                     // With --replicas, a grant counts once enough replicas
                     // have it: else it is given back and tried again.
