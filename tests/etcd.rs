@@ -264,3 +264,181 @@ fn a_user_s_password_opens_etcd_and_reaches_no_line_and_no_job() {
         .says(&["permission denied"]);
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+/// A loopback proxy in front of etcd, for one lockrun, that loses one reply:
+/// requests pass until the first transaction that moves a key onto another
+/// lease with nothing else compared (a waiter's move onto its short lease).
+/// That one reaches etcd and commits, its reply is dropped, and from then
+/// on every request is cut unforwarded until `heal`: the client can only
+/// learn what happened by reading etcd again.
+struct LosesReply {
+    port: u16,
+    fired: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LosesReply {
+    fn start(upstream: u16) -> LosesReply {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let fired = Arc::new(AtomicBool::new(false));
+        let cut = Arc::new(AtomicBool::new(false));
+        let (f, c) = (Arc::clone(&fired), Arc::clone(&cut));
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (f, c) = (Arc::clone(&f), Arc::clone(&c));
+                std::thread::spawn(move || Self::pass(client, server, &f, &c));
+            }
+        });
+        LosesReply { port, fired, cut }
+    }
+
+    /// One connection: whole requests (headers and Content-Length body)
+    /// forwarded one at a time, replies copied back on a thread of their own.
+    fn pass(
+        client: std::net::TcpStream,
+        mut server: std::net::TcpStream,
+        fired: &std::sync::atomic::AtomicBool,
+        cut: &std::sync::atomic::AtomicBool,
+    ) {
+        use std::io::{Read, Write};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let drop_reply = Arc::new(AtomicBool::new(false));
+        let (mut from_server, mut to_client) =
+            (server.try_clone().unwrap(), client.try_clone().unwrap());
+        let dropping = Arc::clone(&drop_reply);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = match from_server.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if dropping.load(SeqCst) || to_client.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = to_client.shutdown(std::net::Shutdown::Both);
+        });
+        let mut client = client;
+        let mut pending: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = match client.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&pending[..end]).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if pending.len() < end + 4 + length {
+                    break;
+                }
+                let request: Vec<u8> = pending.drain(..end + 4 + length).collect();
+                if cut.load(SeqCst) {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    let _ = server.shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+                let body = String::from_utf8_lossy(&request[end + 4..]).to_string();
+                let onto_lease = head.starts_with("post /v3/kv/txn")
+                    && body.contains("request_put")
+                    && !body.contains("CREATE");
+                if onto_lease && !fired.swap(true, SeqCst) {
+                    drop_reply.store(true, SeqCst);
+                    cut.store(true, SeqCst);
+                }
+                if server.write_all(&request).is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = server.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The ttl etcd granted the lease `lease` (decimal id), from etcdctl.
+fn granted_ttl(etcd: &Etcd, lease: i64) -> i64 {
+    let out = etcd.ctl(&["lease", "timetolive", &format!("{lease:x}"), "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["granted-ttl"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no granted ttl: {out}"))
+}
+
+#[test]
+fn a_waiter_whose_move_to_its_short_lease_lost_its_reply_holds_on_a_full_lease() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let (mut a, _) = holder(&url, &scratch, "lost", "6s");
+    let proxy = LosesReply::start(etcd.port);
+    let (start, end, overlap) = (
+        scratch.path("b_start"),
+        scratch.path("b_end"),
+        scratch.path("overlap"),
+    );
+    let mut b = on(&proxy.url())
+        .args(["-q", "--ttl", "6s", "lost", "-c"])
+        .arg(format!(
+            "touch {}; sleep 4; touch {}",
+            start.display(),
+            end.display()
+        ))
+        .spawn();
+    // B's key went onto its 2 s waiter lease; B never heard so.
+    assert!(
+        wait_until(Duration::from_secs(20), || proxy.fired()),
+        "B never moved onto a waiter lease"
+    );
+    signal(a.id() as i32, libc::SIGTERM);
+    wait_child(&mut a, Duration::from_secs(20));
+    assert!(wait_until(Duration::from_secs(10), || etcd.keys().len() == 1));
+    proxy.heal();
+    assert!(
+        wait_until(Duration::from_secs(20), || start.exists()),
+        "B never ran"
+    );
+    // The key B holds must sit on a lease of the full ttl (the one it renews),
+    // not on the waiter lease that nobody keeps alive.
+    assert_eq!(granted_ttl(&etcd, lease_of(&etcd, "lost")), 6);
+    let mut c = on(&url)
+        .args(["-q", "--ttl", "6s", "lost", "-c"])
+        .arg(format!(
+            "test -e {} || touch {}",
+            end.display(),
+            overlap.display()
+        ))
+        .spawn();
+    assert_eq!(
+        wait_child(&mut b, Duration::from_secs(30)).code(),
+        Some(0),
+        "B lost its lease"
+    );
+    assert_eq!(wait_child(&mut c, Duration::from_secs(30)).code(), Some(0));
+    assert!(!overlap.exists(), "C ran while B's job ran");
+}

@@ -51,6 +51,9 @@ struct Mine {
     spare: Option<Spare>,
     /// A promotion sent whose reply may have been lost.
     promoting: Option<Promotion>,
+    /// A move onto a waiter lease sent whose reply may have been lost: the
+    /// next look tells from the lease our key is on whether it went through.
+    moving: Option<Spare>,
 }
 
 #[derive(Clone, Copy)]
@@ -72,6 +75,22 @@ struct Promotion {
 }
 
 impl Mine {
+    /// Our key is now on the waiter lease `w`; the full lease, with nothing
+    /// on it any more, waits (kept alive) for our turn.
+    fn onto_waiter(&mut self, w: Spare) {
+        self.spare = Some(Spare {
+            lease: self.lease,
+            ttl: self.lease_ttl,
+            sent: self.lease_sent,
+            next_keepalive: self.lease_sent.add(self.lease_ttl / 3),
+        });
+        self.lease = w.lease;
+        self.lease_ttl = w.ttl;
+        self.lease_sent = w.sent;
+        self.waiting = true;
+        self.next_keepalive = w.next_keepalive;
+    }
+
     fn promoted(&mut self, p: Promotion) {
         // A waiter lease left behind has nothing on it and lapses on its own.
         self.value = p.value;
@@ -146,7 +165,7 @@ impl Etcd {
     fn leave(&mut self, mine: &mut Option<Mine>) {
         if let Some(m) = mine.take() {
             let _ = revoke(&mut self.client, m.lease);
-            if let Some(sp) = m.spare {
+            for sp in [m.spare, m.moving].into_iter().flatten() {
                 let _ = revoke(&mut self.client, sp.lease);
             }
         }
@@ -180,9 +199,13 @@ impl Etcd {
                 next_keepalive: sent.add(ttl / 3),
                 spare: None,
                 promoting: None,
+                moving: None,
             });
         }
         let m = mine.as_mut().expect("set above");
+        // Only a look that is our own create's reply may grant with no
+        // transaction of ours after it (`promote`).
+        let mut created_now = false;
         let (queue, revision) = if m.created {
             // Served by the member we talk to, without a round of the
             // cluster: a stale read can only show keys ahead of ours that
@@ -205,7 +228,8 @@ impl Etcd {
                 vec![range],
             )?;
             m.created = true;
-            let at = if succeeded(&v) { 1 } else { 0 };
+            created_now = succeeded(&v);
+            let at = if created_now { 1 } else { 0 };
             entries(&v["responses"][at]["response_range"], &v["header"])?
         };
         let Some(me) = queue.iter().position(|e| e.key == m.key) else {
@@ -218,6 +242,17 @@ impl Etcd {
             self.leave(mine);
             return Ok(Step::Again);
         };
+        if let Some(w) = m.moving.take() {
+            if queue[me].lease == w.lease {
+                // The move went through; only its reply was lost.
+                m.onto_waiter(w);
+            } else if let Err(e) = revoke(&mut self.client, w.lease) {
+                m.moving = Some(w);
+                return Err(e);
+            }
+            // Else it never reaches our key now: a move landing late finds
+            // its lease gone and fails.
+        }
         if let Some(p) = m.promoting.take() {
             if queue[me].value == p.value && queue[me].lease == p.lease {
                 // The promotion went through; only its reply was lost.
@@ -242,11 +277,29 @@ impl Etcd {
             *mine = None;
             return Ok(Step::Again);
         }
+        if queue[me].lease != m.lease {
+            // Our key is not on the lease we keep alive (a write of ours
+            // landed after we had given up on it): it would lapse under a
+            // holder. Take it out of the queue and queue again.
+            log::info(format!(
+                "our place in {}'s queue is on a lease we do not keep; queueing again",
+                req.name
+            ));
+            let delete = json!({"request_delete_range": {"key": b64(&m.key)}});
+            txn(
+                &mut self.client,
+                vec![holds(&m.key, &m.value)],
+                vec![delete],
+                vec![],
+            )?;
+            self.leave(mine);
+            return Ok(Step::Again);
+        }
         m.token = queue[me].token;
         match judge(&queue, me, req) {
             Verdict::Nested => Err(crate::backend::nested(req.name)),
             Verdict::Disagrees(in_force) => Err(req.mode.disagreement(req.name, in_force)),
-            Verdict::Granted => self.promote(req, keys, mine, &queue, revision),
+            Verdict::Granted => self.promote(req, keys, mine, &queue, revision, created_now),
             Verdict::Blocked { watch, holder: h } => {
                 *holder = h.or(holder.take());
                 if patience.over() {
@@ -270,28 +323,26 @@ impl Etcd {
         let sent = Boot::now();
         let (lease, ttl) = grant(&mut self.client, waiter_ttl(req.timing.ttl))?;
         let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": lease.to_string()}});
+        // Remembered before it is sent: if the reply is lost, the key may
+        // be on this lease, and only the next look can tell.
+        m.moving = Some(Spare {
+            lease,
+            ttl,
+            sent,
+            next_keepalive: sent.add(ttl / 3),
+        });
         let v = txn(
             &mut self.client,
             vec![holds(&m.key, &m.value)],
             vec![put],
             vec![],
         )?;
+        let w = m.moving.take().expect("set above");
         if !succeeded(&v) {
             let _ = revoke(&mut self.client, lease);
             return Ok(false);
         }
-        // Nothing is on the full lease any more: it waits, kept alive, for our turn.
-        m.spare = Some(Spare {
-            lease: m.lease,
-            ttl: m.lease_ttl,
-            sent: m.lease_sent,
-            next_keepalive: m.lease_sent.add(m.lease_ttl / 3),
-        });
-        m.lease = lease;
-        m.lease_ttl = ttl;
-        m.lease_sent = sent;
-        m.waiting = true;
-        m.next_keepalive = sent.add(ttl / 3);
+        m.onto_waiter(w);
         Ok(true)
     }
 
@@ -307,10 +358,16 @@ impl Etcd {
         mine: &mut Option<Mine>,
         queue: &[Entry],
         revision: u64,
+        created_now: bool,
     ) -> Result<Step, Error> {
         let m = mine.as_mut().expect("in the queue");
         let limit = matches!(req.mode, Mode::Limit(_));
-        if !m.waiting && !limit {
+        // With no transaction only when the key was granted by its own
+        // create: after any other look (a retry, a move onto a waiter
+        // lease whose reply was lost) the key may not be on the lease we
+        // believe, so it is put on a known full lease, with a new value
+        // that a write of ours landing late no longer matches.
+        if created_now && !m.waiting && !limit {
             return Ok(Step::Done(self.granted(m, req, None)));
         }
         let (lease, ttl, sent) = if let (true, Some(sp)) = (m.waiting, m.spare) {
@@ -324,7 +381,8 @@ impl Etcd {
             (m.lease, m.lease_ttl, m.lease_sent)
         };
         let mut record = Record::decode(&m.value).expect("our own record");
-        record.granted_ms = wall_ms();
+        // Never the value it had: the transaction must change it.
+        record.granted_ms = wall_ms().max(record.granted_ms + 1);
         if limit {
             let used: Vec<u32> = queue[..holders(queue)]
                 .iter()
