@@ -442,3 +442,57 @@ fn a_waiter_whose_move_to_its_short_lease_lost_its_reply_holds_on_a_full_lease()
     assert_eq!(wait_child(&mut c, Duration::from_secs(30)).code(), Some(0));
     assert!(!overlap.exists(), "C ran while B's job ran");
 }
+
+#[test]
+fn a_limit_waiter_paused_while_a_later_one_runs_still_gets_a_higher_token() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let lim = |job: String| {
+        on(&url)
+            .args(["-q", "--limit", "2", "--ttl", "15s", "lim", "-c"])
+            .arg(job)
+            .spawn()
+    };
+    let mut a = lim("exec sleep 60".into());
+    let mut b = lim("exec sleep 60".into());
+    assert!(wait_until(Duration::from_secs(20), || status_json(
+        &url, "lim"
+    )["holders"]
+        .as_array()
+        .is_some_and(|h| h.len() == 2)));
+    let record = |tag: &str| {
+        format!(
+            "echo $LOCKRUN_TOKEN $LOCKRUN_SLOT > {}",
+            scratch.path(tag).display()
+        )
+    };
+    let mut w = lim(record("w"));
+    wait_queued(&url, "lim", 1);
+    let mut x = lim(record("x"));
+    wait_queued(&url, "lim", 2);
+    // W, first in line, is stopped (well within its 5 s waiter lease) while
+    // both slots free up: X, behind it, is granted first.
+    signal(w.id() as i32, libc::SIGSTOP);
+    for h in [&mut a, &mut b] {
+        signal(h.id() as i32, libc::SIGTERM);
+        wait_child(h, Duration::from_secs(20));
+    }
+    let x_done = wait_child(&mut x, Duration::from_secs(10));
+    signal(w.id() as i32, libc::SIGCONT);
+    assert_eq!(x_done.code(), Some(0));
+    assert_eq!(wait_child(&mut w, Duration::from_secs(20)).code(), Some(0));
+    let read = |tag: &str| -> (u64, String) {
+        let s = scratch.read(tag);
+        let mut it = s.split_whitespace();
+        (
+            it.next().unwrap().parse().unwrap(),
+            it.next().unwrap_or("").to_string(),
+        )
+    };
+    let ((wt, ws), (xt, xs)) = (read("w"), read("x"));
+    assert!(
+        wt > xt,
+        "W was granted after X with token {wt} (slot {ws}), X had {xt} (slot {xs})"
+    );
+}

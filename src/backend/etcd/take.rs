@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::client::b64;
+use super::client::{b64, int};
 use super::queue::{Entry, Keys, Record, Verdict, entries, holders, judge};
 use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
 use crate::backend::wait::{Patience, Retry};
@@ -22,6 +22,10 @@ use crate::log;
 /// died silently costs at most this.
 const WATCH_LIFE: Duration = Duration::from_secs(30);
 
+/// Compares a `--limit` promotion makes one per other holder up to this
+/// (etcd allows 128 operations in a transaction by default).
+const MAX_COMPARES: usize = 100;
+
 /// A waiter's key lives on a lease of a third of the ttl (whole seconds, at
 /// least etcd's smallest), so one killed in the queue holds up the others
 /// by no more than that.
@@ -33,7 +37,7 @@ fn waiter_ttl(ttl: Duration) -> Duration {
 struct Mine {
     key: String,
     /// The key's create revision, once read.
-    token: u64,
+    create_rev: u64,
     lease: i64,
     lease_ttl: Duration,
     /// When the request that started (or last renewed) the lease was sent.
@@ -189,7 +193,7 @@ impl Etcd {
             };
             *mine = Some(Mine {
                 key: keys.entry(lease),
-                token: 0,
+                create_rev: 0,
                 lease,
                 lease_ttl: ttl,
                 lease_sent: sent,
@@ -258,7 +262,9 @@ impl Etcd {
                 // The promotion went through; only its reply was lost.
                 let slot = p.slot;
                 m.promoted(p);
-                return Ok(Step::Done(self.granted(m, req, slot)));
+                // Its write is the key's last: its revision is the token.
+                let token = queue[me].mod_rev;
+                return Ok(Step::Done(self.granted(m, req, slot, token)));
             }
             if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
                 let _ = revoke(&mut self.client, p.lease);
@@ -295,7 +301,7 @@ impl Etcd {
             self.leave(mine);
             return Ok(Step::Again);
         }
-        m.token = queue[me].token;
+        m.create_rev = queue[me].created;
         match judge(&queue, me, req) {
             Verdict::Nested => Err(crate::backend::nested(req.name)),
             Verdict::Disagrees(in_force) => Err(req.mode.disagreement(req.name, in_force)),
@@ -368,7 +374,9 @@ impl Etcd {
         // believe, so it is put on a known full lease, with a new value
         // that a write of ours landing late no longer matches.
         if created_now && !m.waiting && !limit {
-            return Ok(Step::Done(self.granted(m, req, None)));
+            // Granted at its create, whose revision is higher than that of
+            // every earlier grant: each had its key gone, or granted, by then.
+            return Ok(Step::Done(self.granted(m, req, None, m.create_rev)));
         }
         let (lease, ttl, sent) = if let (true, Some(sp)) = (m.waiting, m.spare) {
             // The deadline counts from the spare's last keepalive.
@@ -394,16 +402,38 @@ impl Etcd {
         let value = record.encode();
         let mut compare = vec![
             holds(&m.key, &m.value),
-            json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.token.to_string()}),
+            json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.create_rev.to_string()}),
         ];
         if limit {
-            // No key of the queue written (a slot taken, a request come)
-            // since it was read.
-            compare.push(json!({
-                "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
-                "target": "MOD", "result": "LESS",
-                "mod_revision": (revision + 1).to_string(),
-            }));
+            // No other holder written (a slot taken) or gone (the holders
+            // changed) since the queue was read. With every slot's holder
+            // in the queue, a request that arrives meanwhile queues behind
+            // them and cannot take a slot without one of them going first,
+            // so it does not abort ours: a stream of arrivals cannot starve
+            // a promotion. With fewer, an arrival is a holder too: no key
+            // may have come since the read.
+            let held = holders(queue);
+            let others: Vec<&Entry> = queue[..held].iter().filter(|e| e.key != m.key).collect();
+            if others.len() <= MAX_COMPARES {
+                compare.extend(others.iter().map(|e| {
+                    json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()})
+                }));
+                if held < req.mode.limit() as usize {
+                    compare.push(json!({
+                        "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
+                        "target": "CREATE", "result": "LESS",
+                        "create_revision": (revision + 1).to_string(),
+                    }));
+                }
+            } else {
+                // More than a transaction may hold: no key of the queue
+                // written since it was read.
+                compare.push(json!({
+                    "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
+                    "target": "MOD", "result": "LESS",
+                    "mod_revision": (revision + 1).to_string(),
+                }));
+            }
         }
         let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&value), "lease": lease.to_string()}});
         m.promoting = Some(Promotion {
@@ -432,10 +462,16 @@ impl Etcd {
             return Ok(Step::Again);
         }
         m.promoted(p);
-        Ok(Step::Done(self.granted(m, req, record.slot)))
+        // The revision of the write that granted us: higher than every
+        // earlier grant's (of this slot and of the name), whichever of the
+        // holders arrived first.
+        let token = int(&v["header"]["revision"])
+            .filter(|r| *r > 0)
+            .ok_or_else(|| Error::Internal(format!("etcd's reply has no revision: {v}")))?;
+        Ok(Step::Done(self.granted(m, req, record.slot, token as u64)))
     }
 
-    fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>) -> Acquired {
+    fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>, token: u64) -> Acquired {
         let held = EtcdHeld {
             client: self.client.hand_over(),
             key: m.key.clone(),
@@ -444,7 +480,7 @@ impl Etcd {
             name: req.name.to_string(),
         };
         Acquired::Granted(Lease::new(
-            m.token,
+            token,
             slot,
             m.lease_sent,
             m.lease_ttl,
