@@ -270,33 +270,53 @@ fn a_user_s_password_opens_etcd_and_reaches_no_line_and_no_job() {
 /// lease with nothing else compared (a waiter's move onto its short lease).
 /// That one reaches etcd and commits, its reply is dropped, and from then
 /// on every request is cut unforwarded until `heal`: the client can only
-/// learn what happened by reading etcd again.
+/// learn what happened by reading etcd again. Started `without_watch`, it
+/// loses nothing but answers every watch 404, as a proxy that does not
+/// pass streams would.
 struct LosesReply {
     port: u16,
     fired: std::sync::Arc<std::sync::atomic::AtomicBool>,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    watches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl LosesReply {
     fn start(upstream: u16) -> LosesReply {
+        Self::launch(upstream, false)
+    }
+
+    fn without_watch(upstream: u16) -> LosesReply {
+        Self::launch(upstream, true)
+    }
+
+    fn launch(upstream: u16, no_watch: bool) -> LosesReply {
         use std::sync::Arc;
         use std::sync::atomic::AtomicBool;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let fired = Arc::new(AtomicBool::new(false));
+        // With no watch, no reply is ever lost.
+        let fired = Arc::new(AtomicBool::new(no_watch));
         let cut = Arc::new(AtomicBool::new(false));
-        let (f, c) = (Arc::clone(&fired), Arc::clone(&cut));
+        let watches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (f, c, w) = (Arc::clone(&fired), Arc::clone(&cut), Arc::clone(&watches));
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue;
                 };
-                let (f, c) = (Arc::clone(&f), Arc::clone(&c));
-                std::thread::spawn(move || Self::pass(client, server, &f, &c));
+                let (f, c, w) = (Arc::clone(&f), Arc::clone(&c), Arc::clone(&w));
+                std::thread::spawn(move || {
+                    Self::pass(client, server, &f, &c, no_watch.then_some(&*w))
+                });
             }
         });
-        LosesReply { port, fired, cut }
+        LosesReply {
+            port,
+            fired,
+            cut,
+            watches,
+        }
     }
 
     /// One connection: whole requests (headers and Content-Length body)
@@ -306,6 +326,7 @@ impl LosesReply {
         mut server: std::net::TcpStream,
         fired: &std::sync::atomic::AtomicBool,
         cut: &std::sync::atomic::AtomicBool,
+        refused_watches: Option<&std::sync::atomic::AtomicUsize>,
     ) {
         use std::io::{Read, Write};
         use std::sync::Arc;
@@ -352,6 +373,14 @@ impl LosesReply {
                     let _ = server.shutdown(std::net::Shutdown::Both);
                     return;
                 }
+                if let Some(n) = refused_watches
+                    && head.starts_with("post /v3/watch")
+                {
+                    n.fetch_add(1, SeqCst);
+                    let _ =
+                        client.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                    continue;
+                }
                 let body = String::from_utf8_lossy(&request[end + 4..]).to_string();
                 let onto_lease = head.starts_with("post /v3/kv/txn")
                     && body.contains("request_put")
@@ -374,6 +403,10 @@ impl LosesReply {
 
     fn fired(&self) -> bool {
         self.fired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn watches(&self) -> usize {
+        self.watches.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn heal(&self) {
@@ -494,5 +527,38 @@ fn a_limit_waiter_paused_while_a_later_one_runs_still_gets_a_higher_token() {
     assert!(
         wt > xt,
         "W was granted after X with token {wt} (slot {ws}), X had {xt} (slot {xs})"
+    );
+}
+
+#[test]
+fn a_waiter_whose_watch_is_refused_keeps_its_place_and_does_not_spin() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let (mut a, _) = holder(&url, &scratch, "nowatch", "6s");
+    let proxy = LosesReply::without_watch(etcd.port);
+    let ran = scratch.path("ran");
+    let mut b = on(&proxy.url())
+        .args(["-q", "--ttl", "6s", "nowatch", "-c"])
+        .arg(format!("touch {}", ran.display()))
+        .spawn();
+    wait_queued(&url, "nowatch", 1);
+    let place = etcd.keys();
+    let watched = proxy.watches();
+    // Two and a half waiter leases (2 s each): a waiter that keeps none
+    // alive would have queued again by then.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(etcd.keys(), place, "the waiter lost its place in the queue");
+    let tries = proxy.watches() - watched;
+    assert!(tries <= 25, "{tries} watches opened in 5 s");
+    signal(a.id() as i32, libc::SIGTERM);
+    wait_child(&mut a, Duration::from_secs(20));
+    let freed = Instant::now();
+    assert_eq!(wait_child(&mut b, Duration::from_secs(20)).code(), Some(0));
+    assert!(ran.exists());
+    let took = freed.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "waited {took:?} after the release"
     );
 }

@@ -343,11 +343,12 @@ impl Client {
     }
 
     /// Watch `creates` (one or more watch create requests, as JSON) on a
-    /// thread of its own. The receiver hears once: Ok when an event came (or
-    /// the server cancelled the watch: look again either way), Err when the
-    /// stream broke. After `life` the thread gives up on its own, with Ok,
-    /// so a watch never outlives its use by long.
-    pub fn watch(&self, creates: String, life: Duration) -> Receiver<Result<(), Error>> {
+    /// thread of its own. The receiver hears once: Ok(true) when an event
+    /// came (or the server cancelled the watch: look again either way),
+    /// Ok(false) when the stream ended without one, Err when it broke.
+    /// After `life` the thread gives up on its own, with Ok(false), so a
+    /// watch never outlives its use by long.
+    pub fn watch(&self, creates: String, life: Duration) -> Receiver<Result<bool, Error>> {
         let (tx, rx) = channel();
         let agent = self.agent.clone();
         let base = self.setup.endpoints[self.current].clone();
@@ -374,7 +375,7 @@ fn watch_stream(
     creates: String,
     op: Duration,
     life: Duration,
-    tx: &Sender<Result<(), Error>>,
+    tx: &Sender<Result<bool, Error>>,
 ) {
     let mut req = agent
         .post(format!("{base}/v3/watch"))
@@ -407,7 +408,7 @@ fn watch_stream(
         let line = match line {
             Ok(l) => l,
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                let _ = tx.send(Ok(()));
+                let _ = tx.send(Ok(false));
                 return;
             }
             Err(e) => {
@@ -426,12 +427,12 @@ fn watch_stream(
         let r = &v["result"];
         let events = r["events"].as_array().is_some_and(|e| !e.is_empty());
         if events || r["canceled"].as_bool() == Some(true) {
-            let _ = tx.send(Ok(()));
+            let _ = tx.send(Ok(true));
             return;
         }
     }
-    // The server ended the stream: look again.
-    let _ = tx.send(Ok(()));
+    // The server (or something in between) ended the stream: look again.
+    let _ = tx.send(Ok(false));
 }
 
 /// etcd's int64 fields come as JSON strings.

@@ -58,6 +58,8 @@ struct Mine {
     /// A move onto a waiter lease sent whose reply may have been lost: the
     /// next look tells from the lease our key is on whether it went through.
     moving: Option<Spare>,
+    /// Watches in a row that ended without an event soon after they opened.
+    watch_failures: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -122,14 +124,7 @@ impl Etcd {
         let mut mine: Option<Mine> = None;
         let mut holder: Option<String> = None;
         loop {
-            match self.step(
-                req,
-                &keys,
-                &mut mine,
-                &mut patience,
-                &mut holder,
-                &mut retry,
-            ) {
+            match self.step(req, &keys, &mut mine, &mut patience, &mut holder) {
                 Ok(Step::Done(acquired)) => {
                     if let Acquired::Granted(l) = &acquired {
                         log::info(format!(
@@ -182,7 +177,6 @@ impl Etcd {
         mine: &mut Option<Mine>,
         patience: &mut Patience,
         holder: &mut Option<String>,
-        retry: &mut Retry,
     ) -> Result<Step, Error> {
         if mine.is_none() {
             let sent = Boot::now();
@@ -204,6 +198,7 @@ impl Etcd {
                 spare: None,
                 promoting: None,
                 moving: None,
+                watch_failures: 0,
             });
         }
         let m = mine.as_mut().expect("set above");
@@ -318,7 +313,7 @@ impl Etcd {
                     return Ok(Step::Again);
                 }
                 patience.tick(holder.as_deref());
-                self.wait_turn(mine, &watch, revision, patience, holder, retry)
+                self.wait_turn(mine, &watch, revision, patience, holder)
             }
         }
     }
@@ -497,7 +492,6 @@ impl Etcd {
         revision: u64,
         patience: &mut Patience,
         holder: &mut Option<String>,
-        retry: &mut Retry,
     ) -> Result<Step, Error> {
         // Only deletions matter, from just after the queue was read: one
         // that happened since is not missed.
@@ -512,24 +506,63 @@ impl Etcd {
                 .to_string()
             })
             .collect();
-        let woken = self.client.watch(creates, WATCH_LIFE);
+        let opened = Boot::now();
+        let mut woken = Some(self.client.watch(creates, WATCH_LIFE));
+        // Once the watch failed: when to look again, our leases kept alive
+        // until then.
+        let mut look_at: Option<Boot> = None;
         loop {
             let m = mine.as_mut().expect("in the queue");
-            let due = m.spare.map_or(m.next_keepalive, |sp| {
+            let mut due = m.spare.map_or(m.next_keepalive, |sp| {
                 sp.next_keepalive.min(m.next_keepalive)
             });
+            if let Some(at) = look_at {
+                if Boot::now() >= at {
+                    return Ok(Step::Again);
+                }
+                due = due.min(at);
+            }
             let timeout = patience
                 .cap(due.since(Boot::now()))
                 .max(Duration::from_millis(1));
-            match woken.recv_timeout(timeout) {
-                Ok(Ok(())) | Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
-                Ok(Err(e)) if !e.is_transient() => return Err(e),
-                Ok(Err(e)) => {
-                    log::info(format!("waiting failed: {e}; retrying"));
-                    std::thread::sleep(retry.pause());
-                    return Ok(Step::Again);
+            let ended = match &woken {
+                Some(rx) => match rx.recv_timeout(timeout) {
+                    Ok(Ok(true)) => {
+                        m.watch_failures = 0;
+                        return Ok(Step::Again);
+                    }
+                    // A watch that lived out its life: open the next at once.
+                    Ok(Ok(false)) if Boot::now().since(opened) >= WATCH_LIFE / 2 => {
+                        m.watch_failures = 0;
+                        return Ok(Step::Again);
+                    }
+                    Ok(Err(e)) if !e.is_transient() => return Err(e),
+                    Ok(Err(e)) => {
+                        log::info(format!("waiting failed: {e}; retrying"));
+                        true
+                    }
+                    Ok(Ok(false)) | Err(RecvTimeoutError::Disconnected) => true,
+                    Err(RecvTimeoutError::Timeout) => false,
+                },
+                None => {
+                    std::thread::sleep(timeout);
+                    false
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+            };
+            if ended {
+                // A stream that breaks or ends at once (a proxy that does
+                // not pass streaming, a member going away) says nothing of
+                // the queue: look again after a pause that grows each time
+                // in a row, and keep our leases alive meanwhile, so our
+                // place does not lapse while the watch cannot be had.
+                woken = None;
+                m.watch_failures += 1;
+                look_at = Some(Boot::now().add(crate::clock::backoff(
+                    m.watch_failures,
+                    Duration::from_millis(50),
+                    Duration::from_secs(1),
+                )));
+                continue;
             }
             if patience.over() {
                 self.leave(mine);
