@@ -264,3 +264,301 @@ fn a_user_s_password_opens_etcd_and_reaches_no_line_and_no_job() {
         .says(&["permission denied"]);
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+/// A loopback proxy in front of etcd, for one lockrun, that loses one reply:
+/// requests pass until the first transaction that moves a key onto another
+/// lease with nothing else compared (a waiter's move onto its short lease).
+/// That one reaches etcd and commits, its reply is dropped, and from then
+/// on every request is cut unforwarded until `heal`: the client can only
+/// learn what happened by reading etcd again. Started `without_watch`, it
+/// loses nothing but answers every watch 404, as a proxy that does not
+/// pass streams would.
+struct LosesReply {
+    port: u16,
+    fired: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    watches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LosesReply {
+    fn start(upstream: u16) -> LosesReply {
+        Self::launch(upstream, false)
+    }
+
+    fn without_watch(upstream: u16) -> LosesReply {
+        Self::launch(upstream, true)
+    }
+
+    fn launch(upstream: u16, no_watch: bool) -> LosesReply {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // With no watch, no reply is ever lost.
+        let fired = Arc::new(AtomicBool::new(no_watch));
+        let cut = Arc::new(AtomicBool::new(false));
+        let watches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (f, c, w) = (Arc::clone(&fired), Arc::clone(&cut), Arc::clone(&watches));
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (f, c, w) = (Arc::clone(&f), Arc::clone(&c), Arc::clone(&w));
+                std::thread::spawn(move || {
+                    Self::pass(client, server, &f, &c, no_watch.then_some(&*w))
+                });
+            }
+        });
+        LosesReply {
+            port,
+            fired,
+            cut,
+            watches,
+        }
+    }
+
+    /// One connection: whole requests (headers and Content-Length body)
+    /// forwarded one at a time, replies copied back on a thread of their own.
+    fn pass(
+        client: std::net::TcpStream,
+        mut server: std::net::TcpStream,
+        fired: &std::sync::atomic::AtomicBool,
+        cut: &std::sync::atomic::AtomicBool,
+        refused_watches: Option<&std::sync::atomic::AtomicUsize>,
+    ) {
+        use std::io::{Read, Write};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let drop_reply = Arc::new(AtomicBool::new(false));
+        let (mut from_server, mut to_client) =
+            (server.try_clone().unwrap(), client.try_clone().unwrap());
+        let dropping = Arc::clone(&drop_reply);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = match from_server.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if dropping.load(SeqCst) || to_client.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = to_client.shutdown(std::net::Shutdown::Both);
+        });
+        let mut client = client;
+        let mut pending: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = match client.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&pending[..end]).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if pending.len() < end + 4 + length {
+                    break;
+                }
+                let request: Vec<u8> = pending.drain(..end + 4 + length).collect();
+                if cut.load(SeqCst) {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    let _ = server.shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+                if let Some(n) = refused_watches
+                    && head.starts_with("post /v3/watch")
+                {
+                    n.fetch_add(1, SeqCst);
+                    let _ =
+                        client.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                    continue;
+                }
+                let body = String::from_utf8_lossy(&request[end + 4..]).to_string();
+                let onto_lease = head.starts_with("post /v3/kv/txn")
+                    && body.contains("request_put")
+                    && !body.contains("CREATE");
+                if onto_lease && !fired.swap(true, SeqCst) {
+                    drop_reply.store(true, SeqCst);
+                    cut.store(true, SeqCst);
+                }
+                if server.write_all(&request).is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = server.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn watches(&self) -> usize {
+        self.watches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The ttl etcd granted the lease `lease` (decimal id), from etcdctl.
+fn granted_ttl(etcd: &Etcd, lease: i64) -> i64 {
+    let out = etcd.ctl(&["lease", "timetolive", &format!("{lease:x}"), "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["granted-ttl"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no granted ttl: {out}"))
+}
+
+#[test]
+fn a_waiter_whose_move_to_its_short_lease_lost_its_reply_holds_on_a_full_lease() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let (mut a, _) = holder(&url, &scratch, "lost", "6s");
+    let proxy = LosesReply::start(etcd.port);
+    let (start, end, overlap) = (
+        scratch.path("b_start"),
+        scratch.path("b_end"),
+        scratch.path("overlap"),
+    );
+    let mut b = on(&proxy.url())
+        .args(["-q", "--ttl", "6s", "lost", "-c"])
+        .arg(format!(
+            "touch {}; sleep 4; touch {}",
+            start.display(),
+            end.display()
+        ))
+        .spawn();
+    // B's key went onto its 2 s waiter lease; B never heard so.
+    assert!(
+        wait_until(Duration::from_secs(20), || proxy.fired()),
+        "B never moved onto a waiter lease"
+    );
+    signal(a.id() as i32, libc::SIGTERM);
+    wait_child(&mut a, Duration::from_secs(20));
+    assert!(wait_until(Duration::from_secs(10), || etcd.keys().len() == 1));
+    proxy.heal();
+    assert!(
+        wait_until(Duration::from_secs(20), || start.exists()),
+        "B never ran"
+    );
+    // The key B holds must sit on a lease of the full ttl (the one it renews),
+    // not on the waiter lease that nobody keeps alive.
+    assert_eq!(granted_ttl(&etcd, lease_of(&etcd, "lost")), 6);
+    let mut c = on(&url)
+        .args(["-q", "--ttl", "6s", "lost", "-c"])
+        .arg(format!(
+            "test -e {} || touch {}",
+            end.display(),
+            overlap.display()
+        ))
+        .spawn();
+    assert_eq!(
+        wait_child(&mut b, Duration::from_secs(30)).code(),
+        Some(0),
+        "B lost its lease"
+    );
+    assert_eq!(wait_child(&mut c, Duration::from_secs(30)).code(), Some(0));
+    assert!(!overlap.exists(), "C ran while B's job ran");
+}
+
+#[test]
+fn a_limit_waiter_paused_while_a_later_one_runs_still_gets_a_higher_token() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let lim = |job: String| {
+        on(&url)
+            .args(["-q", "--limit", "2", "--ttl", "15s", "lim", "-c"])
+            .arg(job)
+            .spawn()
+    };
+    let mut a = lim("exec sleep 60".into());
+    let mut b = lim("exec sleep 60".into());
+    assert!(wait_until(Duration::from_secs(20), || status_json(
+        &url, "lim"
+    )["holders"]
+        .as_array()
+        .is_some_and(|h| h.len() == 2)));
+    let record = |tag: &str| {
+        format!(
+            "echo $LOCKRUN_TOKEN $LOCKRUN_SLOT > {}",
+            scratch.path(tag).display()
+        )
+    };
+    let mut w = lim(record("w"));
+    wait_queued(&url, "lim", 1);
+    let mut x = lim(record("x"));
+    wait_queued(&url, "lim", 2);
+    // W, first in line, is stopped (well within its 5 s waiter lease) while
+    // both slots free up: X, behind it, is granted first.
+    signal(w.id() as i32, libc::SIGSTOP);
+    for h in [&mut a, &mut b] {
+        signal(h.id() as i32, libc::SIGTERM);
+        wait_child(h, Duration::from_secs(20));
+    }
+    let x_done = wait_child(&mut x, Duration::from_secs(10));
+    signal(w.id() as i32, libc::SIGCONT);
+    assert_eq!(x_done.code(), Some(0));
+    assert_eq!(wait_child(&mut w, Duration::from_secs(20)).code(), Some(0));
+    let read = |tag: &str| -> (u64, String) {
+        let s = scratch.read(tag);
+        let mut it = s.split_whitespace();
+        (
+            it.next().unwrap().parse().unwrap(),
+            it.next().unwrap_or("").to_string(),
+        )
+    };
+    let ((wt, ws), (xt, xs)) = (read("w"), read("x"));
+    assert!(
+        wt > xt,
+        "W was granted after X with token {wt} (slot {ws}), X had {xt} (slot {xs})"
+    );
+}
+
+#[test]
+fn a_waiter_whose_watch_is_refused_keeps_its_place_and_does_not_spin() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let (mut a, _) = holder(&url, &scratch, "nowatch", "6s");
+    let proxy = LosesReply::without_watch(etcd.port);
+    let ran = scratch.path("ran");
+    let mut b = on(&proxy.url())
+        .args(["-q", "--ttl", "6s", "nowatch", "-c"])
+        .arg(format!("touch {}", ran.display()))
+        .spawn();
+    wait_queued(&url, "nowatch", 1);
+    let place = etcd.keys();
+    let watched = proxy.watches();
+    // Two and a half waiter leases (2 s each): a waiter that keeps none
+    // alive would have queued again by then.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(etcd.keys(), place, "the waiter lost its place in the queue");
+    let tries = proxy.watches() - watched;
+    assert!(tries <= 25, "{tries} watches opened in 5 s");
+    signal(a.id() as i32, libc::SIGTERM);
+    wait_child(&mut a, Duration::from_secs(20));
+    let freed = Instant::now();
+    assert_eq!(wait_child(&mut b, Duration::from_secs(20)).code(), Some(0));
+    assert!(ran.exists());
+    let took = freed.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "waited {took:?} after the release"
+    );
+}

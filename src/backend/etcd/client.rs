@@ -130,6 +130,24 @@ fn classify(code: i64, message: &str, display: &str) -> Error {
     Error::Refused(format!("etcd at {display}: {message}"))
 }
 
+/// The gRPC code and message of an error reply. A unary call's comes at
+/// the top (`{"error": "…", "code": 14, "message": "…"}`); a stream's
+/// (a keepalive, a watch) as `{"error": {"grpc_code": 14, "message": "…"}}`.
+fn reply_error(v: &Value) -> (i64, &str) {
+    let inner = &v["error"];
+    let message = v["message"]
+        .as_str()
+        .or(inner.as_str())
+        .or(inner["message"].as_str())
+        .unwrap_or("unexpected reply");
+    let code = v["code"]
+        .as_i64()
+        .or(inner["grpc_code"].as_i64())
+        .or(inner["code"].as_i64())
+        .unwrap_or(0);
+    (code, message)
+}
+
 /// How one try at one endpoint ended.
 enum Try {
     Answered(Value),
@@ -320,20 +338,17 @@ impl Client {
         if status == 200 && v.get("error").is_none() {
             return Try::Answered(v);
         }
-        let message = v["message"]
-            .as_str()
-            .or(v["error"].as_str())
-            .unwrap_or("unexpected reply");
-        let code = v["code"].as_i64().unwrap_or(0);
+        let (code, message) = reply_error(&v);
         Try::Failed(classify(code, message, &self.setup.display))
     }
 
     /// Watch `creates` (one or more watch create requests, as JSON) on a
-    /// thread of its own. The receiver hears once: Ok when an event came (or
-    /// the server cancelled the watch: look again either way), Err when the
-    /// stream broke. After `life` the thread gives up on its own, with Ok,
-    /// so a watch never outlives its use by long.
-    pub fn watch(&self, creates: String, life: Duration) -> Receiver<Result<(), Error>> {
+    /// thread of its own. The receiver hears once: Ok(true) when an event
+    /// came (or the server cancelled the watch: look again either way),
+    /// Ok(false) when the stream ended without one, Err when it broke.
+    /// After `life` the thread gives up on its own, with Ok(false), so a
+    /// watch never outlives its use by long.
+    pub fn watch(&self, creates: String, life: Duration) -> Receiver<Result<bool, Error>> {
         let (tx, rx) = channel();
         let agent = self.agent.clone();
         let base = self.setup.endpoints[self.current].clone();
@@ -360,7 +375,7 @@ fn watch_stream(
     creates: String,
     op: Duration,
     life: Duration,
-    tx: &Sender<Result<(), Error>>,
+    tx: &Sender<Result<bool, Error>>,
 ) {
     let mut req = agent
         .post(format!("{base}/v3/watch"))
@@ -393,7 +408,7 @@ fn watch_stream(
         let line = match line {
             Ok(l) => l,
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                let _ = tx.send(Ok(()));
+                let _ = tx.send(Ok(false));
                 return;
             }
             Err(e) => {
@@ -404,21 +419,20 @@ fn watch_stream(
         let Ok(v) = serde_json::from_str::<Value>(&line) else {
             continue;
         };
-        if let Some(err) = v.get("error") {
-            let message = err["message"].as_str().unwrap_or("watch failed");
-            let code = err["code"].as_i64().unwrap_or(14);
+        if v.get("error").is_some() {
+            let (code, message) = reply_error(&v);
             let _ = tx.send(Err(classify(code, message, &base)));
             return;
         }
         let r = &v["result"];
         let events = r["events"].as_array().is_some_and(|e| !e.is_empty());
         if events || r["canceled"].as_bool() == Some(true) {
-            let _ = tx.send(Ok(()));
+            let _ = tx.send(Ok(true));
             return;
         }
     }
-    // The server ended the stream: look again.
-    let _ = tx.send(Ok(()));
+    // The server (or something in between) ended the stream: look again.
+    let _ = tx.send(Ok(false));
 }
 
 /// etcd's int64 fields come as JSON strings.
@@ -469,6 +483,40 @@ mod tests {
         ] {
             let e = classify(code, text, d);
             assert!(matches!(e, Error::Refused(_)), "{text}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn error_replies_of_calls_and_streams_are_classified_alike() {
+        let d = "etcd://h";
+        let class = |body: &str| {
+            let v: Value = serde_json::from_str(body).unwrap();
+            let (code, message) = reply_error(&v);
+            classify(code, message, d)
+        };
+        // As the gateway answers a unary call and a stream (keepalive,
+        // watch) during an election, under load, or without a leader.
+        for body in [
+            r#"{"error":"etcdserver: leader changed","code":14,"message":"etcdserver: leader changed"}"#,
+            r#"{"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: leader changed","http_status":"Service Unavailable"}}"#,
+            r#"{"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader","http_status":"Service Unavailable"}}"#,
+            r#"{"error":{"grpc_code":14,"http_code":503,"message":"transport is closing","http_status":"Service Unavailable"}}"#,
+            r#"{"error":{"grpc_code":4,"http_code":504,"message":"context deadline exceeded","http_status":"Gateway Timeout"}}"#,
+            r#"{"error":{"grpc_code":8,"http_code":429,"message":"etcdserver: too many requests","http_status":"Too Many Requests"}}"#,
+            r#"{"error":{"grpc_code":10,"http_code":409,"message":"aborted","http_status":"Conflict"}}"#,
+            r#"{"error":{"grpc_code":2,"http_code":500,"message":"etcdserver: request timed out","http_status":"Internal Server Error"}}"#,
+        ] {
+            assert!(class(body).is_transient(), "{body}");
+        }
+        for body in [
+            r#"{"error":{"grpc_code":16,"http_code":401,"message":"etcdserver: invalid auth token","http_status":"Unauthorized"}}"#,
+            r#"{"error":{"grpc_code":7,"http_code":403,"message":"etcdserver: permission denied","http_status":"Forbidden"}}"#,
+            r#"{"error":"etcdserver: permission denied","code":7,"message":"etcdserver: permission denied"}"#,
+            r#"{"error":{"grpc_code":5,"http_code":404,"message":"etcdserver: requested lease not found","http_status":"Not Found"}}"#,
+        ] {
+            let e = class(body);
+            assert!(matches!(e, Error::Refused(_)), "{body}: {e:?}");
+            assert!(!e.to_string().contains("unexpected reply"), "{e}");
         }
     }
 

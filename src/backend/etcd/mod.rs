@@ -1,8 +1,9 @@
 //! The etcd engine, after the recipe of etcd's own concurrency package: a
 //! request is a key `PREFIX NAME/q/<lease id>` on an etcd lease, created in
 //! one transaction; the holders are the front of the queue in create-revision
-//! order; a waiter watches the key just ahead of it; the token is the key's
-//! create revision (raft-committed, so it never goes back).
+//! order; a waiter watches the key just ahead of it; the token is the
+//! revision of the write that granted the key (raft-committed, so it never
+//! goes back, and a later grant's is higher).
 //!
 //! By layer: `address.rs` reads the URL; `client.rs` is the transport (the
 //! v3 JSON gateway, bounded calls, endpoints in turn, the error table);
@@ -220,7 +221,7 @@ impl Engine for Etcd {
             } else {
                 // The key stays on the holder's lease, so it ends when that
                 // lease would have: nobody else gets in early.
-                json!({"request_put": {"key": b64(&e.key), "value": b64(&e.record.revoked().encode()), "ignore_lease": true}})
+                json!({"request_put": {"key": b64(&e.key), "value": b64(&e.record.revoked(e.token).encode()), "ignore_lease": true}})
             };
             let v = txn(&mut self.client, vec![unchanged], vec![change], vec![])
                 .map_err(|err| self.client.failed(&doing, err))?;

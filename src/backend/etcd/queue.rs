@@ -56,6 +56,9 @@ pub struct Record {
     /// only for `status`'s "held for".
     pub granted_ms: u64,
     pub revoked: bool,
+    /// The token of a revoked grant: the revocation's write moves the
+    /// key's mod revision, which was the token.
+    pub token: Option<u64>,
 }
 
 impl Record {
@@ -67,6 +70,7 @@ impl Record {
             slot: None,
             granted_ms: 0,
             revoked: false,
+            token: None,
         }
     }
 
@@ -79,6 +83,7 @@ impl Record {
             "slot": self.slot,
             "granted_ms": self.granted_ms,
             "revoked": self.revoked,
+            "token": self.token,
         })
         .to_string()
     }
@@ -99,14 +104,16 @@ impl Record {
             slot: v["slot"].as_u64().map(|s| s as u32),
             granted_ms: v["granted_ms"].as_u64().unwrap_or(0),
             revoked: v["revoked"].as_bool().unwrap_or(false),
+            token: v["token"].as_u64(),
         })
     }
 
-    /// The same grant, revoked by `release --force`.
-    pub fn revoked(&self) -> Record {
+    /// The same grant (its token `token`), revoked by `release --force`.
+    pub fn revoked(&self, token: u64) -> Record {
         Record {
             owner: String::new(),
             revoked: true,
+            token: Some(token),
             ..self.clone()
         }
     }
@@ -116,7 +123,11 @@ impl Record {
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub key: String,
-    /// The key's create revision: its place in the queue and its token.
+    /// The key's create revision: its place in the queue.
+    pub created: u64,
+    /// A holder's token: the revision of the write that granted it (its
+    /// create, or the transaction that promoted it), so a later grant
+    /// always has a higher one, whatever the order of arrival.
     pub token: u64,
     pub mod_rev: u64,
     pub lease: i64,
@@ -139,16 +150,18 @@ pub fn entries(range: &Value, header: &Value) -> Result<(Vec<Entry>, u64), Error
                 "the key {key} is not a lockrun lease: remove it or choose another --prefix"
             ))
         })?;
+        let mod_rev = int(&kv["mod_revision"]).unwrap_or(0).max(0) as u64;
         out.push(Entry {
             key,
-            token: int(&kv["create_revision"]).unwrap_or(0).max(0) as u64,
-            mod_rev: int(&kv["mod_revision"]).unwrap_or(0).max(0) as u64,
+            created: int(&kv["create_revision"]).unwrap_or(0).max(0) as u64,
+            token: record.token.unwrap_or(mod_rev),
+            mod_rev,
             lease: int(&kv["lease"]).unwrap_or(0),
             value,
             record,
         });
     }
-    out.sort_by_key(|e| e.token);
+    out.sort_by_key(|e| e.created);
     Ok((out, revision))
 }
 
@@ -249,9 +262,11 @@ mod tests {
             slot: None,
             granted_ms: 0,
             revoked: false,
+            token: None,
         };
         Entry {
             key: format!("k{i}"),
+            created: i,
             token: i,
             mod_rev: i,
             lease: i as i64,
@@ -326,7 +341,8 @@ mod tests {
         let mut r = entry(1, Limit(4)).record;
         r.slot = Some(3);
         assert_eq!(Record::decode(&r.encode()), Some(r.clone()));
-        assert!(Record::decode(&r.revoked().encode()).unwrap().revoked);
+        let revoked = Record::decode(&r.revoked(7).encode()).unwrap();
+        assert!(revoked.revoked && revoked.token == Some(7));
         assert_eq!(Record::decode("hello"), None);
         assert_eq!(Record::decode("{\"mode\":\"q\"}"), None);
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::client::b64;
+use super::client::{b64, int};
 use super::queue::{Entry, Keys, Record, Verdict, entries, holders, judge};
 use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
 use crate::backend::wait::{Patience, Retry};
@@ -22,6 +22,10 @@ use crate::log;
 /// died silently costs at most this.
 const WATCH_LIFE: Duration = Duration::from_secs(30);
 
+/// Compares a `--limit` promotion makes one per other holder up to this
+/// (etcd allows 128 operations in a transaction by default).
+const MAX_COMPARES: usize = 100;
+
 /// A waiter's key lives on a lease of a third of the ttl (whole seconds, at
 /// least etcd's smallest), so one killed in the queue holds up the others
 /// by no more than that.
@@ -33,7 +37,7 @@ fn waiter_ttl(ttl: Duration) -> Duration {
 struct Mine {
     key: String,
     /// The key's create revision, once read.
-    token: u64,
+    create_rev: u64,
     lease: i64,
     lease_ttl: Duration,
     /// When the request that started (or last renewed) the lease was sent.
@@ -51,6 +55,11 @@ struct Mine {
     spare: Option<Spare>,
     /// A promotion sent whose reply may have been lost.
     promoting: Option<Promotion>,
+    /// A move onto a waiter lease sent whose reply may have been lost: the
+    /// next look tells from the lease our key is on whether it went through.
+    moving: Option<Spare>,
+    /// Watches in a row that ended without an event soon after they opened.
+    watch_failures: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -72,6 +81,22 @@ struct Promotion {
 }
 
 impl Mine {
+    /// Our key is now on the waiter lease `w`; the full lease, with nothing
+    /// on it any more, waits (kept alive) for our turn.
+    fn onto_waiter(&mut self, w: Spare) {
+        self.spare = Some(Spare {
+            lease: self.lease,
+            ttl: self.lease_ttl,
+            sent: self.lease_sent,
+            next_keepalive: self.lease_sent.add(self.lease_ttl / 3),
+        });
+        self.lease = w.lease;
+        self.lease_ttl = w.ttl;
+        self.lease_sent = w.sent;
+        self.waiting = true;
+        self.next_keepalive = w.next_keepalive;
+    }
+
     fn promoted(&mut self, p: Promotion) {
         // A waiter lease left behind has nothing on it and lapses on its own.
         self.value = p.value;
@@ -99,14 +124,7 @@ impl Etcd {
         let mut mine: Option<Mine> = None;
         let mut holder: Option<String> = None;
         loop {
-            match self.step(
-                req,
-                &keys,
-                &mut mine,
-                &mut patience,
-                &mut holder,
-                &mut retry,
-            ) {
+            match self.step(req, &keys, &mut mine, &mut patience, &mut holder) {
                 Ok(Step::Done(acquired)) => {
                     if let Acquired::Granted(l) = &acquired {
                         log::info(format!(
@@ -146,7 +164,7 @@ impl Etcd {
     fn leave(&mut self, mine: &mut Option<Mine>) {
         if let Some(m) = mine.take() {
             let _ = revoke(&mut self.client, m.lease);
-            if let Some(sp) = m.spare {
+            for sp in [m.spare, m.moving].into_iter().flatten() {
                 let _ = revoke(&mut self.client, sp.lease);
             }
         }
@@ -159,7 +177,6 @@ impl Etcd {
         mine: &mut Option<Mine>,
         patience: &mut Patience,
         holder: &mut Option<String>,
-        retry: &mut Retry,
     ) -> Result<Step, Error> {
         if mine.is_none() {
             let sent = Boot::now();
@@ -170,7 +187,7 @@ impl Etcd {
             };
             *mine = Some(Mine {
                 key: keys.entry(lease),
-                token: 0,
+                create_rev: 0,
                 lease,
                 lease_ttl: ttl,
                 lease_sent: sent,
@@ -180,9 +197,14 @@ impl Etcd {
                 next_keepalive: sent.add(ttl / 3),
                 spare: None,
                 promoting: None,
+                moving: None,
+                watch_failures: 0,
             });
         }
         let m = mine.as_mut().expect("set above");
+        // Only a look that is our own create's reply may grant with no
+        // transaction of ours after it (`promote`).
+        let mut created_now = false;
         let (queue, revision) = if m.created {
             // Served by the member we talk to, without a round of the
             // cluster: a stale read can only show keys ahead of ours that
@@ -205,7 +227,8 @@ impl Etcd {
                 vec![range],
             )?;
             m.created = true;
-            let at = if succeeded(&v) { 1 } else { 0 };
+            created_now = succeeded(&v);
+            let at = if created_now { 1 } else { 0 };
             entries(&v["responses"][at]["response_range"], &v["header"])?
         };
         let Some(me) = queue.iter().position(|e| e.key == m.key) else {
@@ -218,12 +241,25 @@ impl Etcd {
             self.leave(mine);
             return Ok(Step::Again);
         };
+        if let Some(w) = m.moving.take() {
+            if queue[me].lease == w.lease {
+                // The move went through; only its reply was lost.
+                m.onto_waiter(w);
+            } else if let Err(e) = revoke(&mut self.client, w.lease) {
+                m.moving = Some(w);
+                return Err(e);
+            }
+            // Else it never reaches our key now: a move landing late finds
+            // its lease gone and fails.
+        }
         if let Some(p) = m.promoting.take() {
             if queue[me].value == p.value && queue[me].lease == p.lease {
                 // The promotion went through; only its reply was lost.
                 let slot = p.slot;
                 m.promoted(p);
-                return Ok(Step::Done(self.granted(m, req, slot)));
+                // Its write is the key's last: its revision is the token.
+                let token = queue[me].mod_rev;
+                return Ok(Step::Done(self.granted(m, req, slot, token)));
             }
             if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
                 let _ = revoke(&mut self.client, p.lease);
@@ -242,11 +278,29 @@ impl Etcd {
             *mine = None;
             return Ok(Step::Again);
         }
-        m.token = queue[me].token;
+        if queue[me].lease != m.lease {
+            // Our key is not on the lease we keep alive (a write of ours
+            // landed after we had given up on it): it would lapse under a
+            // holder. Take it out of the queue and queue again.
+            log::info(format!(
+                "our place in {}'s queue is on a lease we do not keep; queueing again",
+                req.name
+            ));
+            let delete = json!({"request_delete_range": {"key": b64(&m.key)}});
+            txn(
+                &mut self.client,
+                vec![holds(&m.key, &m.value)],
+                vec![delete],
+                vec![],
+            )?;
+            self.leave(mine);
+            return Ok(Step::Again);
+        }
+        m.create_rev = queue[me].created;
         match judge(&queue, me, req) {
             Verdict::Nested => Err(crate::backend::nested(req.name)),
             Verdict::Disagrees(in_force) => Err(req.mode.disagreement(req.name, in_force)),
-            Verdict::Granted => self.promote(req, keys, mine, &queue, revision),
+            Verdict::Granted => self.promote(req, keys, mine, &queue, revision, created_now),
             Verdict::Blocked { watch, holder: h } => {
                 *holder = h.or(holder.take());
                 if patience.over() {
@@ -259,7 +313,7 @@ impl Etcd {
                     return Ok(Step::Again);
                 }
                 patience.tick(holder.as_deref());
-                self.wait_turn(mine, &watch, revision, patience, holder, retry)
+                self.wait_turn(mine, &watch, revision, patience, holder)
             }
         }
     }
@@ -270,28 +324,26 @@ impl Etcd {
         let sent = Boot::now();
         let (lease, ttl) = grant(&mut self.client, waiter_ttl(req.timing.ttl))?;
         let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": lease.to_string()}});
+        // Remembered before it is sent: if the reply is lost, the key may
+        // be on this lease, and only the next look can tell.
+        m.moving = Some(Spare {
+            lease,
+            ttl,
+            sent,
+            next_keepalive: sent.add(ttl / 3),
+        });
         let v = txn(
             &mut self.client,
             vec![holds(&m.key, &m.value)],
             vec![put],
             vec![],
         )?;
+        let w = m.moving.take().expect("set above");
         if !succeeded(&v) {
             let _ = revoke(&mut self.client, lease);
             return Ok(false);
         }
-        // Nothing is on the full lease any more: it waits, kept alive, for our turn.
-        m.spare = Some(Spare {
-            lease: m.lease,
-            ttl: m.lease_ttl,
-            sent: m.lease_sent,
-            next_keepalive: m.lease_sent.add(m.lease_ttl / 3),
-        });
-        m.lease = lease;
-        m.lease_ttl = ttl;
-        m.lease_sent = sent;
-        m.waiting = true;
-        m.next_keepalive = sent.add(ttl / 3);
+        m.onto_waiter(w);
         Ok(true)
     }
 
@@ -307,11 +359,19 @@ impl Etcd {
         mine: &mut Option<Mine>,
         queue: &[Entry],
         revision: u64,
+        created_now: bool,
     ) -> Result<Step, Error> {
         let m = mine.as_mut().expect("in the queue");
         let limit = matches!(req.mode, Mode::Limit(_));
-        if !m.waiting && !limit {
-            return Ok(Step::Done(self.granted(m, req, None)));
+        // With no transaction only when the key was granted by its own
+        // create: after any other look (a retry, a move onto a waiter
+        // lease whose reply was lost) the key may not be on the lease we
+        // believe, so it is put on a known full lease, with a new value
+        // that a write of ours landing late no longer matches.
+        if created_now && !m.waiting && !limit {
+            // Granted at its create, whose revision is higher than that of
+            // every earlier grant: each had its key gone, or granted, by then.
+            return Ok(Step::Done(self.granted(m, req, None, m.create_rev)));
         }
         let (lease, ttl, sent) = if let (true, Some(sp)) = (m.waiting, m.spare) {
             // The deadline counts from the spare's last keepalive.
@@ -324,7 +384,8 @@ impl Etcd {
             (m.lease, m.lease_ttl, m.lease_sent)
         };
         let mut record = Record::decode(&m.value).expect("our own record");
-        record.granted_ms = wall_ms();
+        // Never the value it had: the transaction must change it.
+        record.granted_ms = wall_ms().max(record.granted_ms + 1);
         if limit {
             let used: Vec<u32> = queue[..holders(queue)]
                 .iter()
@@ -336,16 +397,38 @@ impl Etcd {
         let value = record.encode();
         let mut compare = vec![
             holds(&m.key, &m.value),
-            json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.token.to_string()}),
+            json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.create_rev.to_string()}),
         ];
         if limit {
-            // No key of the queue written (a slot taken, a request come)
-            // since it was read.
-            compare.push(json!({
-                "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
-                "target": "MOD", "result": "LESS",
-                "mod_revision": (revision + 1).to_string(),
-            }));
+            // No other holder written (a slot taken) or gone (the holders
+            // changed) since the queue was read. With every slot's holder
+            // in the queue, a request that arrives meanwhile queues behind
+            // them and cannot take a slot without one of them going first,
+            // so it does not abort ours: a stream of arrivals cannot starve
+            // a promotion. With fewer, an arrival is a holder too: no key
+            // may have come since the read.
+            let held = holders(queue);
+            let others: Vec<&Entry> = queue[..held].iter().filter(|e| e.key != m.key).collect();
+            if others.len() <= MAX_COMPARES {
+                compare.extend(others.iter().map(|e| {
+                    json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()})
+                }));
+                if held < req.mode.limit() as usize {
+                    compare.push(json!({
+                        "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
+                        "target": "CREATE", "result": "LESS",
+                        "create_revision": (revision + 1).to_string(),
+                    }));
+                }
+            } else {
+                // More than a transaction may hold: no key of the queue
+                // written since it was read.
+                compare.push(json!({
+                    "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
+                    "target": "MOD", "result": "LESS",
+                    "mod_revision": (revision + 1).to_string(),
+                }));
+            }
         }
         let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&value), "lease": lease.to_string()}});
         m.promoting = Some(Promotion {
@@ -374,10 +457,16 @@ impl Etcd {
             return Ok(Step::Again);
         }
         m.promoted(p);
-        Ok(Step::Done(self.granted(m, req, record.slot)))
+        // The revision of the write that granted us: higher than every
+        // earlier grant's (of this slot and of the name), whichever of the
+        // holders arrived first.
+        let token = int(&v["header"]["revision"])
+            .filter(|r| *r > 0)
+            .ok_or_else(|| Error::Internal(format!("etcd's reply has no revision: {v}")))?;
+        Ok(Step::Done(self.granted(m, req, record.slot, token as u64)))
     }
 
-    fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>) -> Acquired {
+    fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>, token: u64) -> Acquired {
         let held = EtcdHeld {
             client: self.client.hand_over(),
             key: m.key.clone(),
@@ -386,7 +475,7 @@ impl Etcd {
             name: req.name.to_string(),
         };
         Acquired::Granted(Lease::new(
-            m.token,
+            token,
             slot,
             m.lease_sent,
             m.lease_ttl,
@@ -403,7 +492,6 @@ impl Etcd {
         revision: u64,
         patience: &mut Patience,
         holder: &mut Option<String>,
-        retry: &mut Retry,
     ) -> Result<Step, Error> {
         // Only deletions matter, from just after the queue was read: one
         // that happened since is not missed.
@@ -418,24 +506,63 @@ impl Etcd {
                 .to_string()
             })
             .collect();
-        let woken = self.client.watch(creates, WATCH_LIFE);
+        let opened = Boot::now();
+        let mut woken = Some(self.client.watch(creates, WATCH_LIFE));
+        // Once the watch failed: when to look again, our leases kept alive
+        // until then.
+        let mut look_at: Option<Boot> = None;
         loop {
             let m = mine.as_mut().expect("in the queue");
-            let due = m.spare.map_or(m.next_keepalive, |sp| {
+            let mut due = m.spare.map_or(m.next_keepalive, |sp| {
                 sp.next_keepalive.min(m.next_keepalive)
             });
+            if let Some(at) = look_at {
+                if Boot::now() >= at {
+                    return Ok(Step::Again);
+                }
+                due = due.min(at);
+            }
             let timeout = patience
                 .cap(due.since(Boot::now()))
                 .max(Duration::from_millis(1));
-            match woken.recv_timeout(timeout) {
-                Ok(Ok(())) | Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
-                Ok(Err(e)) if !e.is_transient() => return Err(e),
-                Ok(Err(e)) => {
-                    log::info(format!("waiting failed: {e}; retrying"));
-                    std::thread::sleep(retry.pause());
-                    return Ok(Step::Again);
+            let ended = match &woken {
+                Some(rx) => match rx.recv_timeout(timeout) {
+                    Ok(Ok(true)) => {
+                        m.watch_failures = 0;
+                        return Ok(Step::Again);
+                    }
+                    // A watch that lived out its life: open the next at once.
+                    Ok(Ok(false)) if Boot::now().since(opened) >= WATCH_LIFE / 2 => {
+                        m.watch_failures = 0;
+                        return Ok(Step::Again);
+                    }
+                    Ok(Err(e)) if !e.is_transient() => return Err(e),
+                    Ok(Err(e)) => {
+                        log::info(format!("waiting failed: {e}; retrying"));
+                        true
+                    }
+                    Ok(Ok(false)) | Err(RecvTimeoutError::Disconnected) => true,
+                    Err(RecvTimeoutError::Timeout) => false,
+                },
+                None => {
+                    std::thread::sleep(timeout);
+                    false
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+            };
+            if ended {
+                // A stream that breaks or ends at once (a proxy that does
+                // not pass streaming, a member going away) says nothing of
+                // the queue: look again after a pause that grows each time
+                // in a row, and keep our leases alive meanwhile, so our
+                // place does not lapse while the watch cannot be had.
+                woken = None;
+                m.watch_failures += 1;
+                look_at = Some(Boot::now().add(crate::clock::backoff(
+                    m.watch_failures,
+                    Duration::from_millis(50),
+                    Duration::from_secs(1),
+                )));
+                continue;
             }
             if patience.over() {
                 self.leave(mine);
