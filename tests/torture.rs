@@ -384,13 +384,27 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                         name: None,
                         at,
                     });
-                    if set.new_master(before).is_none() {
+                    let Some(now) = set.new_master(before) else {
                         // No replica the sentinels would promote: the node
                         // comes back as the master, empty.
+                        log.push(Chaos::Break {
+                            kind: "master restart",
+                            name: None,
+                            at: now_us(),
+                        });
                         set.nodes[i].restart();
                         continue;
-                    }
-                    if !set.rejoin(i) {
+                    };
+                    // It comes back empty, and a master until it is told to
+                    // follow the new one: a sentinel that has not heard of
+                    // the failover yet may still name it. A restart without
+                    // persistence breaks leases (README "Safety").
+                    log.push(Chaos::Break {
+                        kind: "master restart",
+                        name: None,
+                        at: now_us(),
+                    });
+                    if !set.rejoin(i, now) {
                         sh.violations
                             .lock()
                             .unwrap()

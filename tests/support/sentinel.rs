@@ -151,9 +151,11 @@ impl Sentinels {
     /// Start node `i` again after it was killed, empty, and make it a
     /// replica of the master, as an operator would (the sentinels would, in
     /// their time).
-    pub fn rejoin(&mut self, i: usize) -> bool {
+    pub fn rejoin(&mut self, i: usize, master: u16) -> bool {
         self.nodes[i].restart();
-        let master = self.master_port().to_string();
+        // The master it must follow, as the caller learned it: a sentinel
+        // asked now may not know of the failover yet.
+        let master = master.to_string();
         let _: redis::RedisResult<()> = redis::cmd("REPLICAOF")
             .arg("127.0.0.1")
             .arg(&master)
