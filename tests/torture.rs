@@ -310,14 +310,29 @@ fn running_job(sh: &Shared, rng: &mut Rng) -> Option<(usize, i32, i32)> {
 enum Servers {
     One(Mutex<Redis>),
     Sentinel(Mutex<Sentinels>),
+    Etcd(Mutex<Etcd>),
 }
 
 impl Servers {
     /// A connection to the node that holds the leases now.
-    fn conn(&self) -> redis::Connection {
+    /// Delete the lease of `name` behind lockrun's back.
+    fn delete(&self, name: &str) {
+        let key = format!("lockrun:{{{name}}}");
         match self {
-            Servers::One(r) => r.lock().unwrap().conn(),
-            Servers::Sentinel(s) => s.lock().unwrap().master().conn(),
+            Servers::One(r) => {
+                let _: Result<i64, _> = redis::cmd("DEL")
+                    .arg(&key)
+                    .query(&mut r.lock().unwrap().conn());
+            }
+            Servers::Sentinel(s) => {
+                let conn = &mut s.lock().unwrap().master().conn();
+                let _: Result<i64, _> = redis::cmd("DEL").arg(&key).query(conn);
+            }
+            Servers::Etcd(e) => {
+                e.lock()
+                    .unwrap()
+                    .ctl(&["del", "--prefix", &format!("lockrun:{name}/")]);
+            }
         }
     }
 }
@@ -365,6 +380,13 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 continue;
             }
             1 => match &*servers {
+                Servers::Etcd(etcd) => {
+                    // etcd is durable: a restart keeps every lease (and
+                    // lengthens them), so it admits no late action.
+                    let from = now_us();
+                    etcd.lock().unwrap().restart();
+                    log.push(Chaos::RedisPause { from, to: now_us() });
+                }
                 Servers::One(redis) => {
                     let at = now_us();
                     redis.lock().unwrap().restart();
@@ -416,6 +438,35 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 }
             },
             2 => match &*servers {
+                Servers::Etcd(etcd) => {
+                    let e = etcd.lock().unwrap();
+                    if rng.below(2) == 0 {
+                        let from = now_us();
+                        e.pause();
+                        std::thread::sleep(rng.ms(200, 900));
+                        e.resume();
+                        log.push(Chaos::RedisPause { from, to: now_us() });
+                    } else {
+                        // `etcdctl lease revoke` of any lease alive (a holder's
+                        // or a waiter's): the server ends it.
+                        let leases = e.leases();
+                        if leases.is_empty() {
+                            continue;
+                        }
+                        let lease = &leases[rng.below(leases.len() as u64) as usize];
+                        let at = now_us();
+                        let _ = Command::new("etcdctl")
+                            .args(["--endpoints", &format!("127.0.0.1:{}", e.port)])
+                            .args(["lease", "revoke", lease])
+                            .env("ETCDCTL_API", "3")
+                            .output();
+                        log.push(Chaos::Break {
+                            kind: "lease revoke",
+                            name: None,
+                            at,
+                        });
+                    }
+                }
                 Servers::One(redis) => {
                     let r = redis.lock().unwrap();
                     let from = now_us();
@@ -452,9 +503,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 let at = now_us();
                 let name = NAMES[rng.below(3) as usize];
                 if rng.below(2) == 0 {
-                    let _: Result<i64, _> = redis::cmd("DEL")
-                        .arg(format!("lockrun:{{{name}}}"))
-                        .query(&mut servers.conn());
+                    servers.delete(name);
                     log.push(Chaos::Break {
                         kind: "DEL",
                         name: Some(name),
@@ -743,6 +792,18 @@ fn torture_with_a_fenced_resource() {
     torture(Servers::One(Mutex::new(redis)), url, Some(proxy), secs);
 }
 
+/// The same on etcd: the chaos thread restarts etcd (durable: leases
+/// survive), stops it for a while and revokes leases with etcdctl
+/// (LOCKRUN_TORTURE_ETCD_SECS, default 30).
+#[test]
+fn torture_on_etcd() {
+    let _alone = heavy();
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let secs = env_u64("LOCKRUN_TORTURE_ETCD_SECS", 30);
+    torture(Servers::Etcd(Mutex::new(etcd)), url, None, secs);
+}
+
 /// The same behind Sentinel, where the chaos thread also fails the master
 /// over and kills it outright (LOCKRUN_TORTURE_SENTINEL_SECS, default 30).
 #[test]
@@ -804,7 +865,7 @@ fn torture(servers: Servers, url: String, proxy: Option<Proxy>, secs: u64) {
     let summary = format!(
         "seed {seed}: {} grants, {} writes accepted, {} stale writes rejected, {} lost leases (exit 76), \
          {} unreachable (69), {} out of descriptors (70); chaos: {} lockrun pauses, {} lockrun SIGKILLs, {} stalls, \
-         {} Redis restarts, {} Redis pauses, {} failovers, {} master kills, {} raw deletes or release --now, {} revokes, {} swarms; {} admitted late actions",
+         {} Redis restarts, {} server pauses or durable restarts, {} failovers, {} master kills, {} lease revokes on the server, {} raw deletes or release --now, {} revokes, {} swarms; {} admitted late actions",
         history.jobs.len(),
         history.accepted.values().map(Vec::len).sum::<usize>(),
         history.rejected,
@@ -836,9 +897,17 @@ fn torture(servers: Servers, url: String, proxy: Option<Proxy>, secs: u64) {
                 ..
             }
         )),
-        count(
-            |c| matches!(c, Chaos::Break { kind, .. } if !matches!(*kind, "restart" | "failover" | "master kill"))
-        ),
+        count(|c| matches!(
+            c,
+            Chaos::Break {
+                kind: "lease revoke",
+                ..
+            }
+        )),
+        count(|c| {
+            matches!(c, Chaos::Break { kind, .. }
+                if !matches!(*kind, "restart" | "failover" | "master kill" | "master restart" | "lease revoke"))
+        }),
         count(|c| matches!(c, Chaos::Revoke { .. })),
         count(|c| matches!(c, Chaos::Swarm { .. })),
         overlaps,
