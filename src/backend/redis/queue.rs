@@ -88,6 +88,21 @@ fn outage_budget(req: &Request) -> Duration {
 }
 
 impl Redis {
+    /// Whether a grant just made counts: behind sentinels, it was made on
+    /// the master a majority names now; with `--replicas`, enough replicas
+    /// have it.
+    fn confirm_grant(&mut self) -> Result<(), Error> {
+        if !self.link.on_master()? {
+            return Err(Error::Transient(
+                "the grant came from a master the sentinels no longer name".into(),
+            ));
+        }
+        if self.replicas > 0 {
+            self.link.acknowledged(self.replicas, "grant")?;
+        }
+        Ok(())
+    }
+
     pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
         let keys = Keys::new(&self.prefix, req.name);
         let id = waiter_id();
@@ -104,10 +119,6 @@ impl Redis {
         let doing = format!("acquiring {}", req.name);
         let mut patience = Patience::new(req, wait);
         let mut retry = Retry::new(outage_budget(req));
-        // Replicas that do not acknowledge: a budget of its own, which a
-        // script that answers does not renew.
-        let mut unreplicated = Retry::new(outage_budget(req));
-        // The same for a grant no majority of the sentinels could confirm.
         let mut unconfirmed = Retry::new(outage_budget(req));
         let mut holder: Option<String> = None;
         // When the soonest holder's lease runs out on its own, as last heard
@@ -162,39 +173,14 @@ impl Redis {
             };
             let holder_ends_in = match reply {
                 Acquire::Granted { token, slot } => {
-                    // Behind sentinels, a grant from a master that a
-                    // failover demoted is no grant: give it back there and
-                    // ask the new master.
-                    match self.link.on_master() {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                            self.link.conn = None;
-                            std::thread::sleep(retry.pause());
-                            continue;
-                        }
-                        // No majority of the sentinels says where the master
-                        // is: no grant counts; give it back and try again.
-                        Err(e) => {
-                            let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                            self.link.conn = None;
-                            match unconfirmed.failed(&patience) {
-                                Some(pause) => {
-                                    log::info(format!("{e}; retrying"));
-                                    std::thread::sleep(pause);
-                                    continue;
-                                }
-                                None => return Err(self.link.failed(&doing, e)),
-                            }
-                        }
-                    }
-                    // With --replicas, a grant counts once enough replicas
-                    // have it: else it is given back and tried again.
-                    if self.replicas > 0
-                        && let Err(e) = self.link.acknowledged(self.replicas, "grant")
-                    {
+                    // A grant from a master that a failover demoted, or one
+                    // too few replicas have, is no grant: give it back and
+                    // try again, on a budget of its own (a script that
+                    // answers does not renew it).
+                    if let Err(e) = self.confirm_grant() {
                         let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                        match unreplicated.failed(&patience) {
+                        self.link.conn = None;
+                        match unconfirmed.failed(&patience) {
                             Some(pause) if e.is_transient() => {
                                 log::info(format!("{e}; retrying"));
                                 std::thread::sleep(pause);
