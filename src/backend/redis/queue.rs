@@ -90,15 +90,20 @@ fn outage_budget(req: &Request) -> Duration {
 impl Redis {
     /// Whether a grant just made counts: behind sentinels, it was made on
     /// the master a majority names now; with `--replicas`, enough replicas
-    /// have it.
-    fn confirm_grant(&mut self) -> Result<(), Error> {
-        if !self.link.on_master()? {
-            return Err(Error::Transient(
-                "the grant came from a master the sentinels no longer name".into(),
-            ));
+    /// have it. The flag with an error: the master may be elsewhere now.
+    fn confirm_grant(&mut self) -> Result<(), (Error, bool)> {
+        match self.link.on_master() {
+            Ok(true) => {}
+            Ok(false) => {
+                let moved = "the grant came from a master the sentinels no longer name";
+                return Err((Error::Transient(moved.into()), true));
+            }
+            Err(e) => return Err((e, true)),
         }
         if self.replicas > 0 {
-            self.link.acknowledged(self.replicas, "grant")?;
+            self.link
+                .acknowledged(self.replicas, "grant")
+                .map_err(|e| (e, false))?;
         }
         Ok(())
     }
@@ -177,9 +182,12 @@ impl Redis {
                     // too few replicas have, is no grant: give it back and
                     // try again, on a budget of its own (a script that
                     // answers does not renew it).
-                    if let Err(e) = self.confirm_grant() {
+                    if let Err((e, elsewhere)) = self.confirm_grant() {
                         let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                        self.link.conn = None;
+                        if elsewhere {
+                            // The next call goes to the master of the moment.
+                            self.link.conn = None;
+                        }
                         match unconfirmed.failed(&patience) {
                             Some(pause) if e.is_transient() => {
                                 log::info(format!("{e}; retrying"));
