@@ -81,6 +81,7 @@ pub struct Redis {
     child: Option<Child>,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    restarted: bool,
 }
 
 impl Redis {
@@ -94,24 +95,27 @@ impl Redis {
             child: None,
             dir: tempfile::tempdir().unwrap(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            restarted: false,
         };
         r.launch();
         r
     }
 
     fn launch(&mut self) {
-        let mut cmd = Command::new(redis_server_path());
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        self.child = Some(cmd.spawn().expect("start redis-server"));
-        let port = self.port;
-        let up = wait_until(Duration::from_secs(10), || ping(port));
-        assert!(up, "redis-server did not come up on port {port}");
+        let (dir, extra) = (self.dir.path().to_owned(), self.extra.clone());
+        // A restart keeps its port: the tests reconnect to the same address.
+        let fixed = self.restarted;
+        let (port, child) = serve(self.port, fixed, |port| {
+            let mut cmd = Command::new(redis_server_path());
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .args(&extra);
+            cmd
+        });
+        self.port = port;
+        self.child = Some(child);
     }
 
     pub fn pid(&self) -> i32 {
@@ -176,6 +180,7 @@ impl Redis {
     /// Kill and start again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();
+        self.restarted = true;
         self.launch();
     }
 
@@ -197,15 +202,64 @@ impl Drop for Redis {
     }
 }
 
-/// Any reply to PING (even NOAUTH) means the server is up.
-fn ping(port: u16) -> bool {
+/// Start a server that listens on `port` (made by `command`) and wait until
+/// it answers. A port from `free_port` may be taken by another test's
+/// server between the check and the start: the server then exits at once,
+/// and unless the port is `fixed` (a restart) it is tried again on another.
+/// It also keeps a server of another test that answers on that port from
+/// passing for ours.
+pub fn serve(mut port: u16, fixed: bool, command: impl Fn(u16) -> Command) -> (u16, Child) {
+    for _ in 0..5 {
+        let mut child = command(port)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server (apt-get install -y redis-server)");
+        let pid = child.id();
+        let mut exited = false;
+        let up = wait_until(Duration::from_secs(10), || {
+            exited = !matches!(child.try_wait(), Ok(None));
+            exited || served_by(port, pid)
+        });
+        if up && !exited {
+            return (port, child);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        if !fixed {
+            port = free_port();
+        }
+    }
+    panic!("redis-server did not come up on a loopback port (last tried {port})");
+}
+
+/// Whether the server answering on `port` is process `pid`, by its `INFO
+/// server`. One that asks for a password first cannot say: it counts as
+/// ours when it answers and `pid` still runs a moment later (a server that
+/// lost the port exits at start).
+fn served_by(port: u16, pid: u32) -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut buf = [0u8; 64];
-    s.write_all(b"PING\r\n").is_ok() && matches!(s.read(&mut buf), Ok(n) if n > 0)
+    if s.write_all(b"INFO server\r\n").is_err() {
+        return false;
+    }
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = s.read(&mut buf) {
+        reply.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        if text.starts_with('-') && text.contains("\r\n") {
+            std::thread::sleep(Duration::from_millis(300));
+            return alive(pid as i32);
+        }
+        if text.contains("\r\ntcp_port:") && text.contains("process_id:") {
+            return text.contains(&format!("\r\nprocess_id:{pid}\r\n"));
+        }
+    }
+    false
 }
 
 pub fn signal(pid: i32, sig: i32) {
@@ -761,22 +815,41 @@ impl Etcd {
     }
 
     fn launch(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.port);
-        let peer = format!("http://127.0.0.1:{}", self.peer);
-        let mut cmd = Command::new(etcd_path());
-        cmd.arg("--data-dir")
-            .arg(self.dir.path().join("data"))
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("default={peer}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        self.child = Some(cmd.spawn().expect("start etcd"));
-        let port = self.port;
-        let up = wait_until(Duration::from_secs(20), || etcd_healthy(port));
-        assert!(up, "etcd did not come up on port {port}");
+        // As `serve`: ports another test took between the check and the
+        // start make etcd exit at once; a first start tries others.
+        let first = self.child.is_none() && !self.dir.path().join("data").exists();
+        for _ in 0..5 {
+            let client = format!("http://127.0.0.1:{}", self.port);
+            let peer = format!("http://127.0.0.1:{}", self.peer);
+            let mut cmd = Command::new(etcd_path());
+            cmd.arg("--data-dir")
+                .arg(self.dir.path().join("data"))
+                .args(["--listen-client-urls", &client])
+                .args(["--advertise-client-urls", &client])
+                .args(["--listen-peer-urls", &peer])
+                .args(["--initial-advertise-peer-urls", &peer])
+                .args(["--initial-cluster", &format!("default={peer}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let mut child = cmd.spawn().expect("start etcd");
+            let port = self.port;
+            let mut exited = false;
+            let up = wait_until(Duration::from_secs(20), || {
+                exited = !matches!(child.try_wait(), Ok(None));
+                exited || etcd_healthy(port)
+            });
+            if up && !exited {
+                self.child = Some(child);
+                return;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            if first {
+                let _ = std::fs::remove_dir_all(self.dir.path().join("data"));
+                (self.port, self.peer) = (free_port(), free_port());
+            }
+        }
+        panic!("etcd did not come up on port {}", self.port);
     }
 
     pub fn pid(&self) -> i32 {

@@ -2,10 +2,10 @@
 //! Sentinel tests: started with config files in a temporary directory,
 //! stopped by pid.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
-use super::{Redis, free_port, signal, wait_until};
+use super::{Redis, free_port, serve, signal, wait_until};
 
 /// The name the sentinels know the master by.
 pub const MASTER: &str = "lockrun-master";
@@ -43,7 +43,29 @@ impl Sentinels {
                 .info("replication")
                 .contains("master_link_status:up")
         });
-        assert!(ready, "the sentinels did not come up and find each other");
+        if !ready {
+            let seen: Vec<String> = s
+                .sentinels
+                .iter()
+                .map(|(p, c)| {
+                    let others: redis::RedisResult<Vec<redis::Value>> =
+                        sentinel_cmd(*p, &["SENTINEL", "sentinels", MASTER]);
+                    match others {
+                        Ok(o) => format!("{p} (pid {}) knows {} others", c.id(), o.len()),
+                        Err(e) => format!("{p} (pid {}): {e}", c.id()),
+                    }
+                })
+                .collect();
+            panic!(
+                "the sentinels did not come up and find each other within 60 s: {}; replica: {}",
+                seen.join(", "),
+                s.nodes[1]
+                    .info("replication")
+                    .lines()
+                    .find(|l| l.starts_with("master_link_status"))
+                    .unwrap_or("no answer"),
+            );
+        }
         s
     }
 
@@ -172,28 +194,24 @@ fn sentinel_process(
     master_port: u16,
     quorum: u32,
 ) -> (u16, Child) {
-    let port = free_port();
-    let conf = dir.join(format!("sentinel{i}.conf"));
-    std::fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\n\
-             sentinel monitor {MASTER} 127.0.0.1 {master_port} {quorum}\n\
-             sentinel down-after-milliseconds {MASTER} 1000\n\
-             sentinel failover-timeout {MASTER} 5000\n\
-             sentinel parallel-syncs {MASTER} 1\n",
-            dir.display(),
-        ),
-    )
-    .unwrap();
-    let child = Command::new("redis-server")
-        .arg(&conf)
-        .arg("--sentinel")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start redis-server --sentinel (apt-get install -y redis-server)");
-    (port, child)
+    serve(free_port(), false, |port| {
+        let conf = dir.join(format!("sentinel{i}-{port}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {MASTER} 127.0.0.1 {master_port} {quorum}\n\
+                 sentinel down-after-milliseconds {MASTER} 1000\n\
+                 sentinel failover-timeout {MASTER} 5000\n\
+                 sentinel parallel-syncs {MASTER} 1\n",
+                dir.display(),
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new("redis-server");
+        cmd.arg(&conf).arg("--sentinel");
+        cmd
+    })
 }
 
 /// A sentinel of its own that names another server master under the same
