@@ -4,6 +4,7 @@
 //!     cargo bench                       # full run, writes target/lockrun-bench.json
 //!     LOCKRUN_BENCH_QUICK=1 cargo bench # fewer rounds, for a smoke test
 //!     LOCKRUN_BENCH_AB=OTHER cargo bench  # this lockrun (A) against OTHER (B)
+//!     LOCKRUN_BENCH_ONLY=etcd,handoff cargo bench  # only these sections
 //!
 //! With LOCKRUN_BENCH_AB set it runs only the A/B comparison: the same
 //! measures for both builds, interleaved round by round, so a difference
@@ -858,6 +859,9 @@ impl Bench {
     }
 }
 
+/// One part of the benchmark, run by name.
+type Section = fn(&mut Bench);
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if job_mode(&args) {
@@ -922,15 +926,31 @@ fn main() {
     if let Some(other) = ab {
         b.ab(&other);
     } else {
-        b.uncontended();
-        b.contention();
-        b.handoff();
-        b.waiting_load();
-        b.holding_cost();
-        b.footprint();
-        b.fairness();
-        b.throughput();
-        b.etcd();
+        let only = std::env::var("LOCKRUN_BENCH_ONLY").unwrap_or_default();
+        let sections: [(&str, Section); 9] = [
+            ("uncontended", Bench::uncontended),
+            ("contention", Bench::contention),
+            ("handoff", Bench::handoff),
+            ("waiting_load", Bench::waiting_load),
+            ("holding_cost", Bench::holding_cost),
+            ("footprint", Bench::footprint),
+            ("fairness", Bench::fairness),
+            ("throughput", Bench::throughput),
+            ("etcd", Bench::etcd),
+        ];
+        let chosen: Vec<&str> = only.split(',').filter(|s| !s.is_empty()).collect();
+        for c in &chosen {
+            assert!(
+                sections.iter().any(|(n, _)| n == c),
+                "LOCKRUN_BENCH_ONLY: no section {c:?} (there are {:?})",
+                sections.map(|(n, _)| n)
+            );
+        }
+        for (name, run) in sections {
+            if chosen.is_empty() || chosen.contains(&name) {
+                run(&mut b);
+            }
+        }
     }
     let out = std::env::var("LOCKRUN_BENCH_OUT").unwrap_or_else(|_| {
         Path::new(env!("CARGO_MANIFEST_DIR"))

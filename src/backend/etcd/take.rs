@@ -313,7 +313,7 @@ impl Etcd {
                     return Ok(Step::Again);
                 }
                 patience.tick(holder.as_deref());
-                self.wait_turn(mine, &watch, revision, patience, holder)
+                self.wait_turn(req, keys, mine, &watch, revision, patience, holder)
             }
         }
     }
@@ -466,6 +466,66 @@ impl Etcd {
         Ok(Step::Done(self.granted(m, req, record.slot, token as u64)))
     }
 
+    /// The key an exclusive waiter watched has gone: take the name in one
+    /// transaction that holds only if no key of the queue is older than
+    /// ours (our own is in it, so the range is never empty), with no read
+    /// before it. A hand-off then costs the release and this one write.
+    /// Anything else, or a compare that fails, looks at the queue as usual.
+    fn first_in_line(
+        &mut self,
+        req: &Request,
+        keys: &Keys,
+        mine: &mut Option<Mine>,
+    ) -> Result<Step, Error> {
+        let m = mine.as_mut().expect("in the queue");
+        let (Mode::Exclusive, true, Some(sp), None, None) =
+            (req.mode, m.waiting, m.spare, &m.moving, &m.promoting)
+        else {
+            return Ok(Step::Again);
+        };
+        let mut record = Record::decode(&m.value).expect("our own record");
+        record.granted_ms = wall_ms().max(record.granted_ms + 1);
+        let value = record.encode();
+        let compare = vec![
+            holds(&m.key, &m.value),
+            json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.create_rev.to_string()}),
+            json!({
+                "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
+                "target": "CREATE", "result": "GREATER",
+                "create_revision": (m.create_rev - 1).to_string(),
+            }),
+        ];
+        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&value), "lease": sp.lease.to_string()}});
+        // The deadline counts from the spare's last keepalive, as in `promote`.
+        m.promoting = Some(Promotion {
+            value,
+            lease: sp.lease,
+            lease_ttl: sp.ttl,
+            lease_sent: sp.sent,
+            slot: None,
+        });
+        let v = match txn(&mut self.client, compare, vec![put], vec![]) {
+            Ok(v) => v,
+            Err(Error::Refused(e)) if e.contains("lease not found") => {
+                m.promoting = None;
+                m.spare = None;
+                return Ok(Step::Again);
+            }
+            // A lost reply: the next look tells from our key whether it
+            // went through (`promoting`).
+            Err(e) => return Err(e),
+        };
+        let p = m.promoting.take().expect("set above");
+        if !succeeded(&v) {
+            return Ok(Step::Again);
+        }
+        m.promoted(p);
+        let token = int(&v["header"]["revision"])
+            .filter(|r| *r > 0)
+            .ok_or_else(|| Error::Internal(format!("etcd's reply has no revision: {v}")))?;
+        Ok(Step::Done(self.granted(m, req, None, token as u64)))
+    }
+
     fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>, token: u64) -> Acquired {
         let held = EtcdHeld {
             client: self.client.hand_over(),
@@ -485,8 +545,11 @@ impl Etcd {
 
     /// Block until a watched key goes, keeping our waiter lease alive,
     /// printing the waiting line and giving up when the wait says so.
+    #[allow(clippy::too_many_arguments)]
     fn wait_turn(
         &mut self,
+        req: &Request,
+        keys: &Keys,
         mine: &mut Option<Mine>,
         watch: &[String],
         revision: u64,
@@ -529,7 +592,7 @@ impl Etcd {
                 Some(rx) => match rx.recv_timeout(timeout) {
                     Ok(Ok(true)) => {
                         m.watch_failures = 0;
-                        return Ok(Step::Again);
+                        return self.first_in_line(req, keys, mine);
                     }
                     // A watch that lived out its life: open the next at once.
                     Ok(Ok(false)) if Boot::now().since(opened) >= WATCH_LIFE / 2 => {
