@@ -133,22 +133,25 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
         secret,
     };
 
-    let outcome = match supervise::supervise_job(job, deadline, lease.renewer()) {
+    let renewer = lease.renewer();
+    let mut pending = backend::Pending::Here(lease);
+    let releasing = format!("releasing {}", cfg.name);
+    // Once the job runs (and never before: the guard is forked from a
+    // process with one thread), a thread waits to release the lease.
+    let outcome = supervise::supervise_job(job, deadline, renewer, || pending.start_thread());
+    let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
-            // The job never started: give the lease back.
-            let _ = lease.release();
+            // The job never started, or its supervision failed: give the
+            // lease back.
+            let _ = pending.release(&releasing, cfg.timing.op);
             return Err(e);
         }
     };
 
     // Nothing of the job is left: only now may the lease go, within one
     // request's budget whatever the server does.
-    let released = backend::bounded(
-        &format!("releasing {}", cfg.name),
-        cfg.timing.op,
-        move || lease.release(),
-    );
+    let released = pending.release(&releasing, cfg.timing.op);
     if let Some(reason) = outcome.lost {
         log::alert(format!(
             "lease on {} lost: {reason}; the job was stopped",

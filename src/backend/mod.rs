@@ -364,6 +364,11 @@ pub trait Held: Send {
     }
     /// Give the lease up. Ok(false): it was no longer ours.
     fn release(self: Box<Self>) -> Result<bool, Error>;
+    /// The release talks to no server (a close and a stat of a local file):
+    /// it needs no thread to bound it.
+    fn releases_locally(&self) -> bool {
+        false
+    }
 }
 
 impl Lease {
@@ -422,6 +427,101 @@ impl Lease {
 
     pub fn release(self) -> Result<bool, Error> {
         self.held.release()
+    }
+
+    /// Give the lease up within `limit` whatever its server does: on a
+    /// thread that is left behind if it takes longer, unless the release is
+    /// local and so has nothing to wait for.
+    pub fn release_within(self, doing: &str, limit: Duration) -> Result<bool, Error> {
+        if self.held.releases_locally() {
+            return self.release();
+        }
+        bounded(doing, limit, move || self.release())
+    }
+
+    /// A thread that waits, holding the lease, to release it when told:
+    /// started while the job runs, so that the end of the job pays for the
+    /// request alone and not for a thread's start. None for a local release
+    /// (no thread needed) or when no thread can be had; the lease comes back.
+    pub fn release_later(self) -> Result<Releaser, Lease> {
+        if self.held.releases_locally() {
+            return Err(self);
+        }
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        // The lease comes back through this if the thread never starts.
+        let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(self)));
+        let theirs = slot.clone();
+        let started = std::thread::Builder::new()
+            .name("lockrun-release".into())
+            .spawn(move || {
+                // Told to release, or dropped: the lease goes either way.
+                let _ = go_rx.recv();
+                let lease = theirs.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(lease) = lease {
+                    let _ = done_tx.send(lease.release());
+                }
+            });
+        match started {
+            Ok(_) => Ok(Releaser {
+                go: go_tx,
+                done: done_rx,
+            }),
+            Err(_) => Err(slot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .expect("the thread never started")),
+        }
+    }
+}
+
+/// A granted lease until its release: on this thread, or (once the job
+/// runs) with a thread of its own that waits to release it.
+pub enum Pending {
+    Here(Lease),
+    Thread(Releaser),
+    Moving,
+}
+
+impl Pending {
+    /// Hand the lease to a thread of its own, if it needs one.
+    pub fn start_thread(&mut self) {
+        if let Pending::Here(lease) = std::mem::replace(self, Pending::Moving) {
+            *self = match lease.release_later() {
+                Ok(r) => Pending::Thread(r),
+                Err(lease) => Pending::Here(lease),
+            };
+        }
+    }
+
+    /// Give the lease up within `limit` whatever its server does.
+    pub fn release(self, doing: &str, limit: Duration) -> Result<bool, Error> {
+        match self {
+            Pending::Here(lease) => lease.release_within(doing, limit),
+            Pending::Thread(r) => r.release(doing, limit),
+            Pending::Moving => Err(Error::Internal(format!("{doing}: the lease was lost"))),
+        }
+    }
+}
+
+/// A lease in the hands of a thread of its own, waiting to be released.
+pub struct Releaser {
+    go: std::sync::mpsc::Sender<()>,
+    done: std::sync::mpsc::Receiver<Result<bool, Error>>,
+}
+
+impl Releaser {
+    /// Release now, within `limit` whatever the server does (the thread is
+    /// left behind if it takes longer).
+    pub fn release(self, doing: &str, limit: Duration) -> Result<bool, Error> {
+        let _ = self.go.send(());
+        self.done.recv_timeout(limit).unwrap_or_else(|_| {
+            Err(Error::Transient(format!(
+                "{doing}: no answer within {}",
+                humantime::format_duration(limit)
+            )))
+        })
     }
 }
 

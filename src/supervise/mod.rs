@@ -115,6 +115,7 @@ pub fn supervise_job(
     job: Job,
     deadline: Option<Arc<Deadline>>,
     renewer: Option<Box<dyn Renewer>>,
+    started: impl FnOnce(),
 ) -> Result<Outcome, Failure> {
     // Orphans of the job come to the guard; if the guard itself dies, to us.
     sys::set_subreaper().exit_as(Class::Internal)?;
@@ -156,6 +157,7 @@ pub fn supervise_job(
     let main = first_report(&mut guard).map_err(|e| spawn_failure(&shown, e))?;
     log::info(format!("started job as pid {main}"));
     log::start_async();
+    started();
 
     let mut sup = Supervisor {
         policy: Policy::new(job.timing, shares_group),

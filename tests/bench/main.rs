@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use support::{Redis, wait_until};
+use support::{Redis, text, wait_until};
 
 /// The lockrun under test: this build's, or LOCKRUN_BENCH_BIN (say, a static build).
 fn bin() -> String {
@@ -60,8 +60,46 @@ fn job_mode(args: &[String]) -> bool {
             std::thread::sleep(Duration::from_millis(args[1].parse().unwrap()));
             true
         }
+        Some("job-forks") => {
+            println!(
+                "{}",
+                fork_cost(args[1].parse().unwrap(), args[2].parse().unwrap())
+            );
+            true
+        }
         _ => false,
     }
+}
+
+/// The cost of one more process, as lockrun's guard is: the median ms of
+/// `rounds` forks of a process that has `rss_kib` of memory in use, each
+/// child exiting at once and reaped (what the guard costs beyond the work it
+/// does, which is a few system calls).
+fn fork_cost(rss_kib: usize, rounds: usize) -> f64 {
+    let mut memory = vec![0u8; rss_kib * 1024];
+    for page in memory.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    let samples = (0..rounds)
+        .map(|i| {
+            let t = Instant::now();
+            // SAFETY: the child only calls _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                unsafe { libc::_exit(0) };
+            }
+            assert!(pid > 0, "fork failed");
+            // The parent goes on writing, as lockrun does: its pages are
+            // copied on write while the child lives.
+            let at = (i * 4096) % memory.len();
+            memory[at] += 1;
+            let mut status = 0;
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            ms(t.elapsed())
+        })
+        .collect();
+    std::hint::black_box(&memory);
+    stats(samples).median
 }
 
 struct Stats {
@@ -847,14 +885,24 @@ impl Bench {
             .map(|_| time_once(&s(&[&bin(), "--version"])))
             .collect();
         let v = stats(version).median;
+        // The guard's floor, in a process of its own of lockrun's size.
+        let out = Command::new(&self.exe)
+            .args(["job-forks", &(rss_kib as usize).to_string(), "500"])
+            .output()
+            .unwrap();
+        let fork_ms: f64 = text(&out.stdout).trim().parse().unwrap();
         println!(
             "\nPeak RSS of lockrun: {:.2} MiB (target ≤ 5 MiB); binary {:.2} MiB; `lockrun --version` {v:.3} ms",
             rss_kib / 1024.0,
             size as f64 / 1048576.0
         );
+        println!(
+            "One more process of that size (the guard's floor): fork, exit and reap {fork_ms:.3} ms"
+        );
         self.record(
             "footprint",
-            json!({"peak_rss_kib": rss_kib, "binary_bytes": size, "version_ms": v}),
+            json!({"peak_rss_kib": rss_kib, "binary_bytes": size, "version_ms": v,
+                   "guard_fork_ms": fork_ms}),
         );
     }
 }

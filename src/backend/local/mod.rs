@@ -891,6 +891,10 @@ impl Held for LocalHeld {
         log::info(format!("released {}", self.name));
         Ok(still_ours)
     }
+
+    fn releases_locally(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Clone)]
