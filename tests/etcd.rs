@@ -562,3 +562,53 @@ fn a_waiter_whose_watch_is_refused_keeps_its_place_and_does_not_spin() {
         "waited {took:?} after the release"
     );
 }
+
+/// `etcds://` against an etcd serving TLS: the server's certificate checked
+/// against `--tls-ca` (or LOCKRUN_TLS_CA), a wrong CA refused with one line
+/// and 69 before any job, `#insecure` taken as it says.
+#[test]
+fn tls_with_a_ca_file_a_wrong_ca_and_insecure() {
+    let scratch = Scratch::new();
+    let d = scratch.dir.path();
+    make_certs(d);
+    let p = |f: &str| d.join(f).display().to_string();
+    let etcd = Etcd::start_tls(&d.join("srv.crt"), &d.join("srv.key"));
+    let url = format!("etcds://127.0.0.1:{}", etcd.port);
+    let out = run(on(&url).args([
+        "--tls-ca",
+        &p("ca.crt"),
+        "t",
+        "--",
+        "sh",
+        "-c",
+        "echo $LOCKRUN_TOKEN",
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).trim().parse::<u64>().is_ok_and(|t| t > 0));
+    on(&url)
+        .env("LOCKRUN_TLS_CA", p("ca.crt"))
+        .args(["status", "t"])
+        .code(1);
+
+    let marker = scratch.path("ran");
+    let t = Instant::now();
+    let out = run(on(&url).args([
+        "--tls-ca",
+        &p("other.crt"),
+        "t",
+        "touch",
+        &marker.display().to_string(),
+    ]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    assert!(!marker.exists(), "a job ran over an unchecked connection");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+
+    on(&format!("{url}#insecure")).args(["t", "true"]).code(0);
+    // Plain HTTP to a TLS port is no etcd: 69, not a hang.
+    on(&format!("etcd://127.0.0.1:{}", etcd.port))
+        .args(["--ttl", "6s", "t", "true"])
+        .code(69);
+}

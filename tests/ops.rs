@@ -1,7 +1,6 @@
 //! Operators and the ecosystem: status, force release, TLS, ACL logins,
 //! least privilege, logging levels and secret redaction.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -248,33 +247,6 @@ fn verbose_quiet_and_default_output() {
     );
     let out = run(on(&url).args(["-q", "x", "true"]));
     assert_eq!(text(&out.stderr), "");
-}
-
-/// A CA and a server certificate for 127.0.0.1, made with openssl.
-fn make_certs(dir: &std::path::Path) {
-    let sh = |cmd: &str| {
-        let st = Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            .current_dir(dir)
-            .output()
-            .unwrap_or_else(|_| panic!("sh not found"));
-        assert!(st.status.success(), "{cmd}: {}", text(&st.stderr));
-    };
-    if Command::new("openssl").arg("version").output().is_err() {
-        panic!("openssl not found: the TLS tests need it (apt-get install -y openssl)");
-    }
-    sh(
-        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=lockrun-test-ca",
-    );
-    sh(
-        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 2 -subj /CN=other-ca",
-    );
-    sh("openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=localhost");
-    sh("printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext");
-    sh(
-        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt -days 2 -extfile ext",
-    );
 }
 
 #[test]

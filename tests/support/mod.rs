@@ -795,10 +795,21 @@ pub struct Etcd {
     peer: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
+    /// Serve clients over TLS with this certificate and key.
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Etcd {
     pub fn start() -> Etcd {
+        Etcd::start_with(None)
+    }
+
+    /// An etcd whose clients speak TLS to a server holding `cert` and `key`.
+    pub fn start_tls(cert: &Path, key: &Path) -> Etcd {
+        Etcd::start_with(Some((cert.to_owned(), key.to_owned())))
+    }
+
+    fn start_with(tls: Option<(PathBuf, PathBuf)>) -> Etcd {
         let dir = if Path::new("/dev/shm").is_dir() {
             tempfile::tempdir_in("/dev/shm").unwrap()
         } else {
@@ -809,6 +820,7 @@ impl Etcd {
             peer: free_port(),
             child: None,
             dir,
+            tls,
         };
         e.launch();
         e
@@ -819,9 +831,13 @@ impl Etcd {
         // start make etcd exit at once; a first start tries others.
         let first = self.child.is_none() && !self.dir.path().join("data").exists();
         for _ in 0..5 {
-            let client = format!("http://127.0.0.1:{}", self.port);
+            let scheme = if self.tls.is_some() { "https" } else { "http" };
+            let client = format!("{scheme}://127.0.0.1:{}", self.port);
             let peer = format!("http://127.0.0.1:{}", self.peer);
             let mut cmd = Command::new(etcd_path());
+            if let Some((cert, key)) = &self.tls {
+                cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+            }
             cmd.arg("--data-dir")
                 .arg(self.dir.path().join("data"))
                 .args(["--listen-client-urls", &client])
@@ -836,7 +852,12 @@ impl Etcd {
             let mut exited = false;
             let up = wait_until(Duration::from_secs(20), || {
                 exited = !matches!(child.try_wait(), Ok(None));
-                exited || etcd_healthy(port)
+                exited
+                    || if self.tls.is_some() {
+                        etcd_listening(port)
+                    } else {
+                        etcd_healthy(port)
+                    }
             });
             if up && !exited {
                 self.child = Some(child);
@@ -934,6 +955,45 @@ impl Engine for Etcd {
 }
 
 /// etcd answers its health check with a leader in place.
+/// A TLS etcd, asked through etcdctl without checking its certificate.
+fn etcd_listening(port: u16) -> bool {
+    Command::new("etcdctl")
+        .args(["--endpoints", &format!("https://127.0.0.1:{port}")])
+        .args(["--insecure-skip-tls-verify", "--insecure-transport=false"])
+        .args(["--dial-timeout", "1s"])
+        .args(["endpoint", "health"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A CA and a server certificate for 127.0.0.1, made with openssl.
+pub fn make_certs(dir: &std::path::Path) {
+    let sh = |cmd: &str| {
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|_| panic!("sh not found"));
+        assert!(st.status.success(), "{cmd}: {}", text(&st.stderr));
+    };
+    if Command::new("openssl").arg("version").output().is_err() {
+        panic!("openssl not found: the TLS tests need it (apt-get install -y openssl)");
+    }
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=lockrun-test-ca",
+    );
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 2 -subj /CN=other-ca",
+    );
+    sh("openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=localhost");
+    sh("printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext");
+    sh(
+        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt -days 2 -extfile ext",
+    );
+}
+
 fn etcd_healthy(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {

@@ -20,6 +20,8 @@ pub struct EtcdUrl {
     pub user: Option<String>,
     pub password: Option<String>,
     pub tls: bool,
+    /// `#insecure`: TLS without checking the server's certificate.
+    pub insecure: bool,
     pub ca_file: Option<PathBuf>,
 }
 
@@ -120,8 +122,17 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
         (Some(u), None) => format!("{u}@"),
         _ => String::new(),
     };
+    // `#insecure` is the one fragment, as on Redis: only with TLS.
+    let (hosts, insecure) = match hosts.strip_suffix("#insecure") {
+        Some(h) => (h, true),
+        None => (hosts, false),
+    };
     let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
-    let display = format!("{}://{shown_user}{hosts}", scheme.to_ascii_lowercase());
+    let fragment = if insecure { "#insecure" } else { "" };
+    let display = format!(
+        "{}://{shown_user}{hosts}{fragment}",
+        scheme.to_ascii_lowercase()
+    );
     let bad = |why: String| {
         Error::Request(format!(
             "invalid --url {}: {why}; {expected}",
@@ -130,8 +141,11 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
     };
     if hosts.contains(['/', '?', '#']) {
         return Err(bad(
-            "an etcd URL has no path, query or fragment, only endpoints".into(),
+            "an etcd URL has no path or query, only endpoints (and #insecure with etcds)".into(),
         ));
+    }
+    if insecure && !tls {
+        return Err(bad("#insecure goes only with TLS (etcds)".into()));
     }
     if user.as_deref().is_some_and(str::is_empty) {
         return Err(bad("the user name is empty".into()));
@@ -159,6 +173,7 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
         user,
         password,
         tls,
+        insecure,
         ca_file,
     })
 }
@@ -200,6 +215,8 @@ mod tests {
             "etcd://:s3cret@h",
             "etcd://[::1",
             "etcd://h h",
+            "etcd://h#insecure",
+            "etcds://h#other",
         ] {
             let e = url(bad).unwrap_err();
             assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
@@ -208,6 +225,15 @@ mod tests {
         let ok = url("etcd://u:s%40cret@h").unwrap();
         assert_eq!(ok.password.as_deref(), Some("s@cret"));
         assert!(!ok.display.contains("cret"), "{}", ok.display);
+    }
+
+    #[test]
+    fn insecure_is_a_fragment_of_tls_urls_alone() {
+        let u = url("etcds://u:pw@h1,h2#insecure").unwrap();
+        assert!(u.insecure && u.tls);
+        assert_eq!(u.endpoints, ["https://h1:2379", "https://h2:2379"]);
+        assert_eq!(u.display, "etcds://u:***@h1,h2#insecure");
+        assert!(!url("etcds://h").unwrap().insecure);
     }
 
     #[test]

@@ -82,6 +82,7 @@ fn tls_config(url: &EtcdUrl) -> Result<ureq::tls::TlsConfig, Error> {
     };
     Ok(TlsConfig::builder()
         .provider(TlsProvider::Rustls)
+        .disable_verification(url.insecure)
         .root_certs(RootCerts::Specific(Arc::new(certs)))
         .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .build())
