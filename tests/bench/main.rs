@@ -5,6 +5,11 @@
 //!     LOCKRUN_BENCH_QUICK=1 cargo bench # fewer rounds, for a smoke test
 //!     LOCKRUN_BENCH_AB=OTHER cargo bench  # this lockrun (A) against OTHER (B)
 //!     LOCKRUN_BENCH_ONLY=etcd,handoff cargo bench  # only these sections
+//!     LOCKRUN_BENCH_ALSO=OTHER cargo bench  # another build (say, a static
+//!                                           # one) beside this one's rows
+//!
+//! Where a C compiler is installed, `redis_floor.c` beside this file is
+//! built and measured too: the least a Redis lock wrapper pays here.
 //!
 //! With LOCKRUN_BENCH_AB set it runs only the A/B comparison: the same
 //! measures for both builds, interleaved round by round, so a difference
@@ -179,6 +184,10 @@ struct Bench {
     quick: bool,
     stats_conn: redis::Connection,
     etcd: Option<EtcdServer>,
+    /// The built `redis_floor.c`, when a C compiler is installed.
+    floor: Option<String>,
+    /// LOCKRUN_BENCH_ALSO: another lockrun build measured beside this one.
+    also: Option<String>,
     results: serde_json::Map<String, Value>,
 }
 
@@ -265,6 +274,16 @@ impl Bench {
             ("lockrun-redis", self.lockrun_redis("u", &t)),
             ("lockrun-local", self.lockrun_local("u", &t)),
         ];
+        if let Some(f) = &self.floor {
+            let mut v = s(&[f, &self.redis.port.to_string(), "floor-u"]);
+            v.extend(t.clone());
+            variants.push(("c-redis-floor", v));
+        }
+        if let Some(other) = &self.also {
+            let (redis, local) = (self.redis.url(), self.local_url());
+            variants.push(("also-redis", self.lockrun_on(other, &redis, "au", &t)));
+            variants.push(("also-local", self.lockrun_on(other, &local, "au", &t)));
+        }
         if let Some(e) = &self.etcd {
             let mut v = s(&["etcdctl", "--endpoints", &e.endpoint, "lock", "u"]);
             v.extend(t.clone());
@@ -284,9 +303,16 @@ impl Bench {
                 json!({"median_ms": st.median, "p90_ms": st.p90}),
             );
         }
-        for tool in ["lockrun-redis", "lockrun-local"] {
-            let r = medians[tool] / medians["flock"];
-            println!("{tool}/flock: {r:.2}x (target ≤ 1.10x)");
+        for (tool, target) in [
+            ("lockrun-redis", 1.2),
+            ("lockrun-local", 1.1),
+            ("c-redis-floor", 1.2),
+            ("also-redis", 1.2),
+            ("also-local", 1.1),
+        ] {
+            let Some(m) = medians.get(tool) else { continue };
+            let r = m / medians["flock"];
+            println!("{tool}/flock: {r:.2}x (target ≤ {target:.2}x)");
             out.insert(format!("{tool}_over_flock"), json!(r));
         }
         self.record("uncontended", Value::Object(out));
@@ -343,12 +369,16 @@ impl Bench {
                 v
             }
             _ => {
-                let url = if tool == "lockrun-redis" {
+                let url = if tool.ends_with("-redis") {
                     self.redis.url()
                 } else {
                     self.local_url()
                 };
-                let mut v = s(&[&bin(), "-q", "--url", &url]);
+                let build = match (tool.starts_with("also-"), &self.also) {
+                    (true, Some(other)) => other.clone(),
+                    _ => bin(),
+                };
+                let mut v = s(&[&build, "-q", "--url", &url]);
                 v.extend(s(opts));
                 v.push(name.to_string());
                 v.push("--".to_string());
@@ -553,9 +583,13 @@ impl Bench {
 
     fn handoff(&mut self) {
         let rounds = self.handoff_rounds();
+        let mut tools = vec!["flock", "lockrun-redis", "lockrun-local"];
+        if self.also.is_some() {
+            tools.extend(["also-redis", "also-local"]);
+        }
         let mut samples: std::collections::HashMap<&str, Vec<f64>> = Default::default();
         for _ in 0..rounds {
-            for tool in ["flock", "lockrun-redis", "lockrun-local"] {
+            for &tool in &tools {
                 let v = self.handoff_once(|j| self.argv_with(tool, &[], "h", j), 1);
                 samples.entry(tool).or_default().push(v);
             }
@@ -566,7 +600,7 @@ impl Bench {
         println!("{:<16} {:>8} {:>8}", "tool", "median", "p90");
         let mut out = serde_json::Map::new();
         let mut med = std::collections::HashMap::new();
-        for tool in ["flock", "lockrun-redis", "lockrun-local"] {
+        for &tool in &tools {
             let st = stats(samples[tool].clone());
             println!("{tool:<16} {:>8.3} {:>8.3}", st.median, st.p90);
             med.insert(tool, st.median);
@@ -575,7 +609,7 @@ impl Bench {
                 json!({"median_ms": st.median, "p90_ms": st.p90}),
             );
         }
-        for tool in ["lockrun-redis", "lockrun-local"] {
+        for &tool in &tools[1..] {
             println!(
                 "{tool}/flock: {:.2}x (target ≤ 1.00x)",
                 med[tool] / med["flock"]
@@ -907,6 +941,22 @@ impl Bench {
     }
 }
 
+/// `redis_floor.c` built into `dir`, if a C compiler is installed.
+fn build_floor(dir: &Path) -> Option<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bench/redis_floor.c");
+    let out = dir.join("redis_floor");
+    let built = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        println!("(no C compiler: the Redis floor is not measured)");
+    }
+    built.then(|| out.display().to_string())
+}
+
 /// One part of the benchmark, run by name.
 type Section = fn(&mut Bench);
 
@@ -940,6 +990,16 @@ fn main() {
     };
     let redis = Redis::start();
     let stats_conn = redis.conn();
+    let floor = build_floor(dir.path());
+    let also = std::env::var("LOCKRUN_BENCH_ALSO")
+        .ok()
+        .filter(|v| !v.is_empty());
+    if let Some(other) = &also {
+        assert!(
+            Path::new(other).is_file(),
+            "LOCKRUN_BENCH_ALSO={other}: no such file (it names another lockrun binary)"
+        );
+    }
     let mut b = Bench {
         exe: std::env::current_exe().unwrap().display().to_string(),
         stats_conn,
@@ -947,6 +1007,8 @@ fn main() {
         dir,
         quick,
         etcd,
+        floor,
+        also,
         results: serde_json::Map::new(),
     };
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
