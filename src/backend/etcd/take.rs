@@ -478,9 +478,14 @@ impl Etcd {
         mine: &mut Option<Mine>,
     ) -> Result<Step, Error> {
         let m = mine.as_mut().expect("in the queue");
-        let (Mode::Exclusive, true, Some(sp), None, None) =
-            (req.mode, m.waiting, m.spare, &m.moving, &m.promoting)
-        else {
+        let (Mode::Exclusive, true, Some(sp), None, None, 1..) = (
+            req.mode,
+            m.waiting,
+            m.spare,
+            &m.moving,
+            &m.promoting,
+            m.create_rev,
+        ) else {
             return Ok(Step::Again);
         };
         let mut record = Record::decode(&m.value).expect("our own record");
