@@ -612,3 +612,51 @@ fn tls_with_a_ca_file_a_wrong_ca_and_insecure() {
         .args(["--ttl", "6s", "t", "true"])
         .code(69);
 }
+
+/// The waiter behind one killed in the queue wakes when that key lapses,
+/// while the holder still runs: it must look again and wait on, not take
+/// the name (it promotes itself in one call only if no key is older).
+#[test]
+fn a_waiter_woken_by_a_lapsed_key_ahead_waits_on_behind_the_holder() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "lk", "6s");
+    let mut first = on(&url).args(["-q", "--ttl", "6s", "lk", "true"]).spawn();
+    wait_queued(&url, "lk", 1);
+    let started = scratch.path("started");
+    let mut second = on(&url)
+        .args(["-q", "--ttl", "6s", "lk", "-c"])
+        .arg(format!("date +%s%N > {}", started.display()))
+        .spawn();
+    wait_queued(&url, "lk", 2);
+    signal(first.id() as i32, libc::SIGKILL);
+    let _ = first.wait();
+    // The killed waiter's key lapses with its 2 s lease: one waiter left.
+    let lapsed = wait_until(Duration::from_secs(20), || {
+        status_json(&url, "lk")["waiters"].as_u64() == Some(1)
+    });
+    assert!(lapsed, "the killed waiter's key never lapsed");
+    // Time for the woken waiter to act on it, wrongly or not.
+    std::thread::sleep(Duration::from_secs(1));
+    let freed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    assert!(!started.exists(), "the waiter ran beside the holder");
+    signal(h.id() as i32, libc::SIGTERM);
+    wait_child(&mut h, Duration::from_secs(20));
+    assert_eq!(
+        wait_child(&mut second, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    let at: u128 = std::fs::read_to_string(&started)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        at > freed_at,
+        "the waiter started before the holder was asked to end"
+    );
+}
