@@ -211,7 +211,10 @@ fn clock_check(offset: f64) -> Check {
         shown(Duration::from_secs_f64(offset.abs()))
     );
     if offset.abs() < 1.0 {
-        Check::ok("clock", format!("{said} ({why}; keep NTP on every server)"))
+        Check::ok(
+            "clock",
+            format!("{said} (tokens are floored by the server's clock: keep NTP on every server)"),
+        )
     } else {
         Check::warn(
             "clock",
