@@ -25,7 +25,7 @@ use redis::Value;
 
 use address::Node;
 pub use address::{RedisUrl, parse};
-use connector::Connector;
+use connector::{Conn, Connector};
 use link::{Link, describe, is_auth_error};
 use scripts::{FORCE_SCRIPT, INSPECT_SCRIPT, Keys, RENEW_SCRIPT};
 
@@ -162,18 +162,18 @@ impl Engine for Redis {
     }
 
     fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
-        if matches!(self.link.connector, Connector::Cluster(_)) {
-            return Err(Error::Request(
-                "status without a name is not available on Redis Cluster yet (its names are \
-                 spread over every master); ask for one name: lockrun status NAME"
-                    .into(),
-            ));
-        }
         let mut notes = Vec::new();
-        let names = self.scan_names(bound, &mut notes)?;
+        let cluster = matches!(self.link.connector, Connector::Cluster(_));
+        let names = if cluster {
+            self.scan_cluster_names(bound, &mut notes)?
+        } else {
+            self.scan_names(bound, &mut notes, None)?
+        };
         let mut listed = Vec::with_capacity(names.len());
         let all: Vec<String> = names.into_iter().collect();
-        for batch in all.chunks(LIST_BATCH) {
+        // A cluster connection does not pipeline across slots: one name at a time.
+        let batch = if cluster { 1 } else { LIST_BATCH };
+        for batch in all.chunks(batch) {
             if bound.passed() {
                 notes.push(format!(
                     "stopped after {} of {} names (time bound): the list is incomplete",
@@ -182,7 +182,11 @@ impl Engine for Redis {
                 ));
                 break;
             }
-            self.inspect_batch(batch, &mut listed, &mut notes)?;
+            if cluster {
+                self.inspect_one(&batch[0], &mut listed, &mut notes)?;
+            } else {
+                self.inspect_batch(batch, &mut listed, &mut notes)?;
+            }
         }
         notes.push(
             "read with SCAN, name by name, not as one snapshot: a lock may change while the \
@@ -218,25 +222,36 @@ impl Redis {
     /// Every name with a key under the prefix (a lease, a queue or only its
     /// token counter), by SCAN, never KEYS: the server stays responsive
     /// however many keys it has.
+    /// `node`: on a cluster, the master to scan (each holds its own slots).
     fn scan_names(
         &mut self,
         bound: ListBound,
         notes: &mut Vec<String>,
+        node: Option<&Node>,
     ) -> Result<std::collections::BTreeSet<String>, Error> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
         let pattern = format!("{}{{*", glob_escape(&self.prefix));
         let mut names = std::collections::BTreeSet::new();
         let mut cursor: u64 = 0;
         loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
             let (next, keys): (u64, Vec<Vec<u8>>) = self
                 .link
-                .call(|c| {
-                    redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(SCAN_COUNT)
-                        .query(c)
+                .call(|c| match (c, node) {
+                    (Conn::Cluster(cc), Some(n)) => {
+                        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: n.host.clone(),
+                            port: n.port,
+                        });
+                        let v = cc.route_command(&scan, at)?;
+                        Ok(redis::from_redis_value(v)?)
+                    }
+                    (c, _) => scan.query(c),
                 })
                 .map_err(|e| self.link.failed("listing names", e))?;
             for key in keys {
@@ -256,6 +271,28 @@ impl Redis {
                 return Ok(names);
             }
         }
+    }
+
+    /// Every name on every master of a cluster (from CLUSTER NODES).
+    fn scan_cluster_names(
+        &mut self,
+        bound: ListBound,
+        notes: &mut Vec<String>,
+    ) -> Result<std::collections::BTreeSet<String>, Error> {
+        let nodes: String = self
+            .link
+            .call(|c| redis::cmd("CLUSTER").arg("NODES").query(c))
+            .map_err(|e| self.link.failed("listing the cluster's masters", e))?;
+        let masters: Vec<Node> = nodes.lines().filter_map(cluster_master).collect();
+        let mut names = std::collections::BTreeSet::new();
+        for m in &masters {
+            let left = ListBound {
+                names: bound.names.saturating_sub(names.len()),
+                until: bound.until,
+            };
+            names.extend(self.scan_names(left, notes, Some(m))?);
+        }
+        Ok(names)
     }
 
     /// Each name's state, one pipelined round trip for the batch; a name
@@ -296,19 +333,48 @@ impl Redis {
             // ask name by name, and leave that one out.
             Err(Error::Refused(_)) => {
                 for name in batch {
-                    match self.status(name) {
-                        Ok(st) => listed.push((name.clone(), st)),
-                        Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
-                            notes.push(format!("{name}: left out: {m}"));
-                        }
-                        Err(e) => return Err(e),
-                    }
+                    self.inspect_one(name, listed, notes)?;
                 }
                 Ok(())
             }
             Err(e) => Err(self.link.failed("listing names", e)),
         }
     }
+
+    fn inspect_one(
+        &mut self,
+        name: &str,
+        listed: &mut Vec<(String, Status)>,
+        notes: &mut Vec<String>,
+    ) -> Result<(), Error> {
+        match self.status(name) {
+            Ok(st) => listed.push((name.to_string(), st)),
+            Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
+                notes.push(format!("{name}: left out: {m}"));
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
+/// A master's address in a line of CLUSTER NODES
+/// (`id host:port@cport[,hostname] flags master …`); None for a replica or
+/// a node that failed.
+fn cluster_master(line: &str) -> Option<Node> {
+    let mut fields = line.split(' ');
+    let addr = fields.nth(1)?;
+    let flags = fields.next()?;
+    let flags: Vec<&str> = flags.split(',').collect();
+    if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+        return None;
+    }
+    let hostport = addr.split(['@', ',']).next()?;
+    let (host, port) = hostport.rsplit_once(':')?;
+    Some(Node {
+        host: host.to_string(),
+        port: port.parse().ok()?,
+    })
 }
 
 /// `prefix` as a SCAN pattern that matches it literally.
@@ -488,6 +554,19 @@ mod listing_tests {
         assert_eq!(n("lockrun:{job}:other"), None);
         assert_eq!(n("lockrun:{}"), None);
         assert_eq!(n("other:{job}"), None);
+    }
+
+    #[test]
+    fn masters_are_read_from_cluster_nodes() {
+        let m = cluster_master(
+            "07c3 127.0.0.1:30004@31004,host-a myself,master - 0 0 1 connected 0-5460",
+        )
+        .unwrap();
+        assert_eq!((m.host.as_str(), m.port), ("127.0.0.1", 30004));
+        assert!(cluster_master("e7d1 127.0.0.1:30005@31005 slave 07c3 0 0 1 connected").is_none());
+        assert!(
+            cluster_master("e7d1 127.0.0.1:30006@31006 master,fail - 0 0 1 connected").is_none()
+        );
     }
 
     #[test]
