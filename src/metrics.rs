@@ -33,8 +33,9 @@ impl Run {
         self.granted = Some((Boot::now(), token));
     }
 
-    /// The file's text for a run of `name` that ended now with `code`.
-    fn text(&self, name: &str, label: Option<&str>, code: u8) -> String {
+    /// The file's text for a run of `name` that ended now with `code`;
+    /// `earlier`: the file as the run before left it.
+    fn text(&self, name: &str, label: Option<&str>, code: u8, earlier: &str) -> String {
         let now = Boot::now();
         let end = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -83,6 +84,21 @@ impl Run {
             "1 if the lease was lost during the last run and the job was stopped.",
             u8::from(self.lost).to_string(),
         );
+        // A run that was skipped keeps the time of the last one that got
+        // the lock: "has not run for a day" is one comparison, also when
+        // several hosts share the name and most of their runs are skips.
+        let acquired_at = if self.granted.is_some() {
+            Some(format!("{:.3}", end.as_secs_f64()))
+        } else {
+            carried(earlier, name)
+        };
+        if let Some(at) = acquired_at {
+            gauge(
+                "acquired_time_seconds",
+                "When the last run that got the lock ended (kept across runs that did not).",
+                at,
+            );
+        }
         if let Some((_, token)) = self.granted {
             gauge(
                 "token",
@@ -96,13 +112,42 @@ impl Run {
     /// Replace `path` with this run's metrics. A failure is one warning:
     /// the metrics never change the job or the exit code.
     pub fn write(&self, path: &Path, name: &str, label: Option<&str>, code: u8) {
-        if let Err(e) = replace(path, &self.text(name, label, code)) {
+        let earlier = read_small(path).unwrap_or_default();
+        if let Err(e) = replace(path, &self.text(name, label, code, &earlier)) {
             log::alert(format!(
                 "cannot write the metrics file {}: {e}",
                 path.display()
             ));
         }
     }
+}
+
+/// The file a run before left, if it is one of ours in size.
+fn read_small(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(64 << 10)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
+/// The last acquired time an earlier file recorded for `name`.
+fn carried(earlier: &str, name: &str) -> Option<String> {
+    let start = format!(
+        "lockrun_last_run_acquired_time_seconds{{name=\"{}\"",
+        escape(name)
+    );
+    earlier.lines().find_map(|l| {
+        let rest = l.strip_prefix(&start)?;
+        let (_, value) = rest.split_once("} ")?;
+        let v = value.trim();
+        v.parse::<f64>()
+            .is_ok_and(f64::is_finite)
+            .then(|| v.to_string())
+    })
 }
 
 /// Label values are quoted; backslash, quote and newline are escaped.
@@ -158,7 +203,7 @@ mod tests {
     #[test]
     fn a_skipped_run_has_no_token_and_no_hold() {
         let run = Run::start();
-        let t = run.text("report", None, 75);
+        let t = run.text("report", None, 75, "");
         assert!(
             t.contains("lockrun_last_run_acquired{name=\"report\"} 0\n"),
             "{t}"
@@ -175,12 +220,34 @@ mod tests {
     fn a_run_that_held_says_so_with_its_label() {
         let mut run = Run::start();
         run.granted(42);
-        let t = run.text("report", Some("ci 7"), 0);
+        let t = run.text("report", Some("ci 7"), 0, "");
         assert!(
             t.contains("lockrun_last_run_token{name=\"report\",label=\"ci 7\"} 42\n"),
             "{t}"
         );
         assert!(t.contains("lockrun_last_run_acquired{name=\"report\",label=\"ci 7\"} 1\n"));
+    }
+
+    #[test]
+    fn a_skip_keeps_the_time_of_the_last_run_that_held() {
+        let mut held = Run::start();
+        held.granted(7);
+        let first = held.text("report", Some("a"), 0, "");
+        let at = carried(&first, "report").expect("written");
+        let skipped = Run::start().text("report", Some("b"), 75, &first);
+        assert!(
+            skipped.contains(&format!(
+                "lockrun_last_run_acquired_time_seconds{{name=\"report\",label=\"b\"}} {at}\n"
+            )),
+            "{skipped}"
+        );
+        // Another name's file, or none, carries nothing.
+        assert!(carried(&first, "other").is_none());
+        assert!(
+            !Run::start()
+                .text("report", None, 75, "")
+                .contains("acquired_time")
+        );
     }
 
     #[test]

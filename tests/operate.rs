@@ -463,6 +463,7 @@ fn metrics_after_a_run_a_skip_and_a_lost_lease() {
     assert!(value(&m, "wait_seconds") < 10.0);
     let end = value(&m, "end_time_seconds");
     assert!(end >= before - 1.0 && end <= now_secs() + 1.0, "{end}");
+    assert_eq!(value(&m, "acquired_time_seconds"), end);
     // Every sample carries the same labels.
     assert!(m.values().all(|(l, _)| l == labels));
 
@@ -477,6 +478,9 @@ fn metrics_after_a_run_a_skip_and_a_lost_lease() {
     assert_eq!(value(&m, "exit_code"), 0.0);
     assert_eq!(value(&m, "hold_seconds"), 0.0);
     assert!(!m.contains_key("lockrun_last_run_token"), "{m:?}");
+    // The last run that held the lock is still known after the skip.
+    assert_eq!(value(&m, "acquired_time_seconds"), end);
+    assert!(value(&m, "end_time_seconds") >= end);
     assert!(!m["lockrun_last_run_acquired"].0.contains_key("label"));
     drop(holder);
 
