@@ -581,3 +581,29 @@ fn an_unwritable_metrics_file_is_one_warning_and_changes_nothing() {
         .code(64)
         .says(&["--metrics-file"]);
 }
+
+#[test]
+fn behind_sentinels_status_lists_and_doctor_reads_the_master() {
+    let s = Sentinels::start();
+    s.wait_synced();
+    three_held_among_five(&s.url(), true);
+    let out = on(&s.url()).arg("doctor").output().stdout();
+    let lines = doctor_lines(&out);
+    let reachable = &lines[&("ok".into(), "reachable".into())];
+    assert!(
+        reachable.contains(&format!("master 127.0.0.1:{}", s.master_port())),
+        "{out}"
+    );
+    // One replica, and no quorum of replicas for writes: said, with the fix.
+    let replicas = &lines[&("warn".into(), "replicas".into())];
+    assert!(replicas.contains("--replicas 1"), "{out}");
+    // With --replicas 1 the same setup is fine.
+    let out = on(&s.url())
+        .args(["--replicas", "1", "doctor"])
+        .output()
+        .stdout();
+    assert!(
+        doctor_lines(&out).contains_key(&("ok".into(), "replicas".into())),
+        "{out}"
+    );
+}
