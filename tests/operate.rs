@@ -607,3 +607,49 @@ fn behind_sentinels_status_lists_and_doctor_reads_the_master() {
         "{out}"
     );
 }
+
+#[test]
+fn doctor_on_etcd_checks_the_user_s_permissions_on_the_prefix() {
+    let etcd = Etcd::start();
+    etcd.ctl(&["user", "add", "root:rootpw"]);
+    etcd.ctl(&["user", "add", "locker:s3cretpw-e"]);
+    etcd.ctl(&["role", "add", "locking"]);
+    etcd.ctl(&[
+        "role",
+        "grant-permission",
+        "locking",
+        "--prefix=true",
+        "readwrite",
+        "lockrun:",
+    ]);
+    etcd.ctl(&["user", "grant-role", "locker", "locking"]);
+    etcd.ctl(&["auth", "enable"]);
+    let url = format!("etcd://locker:s3cretpw-e@127.0.0.1:{}", etcd.port);
+    let ran = on(&url).arg("doctor").output();
+    let out = ran.stdout();
+    assert!(!format!("{out}{}", ran.stderr()).contains("s3cretpw-e"));
+    assert!(
+        doctor_lines(&out).contains_key(&("ok".into(), "permissions".into())),
+        "{out}"
+    );
+    // Another prefix, outside the role's keys: a failure saying what to grant.
+    let out = on(&url)
+        .args(["--prefix", "other:", "doctor"])
+        .code(69)
+        .stdout();
+    let lines = doctor_lines(&out);
+    let line = &lines[&("fail".into(), "permissions".into())];
+    assert!(
+        line.contains("grant-permission") && line.contains("other:"),
+        "{out}"
+    );
+    // A wrong password: not reachable as this user, and not shown.
+    let wrong = format!("etcd://locker:wrong-s3cretpw-e@127.0.0.1:{}", etcd.port);
+    let ran = on(&wrong).arg("doctor").code(69);
+    assert!(
+        ran.stdout().starts_with("fail  reachable:"),
+        "{}",
+        ran.stdout()
+    );
+    assert!(!ran.stdout().contains("s3cretpw-e"));
+}

@@ -25,12 +25,19 @@ pub fn doctor(url: &EtcdUrl, how: &Opening) -> Vec<Check> {
     let mut client = Client::new(setup, how.op);
     let started = Boot::now();
     let status = match client.call("/v3/maintenance/status", &json!({})) {
-        Ok(v) => v,
-        Err(e) => {
+        Ok(v) => Some(v),
+        // A user that may not ask for the member's status: its version and
+        // leader stay unknown, the rest is still worth checking.
+        Err(Error::Refused(m)) if m.contains("permission denied") => None,
+        Err(Error::Transient(e)) => {
             out.push(Check::fail(
                 "reachable",
                 format!("{e}; check the address and that etcd runs"),
             ));
+            return out;
+        }
+        Err(e) => {
+            out.push(Check::fail("reachable", e.to_string()));
             return out;
         }
     };
@@ -42,6 +49,20 @@ pub fn doctor(url: &EtcdUrl, how: &Opening) -> Vec<Check> {
             shown(Boot::now().since(started))
         ),
     ));
+    match &status {
+        Some(status) => out.extend(member_checks(status)),
+        None => out.push(Check::warn(
+            "version",
+            "this user may not read the member's status: version and leader not checked",
+        )),
+    }
+    prefix_checks(&mut out, &mut client, url, how);
+    out
+}
+
+/// The member's version, and whether the cluster has a leader.
+fn member_checks(status: &serde_json::Value) -> Vec<Check> {
+    let mut out = Vec::new();
     let version = status["version"].as_str().unwrap_or("unknown").to_string();
     let newer = |v: &str| {
         let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
@@ -78,7 +99,12 @@ pub fn doctor(url: &EtcdUrl, how: &Opening) -> Vec<Check> {
     } else {
         Check::ok("leader", "the cluster has a leader")
     });
+    out
+}
 
+/// The round trip of a read of the prefix, and the user's permission to
+/// read and write there.
+fn prefix_checks(out: &mut Vec<Check>, client: &mut Client, url: &EtcdUrl, how: &Opening) {
     // The round trip of a read of the prefix, which also says whether the
     // user may read there.
     let prefix = &how.prefix;
@@ -102,7 +128,7 @@ pub fn doctor(url: &EtcdUrl, how: &Opening) -> Vec<Check> {
     match denied {
         Some(e) => {
             out.push(permission_failure(&user, prefix, "read", e));
-            return out;
+            return;
         }
         None => out.push(round_trip_check(worst, how.op)),
     }
@@ -130,7 +156,6 @@ pub fn doctor(url: &EtcdUrl, how: &Opening) -> Vec<Check> {
         "clock",
         "not used: etcd tokens are raft revisions and leases count on etcd's own clock",
     ));
-    out
 }
 
 fn permission_failure(user: &str, prefix: &str, what: &str, e: Error) -> Check {
