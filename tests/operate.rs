@@ -653,3 +653,31 @@ fn doctor_on_etcd_checks_the_user_s_permissions_on_the_prefix() {
     );
     assert!(!ran.stdout().contains("s3cretpw-e"));
 }
+
+#[test]
+fn doctor_on_redis_cluster_reads_every_master() {
+    let c = Cluster::start();
+    let out = on(&c.url()).arg("doctor").output().stdout();
+    for n in &c.nodes {
+        let master = format!("master 127.0.0.1:{}:", n.port);
+        let about: Vec<&str> = out.lines().filter(|l| l.contains(&master)).collect();
+        for topic in ["maxmemory-policy:", "replicas:", "permissions:"] {
+            assert!(
+                about
+                    .iter()
+                    .any(|l| l.starts_with("ok") && l.contains(topic)),
+                "{master} {topic}: {out}"
+            );
+        }
+    }
+    // One master that evicts fails the check, naming it.
+    let evicting = &c.nodes[1];
+    evicting.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
+    let out = on(&c.url()).arg("doctor").code(69).stdout();
+    let failed: Vec<&str> = out.lines().filter(|l| l.starts_with("fail")).collect();
+    assert_eq!(failed.len(), 1, "{out}");
+    assert!(
+        failed[0].contains(&format!("master 127.0.0.1:{}: allkeys-lru", evicting.port)),
+        "{out}"
+    );
+}

@@ -5,9 +5,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::Script;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, RedisResult, Script, Value};
 
-use super::address::RedisUrl;
+use super::address::{Node, RedisUrl};
 use super::connector::{Conn, Connector};
 use super::link::{describe, is_auth_error};
 use crate::backend::{Check, Opening, round_trip_check};
@@ -118,17 +119,58 @@ pub fn doctor(url: &RedisUrl, how: &Opening) -> Vec<Check> {
     if let Some(offset) = clock {
         out.push(clock_check(offset));
     }
-    if conn.is_cluster() {
-        // INFO and CONFIG go to one node of a cluster at random: the
-        // answer would speak for one master only.
-        out.push(Check::warn(
-            "settings",
-            "Redis Cluster: each master's settings are not checked from here; run lockrun \
-             doctor --url redis://HOST:PORT against each master",
-        ));
-        return out;
+    match &mut conn {
+        Conn::One(c) => {
+            let mut send = |cmd: &Cmd| cmd.query::<Value>(c);
+            out.extend(settings(&mut send, url, &how.prefix));
+        }
+        Conn::Cluster(cc) => {
+            // Each master has its own settings and its own ACL users: ask
+            // every one, by address.
+            let nodes: Option<String> = redis::cmd("CLUSTER").arg("NODES").query(&mut **cc).ok();
+            let masters: Vec<Node> = nodes
+                .as_deref()
+                .unwrap_or_default()
+                .lines()
+                .filter_map(super::cluster_master)
+                .collect();
+            if masters.is_empty() {
+                out.push(Check::warn(
+                    "settings",
+                    "CLUSTER NODES named no master: each master's settings are not checked; \
+                     run lockrun doctor --url redis://HOST:PORT against each master",
+                ));
+            }
+            for m in masters {
+                let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: m.host.clone(),
+                    port: m.port,
+                });
+                let mut send = |cmd: &Cmd| cc.route_command(cmd, at.clone());
+                for c in settings(&mut send, url, &how.prefix) {
+                    out.push(Check {
+                        said: format!("master {m}: {}", c.said),
+                        ..c
+                    });
+                }
+            }
+        }
     }
-    let info = redis::cmd("INFO").query::<String>(&mut conn).ok();
+    out
+}
+
+/// Sends one command to the server being checked (on a cluster, to one
+/// master by its address).
+type Send<'a> = dyn FnMut(&Cmd) -> RedisResult<Value> + 'a;
+
+fn ask<T: redis::FromRedisValue>(send: &mut Send, cmd: &Cmd) -> Option<T> {
+    send(cmd).ok().and_then(|v| redis::from_redis_value(v).ok())
+}
+
+/// What one server's INFO, CONFIG and ACLs say.
+fn settings(send: &mut Send, url: &RedisUrl, prefix: &str) -> Vec<Check> {
+    let mut out = Vec::new();
+    let info: Option<String> = ask(send, &redis::cmd("INFO"));
     let field = |k: &str| {
         info.as_deref().and_then(|i| {
             i.lines()
@@ -136,26 +178,21 @@ pub fn doctor(url: &RedisUrl, how: &Opening) -> Vec<Check> {
                 .map(|v| v.trim().to_string())
         })
     };
-    let config = |conn: &mut Conn, k: &str| -> Option<String> {
-        redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(k)
-            .query::<Vec<String>>(conn)
-            .ok()
-            .and_then(|v| v.get(1).cloned())
+    let mut config = |k: &str| -> Option<String> {
+        let v: Vec<String> = ask(send, redis::cmd("CONFIG").arg("GET").arg(k))?;
+        v.get(1).cloned()
     };
+    let save = config("save");
+    let fsync = config("appendfsync");
+    let min_replicas = config("min-replicas-to-write");
     let version = field("redis_version");
     out.push(version_check(version.as_deref()));
     out.push(eviction_check(field("maxmemory_policy")));
-    let aof = field("aof_enabled");
-    let save = config(&mut conn, "save");
-    let fsync = config(&mut conn, "appendfsync");
     out.push(persistence_check(
-        aof.as_deref(),
+        field("aof_enabled").as_deref(),
         save.as_deref(),
         fsync.as_deref(),
     ));
-    let min_replicas = config(&mut conn, "min-replicas-to-write");
     out.push(replication_check(
         field("role").as_deref(),
         field("connected_slaves").and_then(|n| n.parse().ok()),
@@ -163,7 +200,7 @@ pub fn doctor(url: &RedisUrl, how: &Opening) -> Vec<Check> {
         url.replicas,
         field("master_host"),
     ));
-    out.extend(acl_checks(&mut conn, url, &how.prefix, version.as_deref()));
+    out.extend(acl_checks(send, url, prefix, version.as_deref()));
     out
 }
 
@@ -375,7 +412,7 @@ fn replication_check(
 /// Whether the URL's user may run every command lockrun needs: ACL DRYRUN
 /// where this user may dry-run, else the same question asked from a
 /// read-only script (which lockrun's own user can run).
-fn acl_checks(conn: &mut Conn, url: &RedisUrl, prefix: &str, version: Option<&str>) -> Vec<Check> {
+fn acl_checks(send: &mut Send, url: &RedisUrl, prefix: &str, version: Option<&str>) -> Vec<Check> {
     let user = url.user();
     let mut commands = needed(prefix);
     if url.replicas > 0 {
@@ -383,7 +420,7 @@ fn acl_checks(conn: &mut Conn, url: &RedisUrl, prefix: &str, version: Option<&st
     }
     let listing = vec!["scan".to_string(), "0".into()];
     commands.push(listing.clone());
-    let verdicts = dry_run(conn, &user, &commands).or_else(|| check_script(conn, &commands));
+    let verdicts = dry_run(send, &user, &commands).or_else(|| check_script(send, &commands));
     let Some(allowed) = verdicts else {
         let why = match version {
             Some(v) if v.split('.').next().and_then(|m| m.parse::<u32>().ok()) < Some(7) => {
@@ -443,31 +480,32 @@ fn acl_checks(conn: &mut Conn, url: &RedisUrl, prefix: &str, version: Option<&st
 }
 
 /// ACL DRYRUN for each command; None when this connection may not dry-run.
-fn dry_run(conn: &mut Conn, user: &str, commands: &[Vec<String>]) -> Option<Vec<bool>> {
+fn dry_run(send: &mut Send, user: &str, commands: &[Vec<String>]) -> Option<Vec<bool>> {
     let mut out = Vec::new();
     for cmd in commands {
-        let reply: String = redis::cmd("ACL")
-            .arg("DRYRUN")
-            .arg(user)
-            .arg(cmd)
-            .query(conn)
-            .ok()?;
+        let reply: String = ask(send, redis::cmd("ACL").arg("DRYRUN").arg(user).arg(cmd))?;
         out.push(reply == "OK");
     }
     Some(out)
 }
 
-/// `redis.acl_check_cmd` for each command, in one read-only script.
-fn check_script(conn: &mut Conn, commands: &[Vec<String>]) -> Option<Vec<bool>> {
+/// `redis.acl_check_cmd` for each command, in one read-only script, run
+/// by its SHA and loaded only if the server lacks it, as lockrun's own.
+fn check_script(send: &mut Send, commands: &[Vec<String>]) -> Option<Vec<bool>> {
     let script = Script::new(ACL_CHECK);
-    let mut inv = script.prepare_invoke();
+    let mut eval = redis::cmd("EVALSHA");
+    eval.arg(script.get_hash()).arg(0);
     for cmd in commands {
-        inv.arg(cmd.len());
-        for word in cmd {
-            inv.arg(word);
-        }
+        eval.arg(cmd.len()).arg(cmd);
     }
-    let v: Vec<i64> = inv.invoke(conn).ok()?;
+    let reply = match send(&eval) {
+        Err(e) if e.code() == Some("NOSCRIPT") => {
+            send(redis::cmd("SCRIPT").arg("LOAD").arg(ACL_CHECK)).ok()?;
+            send(&eval)
+        }
+        other => other,
+    };
+    let v: Vec<i64> = redis::from_redis_value(reply.ok()?).ok()?;
     (v.len() == commands.len()).then(|| v.into_iter().map(|x| x == 1).collect())
 }
 

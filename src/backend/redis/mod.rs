@@ -361,7 +361,7 @@ impl Redis {
 /// A master's address in a line of CLUSTER NODES
 /// (`id host:port@cport[,hostname] flags master …`); None for a replica or
 /// a node that failed.
-fn cluster_master(line: &str) -> Option<Node> {
+pub(super) fn cluster_master(line: &str) -> Option<Node> {
     let mut fields = line.split(' ');
     let addr = fields.nth(1)?;
     let flags = fields.next()?;
