@@ -303,20 +303,20 @@ fn status_object(name: &str, st: &backend::Status) -> serde_json::Value {
     // The first holder's fields stay at the top level, as before there
     // were several holders; `holders` lists them all.
     serde_json::json!({
-            "name": name,
-            "held": first.is_some(),
-            "mode": first.map(|h| Mode::name(h.mode)),
-            "holder": first.and_then(|h| h.label.clone()),
-            "token": first.and_then(|h| h.token),
-            "ttl_left_ms": millis(first.and_then(|h| h.ttl_left)),
-            "held_for_ms": millis(first.and_then(|h| h.held_for)),
-            "revoked": !st.holders.is_empty() && st.holders.iter().all(|h| h.revoked),
-            "holder_gone": first
-                .and_then(|h| h.label.as_deref())
-                .and_then(backend::gone_holder)
-                .is_some(),
-            "holders": st.holders.iter().map(holder_json).collect::<Vec<_>>(),
-            "waiters": st.waiters,
+        "name": name,
+        "held": first.is_some(),
+        "mode": first.map(|h| Mode::name(h.mode)),
+        "holder": first.and_then(|h| h.label.clone()),
+        "token": first.and_then(|h| h.token),
+        "ttl_left_ms": millis(first.and_then(|h| h.ttl_left)),
+        "held_for_ms": millis(first.and_then(|h| h.held_for)),
+        "revoked": !st.holders.is_empty() && st.holders.iter().all(|h| h.revoked),
+        "holder_gone": first
+            .and_then(|h| h.label.as_deref())
+            .and_then(backend::gone_holder)
+            .is_some(),
+        "holders": st.holders.iter().map(holder_json).collect::<Vec<_>>(),
+        "waiters": st.waiters,
     })
 }
 

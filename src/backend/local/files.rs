@@ -163,6 +163,20 @@ pub(super) fn doctor(given: Option<&Path>) -> Vec<Check> {
     };
     let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
     let me = rustix::process::getuid().as_raw();
+    // Past a link, what matters is the directory it leads to.
+    let st = match kind {
+        rustix::fs::FileType::Symlink => match rustix::fs::stat(&dir) {
+            Ok(target) => target,
+            Err(e) => {
+                out.push(Check::fail(
+                    "directory",
+                    format!("{shown} is a symbolic link that leads nowhere ({e}): remove it"),
+                ));
+                return out;
+            }
+        },
+        _ => st,
+    };
     if kind == rustix::fs::FileType::Symlink {
         let what =
             format!("{shown} is a symbolic link: whoever can change the link can move your locks");
@@ -318,4 +332,32 @@ pub(super) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     let mut p = path.as_os_str().to_os_string();
     p.push(suffix);
     p.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_file_names_its_lock() {
+        for name in ["job", "a b/c", ".hidden", "50%", "ünï", "x.lock"] {
+            assert_eq!(
+                name_of_file(&file_name(name)).as_deref(),
+                Some(name),
+                "{name}"
+            );
+        }
+        let long = "é".repeat(300);
+        let shown = name_of_file(&file_name(&long)).unwrap();
+        assert!(shown.ends_with('…') && long.starts_with(shown.trim_end_matches('…')));
+        for other in [
+            "job.lock.gate",
+            "job.lock.slot0",
+            ".job.lock",
+            ".lock",
+            "x.prom",
+        ] {
+            assert_eq!(name_of_file(other), None, "{other}");
+        }
+    }
 }
