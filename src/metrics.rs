@@ -172,14 +172,25 @@ fn replace(path: &Path, text: &str) -> std::io::Result<()> {
     tmp_name.push(file);
     tmp_name.push(format!(".{}.tmp", std::process::id()));
     let tmp = dir.join(tmp_name);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
+    // A new file of our own, never one found there (planted, in a shared
+    // directory); one left by a run that died with our pid goes first.
+    let create = || {
+        std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o644)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
+            .open(&tmp)
+    };
+    let file = match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&tmp)?;
+            create()
+        }
+        other => other,
+    }?;
+    let written = (|| {
+        let mut f = file;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
