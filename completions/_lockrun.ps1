@@ -37,6 +37,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips quietly, as with flock -n -E 0 in a crontab)')
             [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips quietly, as with flock -n -E 0 in a crontab)')
             [CompletionResult]::new('--label', '--label', [CompletionResultType]::ParameterName, 'A note shown by `status` and in waiting messages beside host:pid (a pipeline id, a ticket)')
+            [CompletionResult]::new('--metrics-file', '--metrics-file', [CompletionResultType]::ParameterName, 'At the end of every run (skipped, ran, lost, failed) replace PATH, atomically, with Prometheus text for node_exporter''s textfile collector: end time, acquired, wait and hold seconds, exit code, lease lost, token. A PATH that cannot be written costs one warning, never the job or its exit code')
             [CompletionResult]::new('--kill-after', '--kill-after', [CompletionResultType]::ParameterName, 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)')
             [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print a shell completion script or the man page to stdout')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
@@ -55,8 +56,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
-            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable')
+            [CompletionResult]::new('list', 'list', [CompletionResultType]::ParameterValue, 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable')
+            [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -66,7 +69,22 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with')
             [CompletionResult]::new('--replicas', '--replicas', [CompletionResultType]::ParameterName, 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace on the server')
-            [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print one JSON object instead of text')
+            [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print one JSON object (without NAME: an array of them) instead of text')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            break
+        }
+        'lockrun;list' {
+            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with')
+            [CompletionResult]::new('--replicas', '--replicas', [CompletionResultType]::ParameterName, 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace on the server')
+            [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print one JSON object (without NAME: an array of them) instead of text')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print only errors')
@@ -92,9 +110,24 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
             break
         }
+        'lockrun;doctor' {
+            [CompletionResult]::new('-u', '-u', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--url', '--url', [CompletionResultType]::ParameterName, 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine')
+            [CompletionResult]::new('--tls-ca', '--tls-ca', [CompletionResultType]::ParameterName, 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with')
+            [CompletionResult]::new('--replicas', '--replicas', [CompletionResultType]::ParameterName, 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key namespace on the server')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print only errors')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            break
+        }
         'lockrun;help' {
-            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable')
+            [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable')
+            [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -102,6 +135,9 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             break
         }
         'lockrun;help;release' {
+            break
+        }
+        'lockrun;help;doctor' {
             break
         }
         'lockrun;help;help' {

@@ -16,14 +16,23 @@ _lockrun() {
             ",$1")
                 cmd="lockrun"
                 ;;
+            lockrun,doctor)
+                cmd="lockrun__subcmd__doctor"
+                ;;
             lockrun,help)
                 cmd="lockrun__subcmd__help"
+                ;;
+            lockrun,list)
+                cmd="lockrun__subcmd__status"
                 ;;
             lockrun,release)
                 cmd="lockrun__subcmd__release"
                 ;;
             lockrun,status)
                 cmd="lockrun__subcmd__status"
+                ;;
+            lockrun__subcmd__help,doctor)
+                cmd="lockrun__subcmd__help__subcmd__doctor"
                 ;;
             lockrun__subcmd__help,help)
                 cmd="lockrun__subcmd__help__subcmd__help"
@@ -41,7 +50,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --replicas --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --kill-after --generate --help --version status release help"
+            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --replicas --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --metrics-file --kill-after --generate --help --version status list release doctor help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -111,6 +120,10 @@ _lockrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --metrics-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --kill-after)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -126,9 +139,57 @@ _lockrun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
-        lockrun__subcmd__help)
-            opts="status release help"
+        lockrun__subcmd__doctor)
+            opts="-u -v -q -h --url --tls-ca --replicas --prefix --verbose --quiet --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -u)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tls-ca)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --replicas)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lockrun__subcmd__help)
+            opts="status release doctor help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lockrun__subcmd__help__subcmd__doctor)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

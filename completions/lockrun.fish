@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n u/url= tls-ca= replicas= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive s/shared limit= E/conflict-exit-code= label= kill-after= generate= h/help V/version
+    string join \n u/url= tls-ca= replicas= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive s/shared limit= E/conflict-exit-code= label= metrics-file= kill-after= generate= h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -34,6 +34,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l wait -l timeout -d
 complete -c lockrun -n "__fish_lockrun_needs_command" -l limit -d 'Up to N holders at once (a counting semaphore); each job gets its place 0..N-1 in LOCKRUN_SLOT. Every user of the name must agree on N' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips quietly, as with flock -n -E 0 in a crontab)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l label -d 'A note shown by `status` and in waiting messages beside host:pid (a pipeline id, a ticket)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l metrics-file -d 'At the end of every run (skipped, ran, lost, failed) replace PATH, atomically, with Prometheus text for node_exporter\'s textfile collector: end time, acquired, wait and hold seconds, exit code, lease lost, token. A PATH that cannot be written costs one warning, never the job or its exit code' -r -F
 complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l generate -d 'Print a shell completion script or the man page to stdout' -r -f -a "man\t''
 bash\t''
@@ -48,17 +49,27 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s x -l exclusive -d 'An e
 complete -c lockrun -n "__fish_lockrun_needs_command" -s s -l shared -d 'A shared (reader) lock, as flock\'s -s: shared holders run together, never beside an exclusive one'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
-complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "list" -d 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "doctor" -d 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun\'s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l replicas -d 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key namespace on the server' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print one JSON object instead of text'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print one JSON object (without NAME: an array of them) instead of text'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 'Print help'
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l replicas -d 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l prefix -d 'Key namespace on the server' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l json -d 'Print one JSON object (without NAME: an array of them) instead of text'
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s q -l quiet -d 'Print only errors'
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s h -l help -d 'Print help'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l token -d 'Break only the holder with token T (default: every holder)' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
@@ -69,6 +80,14 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l now -d 'Dele
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d 'Print help'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "status" -d 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -l replicas -d 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -l prefix -d 'Key namespace on the server' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s q -l quiet -d 'Print only errors'
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s h -l help -d 'Print help'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release doctor help" -f -a "status" -d 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release doctor help" -f -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release doctor help" -f -a "doctor" -d 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun\'s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release doctor help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -14,6 +14,7 @@ use crate::clock::Boot;
 use crate::config::{self, Common};
 use crate::exit::{self, Class, Failure, JobEnd, ResultExt, fail};
 use crate::log;
+use crate::metrics;
 use crate::supervise::{self, Job};
 use crate::watchdog::Deadline;
 
@@ -31,7 +32,14 @@ pub fn dispatch(cli: Cli) -> Result<Ending, Failure> {
         return generate(kind).map(|()| Ending::Exit(0));
     }
     match &cli.subcommand {
-        Some(OperatorCommand::Status { json, name }) => status(&cli, name, *json),
+        Some(OperatorCommand::Status {
+            json,
+            name: Some(name),
+        }) => status(&cli, name, *json),
+        // ---- operators: status of every name, doctor ----
+        Some(OperatorCommand::Status { json, name: None }) => status_all(&cli, *json),
+        Some(OperatorCommand::Doctor {}) => doctor(&cli),
+        // ---- end of status of every name, doctor ----
         Some(OperatorCommand::Release {
             force,
             token,
@@ -53,8 +61,24 @@ fn setup_logging(common: &Common) {
     }
 }
 
+// ---- metrics for cron: every run's end is written down ----
 fn run_job(cli: &Cli) -> Result<Ending, Failure> {
     let cfg = config::run_config(&cli.backend, &cli.run)?;
+    let mut report = metrics::Run::start();
+    let ended = run_configured(&cfg, &mut report);
+    if let Some(path) = &cfg.metrics_file {
+        let code = match &ended {
+            Ok(Ending::Exit(code)) => *code,
+            Ok(Ending::Raise(sig)) => JobEnd::Signaled(*sig).code(),
+            Err(f) => f.class.code(),
+        };
+        report.write(path, &cfg.name, cfg.label.as_deref(), code);
+    }
+    ended
+}
+// ---- end of metrics for cron ----
+
+fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<Ending, Failure> {
     setup_logging(&cfg.common);
     let owner = Owner::new(cfg.label.as_deref())?;
     log::add_secret(&owner.secret);
@@ -112,6 +136,7 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
         }
     };
     drop(engine);
+    report.granted(lease.token);
 
     let deadline = expires.then(|| {
         Arc::new(Deadline::new(
@@ -123,10 +148,13 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
     let password_in_effect = cfg.common.address.secret().is_some();
     let secret = password_in_effect || config::inherited_url_has_password();
     let env = lease.job_env(&req, secret);
+    let mut env_remove = env.remove;
+    // The metrics file is this run's: a lockrun inside the job writes its own.
+    env_remove.push("LOCKRUN_METRICS_FILE".into());
     let job = Job {
         command: cfg.command.clone(),
         env: env.set,
-        env_remove: env.remove,
+        env_remove,
         inherit_fd: env.inherit_fd,
         timing: cfg.timing,
         sent_at: lease.sent_at,
@@ -153,6 +181,7 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
     // request's budget whatever the server does.
     let released = pending.release(&releasing, cfg.timing.op);
     if let Some(reason) = outcome.lost {
+        report.lost = true;
         log::alert(format!(
             "lease on {} lost: {reason}; the job was stopped",
             cfg.name
@@ -259,28 +288,43 @@ fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {
     let st = backend::bounded(&format!("reading {name}"), op_budget(), move || {
         engine.status(&asked)
     })?;
-    let first = st.holders.first();
     let mut out = std::io::stdout().lock();
+    show_status(&mut out, name, &st, json, false);
+    Ok(Ending::Exit(if st.holders.is_empty() {
+        exit::STATUS_FREE
+    } else {
+        exit::STATUS_HELD
+    }))
+}
+
+/// What `status --json NAME` prints for one name.
+fn status_object(name: &str, st: &backend::Status) -> serde_json::Value {
+    let first = st.holders.first();
+    // The first holder's fields stay at the top level, as before there
+    // were several holders; `holders` lists them all.
+    serde_json::json!({
+        "name": name,
+        "held": first.is_some(),
+        "mode": first.map(|h| Mode::name(h.mode)),
+        "holder": first.and_then(|h| h.label.clone()),
+        "token": first.and_then(|h| h.token),
+        "ttl_left_ms": millis(first.and_then(|h| h.ttl_left)),
+        "held_for_ms": millis(first.and_then(|h| h.held_for)),
+        "revoked": !st.holders.is_empty() && st.holders.iter().all(|h| h.revoked),
+        "holder_gone": first
+            .and_then(|h| h.label.as_deref())
+            .and_then(backend::gone_holder)
+            .is_some(),
+        "holders": st.holders.iter().map(holder_json).collect::<Vec<_>>(),
+        "waiters": st.waiters,
+    })
+}
+
+/// One name's status as text (`one_line`: several holders on the name's
+/// line, as `status` without a name shows them), or as its JSON object.
+fn show_status(out: &mut dyn Write, name: &str, st: &backend::Status, json: bool, one_line: bool) {
     if json {
-        // The first holder's fields stay at the top level, as before there
-        // were several holders; `holders` lists them all.
-        let v = serde_json::json!({
-            "name": name,
-            "held": first.is_some(),
-            "mode": first.map(|h| Mode::name(h.mode)),
-            "holder": first.and_then(|h| h.label.clone()),
-            "token": first.and_then(|h| h.token),
-            "ttl_left_ms": millis(first.and_then(|h| h.ttl_left)),
-            "held_for_ms": millis(first.and_then(|h| h.held_for)),
-            "revoked": !st.holders.is_empty() && st.holders.iter().all(|h| h.revoked),
-            "holder_gone": first
-                .and_then(|h| h.label.as_deref())
-                .and_then(backend::gone_holder)
-                .is_some(),
-            "holders": st.holders.iter().map(holder_json).collect::<Vec<_>>(),
-            "waiters": st.waiters,
-        });
-        let _ = writeln!(out, "{v}");
+        let _ = writeln!(out, "{}", status_object(name, st));
     } else {
         let waiting = match st.waiters {
             Some(n) if n > 0 => format!("; {n} waiting"),
@@ -305,26 +349,106 @@ fn status(cli: &Cli, name: &str, json: bool) -> Result<Ending, Failure> {
                 let _ = writeln!(out, "{name}: {}{waiting}", describe_holder(h));
             }
             hs => {
-                let _ = writeln!(
-                    out,
+                let each: Vec<String> = hs
+                    .iter()
+                    .map(|h| {
+                        let slot = h.slot.map(|s| format!("slot {s}: ")).unwrap_or_default();
+                        format!("{slot}{}", describe_holder(h))
+                    })
+                    .collect();
+                let head = format!(
                     "{name}: {} holder{} ({}){waiting}",
                     hs.len(),
                     if hs.len() == 1 { "" } else { "s" },
                     Mode::name(hs[0].mode)
                 );
-                for h in hs {
-                    let slot = h.slot.map(|s| format!("slot {s}: ")).unwrap_or_default();
-                    let _ = writeln!(out, "  {slot}{}", describe_holder(h));
+                if one_line {
+                    let _ = writeln!(out, "{head}: {}", each.join("; "));
+                } else {
+                    let _ = writeln!(out, "{head}");
+                    for line in each {
+                        let _ = writeln!(out, "  {line}");
+                    }
                 }
             }
         }
     }
-    Ok(Ending::Exit(if st.holders.is_empty() {
-        exit::STATUS_FREE
+}
+
+// ---- operators: status of every name, doctor (README "Operate") ----
+
+/// How far `status` without a name goes; beyond either bound it says the
+/// list is incomplete rather than keep an operator waiting.
+const LIST_NAMES: usize = 100_000;
+const LIST_TIME: Duration = Duration::from_secs(20);
+
+fn status_all(cli: &Cli, json: bool) -> Result<Ending, Failure> {
+    let common = config::common(&cli.backend)?;
+    setup_logging(&common);
+    let mut engine = open_engine(&common)?;
+    let bound = backend::ListBound {
+        names: LIST_NAMES,
+        until: Boot::now().add(LIST_TIME),
+    };
+    // The engine stops itself at the bound; this only catches a server
+    // that stops answering in the middle.
+    let listing = backend::bounded("listing every name", LIST_TIME + op_budget(), move || {
+        engine.list(bound)
+    })?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let all: Vec<serde_json::Value> = listing
+            .names
+            .iter()
+            .map(|(name, st)| status_object(name, st))
+            .collect();
+        let _ = writeln!(out, "{}", serde_json::Value::Array(all));
     } else {
+        for (name, st) in &listing.names {
+            show_status(&mut out, name, st, false, true);
+        }
+    }
+    let _ = out.flush();
+    if common.verbosity >= 1 {
+        let mut err = std::io::stderr();
+        for note in &listing.notes {
+            let _ = writeln!(err, "lockrun: {note}");
+        }
+    }
+    let any_held = listing.names.iter().any(|(_, st)| !st.holders.is_empty());
+    Ok(Ending::Exit(if any_held {
         exit::STATUS_HELD
+    } else {
+        exit::STATUS_FREE
     }))
 }
+
+/// Every check together: past this, doctor says which engine did not answer.
+const DOCTOR_TIME: Duration = Duration::from_secs(30);
+
+fn doctor(cli: &Cli) -> Result<Ending, Failure> {
+    let common = config::common(&cli.backend)?;
+    setup_logging(&common);
+    let how = opening(&common, op_budget());
+    let address = common.address.clone();
+    let shown = address.shown();
+    let checks = backend::bounded(&format!("checking {shown}"), DOCTOR_TIME, move || {
+        Ok(address.doctor(&how))
+    })?;
+    let mut out = std::io::stdout().lock();
+    for c in &checks {
+        let line = format!("{:<4}  {}: {}", c.verdict.word(), c.topic, c.said);
+        let _ = writeln!(out, "{}", log::scrub(&line));
+    }
+    let worst = checks.iter().map(|c| c.verdict).max();
+    Ok(Ending::Exit(match worst {
+        Some(backend::Verdict::Fail) => exit::UNAVAILABLE,
+        Some(backend::Verdict::Warn) => exit::DOCTOR_WARNED,
+        _ => 0,
+    }))
+}
+
+// ---- end of status of every name, doctor ----
 
 fn release(
     cli: &Cli,
@@ -445,6 +569,12 @@ const MAN_TAIL: &str = r#".SH COMMANDS
 \fBlockrun status\fR [\fB\-\-json\fR] \fINAME\fR
 Show whether NAME is held: every holder (host:pid and \fB\-\-label\fR, token, slot, mode, time left, held for) and the number of waiting requests; says when a holder's lockrun no longer runs on this host. Exit 0 held, 1 free, 69 unreachable.
 .TP
+\fBlockrun status\fR [\fB\-\-json\fR], \fBlockrun list\fR [\fB\-\-json\fR]
+Every name under the prefix, one line each, sorted (\fB\-\-json\fR: an array of the objects \fBstatus \-\-json\fR \fINAME\fR prints). Read name by name (Redis: SCAN, never KEYS), not as one snapshot, within bounds of names and time; never disturbs a lock. Exit 0 when any is held, 1 when none, 64 on an engine that cannot list, 69 unreachable.
+.TP
+\fBlockrun doctor\fR [\fB\-\-url\fR \fIURL\fR]
+Read-only checks of an engine, one line each: \fBok\fR, \fBwarn\fR or \fBfail\fR and what to do (Redis, each master of a cluster on its own: round trip, version, maxmemory-policy, persistence, replicas, the user's permissions, clock; local: the directory's owner, mode, link, file system; etcd: round trip, version, leader, permissions). It writes no key, file or directory. Exit 0 all ok, 1 a warning, 69 unreachable or a failure.
+.TP
 \fBlockrun release \-\-force\fR [\fB\-\-token\fR \fIT\fR] [\fB\-\-now\fR] \fINAME\fR
 Break a lease (operators), on the engines that can (README \(lqBackends\(rq). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on the holder with that token, else every holder is broken. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported by the engine (local locks), 69 unreachable.
 .SH EXIT STATUS
@@ -474,8 +604,8 @@ Internal error; after the job started, only once every process of the job is gon
 The command was found but is not executable, or was not found.
 .SH ENVIRONMENT
 .TP
-\fBLOCKRUN_URL\fR, \fBLOCKRUN_TTL\fR, \fBLOCKRUN_PREFIX\fR, \fBLOCKRUN_TLS_CA\fR, \fBLOCKRUN_LABEL\fR
-Defaults for \fB\-\-url\fR, \fB\-\-ttl\fR, \fB\-\-prefix\fR, \fB\-\-tls\-ca\fR and \fB\-\-label\fR. A setting only one engine uses is ignored by the others. Give a password through LOCKRUN_URL rather than \fB\-\-url\fR: the command line is visible to every user.
+\fBLOCKRUN_URL\fR, \fBLOCKRUN_TTL\fR, \fBLOCKRUN_PREFIX\fR, \fBLOCKRUN_TLS_CA\fR, \fBLOCKRUN_LABEL\fR, \fBLOCKRUN_METRICS_FILE\fR
+Defaults for \fB\-\-url\fR, \fB\-\-ttl\fR, \fB\-\-prefix\fR, \fB\-\-tls\-ca\fR, \fB\-\-label\fR and \fB\-\-metrics\-file\fR (not passed on to the job). A setting only one engine uses is ignored by the others. Give a password through LOCKRUN_URL rather than \fB\-\-url\fR: the command line is visible to every user.
 .PP
 The job sees, set over its inherited environment:
 .TP

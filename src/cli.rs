@@ -23,8 +23,9 @@ use clap::{Args, Parser, Subcommand};
     subcommand_negates_reqs = true,
     override_usage = "lockrun [OPTIONS] <NAME> [--] <COMMAND> [ARGS]...\n       \
 lockrun [OPTIONS] <NAME> -c <SHELL_COMMAND>\n       \
-lockrun status [--json] <NAME>\n       \
-lockrun release --force [--token T] [--now] <NAME>",
+lockrun status [--json] [NAME]\n       \
+lockrun release --force [--token T] [--now] <NAME>\n       \
+lockrun doctor [--url URL]",
     after_help = "Exit codes: the job's own code; 128+N if it died of signal N; \
 75 not acquired (-E); 76 lease lost, job stopped; 64 usage; 69 backend unreachable; \
 70 internal; 126 not executable; 127 not found."
@@ -178,6 +179,15 @@ pub struct RunArgs {
     #[arg(long, env = "LOCKRUN_LABEL", value_name = "TEXT")]
     pub label: Option<String>,
 
+    // ---- metrics for cron (README "Metrics for cron") ----
+    /// At the end of every run (skipped, ran, lost, failed) replace PATH,
+    /// atomically, with Prometheus text for node_exporter's textfile
+    /// collector: end time, acquired, wait and hold seconds, exit code,
+    /// lease lost, token. A PATH that cannot be written costs one warning,
+    /// never the job or its exit code.
+    #[arg(long, env = "LOCKRUN_METRICS_FILE", value_name = "PATH")]
+    pub metrics_file: Option<std::path::PathBuf>,
+    // ---- end of metrics for cron ----
     /// Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10).
     #[arg(long, value_name = "DUR")]
     pub kill_after: Option<String>,
@@ -185,15 +195,21 @@ pub struct RunArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
+    // ---- operators: status of every name (and `list`) ----
     /// Show whether NAME is held: every holder (who, token, slot, mode, time
-    /// left) and the number of waiters. Exit 0 held, 1 free, 69 backend unreachable.
+    /// left) and the number of waiters. Without NAME (or as `list`): every
+    /// name under the prefix, one line each, sorted, read name by name (not
+    /// a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend
+    /// unreachable.
+    #[command(visible_alias = "list")]
     Status {
-        /// Print one JSON object instead of text.
+        /// Print one JSON object (without NAME: an array of them) instead of text.
         #[arg(long)]
         json: bool,
-        /// Name of the lock.
-        name: String,
+        /// Name of the lock (default: every name).
+        name: Option<String>,
     },
+    // ---- end of status of every name ----
     /// Break a lock (operators). By default the holder is revoked: its job is
     /// stopped at its next renewal and new grants wait until the old lease would
     /// have expired, so no two jobs overlap.
@@ -212,6 +228,16 @@ pub enum OperatorCommand {
         /// Name of the lock.
         name: String,
     },
+    // ---- operators: doctor ----
+    /// Check an engine before the first incident: one line per check, ok,
+    /// warn or fail, with what to do. Read-only: it runs nothing but reads
+    /// and dry runs and creates nothing that outlives it (no key, no lock
+    /// file, no directory; on Redis, a user that may not run ACL DRYRUN has
+    /// its permissions checked by a read-only script, which stays in the
+    /// script cache as lockrun's own scripts do). Exit 0 all ok, 1 a
+    /// warning, 69 unreachable or a check failed.
+    Doctor {},
+    // ---- end of doctor ----
 }
 
 /// Long options, lockrun's and those of the tools it replaces, as someone

@@ -30,6 +30,8 @@ pub struct RunConfig {
     pub command: Vec<OsString>,
     /// `--label`, checked: printable, at most 100 characters.
     pub label: Option<String>,
+    /// `--metrics-file`: replaced at the end of the run.
+    pub metrics_file: Option<std::path::PathBuf>,
 }
 
 fn usage(msg: impl std::fmt::Display) -> Failure {
@@ -259,6 +261,19 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
 
     let mode = mode(run, &*common.address)?;
 
+    let metrics_file = run
+        .metrics_file
+        .clone()
+        .filter(|p| !p.as_os_str().is_empty());
+    if let Some(p) = &metrics_file
+        && p.file_name().is_none()
+    {
+        return Err(usage(format!(
+            "invalid --metrics-file {:?}: expected the path of a file, such as \
+             /var/lib/node_exporter/textfile/report.prom",
+            p.display().to_string()
+        )));
+    }
     Ok(RunConfig {
         common,
         name,
@@ -268,6 +283,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         conflict_code,
         command,
         label,
+        metrics_file,
     })
 }
 

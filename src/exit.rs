@@ -22,6 +22,8 @@ pub const NOT_FOUND: u8 = 127;
 pub const STATUS_HELD: u8 = 0;
 /// `status`: the lock is free; `release`: nothing was broken.
 pub const STATUS_FREE: u8 = 1;
+/// `doctor`: every check passed but at least one warned.
+pub const DOCTOR_WARNED: u8 = 1;
 
 /// The class of a failure, which decides the exit code of lockrun.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,6 +14,7 @@ mod clock;
 mod config;
 mod exit;
 mod log;
+mod metrics;
 mod schedule;
 mod spawn;
 mod supervise;

@@ -705,6 +705,90 @@ pub fn nested_requests_are_refused_in_every_mode(e: &dyn Fixture) {
     }
 }
 
+/// `status` without a name, `doctor` and `--metrics-file` (README "Operate",
+/// "Metrics for cron"): the held names listed, each as `status --json NAME`
+/// shows it, exit 0 while any is held and 1 once none is; doctor's lines
+/// and exit code agree, and it leaves nothing behind; the metrics file of a
+/// run and of a skip reads back with a Prometheus parser.
+pub fn operators_see_every_name_doctor_and_metrics(e: &dyn Fixture) {
+    let url = e.url();
+    // First, on the untouched engine: doctor is read-only.
+    let ran = on(&url).arg("doctor").output();
+    let out = ran.stdout();
+    let mut worst = 0;
+    for line in out.lines() {
+        let (verdict, rest) = line.split_once("  ").expect("verdict, two spaces");
+        worst = worst.max(match verdict.trim() {
+            "ok" => 0,
+            "warn" => 1,
+            "fail" => 69,
+            other => panic!("verdict {other:?}: {out}"),
+        });
+        assert!(rest.contains(": "), "{line}");
+    }
+    assert!(!out.is_empty());
+    assert_eq!(ran.out.status.code(), Some(worst), "{out}");
+    assert!(e.untouched(), "doctor left something behind: {out}");
+    on(&e.unreachable()).arg("doctor").code(69);
+
+    let scratch = Scratch::new();
+    let metrics = scratch.path("m.prom");
+    for name in ["e-free", "b-free"] {
+        on(&url)
+            .arg("--metrics-file")
+            .arg(&metrics)
+            .args([name, "true"])
+            .succeeds();
+    }
+    let m = crate::operate::parse_metrics(&metrics);
+    assert_eq!(crate::operate::value(&m, "acquired"), 1.0);
+    assert_eq!(m["lockrun_last_run_acquired"].0["name"], "b-free");
+    let mut holders = Vec::new();
+    for name in ["d-held", "a-held", "c-held"] {
+        let (child, _) = holder(e, &scratch, name, &[name]);
+        holders.push(child);
+        assert!(wait_until(
+            Duration::from_secs(20),
+            || status(e, name)["held"] == true
+        ));
+    }
+    on(&url)
+        .arg("--metrics-file")
+        .arg(&metrics)
+        .args(["-n", "c-held", "true"])
+        .code(75);
+    let m = crate::operate::parse_metrics(&metrics);
+    assert_eq!(crate::operate::value(&m, "acquired"), 0.0);
+    assert_eq!(crate::operate::value(&m, "exit_code"), 75.0);
+
+    let text = on(&url).arg("status").code(0).stdout();
+    let held: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("held by"))
+        .map(|l| l.split(':').next().unwrap())
+        .collect();
+    assert_eq!(held, ["a-held", "c-held", "d-held"], "{text}");
+    // Free names show as free, where the engine keeps a trace of them.
+    for l in text.lines().filter(|l| !l.contains("held by")) {
+        assert!(l == "b-free: free" || l == "e-free: free", "{text}");
+    }
+    let v = on(&url).args(["list", "--json"]).code(0).json();
+    let all = v.as_array().expect("an array");
+    for obj in all {
+        let name = obj["name"].as_str().unwrap();
+        assert_eq!(obj["held"], name.ends_with("-held"), "{obj}");
+        assert_eq!(obj["token"], status(e, name)["token"], "{obj}");
+    }
+    assert_eq!(all.iter().filter(|o| o["held"] == true).count(), 3);
+
+    for mut h in holders {
+        stop(&mut h);
+    }
+    assert!(wait_until(Duration::from_secs(20), || {
+        on(&url).arg("status").output().out.status.code() == Some(1)
+    }));
+}
+
 /// Every test above, on each engine: one line per engine.
 macro_rules! conformance {
     ($($engine:ident: $fixture:expr;)*) => {$(
@@ -723,6 +807,7 @@ macro_rules! conformance {
             #[test] fn bad_input_is_refused_before_anything_happens() { super::bad_input_is_refused_before_anything_happens(&$fixture) }
             #[test] fn unreachable_is_69() { super::unreachable_is_69(&$fixture) }
             #[test] fn nested_requests_are_refused_in_every_mode() { super::nested_requests_are_refused_in_every_mode(&$fixture) }
+            #[test] fn operators_see_every_name_doctor_and_metrics() { super::operators_see_every_name_doctor_and_metrics(&$fixture) }
         }
     )*};
 }

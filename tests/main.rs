@@ -12,6 +12,7 @@ mod hostile;
 mod input;
 mod local;
 mod modes;
+mod operate;
 mod ops;
 mod outlive;
 mod props;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
-# need (redis-server, etcd, openssl, perl, bash, util-linux) when it is missing,
-# then run `cargo test` with any arguments given.
+# need (redis-server, etcd, openssl, perl, bash, util-linux, Python's
+# prometheus_client) when it is missing, then run `cargo test` with any
+# arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,10 @@ command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 command -v groff >/dev/null 2>&1 || missing+=(groff-base)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+# The metrics file is read back with a real Prometheus text parser.
+python3 -c 'import prometheus_client' >/dev/null 2>&1 ||
+  /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 ||
+  missing+=(python3-prometheus-client)
 
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -177,6 +177,92 @@ pub trait Address: std::fmt::Debug + Send + Sync {
     }
     /// Open the engine (contacting it, for a server).
     fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error>;
+    /// `lockrun doctor`: read-only checks of the engine and its settings,
+    /// one line each (README "Operate"). They write nothing that outlives
+    /// them. An engine without checks of its own says so in one line.
+    fn doctor(&self, how: &Opening) -> Vec<Check> {
+        let _ = how;
+        vec![Check::warn(
+            "checks",
+            format!(
+                "lockrun doctor has no checks for the {} engine yet; `lockrun status NAME` \
+                 shows whether it answers",
+                self.engine().name
+            ),
+        )]
+    }
+}
+
+/// How a `lockrun doctor` check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "fail",
+        }
+    }
+}
+
+/// One line of `lockrun doctor`: what was checked, how it came out, and
+/// (unless ok) what to do. Never carries a secret.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub verdict: Verdict,
+    pub topic: &'static str,
+    pub said: String,
+}
+
+impl Check {
+    pub fn new(verdict: Verdict, topic: &'static str, said: impl Into<String>) -> Check {
+        Check {
+            verdict,
+            topic,
+            said: said.into(),
+        }
+    }
+    pub fn ok(topic: &'static str, said: impl Into<String>) -> Check {
+        Check::new(Verdict::Ok, topic, said)
+    }
+    pub fn warn(topic: &'static str, said: impl Into<String>) -> Check {
+        Check::new(Verdict::Warn, topic, said)
+    }
+    pub fn fail(topic: &'static str, said: impl Into<String>) -> Check {
+        Check::new(Verdict::Fail, topic, said)
+    }
+}
+
+/// The verdict on a round trip measured against the bound on one request
+/// (the op budget): ok well within it, a warning when it eats a good part
+/// of it, a failure past it.
+pub fn round_trip_check(rtt: Duration, op: Duration) -> Check {
+    let shown =
+        |d: Duration| humantime::format_duration(Duration::from_micros(d.as_micros() as u64));
+    let said = format!(
+        "{} (the bound on one request with the default ttl of 30s is {})",
+        shown(rtt),
+        shown(op)
+    );
+    if rtt > op {
+        Check::fail(
+            "round trip",
+            format!("{said}: every renewal would time out; bring lockrun closer to the server"),
+        )
+    } else if rtt > op / 4 {
+        Check::warn(
+            "round trip",
+            format!("{said}: little room for a slow moment; use a longer --ttl or a closer server"),
+        )
+    } else {
+        Check::ok("round trip", said)
+    }
 }
 
 /// How an engine is opened.
@@ -562,6 +648,29 @@ pub struct Status {
     pub waiters: Option<u64>,
 }
 
+/// Every name under the prefix with its state, for `status` without a
+/// name, sorted by name.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub names: Vec<(String, Status)>,
+    /// What the reader should know about the list: it was read name by
+    /// name (no snapshot), or a bound cut it short.
+    pub notes: Vec<String>,
+}
+
+/// How far one listing may go: names read at most, and until when.
+#[derive(Debug, Clone, Copy)]
+pub struct ListBound {
+    pub names: usize,
+    pub until: Boot,
+}
+
+impl ListBound {
+    pub fn passed(&self) -> bool {
+        Boot::now() >= self.until
+    }
+}
+
 /// What `release --force` did.
 #[derive(Debug, Clone)]
 pub enum Broken {
@@ -593,6 +702,15 @@ pub trait Engine: Send {
         let _ = (name, force);
         Err(Error::Internal(
             "release --force asked of an engine that cannot break a lease".into(),
+        ))
+    }
+    /// Every name under the prefix and its state, sorted, read within
+    /// `bound` and without disturbing any lock. An engine that cannot list
+    /// yet refuses in one line.
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let _ = bound;
+        Err(Error::Request(
+            "this engine cannot list its names yet; ask for one name: lockrun status NAME".into(),
         ))
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{ENGINE, Etcd};
-use crate::backend::{Address, AddressOptions, Engine, EngineInfo, Error, Opening};
+use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
 
 /// etcd's client port when a URL names none.
 const DEFAULT_PORT: u16 = 2379;
@@ -37,6 +37,9 @@ impl Address for EtcdUrl {
     }
     fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
         Ok(Box::new(Etcd::open(self, how)?))
+    }
+    fn doctor(&self, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(self, how)
     }
 }
 

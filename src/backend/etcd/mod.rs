@@ -14,6 +14,7 @@
 
 mod address;
 mod client;
+mod doctor;
 mod queue;
 mod take;
 
@@ -24,12 +25,12 @@ use anyhow::anyhow;
 use serde_json::{Value, json};
 
 pub use address::{EtcdUrl, parse};
-use client::{Client, Setup, b64, int};
+use client::{Client, Setup, b64, int, unb64};
 use queue::{Entry, Keys, entries, holders};
 
 use super::{
-    Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, Opening, Request,
-    Status, Wait,
+    Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing,
+    Opening, Request, Status, Wait,
 };
 use crate::log;
 use crate::watchdog::{Renewal, Renewer};
@@ -137,6 +138,23 @@ fn holds(key: &str, value: &str) -> Value {
     json!({"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)})
 }
 
+/// Keys read at most by one listing (every request of every name).
+const LIST_KEYS: u64 = 100_000;
+
+/// The end of the range of every key that starts with `prefix` (etcd's
+/// `--prefix`: the last byte that can be raised, raised).
+fn prefix_end(prefix: &str) -> String {
+    let mut bytes = prefix.as_bytes().to_vec();
+    while let Some(last) = bytes.pop() {
+        if last < 0x7f {
+            bytes.push(last + 1);
+            return String::from_utf8_lossy(&bytes).into_owned();
+        }
+    }
+    // Every key.
+    "\0".into()
+}
+
 /// Wall-clock milliseconds: only ever shown (`status`'s "held for"), never
 /// part of a lease's time.
 fn wall_ms() -> u64 {
@@ -188,6 +206,55 @@ impl Engine for Etcd {
         Ok(Status {
             holders: out,
             waiters: Some((queue.len() - held) as u64),
+        })
+    }
+
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let doing = "listing names";
+        // Keys only, and no more than the bound allows: a name's values
+        // hold its owners' secrets, which this never needs.
+        let range = json!({
+            "key": b64(&self.prefix),
+            "range_end": b64(&prefix_end(&self.prefix)),
+            "keys_only": true,
+            "limit": LIST_KEYS,
+        });
+        let v = self
+            .client
+            .call("/v3/kv/range", &range)
+            .map_err(|e| self.client.failed(doing, e))?;
+        let mut notes = Vec::new();
+        if v["more"].as_bool() == Some(true) {
+            notes.push(format!(
+                "more than {LIST_KEYS} keys under the prefix: the list is incomplete"
+            ));
+        }
+        let names: std::collections::BTreeSet<String> = v["kvs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|kv| unb64(&kv["key"]))
+            .filter_map(|k| queue::name_of_key(&self.prefix, &k))
+            .collect();
+        let mut listed = Vec::new();
+        for name in names {
+            if listed.len() >= bound.names || bound.passed() {
+                notes.push(format!(
+                    "stopped after {} names: the list is incomplete",
+                    listed.len()
+                ));
+                break;
+            }
+            let st = self.status(&name)?;
+            listed.push((name, st));
+        }
+        notes.push(
+            "read name by name, not as one snapshot: a lock may change while the list is read"
+                .into(),
+        );
+        Ok(Listing {
+            names: listed,
+            notes,
         })
     }
 

@@ -43,6 +43,16 @@ impl Keys {
     }
 }
 
+/// The lock name a key under `prefix` is a request of (None: not one of
+/// lockrun's request keys, or one under a longer prefix).
+pub fn name_of_key(prefix: &str, key: &str) -> Option<String> {
+    let (encoded, lease) = key.strip_prefix(prefix)?.split_once("/q/")?;
+    if encoded.is_empty() || encoded.contains('/') || lease.is_empty() {
+        return None;
+    }
+    Some(encoded.replace("%2F", "/").replace("%25", "%"))
+}
+
 /// What a request's key holds: who, in which mode, since when, and (once
 /// revoked) that it no longer proves anyone's ownership.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,6 +263,21 @@ mod tests {
     use crate::backend::Owner;
     use crate::schedule::Timing;
     use std::time::Duration;
+
+    #[test]
+    fn request_keys_name_their_lock() {
+        for name in ["job", "a/q/b", "50%", "%2F"] {
+            let keys = Keys::new("lockrun:", name);
+            let key = keys.entry(7);
+            assert_eq!(
+                name_of_key("lockrun:", &key).as_deref(),
+                Some(name),
+                "{key}"
+            );
+        }
+        assert_eq!(name_of_key("lockrun:", "lockrun:team/job/q/1"), None);
+        assert_eq!(name_of_key("lockrun:", "other/job/q/1"), None);
+    }
 
     fn entry(i: u64, mode: Mode) -> Entry {
         let record = Record {

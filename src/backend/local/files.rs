@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{FlockOperation, Mode as FileMode, OFlags, flock, lstat, mkdir, open};
 use rustix::io::Errno;
 
-use crate::backend::Error;
+use crate::backend::{Check, Error};
 
 /// The per-user default directory; it depends only on the uid, so cron and a
 /// login shell find the same files.
@@ -89,6 +89,204 @@ pub fn file_name(name: &str) -> String {
     out + ".lock"
 }
 
+/// The lock name a main lock file stands for (None: not a main lock file).
+/// A name too long to keep whole in a file name (cut, with a hash) comes
+/// back as its kept part followed by `…`.
+pub(super) fn name_of_file(file: &str) -> Option<String> {
+    let stem = file.strip_suffix(".lock")?;
+    if stem.is_empty() || stem.starts_with('.') {
+        return None;
+    }
+    let (kept, cut) = match stem.split_once('~') {
+        Some((kept, _hash)) => (kept, true),
+        None => (stem, false),
+    };
+    let raw = kept.as_bytes();
+    let mut bytes = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' {
+            let hex = std::str::from_utf8(raw.get(i + 1..i + 3)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            bytes.push(raw[i]);
+            i += 1;
+        }
+    }
+    // A cut may fall inside a character: keep what reads.
+    let mut name = String::from_utf8_lossy(&bytes).into_owned();
+    if cut {
+        name = name.trim_end_matches('\u{FFFD}').to_string() + "…";
+    }
+    Some(name)
+}
+
+/// `lockrun doctor` on the lock directory: that it exists (or can be
+/// made), is a real directory of ours that others cannot write, and sits
+/// on a file system whose flock(2) is trustworthy. Only looks.
+pub(super) fn doctor(given: Option<&Path>) -> Vec<Check> {
+    let dir = given.map(Path::to_path_buf).unwrap_or_else(default_dir);
+    let shown = dir.display().to_string();
+    // The default directory is refused outright when it is not ours alone;
+    // a directory given with --url may be shared on purpose.
+    let strict = given.is_none();
+    let mut out = Vec::new();
+    let st = match lstat(&dir) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => {
+            let parent = dir.parent().unwrap_or(Path::new("/"));
+            if rustix::fs::access(parent, rustix::fs::Access::WRITE_OK).is_ok() {
+                out.push(Check::ok(
+                    "directory",
+                    format!(
+                        "{shown} does not exist yet; lockrun creates it (mode 0700) on first use"
+                    ),
+                ));
+                out.extend(file_system(parent));
+            } else {
+                out.push(Check::fail(
+                    "directory",
+                    format!(
+                        "{shown} does not exist and {} is not writable: create it, or choose \
+                         another directory with --url file:///path",
+                        parent.display()
+                    ),
+                ));
+            }
+            return out;
+        }
+        Err(e) => {
+            out.push(Check::fail("directory", format!("{shown}: {e}")));
+            return out;
+        }
+    };
+    let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+    let me = rustix::process::getuid().as_raw();
+    // Past a link, what matters is the directory it leads to.
+    let st = match kind {
+        rustix::fs::FileType::Symlink => match rustix::fs::stat(&dir) {
+            Ok(target) => target,
+            Err(e) => {
+                out.push(Check::fail(
+                    "directory",
+                    format!("{shown} is a symbolic link that leads nowhere ({e}): remove it"),
+                ));
+                return out;
+            }
+        },
+        _ => st,
+    };
+    if kind == rustix::fs::FileType::Symlink {
+        let what =
+            format!("{shown} is a symbolic link: whoever can change the link can move your locks");
+        out.push(if strict {
+            Check::fail(
+                "not a link",
+                format!("{what}; lockrun refuses it: have it removed"),
+            )
+        } else {
+            Check::warn(
+                "not a link",
+                format!("{what}; give the real directory in --url"),
+            )
+        });
+    } else if kind != rustix::fs::FileType::Directory {
+        out.push(Check::fail(
+            "directory",
+            format!(
+                "{shown} is not a directory: remove it, or choose another with --url file:///path"
+            ),
+        ));
+        return out;
+    } else {
+        out.push(Check::ok(
+            "not a link",
+            format!("{shown} is a directory, not a link"),
+        ));
+    }
+    if st.st_uid == me {
+        out.push(Check::ok("owner", format!("owned by you (uid {me})")));
+    } else {
+        let what = format!(
+            "owned by uid {}, not by you (uid {me}): that user can hold or fake your locks",
+            st.st_uid
+        );
+        out.push(if strict {
+            Check::fail(
+                "owner",
+                format!("{what}; lockrun refuses it: have it removed (as root)"),
+            )
+        } else {
+            Check::warn(
+                "owner",
+                format!("{what}; fine if the directory is shared on purpose"),
+            )
+        });
+    }
+    let mode = st.st_mode & 0o7777;
+    if strict && mode & 0o077 != 0 {
+        out.push(Check::fail(
+            "mode",
+            format!("mode {mode:o} lets other users in; lockrun refuses it: chmod 700 {shown}"),
+        ));
+    } else if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        out.push(Check::warn(
+            "mode",
+            format!(
+                "mode {mode:o}: any user can remove or replace lock files; chmod o-w {shown} \
+                 (or chmod +t)"
+            ),
+        ));
+    } else if rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK).is_err() {
+        out.push(Check::fail(
+            "mode",
+            format!("mode {mode:o}: you cannot create lock files in it; chmod u+w {shown}"),
+        ));
+    } else {
+        out.push(Check::ok("mode", format!("mode {mode:o}")));
+    }
+    out.extend(file_system(&dir));
+    out
+}
+
+/// flock(2) is only as good as the file system under it.
+fn file_system(dir: &Path) -> Option<Check> {
+    let fs = rustix::fs::statfs(dir).ok()?;
+    // The magic numbers of linux/magic.h.
+    let (name, network) = match fs.f_type as u64 {
+        0x6969 => ("NFS", true),
+        0xFF534D42 | 0xFE534D42 | 0x517B => ("SMB/CIFS", true),
+        0x00C36400 => ("Ceph", true),
+        0x65735546 => ("FUSE", true),
+        0x0BD00BD0 => ("Lustre", true),
+        0x01021994 => ("tmpfs", false),
+        0xEF53 => ("ext4", false),
+        0x58465342 => ("XFS", false),
+        0x9123683E => ("Btrfs", false),
+        0x2FC12FC1 => ("ZFS", false),
+        0x794C7630 => ("overlayfs", false),
+        _ => ("a local file system", false),
+    };
+    Some(if network {
+        Check::warn(
+            "file system",
+            format!(
+                "{} is on {name}: flock(2) there is emulated or served remotely, and a lock can \
+                 be lost when the server restarts or this host loses its connection; keep the \
+                 lock directory on a local disk, or use a server engine (redis://, etcd://) \
+                 across machines",
+                dir.display()
+            ),
+        )
+    } else {
+        Check::ok(
+            "file system",
+            format!("{name}: flock(2) is local and reliable"),
+        )
+    })
+}
+
 pub(super) fn identity(st: &rustix::fs::Stat) -> (u64, u64) {
     (st.st_dev, st.st_ino)
 }
@@ -134,4 +332,32 @@ pub(super) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     let mut p = path.as_os_str().to_os_string();
     p.push(suffix);
     p.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_file_names_its_lock() {
+        for name in ["job", "a b/c", ".hidden", "50%", "ünï", "x.lock"] {
+            assert_eq!(
+                name_of_file(&file_name(name)).as_deref(),
+                Some(name),
+                "{name}"
+            );
+        }
+        let long = "é".repeat(300);
+        let shown = name_of_file(&file_name(&long)).unwrap();
+        assert!(shown.ends_with('…') && long.starts_with(shown.trim_end_matches('…')));
+        for other in [
+            "job.lock.gate",
+            "job.lock.slot0",
+            ".job.lock",
+            ".lock",
+            "x.prom",
+        ] {
+            assert_eq!(name_of_file(other), None, "{other}");
+        }
+    }
 }

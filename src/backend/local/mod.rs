@@ -23,8 +23,8 @@ use rustix::io::Errno;
 use std::sync::Arc;
 
 use super::{
-    Acquired, Address, AddressOptions, Caps, Engine, EngineInfo, Error, Held, Holder, Lease, Mode,
-    Opening, Request, Status, Wait,
+    Acquired, Address, AddressOptions, Caps, Check, Engine, EngineInfo, Error, Held, Holder, Lease,
+    ListBound, Listing, Mode, Opening, Request, Status, Wait,
 };
 mod files;
 mod proclocks;
@@ -32,7 +32,8 @@ mod queue;
 mod record;
 
 use files::{
-    file_name, flock_blocking, identity, nonblocking, open_lock_file, prepare_dir, suffixed,
+    file_name, flock_blocking, identity, name_of_file, nonblocking, open_lock_file, prepare_dir,
+    suffixed,
 };
 use proclocks::{find_orphan_holder, flocks, lockers};
 use queue::{
@@ -100,6 +101,9 @@ impl Address for LocalDir {
     }
     fn open(&self, _how: &Opening) -> Result<Box<dyn Engine>, Error> {
         Ok(Box::new(Local::open(self.dir.as_deref())?))
+    }
+    fn doctor(&self, _how: &Opening) -> Vec<Check> {
+        files::doctor(self.dir.as_deref())
     }
 }
 
@@ -398,6 +402,46 @@ impl Engine for Local {
 
     fn status(&mut self, name: &str) -> Result<Status, Error> {
         let files = self.files(name);
+        self.status_of(&files)
+    }
+
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
+        let mut names = Vec::new();
+        let mut notes = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
+            // A name's main file ends in `.lock`; its other files never do.
+            let Some(name) = entry.file_name().to_str().and_then(name_of_file) else {
+                continue;
+            };
+            if names.len() >= bound.names || bound.passed() {
+                notes.push(format!(
+                    "stopped after {} names: the list is incomplete",
+                    names.len()
+                ));
+                break;
+            }
+            let main = entry.path();
+            let files = Files {
+                gate: suffixed(&main, ".gate"),
+                grant: suffixed(&main, ".grant"),
+                readers: suffixed(&main, ".readers"),
+                main,
+            };
+            names.push((name, self.status_of(&files)?));
+        }
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        notes.push(
+            "read file by file, not as one snapshot: a lock may change while it is read".into(),
+        );
+        Ok(Listing { names, notes })
+    }
+}
+
+impl Local {
+    fn status_of(&self, files: &Files) -> Result<Status, Error> {
         // Read-only: a probing flock could make a concurrent `-n` fail.
         let file = match std::fs::File::open(&files.main) {
             Ok(f) => f,
@@ -468,7 +512,7 @@ impl Engine for Local {
             }
         }
         // Waiters: the places kept in the queue.
-        let waiters = live_places(&files, None).len() as u64;
+        let waiters = live_places(files, None).len() as u64;
         Ok(Status {
             holders,
             waiters: Some(waiters),

@@ -12,7 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::{Client, IntoConnectionInfo};
 
 use super::{ENGINE, Redis};
-use crate::backend::{Address, AddressOptions, Engine, EngineInfo, Error, Opening};
+use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
 
 /// A Redis server's address (README "Redis").
 #[derive(Debug, Clone)]
@@ -198,6 +198,9 @@ impl Address for RedisUrl {
     }
     fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
         Ok(Box::new(Redis::connect(self, how)?))
+    }
+    fn doctor(&self, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(self, how)
     }
 }
 

@@ -12,6 +12,7 @@
 
 mod address;
 mod connector;
+mod doctor;
 mod link;
 mod queue;
 mod reply;
@@ -24,12 +25,13 @@ use redis::Value;
 
 use address::Node;
 pub use address::{RedisUrl, parse};
-use connector::Connector;
+use connector::{Conn, Connector};
 use link::{Link, describe, is_auth_error};
 use scripts::{FORCE_SCRIPT, INSPECT_SCRIPT, Keys, RENEW_SCRIPT};
 
 use super::{
-    Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, Opening, Request, Status, Wait,
+    Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, ListBound, Listing, Opening,
+    Request, Status, Wait,
 };
 use crate::clock::Boot;
 use crate::log;
@@ -159,6 +161,44 @@ impl Engine for Redis {
         Ok(reply::status(&v))
     }
 
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let mut notes = Vec::new();
+        let cluster = matches!(self.link.connector, Connector::Cluster(_));
+        let names = if cluster {
+            self.scan_cluster_names(bound, &mut notes)?
+        } else {
+            self.scan_names(bound, &mut notes, None)?
+        };
+        let mut listed = Vec::with_capacity(names.len());
+        let all: Vec<String> = names.into_iter().collect();
+        // A cluster connection does not pipeline across slots: one name at a time.
+        let batch = if cluster { 1 } else { LIST_BATCH };
+        for batch in all.chunks(batch) {
+            if bound.passed() {
+                notes.push(format!(
+                    "stopped after {} of {} names (time bound): the list is incomplete",
+                    listed.len(),
+                    all.len()
+                ));
+                break;
+            }
+            if cluster {
+                self.inspect_one(&batch[0], &mut listed, &mut notes)?;
+            } else {
+                self.inspect_batch(batch, &mut listed, &mut notes)?;
+            }
+        }
+        notes.push(
+            "read with SCAN, name by name, not as one snapshot: a lock may change while the \
+             list is read"
+                .into(),
+        );
+        Ok(Listing {
+            names: listed,
+            notes,
+        })
+    }
+
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
         let keys = Keys::new(&self.prefix, name);
         let script = &*FORCE_SCRIPT;
@@ -170,6 +210,194 @@ impl Engine for Redis {
             .map_err(|e| self.link.failed(&format!("releasing {name}"), e))?;
         Ok(reply::broken(&v))
     }
+}
+
+/// Names read per pipelined round trip when listing, and keys asked of
+/// each SCAN step: large enough for 10,000 names in well under a second,
+/// small enough that no single reply blocks the server for long.
+const LIST_BATCH: usize = 500;
+const SCAN_COUNT: usize = 1000;
+
+impl Redis {
+    /// Every name with a key under the prefix (a lease, a queue or only its
+    /// token counter), by SCAN, never KEYS: the server stays responsive
+    /// however many keys it has.
+    /// `node`: on a cluster, the master to scan (each holds its own slots).
+    fn scan_names(
+        &mut self,
+        bound: ListBound,
+        notes: &mut Vec<String>,
+        node: Option<&Node>,
+    ) -> Result<std::collections::BTreeSet<String>, Error> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let pattern = format!("{}{{*", glob_escape(&self.prefix));
+        let mut names = std::collections::BTreeSet::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            let (next, keys): (u64, Vec<Vec<u8>>) = self
+                .link
+                .call(|c| match (c, node) {
+                    (Conn::Cluster(cc), Some(n)) => {
+                        let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: n.host.clone(),
+                            port: n.port,
+                        });
+                        let v = cc.route_command(&scan, at)?;
+                        Ok(redis::from_redis_value(v)?)
+                    }
+                    (c, _) => scan.query(c),
+                })
+                .map_err(|e| self.link.failed("listing names", e))?;
+            for key in keys {
+                if let Some(name) = name_of_key(&self.prefix, &key) {
+                    names.insert(name);
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(names);
+            }
+            if names.len() >= bound.names || bound.passed() {
+                notes.push(format!(
+                    "stopped after {} names: the list is incomplete",
+                    names.len()
+                ));
+                return Ok(names);
+            }
+        }
+    }
+
+    /// Every name on every master of a cluster (from CLUSTER NODES).
+    fn scan_cluster_names(
+        &mut self,
+        bound: ListBound,
+        notes: &mut Vec<String>,
+    ) -> Result<std::collections::BTreeSet<String>, Error> {
+        let nodes: String = self
+            .link
+            .call(|c| redis::cmd("CLUSTER").arg("NODES").query(c))
+            .map_err(|e| self.link.failed("listing the cluster's masters", e))?;
+        let masters: Vec<Node> = nodes.lines().filter_map(cluster_master).collect();
+        let mut names = std::collections::BTreeSet::new();
+        for m in &masters {
+            let left = ListBound {
+                names: bound.names.saturating_sub(names.len()),
+                until: bound.until,
+            };
+            names.extend(self.scan_names(left, notes, Some(m))?);
+        }
+        Ok(names)
+    }
+
+    /// Each name's state, one pipelined round trip for the batch; a name
+    /// whose keys are not lockrun's is left out with a note.
+    fn inspect_batch(
+        &mut self,
+        batch: &[String],
+        listed: &mut Vec<(String, Status)>,
+        notes: &mut Vec<String>,
+    ) -> Result<(), Error> {
+        let script = &*INSPECT_SCRIPT;
+        let prefix = self.prefix.clone();
+        let run = |link: &mut Link| {
+            link.call(|c| {
+                let mut pipe = redis::pipe();
+                for name in batch {
+                    pipe.invoke_script(&Keys::new(&prefix, name).on(script));
+                }
+                pipe.query::<Vec<Vec<Value>>>(c)
+            })
+        };
+        let mut replies = run(&mut self.link);
+        if matches!(&replies, Err(Error::Refused(m)) if m.starts_with("NOSCRIPT")) {
+            // A server that never ran the script (or flushed it): load it once.
+            self.link
+                .call(|c| script.load(c))
+                .map_err(|e| self.link.failed("listing names", e))?;
+            replies = run(&mut self.link);
+        }
+        match replies {
+            Ok(v) => {
+                for (name, reply) in batch.iter().zip(v) {
+                    listed.push((name.clone(), reply::status(&reply)));
+                }
+                Ok(())
+            }
+            // One name whose key is not a lease fails the whole pipeline:
+            // ask name by name, and leave that one out.
+            Err(Error::Refused(_)) => {
+                for name in batch {
+                    self.inspect_one(name, listed, notes)?;
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.link.failed("listing names", e)),
+        }
+    }
+
+    fn inspect_one(
+        &mut self,
+        name: &str,
+        listed: &mut Vec<(String, Status)>,
+        notes: &mut Vec<String>,
+    ) -> Result<(), Error> {
+        match self.status(name) {
+            Ok(st) => listed.push((name.to_string(), st)),
+            Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
+                notes.push(format!("{name}: left out: {m}"));
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
+/// A master's address in a line of CLUSTER NODES
+/// (`id host:port@cport[,hostname] flags master …`); None for a replica or
+/// a node that failed.
+pub(super) fn cluster_master(line: &str) -> Option<Node> {
+    let mut fields = line.split(' ');
+    let addr = fields.nth(1)?;
+    let flags = fields.next()?;
+    let flags: Vec<&str> = flags.split(',').collect();
+    if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+        return None;
+    }
+    let hostport = addr.split(['@', ',']).next()?;
+    let (host, port) = hostport.rsplit_once(':')?;
+    Some(Node {
+        host: host.to_string(),
+        port: port.parse().ok()?,
+    })
+}
+
+/// `prefix` as a SCAN pattern that matches it literally.
+fn glob_escape(prefix: &str) -> String {
+    let mut out = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The lock name a key belongs to: `PREFIX{NAME}` or one of its companions
+/// (`:fence`, `:queue`…); None for any other key under the prefix.
+fn name_of_key(prefix: &str, key: &[u8]) -> Option<String> {
+    let key = std::str::from_utf8(key).ok()?;
+    let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
+    let (name, tail) = rest.split_once('}')?;
+    let ours = matches!(tail, "" | ":fence" | ":queue" | ":waiters" | ":alive")
+        || tail.starts_with(":wake:");
+    (ours && !name.is_empty()).then(|| name.to_string())
 }
 
 /// A Redis lease: the connection it was granted on, kept for its release.
@@ -310,5 +538,40 @@ impl Renewer for RedisRenewer {
                 Err(anyhow!(describe(&e)))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod listing_tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_their_lock_and_others_are_left_out() {
+        let n = |k: &str| name_of_key("lockrun:", k.as_bytes());
+        assert_eq!(n("lockrun:{job}").as_deref(), Some("job"));
+        assert_eq!(n("lockrun:{job}:fence").as_deref(), Some("job"));
+        assert_eq!(n("lockrun:{a b}:wake:123").as_deref(), Some("a b"));
+        assert_eq!(n("lockrun:{job}:other"), None);
+        assert_eq!(n("lockrun:{}"), None);
+        assert_eq!(n("other:{job}"), None);
+    }
+
+    #[test]
+    fn masters_are_read_from_cluster_nodes() {
+        let m = cluster_master(
+            "07c3 127.0.0.1:30004@31004,host-a myself,master - 0 0 1 connected 0-5460",
+        )
+        .unwrap();
+        assert_eq!((m.host.as_str(), m.port), ("127.0.0.1", 30004));
+        assert!(cluster_master("e7d1 127.0.0.1:30005@31005 slave 07c3 0 0 1 connected").is_none());
+        assert!(
+            cluster_master("e7d1 127.0.0.1:30006@31006 master,fail - 0 0 1 connected").is_none()
+        );
+    }
+
+    #[test]
+    fn a_prefix_is_matched_literally() {
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+        assert_eq!(glob_escape("lockrun:"), "lockrun:");
     }
 }

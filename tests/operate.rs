@@ -1,0 +1,670 @@
+//! Operators and cron (README "Operate", "Metrics for cron"): `status`
+//! without a name on every engine, `doctor` against healthy and broken
+//! servers, and `--metrics-file` read back by a real Prometheus parser.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// A lockrun holding a name; dropped, it is asked to stop (SIGTERM goes to
+/// its job), so that it releases the lease rather than leave it to expire.
+struct Holding(Child);
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        signal(self.0.id() as i32, libc::SIGTERM);
+        wait_child(&mut self.0, Duration::from_secs(20));
+    }
+}
+
+/// Start lockrun holding `name` around a long job; returns once `status`
+/// shows it held.
+fn hold_name(url: &str, name: &str) -> Holding {
+    let child: Child = on(url)
+        .args(["--ttl", "30s", name, "--", "sleep", "60"])
+        .spawn();
+    assert!(
+        wait_until(Duration::from_secs(20), || status_json(url, name)["held"]
+            == true),
+        "{name} never showed as held"
+    );
+    Holding(child)
+}
+
+/// Five names used, three of them held now: `status` (and `list`) shows
+/// them sorted, one line each, `--json` an array of `status --json NAME`
+/// objects; exit 0, and 1 once none is held. `free_listed`: the engine
+/// keeps a trace of a free name (a lock file, a token counter). The
+/// conformance suite runs the engine-neutral part on every engine.
+fn three_held_among_five(url: &str, free_listed: bool) {
+    for name in ["e-free", "b-free"] {
+        on(url).args([name, "true"]).succeeds();
+    }
+    let holders: Vec<Holding> = ["d-held", "a-held", "c-held"]
+        .iter()
+        .map(|n| hold_name(url, n))
+        .collect();
+
+    let out = on(url).arg("status").code(0).stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    let names: Vec<&str> = lines.iter().map(|l| l.split(':').next().unwrap()).collect();
+    let expected: Vec<&str> = if free_listed {
+        vec!["a-held", "b-free", "c-held", "d-held", "e-free"]
+    } else {
+        vec!["a-held", "c-held", "d-held"]
+    };
+    assert_eq!(names, expected, "{out}");
+    for l in &lines {
+        assert_eq!(l.contains("held by"), l.contains("-held:"), "{l}");
+        if l.contains("-free:") {
+            assert!(l.ends_with(": free"), "{l}");
+        }
+    }
+    // `list` is the same command.
+    let listed = on(url).arg("list").code(0).stdout();
+    let names_of = |out: &str| -> Vec<String> {
+        out.lines()
+            .map(|l| l.split(':').next().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names_of(&listed), names_of(&out));
+
+    let v = on(url).args(["status", "--json"]).code(0).json();
+    let all = v.as_array().expect("an array");
+    assert_eq!(all.len(), expected.len(), "{v}");
+    for obj in all {
+        let name = obj["name"].as_str().unwrap();
+        assert_eq!(obj["held"], name.ends_with("-held"), "{obj}");
+        // The same object `status --json NAME` prints, but for what moves.
+        let one = status_json(url, name);
+        let keys =
+            |o: &serde_json::Value| o.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(obj), keys(&one));
+        assert_eq!(obj["token"], one["token"]);
+        assert_eq!(obj["holder"], one["holder"]);
+    }
+
+    drop(holders);
+    assert!(wait_until(Duration::from_secs(20), || {
+        on(url).arg("status").output().out.status.code() == Some(1)
+    }));
+}
+
+#[test]
+fn status_without_a_name_lists_every_lock_on_the_local_engine() {
+    let scratch = Scratch::new();
+    three_held_among_five(&scratch.file_url(), true);
+}
+
+#[test]
+fn status_without_a_name_lists_every_lock_on_redis() {
+    let redis = Redis::start();
+    three_held_among_five(&redis.url(), true);
+}
+
+#[test]
+fn status_without_a_name_says_it_is_no_snapshot_and_lists_nothing_else() {
+    let redis = Redis::start();
+    // Keys under the prefix that are not lockrun's, and another prefix.
+    redis.cmd::<()>(&["SET", "lockrun:stray", "x"]);
+    redis.cmd::<()>(&["SET", "other:{x}:fence", "1"]);
+    let ran = on(&redis.url()).arg("status").code(1);
+    assert_eq!(ran.stdout(), "");
+    ran.says(&["SCAN", "not as one snapshot"]);
+    assert_eq!(on(&redis.url()).args(["-q", "status"]).code(1).stderr(), "");
+}
+
+#[test]
+fn ten_thousand_names_on_redis_are_listed_in_seconds() {
+    let redis = Redis::start();
+    // Held leases written as lockrun's scripts write them, in one call.
+    let made: i64 = redis::cmd("EVAL")
+        .arg(
+            "local t = redis.call('TIME') \
+             local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+             for i = 1, tonumber(ARGV[1]) do \
+               local k = 'lockrun:{n' .. string.format('%05d', i) .. '}' \
+               redis.call('HSET', k, 'h:owner' .. i, \
+                 i .. '|' .. (now + 600000) .. '|x|1|-1|' .. now .. '|host:' .. i) \
+               redis.call('PEXPIRE', k, 600000) \
+               redis.call('SET', k .. ':fence', i) \
+             end \
+             return tonumber(ARGV[1])",
+        )
+        .arg(0)
+        .arg(10_000)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(made, 10_000);
+    let started = Instant::now();
+    let ran = on(&redis.url()).arg("status").code(0);
+    let took = started.elapsed();
+    println!("status of 10,000 names on Redis: {took:?}");
+    let out = ran.stdout();
+    assert_eq!(out.lines().count(), 10_000);
+    assert!(out.lines().all(|l| l.contains("held by host:")));
+    assert!(
+        out.starts_with("n00001: held by host:1, token 1,"),
+        "{}",
+        &out[..80]
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    let started = Instant::now();
+    let v = on(&redis.url()).args(["status", "--json"]).code(0).json();
+    println!(
+        "status --json of 10,000 names on Redis: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(v.as_array().unwrap().len(), 10_000);
+}
+
+#[test]
+fn no_password_in_status_or_doctor() {
+    let pw = "s3cret-pw-7f3a";
+    let redis = Redis::start_with(&["--requirepass", pw]);
+    let url = format!("redis://:{pw}@127.0.0.1:{}", redis.port);
+    let _held = hold_name(&url, "job");
+    for args in [
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["status", "job"],
+        vec!["doctor"],
+        vec!["-v", "doctor"],
+    ] {
+        let ran = on(&url).args(&args).output();
+        let all = format!("{}{}", ran.stdout(), ran.stderr());
+        assert!(!all.contains(pw), "{args:?}: {all}");
+        assert!(!all.is_empty(), "{args:?}");
+    }
+    // A wrong password: refused, and still not shown.
+    let bad = format!("redis://:wrong-{pw}@127.0.0.1:{}", redis.port);
+    let ran = on(&bad).arg("doctor").code(69);
+    assert!(!format!("{}{}", ran.stdout(), ran.stderr()).contains(pw));
+    assert!(
+        ran.stdout().starts_with("fail  reachable:"),
+        "{}",
+        ran.stdout()
+    );
+}
+
+/// doctor's lines as (verdict, topic) → the line.
+fn doctor_lines(out: &str) -> BTreeMap<(String, String), String> {
+    out.lines()
+        .map(|l| {
+            let (verdict, rest) = l.split_once("  ").expect("verdict, two spaces");
+            let topic = rest.trim_start().split(':').next().unwrap();
+            ((verdict.trim().into(), topic.into()), l.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn doctor_on_a_healthy_redis_is_all_ok() {
+    let redis = Redis::start_with(&["--appendonly", "yes"]);
+    let ran = on(&redis.url()).arg("doctor").code(0);
+    let out = ran.stdout();
+    println!("{out}");
+    for topic in [
+        "reachable",
+        "round trip",
+        "clock",
+        "version",
+        "maxmemory-policy",
+        "persistence",
+        "replicas",
+        "permissions",
+    ] {
+        assert!(
+            doctor_lines(&out).contains_key(&("ok".into(), topic.into())),
+            "no ok {topic}: {out}"
+        );
+    }
+    assert!(out.lines().all(|l| l.starts_with("ok  ")), "{out}");
+    // Read-only: not one key, before or after.
+    assert_eq!(redis.keys(), Vec::<String>::new());
+}
+
+#[test]
+fn doctor_says_what_a_redis_without_persistence_loses() {
+    let redis = Redis::start();
+    let out = on(&redis.url()).arg("doctor").code(1).stdout();
+    let lines = doctor_lines(&out);
+    let line = &lines[&("warn".into(), "persistence".into())];
+    assert!(line.contains("a restart loses the leases"), "{line}");
+    assert!(line.contains("appendonly yes"), "{line}");
+    assert_eq!(
+        out.lines().filter(|l| !l.starts_with("ok")).count(),
+        1,
+        "{out}"
+    );
+}
+
+#[test]
+fn doctor_fails_a_redis_that_evicts() {
+    let redis = Redis::start_with(&["--appendonly", "yes", "--maxmemory-policy", "allkeys-lru"]);
+    let out = on(&redis.url()).arg("doctor").code(69).stdout();
+    let lines = doctor_lines(&out);
+    let line = &lines[&("fail".into(), "maxmemory-policy".into())];
+    assert!(
+        line.contains("allkeys-lru") && line.contains("noeviction"),
+        "{line}"
+    );
+}
+
+#[test]
+fn doctor_fails_a_user_without_blpop() {
+    let redis = Redis::start_with(&["--appendonly", "yes"]);
+    // README "Redis permissions", less +blpop.
+    let rules = "on >pw-no-blpop resetchannels -@all +evalsha +script|load +rpush +pexpire \
+                 +pexpireat +hget +hset +hdel +hgetall +pttl +time +incr +set +del +zadd +zrange \
+                 +zrangebyscore +zrem +zscore +zcard +zcount +scan ~lockrun:*";
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("locker");
+    for r in rules.split_whitespace() {
+        acl.arg(r);
+    }
+    acl.query::<()>(&mut redis.conn()).unwrap();
+    let url = format!("redis://locker:pw-no-blpop@127.0.0.1:{}", redis.port);
+    let out = on(&url).arg("doctor").code(69).stdout();
+    let lines = doctor_lines(&out);
+    let line = &lines[&("fail".into(), "permissions".into())];
+    assert!(line.contains("+blpop"), "{line}");
+    assert!(!line.contains("+hset"), "only what is missing: {line}");
+    // The same user with +blpop passes that check.
+    redis.cmd::<()>(&["ACL", "SETUSER", "locker", "+blpop"]);
+    let out = on(&url).arg("doctor").output().stdout();
+    assert!(
+        doctor_lines(&out).contains_key(&("ok".into(), "permissions".into())),
+        "{out}"
+    );
+    assert_eq!(redis.keys(), Vec::<String>::new());
+}
+
+#[test]
+fn doctor_on_a_server_that_does_not_answer_is_69() {
+    let port = free_port();
+    let ran = on(&format!("redis://127.0.0.1:{port}"))
+        .arg("doctor")
+        .code(69);
+    assert!(
+        ran.stdout().starts_with("fail  reachable:"),
+        "{}",
+        ran.stdout()
+    );
+    assert_eq!(ran.stdout().lines().count(), 1);
+}
+
+#[test]
+fn doctor_on_etcd_is_all_ok() {
+    let etcd = Etcd::start();
+    let out = on(&etcd.url()).arg("doctor").code(0).stdout();
+    for topic in [
+        "reachable",
+        "version",
+        "leader",
+        "round trip",
+        "permissions",
+    ] {
+        assert!(
+            doctor_lines(&out).contains_key(&("ok".into(), topic.into())),
+            "no ok {topic}: {out}"
+        );
+    }
+    // The permission probe wrote nothing.
+    assert_eq!(etcd.keys(), Vec::<String>::new());
+}
+
+#[test]
+fn doctor_on_the_local_engine_checks_the_directory() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let dir = scratch.path("locks");
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let out = on(&url).arg("doctor").code(0).stdout();
+    for topic in ["not a link", "owner", "mode", "file system"] {
+        assert!(
+            doctor_lines(&out).contains_key(&("ok".into(), topic.into())),
+            "no ok {topic}: {out}"
+        );
+    }
+    // Writable by anyone: a warning, and what to do.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out = on(&url).arg("doctor").code(1).stdout();
+    let lines = doctor_lines(&out);
+    assert!(
+        lines[&("warn".into(), "mode".into())].contains("chmod o-w"),
+        "{out}"
+    );
+    // A link: a warning for a directory given with --url.
+    let link = scratch.path("link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    let out = on(&format!("file://{}", link.display()))
+        .arg("doctor")
+        .code(1)
+        .stdout();
+    assert!(
+        doctor_lines(&out).contains_key(&("warn".into(), "not a link".into())),
+        "{out}"
+    );
+    // Read-only: a directory that does not exist is not made.
+    let missing = scratch.path("not-yet");
+    let out = on(&format!("file://{}", missing.display()))
+        .arg("doctor")
+        .code(0)
+        .stdout();
+    assert!(out.contains("does not exist yet"), "{out}");
+    assert!(!missing.exists());
+}
+
+/// A Python that has the `prometheus_client` package (tests/run.sh
+/// installs it when missing).
+fn python() -> &'static str {
+    for py in ["python3", "/usr/bin/python3"] {
+        let ok = Command::new(py)
+            .args(["-c", "import prometheus_client"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return py;
+        }
+    }
+    panic!(
+        "no python3 with prometheus_client: these tests read the metrics file with a real \
+         Prometheus parser; install it with `apt-get install -y python3-prometheus-client` \
+         (or `pip install prometheus-client`)"
+    );
+}
+
+/// The metrics file parsed by prometheus_client's text parser: sample name
+/// → (labels, value).
+pub fn parse_metrics(path: &std::path::Path) -> BTreeMap<String, (BTreeMap<String, String>, f64)> {
+    let script = "import json, sys\n\
+                  from prometheus_client.parser import text_string_to_metric_families\n\
+                  out = {}\n\
+                  for fam in text_string_to_metric_families(open(sys.argv[1]).read()):\n\
+                  \x20   assert fam.type == 'gauge', fam.type\n\
+                  \x20   for s in fam.samples:\n\
+                  \x20       out[s.name] = [s.labels, s.value]\n\
+                  print(json.dumps(out))\n";
+    let out = Command::new(python())
+        .args(["-c", script])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "parser: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, pair)| {
+            let labels = pair[0]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(l, v)| (l.clone(), v.as_str().unwrap().to_string()))
+                .collect();
+            (k.clone(), (labels, pair[1].as_f64().unwrap()))
+        })
+        .collect()
+}
+
+pub fn value(m: &BTreeMap<String, (BTreeMap<String, String>, f64)>, metric: &str) -> f64 {
+    m.get(&format!("lockrun_last_run_{metric}"))
+        .unwrap_or_else(|| panic!("no {metric}: {m:?}"))
+        .1
+}
+
+fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[test]
+fn metrics_after_a_run_a_skip_and_a_lost_lease() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let scratch = Scratch::new();
+    let path = scratch.path("report.prom");
+
+    // A run that held the lock for about 0.3 s and exited 3.
+    let before = now_secs();
+    on(&url)
+        .args(["--label", "nightly \"7\"", "--metrics-file"])
+        .arg(&path)
+        .args(["report", "-c", "sleep 0.3; exit 3"])
+        .code(3);
+    let m = parse_metrics(&path);
+    let (labels, _) = &m["lockrun_last_run_acquired"];
+    assert_eq!(labels["name"], "report");
+    assert_eq!(labels["label"], "nightly \"7\"");
+    assert_eq!(value(&m, "acquired"), 1.0);
+    assert_eq!(value(&m, "exit_code"), 3.0);
+    assert_eq!(value(&m, "lease_lost"), 0.0);
+    assert!(value(&m, "token") > 1e15, "{m:?}");
+    let hold = value(&m, "hold_seconds");
+    assert!((0.3..10.0).contains(&hold), "{hold}");
+    assert!(value(&m, "wait_seconds") < 10.0);
+    let end = value(&m, "end_time_seconds");
+    assert!(end >= before - 1.0 && end <= now_secs() + 1.0, "{end}");
+    assert_eq!(value(&m, "acquired_time_seconds"), end);
+    // Every sample carries the same labels.
+    assert!(m.values().all(|(l, _)| l == labels));
+
+    // A skip: -n while another holds it, from the environment this time.
+    let holder = hold_name(&url, "report");
+    on(&url)
+        .env("LOCKRUN_METRICS_FILE", &path)
+        .args(["-n", "-E", "0", "report", "true"])
+        .code(0);
+    let m = parse_metrics(&path);
+    assert_eq!(value(&m, "acquired"), 0.0);
+    assert_eq!(value(&m, "exit_code"), 0.0);
+    assert_eq!(value(&m, "hold_seconds"), 0.0);
+    assert!(!m.contains_key("lockrun_last_run_token"), "{m:?}");
+    // The last run that held the lock is still known after the skip.
+    assert_eq!(value(&m, "acquired_time_seconds"), end);
+    assert!(value(&m, "end_time_seconds") >= end);
+    assert!(!m["lockrun_last_run_acquired"].0.contains_key("label"));
+    drop(holder);
+
+    // A lost lease: broken by release --force while the job runs.
+    let mut job = on(&url)
+        .arg("--metrics-file")
+        .arg(&path)
+        .args(["--ttl", "3s", "lost", "--", "sleep", "30"])
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || status_json(
+        &url, "lost"
+    )["held"]
+        == true));
+    on(&url).args(["release", "--force", "lost"]).succeeds();
+    let st = wait_child(&mut job, Duration::from_secs(20));
+    assert_eq!(st.code(), Some(76));
+    let m = parse_metrics(&path);
+    assert_eq!(m["lockrun_last_run_acquired"].0["name"], "lost");
+    assert_eq!(value(&m, "acquired"), 1.0);
+    assert_eq!(value(&m, "lease_lost"), 1.0);
+    assert_eq!(value(&m, "exit_code"), 76.0);
+    // Nothing but the file itself is left beside it.
+    let left: Vec<_> = std::fs::read_dir(scratch.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["report.prom"]);
+}
+
+#[test]
+fn metrics_on_the_local_engine_and_for_a_failed_run() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let path = scratch.path("m.prom");
+    on(&url)
+        .arg("--metrics-file")
+        .arg(&path)
+        .args(["job", "true"])
+        .succeeds();
+    let m = parse_metrics(&path);
+    assert_eq!(value(&m, "acquired"), 1.0);
+    assert!(value(&m, "token") > 1e15);
+    // A command that is not there: the run failed, and says so.
+    on(&url)
+        .arg("--metrics-file")
+        .arg(&path)
+        .args(["job", "/no/such/command"])
+        .code(127);
+    assert_eq!(value(&parse_metrics(&path), "exit_code"), 127.0);
+    // An engine that cannot be reached: acquired 0, 69.
+    let port = free_port();
+    on(&format!("redis://127.0.0.1:{port}"))
+        .arg("--metrics-file")
+        .arg(&path)
+        .args(["job", "true"])
+        .code(69);
+    let m = parse_metrics(&path);
+    assert_eq!(value(&m, "acquired"), 0.0);
+    assert_eq!(value(&m, "exit_code"), 69.0);
+}
+
+#[test]
+fn an_unwritable_metrics_file_is_one_warning_and_changes_nothing() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let path = scratch.path("no/such/dir/m.prom");
+    let ran = on(&url)
+        .arg("--metrics-file")
+        .arg(&path)
+        .args(["job", "-c"])
+        .arg(format!(
+            "echo ran > {}; exit 5",
+            scratch.path("out").display()
+        ))
+        .code(5);
+    ran.says(&["warning", "metrics file", "m.prom"]);
+    assert_eq!(scratch.read("out"), "ran\n");
+    // Even under -q: a metric that never comes would be the only sign.
+    on(&url)
+        .args(["-q", "--metrics-file"])
+        .arg(&path)
+        .args(["job", "true"])
+        .code(0)
+        .says(&["metrics file"]);
+    // The job does not inherit it: a lockrun inside writes its own, or none.
+    on(&url)
+        .env("LOCKRUN_METRICS_FILE", scratch.path("outer.prom"))
+        .args(["outer", "-c"])
+        .arg(format!(
+            "echo \"${{LOCKRUN_METRICS_FILE-unset}}\" > {}",
+            scratch.path("env").display()
+        ))
+        .succeeds();
+    assert_eq!(scratch.read("env"), "unset\n");
+    // Not a file path at all: refused before anything runs.
+    on(&url)
+        .args(["--metrics-file", "/", "job", "true"])
+        .code(64)
+        .says(&["--metrics-file"]);
+}
+
+#[test]
+fn behind_sentinels_doctor_reads_the_master() {
+    let s = Sentinels::start();
+    s.wait_synced();
+    let out = on(&s.url()).arg("doctor").output().stdout();
+    let lines = doctor_lines(&out);
+    let reachable = &lines[&("ok".into(), "reachable".into())];
+    assert!(
+        reachable.contains(&format!("master 127.0.0.1:{}", s.master_port())),
+        "{out}"
+    );
+    // One replica, and no quorum of replicas for writes: said, with the fix.
+    let replicas = &lines[&("warn".into(), "replicas".into())];
+    assert!(replicas.contains("--replicas 1"), "{out}");
+    // With --replicas 1 the same setup is fine.
+    let out = on(&s.url())
+        .args(["--replicas", "1", "doctor"])
+        .output()
+        .stdout();
+    assert!(
+        doctor_lines(&out).contains_key(&("ok".into(), "replicas".into())),
+        "{out}"
+    );
+}
+
+#[test]
+fn doctor_on_etcd_checks_the_user_s_permissions_on_the_prefix() {
+    let etcd = Etcd::start();
+    etcd.ctl(&["user", "add", "root:rootpw"]);
+    etcd.ctl(&["user", "add", "locker:s3cretpw-e"]);
+    etcd.ctl(&["role", "add", "locking"]);
+    etcd.ctl(&[
+        "role",
+        "grant-permission",
+        "locking",
+        "--prefix=true",
+        "readwrite",
+        "lockrun:",
+    ]);
+    etcd.ctl(&["user", "grant-role", "locker", "locking"]);
+    etcd.ctl(&["auth", "enable"]);
+    let url = format!("etcd://locker:s3cretpw-e@127.0.0.1:{}", etcd.port);
+    let ran = on(&url).arg("doctor").output();
+    let out = ran.stdout();
+    assert!(!format!("{out}{}", ran.stderr()).contains("s3cretpw-e"));
+    assert!(
+        doctor_lines(&out).contains_key(&("ok".into(), "permissions".into())),
+        "{out}"
+    );
+    // Another prefix, outside the role's keys: a failure saying what to grant.
+    let out = on(&url)
+        .args(["--prefix", "other:", "doctor"])
+        .code(69)
+        .stdout();
+    let lines = doctor_lines(&out);
+    let line = &lines[&("fail".into(), "permissions".into())];
+    assert!(
+        line.contains("grant-permission") && line.contains("other:"),
+        "{out}"
+    );
+    // A wrong password: not reachable as this user, and not shown.
+    let wrong = format!("etcd://locker:wrong-s3cretpw-e@127.0.0.1:{}", etcd.port);
+    let ran = on(&wrong).arg("doctor").code(69);
+    assert!(
+        ran.stdout().starts_with("fail  reachable:"),
+        "{}",
+        ran.stdout()
+    );
+    assert!(!ran.stdout().contains("s3cretpw-e"));
+}
+
+#[test]
+fn doctor_on_redis_cluster_reads_every_master() {
+    let c = Cluster::start();
+    let out = on(&c.url()).arg("doctor").output().stdout();
+    for n in &c.nodes {
+        let master = format!("master 127.0.0.1:{}:", n.port);
+        let about: Vec<&str> = out.lines().filter(|l| l.contains(&master)).collect();
+        for topic in ["maxmemory-policy:", "replicas:", "permissions:"] {
+            assert!(
+                about
+                    .iter()
+                    .any(|l| l.starts_with("ok") && l.contains(topic)),
+                "{master} {topic}: {out}"
+            );
+        }
+    }
+    // One master that evicts fails the check, naming it.
+    let evicting = &c.nodes[1];
+    evicting.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
+    let out = on(&c.url()).arg("doctor").code(69).stdout();
+    let failed: Vec<&str> = out.lines().filter(|l| l.starts_with("fail")).collect();
+    assert_eq!(failed.len(), 1, "{out}");
+    assert!(
+        failed[0].contains(&format!("master 127.0.0.1:{}: allkeys-lru", evicting.port)),
+        "{out}"
+    );
+}
