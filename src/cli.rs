@@ -181,6 +181,14 @@ pub struct RunArgs {
     /// Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10).
     #[arg(long, value_name = "DUR")]
     pub kill_after: Option<String>,
+
+    // --min-hold (README "Cron: once per window").
+    /// Keep the lock held at least DUR after it was granted, also once the
+    /// job ended, counted on the engine's clock: a crontab line on several
+    /// hosts then runs once per window. A longer job releases at its end.
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    pub min_hold: Option<String>,
+    // End of --min-hold.
 }
 
 #[derive(Debug, Subcommand)]
@@ -216,7 +224,8 @@ pub enum OperatorCommand {
 
 /// Long options, lockrun's and those of the tools it replaces, as someone
 /// might spell them with one dash (consul's style: `-timeout=10s`).
-const LONG_WORDS: [&str; 16] = [
+const LONG_WORDS: [&str; 17] = [
+    "min-hold",
     "url",
     "ttl",
     "wait",
