@@ -111,7 +111,13 @@ fn revoke(c: &mut Client, lease: i64) -> Result<bool, Error> {
 /// Time left on a lease (whole seconds, as etcd tells it); None when gone.
 fn time_to_live(c: &mut Client, lease: i64) -> Result<Option<Duration>, Error> {
     let v = c.call("/v3/lease/timetolive", &json!({"ID": lease.to_string()}))?;
-    Ok(int(&v["TTL"])
+    // The gateway leaves out fields that are zero: a lease in its last
+    // second has no TTL at all, and is still there (a gone one says -1).
+    let ttl = match v.get("TTL") {
+        None => Some(0),
+        Some(t) => int(t),
+    };
+    Ok(ttl
         .filter(|t| *t >= 0)
         .map(|t| Duration::from_secs(t as u64)))
 }
