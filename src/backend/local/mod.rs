@@ -72,10 +72,16 @@ enum Locked {
 }
 
 /// How long a `--min-hold` window recorded by a grant of `mode` keeps out
-/// a lock of `op`: an exclusive lock waits for every window, a shared one
-/// only for an exclusive grant's (shared grants hold their place together).
-fn keeps_out(win: &Window, mode: Mode, op: FlockOperation) -> Option<Duration> {
-    if op == FlockOperation::LockShared && mode == Mode::Shared {
+/// a lock of `op` for a request of `asked`. A slot file and an exclusive
+/// lock wait for every window; the main file's shared lock only for a
+/// window of another kind of grant: shared grants hold their place together,
+/// `--limit` grants each in its slot file.
+fn keeps_out(win: &Window, mode: Mode, op: FlockOperation, asked: Mode) -> Option<Duration> {
+    let together = matches!(
+        (mode, asked),
+        (Mode::Shared, Mode::Shared) | (Mode::Limit(_), Mode::Limit(_))
+    );
+    if op == FlockOperation::LockShared && together {
         return None;
     }
     win.left()
@@ -281,7 +287,10 @@ impl Local {
             }
         }
         if let Some(r) = read_record(&fd)
-            && let Some(left) = r.window.as_ref().and_then(|win| keeps_out(win, r.mode, op))
+            && let Some(left) = r
+                .window
+                .as_ref()
+                .and_then(|win| keeps_out(win, r.mode, op, w.req.mode))
         {
             // Let the lock go: `status`, `-n` and the next in the queue
             // see the name held by the window, not by us.
@@ -444,7 +453,9 @@ impl Local {
                     let windowed = read_record(&fd).is_some_and(|r| {
                         r.window
                             .as_ref()
-                            .and_then(|win| keeps_out(win, r.mode, FlockOperation::LockExclusive))
+                            .and_then(|win| {
+                                keeps_out(win, r.mode, FlockOperation::LockExclusive, w.req.mode)
+                            })
                             .is_some()
                     });
                     if !windowed {
@@ -681,7 +692,48 @@ impl Local {
             // It ended, or was taken, while we looked.
             return Ok(Broken::NotHeld);
         }
+        // `--limit` grants also left their latest window in the main record
+        // (it keeps other kinds of request out): once no slot keeps one, it
+        // goes too, under the grant lock every such grant writes it under.
+        let limited = ended.iter().any(|h| h.slot.is_some());
+        if limited && !self.status(name)?.holders.iter().any(|h| h.min_hold) {
+            self.end_main_window(&files)?;
+        }
         Ok(Broken::Leases(ended))
+    }
+
+    fn end_main_window(&self, files: &Files) -> Result<(), Error> {
+        let Some((grant, _)) = open_lock_file(&files.grant)
+            .map_err(|e| self.unavailable("cannot open lock file", &files.grant, e))?
+        else {
+            return Ok(());
+        };
+        let mut locked = false;
+        for _ in 0..50 {
+            match flock(&grant, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {
+                    locked = true;
+                    break;
+                }
+                Err(Errno::WOULDBLOCK) => std::thread::sleep(Duration::from_millis(2)),
+                Err(e) => return Err(self.unavailable("cannot lock", &files.grant, e)),
+            }
+        }
+        // A grant writing the record now may be writing a window of its own.
+        if !locked {
+            return Ok(());
+        }
+        let Ok(main) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&files.main)
+        else {
+            return Ok(());
+        };
+        if let Some(r) = read_record(&main).filter(|r| r.window.is_some()) {
+            end_window(&main, &r).map_err(|e| self.unavailable("writing", &files.main, e))?;
+        }
+        Ok(())
     }
 }
 
@@ -1003,17 +1055,15 @@ impl Local {
         let token = next_token(store);
         let label = &req.owner.shown;
         // --min-hold: the window is in the record from the grant on, so it
-        // holds however lockrun ends. Shared grants keep the latest window
-        // of those before them (they share one record); a slot has its own.
+        // holds however lockrun ends. Shared and `--limit` grants share the
+        // main record: it keeps the latest window of them all (which keeps
+        // out other kinds of request), and a slot keeps its own.
         let window = req
             .min_hold
             .map(|hold| Window::new(sent_at, now_since_epoch(), hold));
-        let main_window = match (req.mode, &window) {
-            (Mode::Limit(_), _) => None,
-            (Mode::Shared, _) => {
-                Window::later(read_record(store).and_then(|r| r.window), window.clone())
-            }
-            (Mode::Exclusive, w) => w.clone(),
+        let main_window = match req.mode {
+            Mode::Exclusive => window.clone(),
+            _ => Window::later(read_record(store).and_then(|r| r.window), window.clone()),
         };
         let written =
             write_record(store, token, label, req.mode, main_window.as_ref()).and_then(|()| {
