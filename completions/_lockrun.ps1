@@ -38,6 +38,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips quietly, as with flock -n -E 0 in a crontab)')
             [CompletionResult]::new('--label', '--label', [CompletionResultType]::ParameterName, 'A note shown by `status` and in waiting messages beside host:pid (a pipeline id, a ticket)')
             [CompletionResult]::new('--kill-after', '--kill-after', [CompletionResultType]::ParameterName, 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)')
+            [CompletionResult]::new('--min-hold', '--min-hold', [CompletionResultType]::ParameterName, 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine''s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end')
             [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print a shell completion script or the man page to stdout')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')

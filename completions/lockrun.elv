@@ -35,6 +35,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --conflict-exit-code 'Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips quietly, as with flock -n -E 0 in a crontab)'
             cand --label 'A note shown by `status` and in waiting messages beside host:pid (a pipeline id, a ticket)'
             cand --kill-after 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)'
+            cand --min-hold 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine''s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end'
             cand --generate 'Print a shell completion script or the man page to stdout'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
