@@ -115,6 +115,14 @@ impl Record {
         })
     }
 
+    /// Who holds the place, as waiting lines name it.
+    pub fn shown(&self) -> String {
+        if self.min_hold {
+            return format!("the min-hold window of {}", self.label);
+        }
+        self.label.clone()
+    }
+
     /// The same grant (its token `token`) once its job ended within its
     /// `--min-hold` window: it proves no one's ownership.
     pub fn kept(&self, token: u64) -> Record {
@@ -261,7 +269,7 @@ pub fn judge(queue: &[Entry], me: usize, req: &Request) -> Verdict {
     }
     Verdict::Blocked {
         watch,
-        holder: queue.first().map(|e| e.record.label.clone()),
+        holder: queue.first().map(|e| e.record.shown()),
     }
 }
 

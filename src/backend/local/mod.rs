@@ -295,7 +295,7 @@ impl Local {
             // Let the lock go: `status`, `-n` and the next in the queue
             // see the name held by the window, not by us.
             drop(fd);
-            let holder = Some(r.label).filter(|l| !l.is_empty());
+            let holder = Some(format!("the min-hold window of {}", r.label));
             return Ok(Locked::Kept { holder, left });
         }
         Ok(Locked::Got(Got {
@@ -739,11 +739,16 @@ impl Local {
 
 /// The holder label in the name's record, for waiting lines.
 fn recorded_holder(files: &Files) -> Option<String> {
-    std::fs::File::open(&files.main)
-        .ok()
-        .and_then(|f| read_record(&f))
-        .map(|r| r.label)
-        .filter(|l| !l.is_empty())
+    let f = std::fs::File::open(&files.main).ok()?;
+    let r = read_record(&f)?;
+    let st = fstat(&f).ok()?;
+    // No one holds the lock but a --min-hold window: say so.
+    if r.window.as_ref().and_then(Window::left).is_some()
+        && lockers(st.st_dev, st.st_ino).is_empty()
+    {
+        return Some(format!("the min-hold window of {}", r.label));
+    }
+    Some(r.label).filter(|l| !l.is_empty())
 }
 
 /// The places kept in a name's queue, but ours (`except`): held (the flock

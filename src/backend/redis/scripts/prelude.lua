@@ -169,8 +169,10 @@ local function wake_head()
   if w then wake(head, 'look', w.ttl) end
 end
 local function first_label(hs)
-  if hs[1] then return hs[1].label end
-  return ''
+  if not hs[1] then return '' end
+  -- Waiting lines name a kept place for what it is: no job runs under it.
+  if kind_code(hs[1].field) == 2 then return 'the min-hold window of ' .. hs[1].label end
+  return hs[1].label
 end
 local function soonest_end(hs)
   local soon = -1
