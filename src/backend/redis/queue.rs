@@ -43,7 +43,10 @@ pub fn release(
     min_hold: Option<Duration>,
 ) -> Result<bool, Error> {
     let script = &*RELEASE_SCRIPT;
-    let hold = min_hold.map_or(0, |d| d.as_millis().max(1) as u64);
+    // Whole milliseconds, rounded up: the window is never shorter than asked.
+    let hold = min_hold.map_or(0, |d| {
+        u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    });
     link.call(|c| {
         keys.on(script)
             .arg(owner)

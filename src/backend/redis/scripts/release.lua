@@ -14,10 +14,11 @@ for _, r in ipairs(hs) do
     redis.call('HDEL', KEYS[1], r.field)
     found = 1
     -- --min-hold: the place stays taken, by no one, until the grant plus
-    -- the window on the server's clock (the grant's time is the server's).
-    if r.granted + hold > now_ms() then
+    -- the window on the server's clock (the grant's time is the server's,
+    -- in whole ms rounded down: one more ms ends it no sooner than asked).
+    if r.granted + hold + 1 > now_ms() then
       r.field = 'm:' .. r.token
-      r.exp = r.granted + hold
+      r.exp = r.granted + hold + 1
       redis.call('HSET', KEYS[1], r.field, encode(r))
       kept[#kept + 1] = r
       window = true
