@@ -653,10 +653,15 @@ impl Local {
             ));
         }
         if matched.is_empty() || matched.iter().any(|h| !h.min_hold) {
+            let what = if matched.is_empty() {
+                format!("{name} is not held")
+            } else {
+                format!("{name} is held by a running job; stop the holder's process instead")
+            };
             return Err(Error::Request(format!(
-                "release --force is not available on the local engine for a running holder of \
-                 {name}: its locks end only with their holder; stop the holder's process instead \
-                 (only a --min-hold window, which runs no job, can be ended)"
+                "release --force is not available on the local engine, whose locks end only \
+                 with their holder: {what} (only a --min-hold window, which runs no job, can be \
+                 ended)"
             )));
         }
         let mut ended = Vec::new();
