@@ -193,7 +193,7 @@ fn human(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
-// --min-hold (README "Cron: once per window"): how status shows a window.
+// --min-hold (README "Once per window"): how status shows a window.
 /// When a lease `left` from now ends, as UTC wall time rounded up to the second.
 fn until(left: Duration) -> String {
     let at = std::time::SystemTime::now() + left + Duration::from_millis(999);

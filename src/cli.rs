@@ -182,7 +182,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR")]
     pub kill_after: Option<String>,
 
-    // --min-hold (README "Cron: once per window").
+    // --min-hold (README "Once per window").
     /// Keep the lock held at least DUR after it was granted, also once the
     /// job ended, counted on the engine's clock: a crontab line on several
     /// hosts then runs once per window. A longer job releases at its end.

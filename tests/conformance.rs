@@ -709,7 +709,7 @@ pub fn nested_requests_are_refused_in_every_mode(e: &dyn Fixture) {
     }
 }
 
-// --min-hold (README "Cron: once per window").
+// --min-hold (README "Once per window").
 
 /// What `status --json` says of a name kept by a `--min-hold` window:
 /// held, by no running job, until when, and why.

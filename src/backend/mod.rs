@@ -312,7 +312,7 @@ pub struct Request<'a> {
     /// `-q`: no line about waiting (and no waking up to print one).
     pub quiet: bool,
     /// `--min-hold`: the lease stays held at least this long after its
-    /// grant, on the engine's clock, also once the job ended (README "Cron").
+    /// grant, on the engine's clock, also once the job ended (README "Once per window").
     pub min_hold: Option<Duration>,
 }
 
