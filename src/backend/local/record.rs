@@ -75,10 +75,13 @@ impl Window {
     /// the window's length after the boot: a window cannot outlast that.
     pub(super) fn left(&self) -> Option<Duration> {
         let now = Boot::now();
+        let wall = self.until_wall_ms.saturating_sub(ms(now_since_epoch()));
         let left_ms = if !self.boot.is_empty() && self.boot == boot_id() {
             self.until_boot_ms.saturating_sub(ms(now.0))
+        } else if boot_id().is_empty() {
+            // Boots cannot be told apart here: the wall clock alone.
+            wall
         } else {
-            let wall = self.until_wall_ms.saturating_sub(ms(now_since_epoch()));
             wall.min(self.hold_ms.saturating_sub(ms(now.0)))
         };
         (left_ms > 0).then(|| Duration::from_millis(left_ms.min(self.hold_ms)))
