@@ -159,3 +159,51 @@ fn a_local_window_holds_when_lockrun_is_killed() {
     on(&url).args(["release", "--force", "k9"]).code(0);
     on(&url).args(["-n", "k9", "true"]).code(0);
 }
+
+/// On etcd the kept key, owned by no one now, sits on a lease of its own
+/// that covers what is left of the window (whole seconds, rounded up), and
+/// everything lockrun stored is gone once the window and the old lease end.
+#[test]
+fn etcd_keeps_the_key_on_a_lease_of_its_own() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let before = Instant::now();
+    on(&url)
+        .args(["--ttl", "2s", "--min-hold", "4s", "kept", "true"])
+        .code(0);
+    let got = etcd.ctl(&["get", "--prefix", "lockrun:kept/", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&got).unwrap();
+    let kv = &v["kvs"][0];
+    let value = {
+        use base64::Engine as _;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(kv["value"].as_str().unwrap())
+            .unwrap();
+        String::from_utf8(raw).unwrap()
+    };
+    let record: serde_json::Value = serde_json::from_str(&value).unwrap();
+    assert_eq!(record["min_hold"], true, "{record}");
+    assert_eq!(
+        record["owner"], "",
+        "a kept key proves no one's ownership: {record}"
+    );
+    let lease = format!("{:x}", kv["lease"].as_i64().unwrap());
+    let ttl = etcd.ctl(&["lease", "timetolive", &lease]);
+    let granted: u64 = ttl
+        .split("granted with TTL(")
+        .nth(1)
+        .and_then(|t| t.split('s').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{ttl}"));
+    // What was left of 4 s, with 1 % for drift, rounded up to whole seconds.
+    let left = Duration::from_secs(4).saturating_sub(before.elapsed());
+    assert!(
+        granted as f64 >= left.as_secs_f64() && granted <= 5,
+        "a {granted}s lease for {left:?} left: {ttl}"
+    );
+    assert!(wait_until(Duration::from_secs(20), || etcd
+        .keys()
+        .is_empty()
+        && etcd.leases().is_empty()));
+    assert!(before.elapsed() >= Duration::from_millis(3900));
+}
