@@ -224,8 +224,7 @@ pub enum OperatorCommand {
 
 /// Long options, lockrun's and those of the tools it replaces, as someone
 /// might spell them with one dash (consul's style: `-timeout=10s`).
-const LONG_WORDS: [&str; 17] = [
-    "min-hold",
+const LONG_WORDS: [&str; 16] = [
     "url",
     "ttl",
     "wait",
