@@ -36,6 +36,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --label 'A note shown by `status` and in waiting messages beside host:pid (a pipeline id, a ticket)'
             cand --metrics-file 'At the end of every run (skipped, ran, lost, failed) replace PATH, atomically, with Prometheus text for node_exporter''s textfile collector: end time, acquired, wait and hold seconds, exit code, lease lost, token. A PATH that cannot be written costs one warning, never the job or its exit code'
             cand --kill-after 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)'
+            cand --min-hold 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine''s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end'
             cand --generate 'Print a shell completion script or the man page to stdout'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'

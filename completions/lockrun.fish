@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n u/url= tls-ca= replicas= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive s/shared limit= E/conflict-exit-code= label= metrics-file= kill-after= generate= h/help V/version
+    string join \n u/url= tls-ca= replicas= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive s/shared limit= E/conflict-exit-code= label= metrics-file= kill-after= min-hold= generate= h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -36,6 +36,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code
 complete -c lockrun -n "__fish_lockrun_needs_command" -l label -d 'A note shown by `status` and in waiting messages beside host:pid (a pipeline id, a ticket)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l metrics-file -d 'At the end of every run (skipped, ran, lost, failed) replace PATH, atomically, with Prometheus text for node_exporter\'s textfile collector: end time, acquired, wait and hold seconds, exit code, lease lost, token. A PATH that cannot be written costs one warning, never the job or its exit code' -r -F
 complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l min-hold -d 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine\'s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l generate -d 'Print a shell completion script or the man page to stdout' -r -f -a "man\t''
 bash\t''
 zsh\t''

@@ -90,6 +90,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
         outer: backend::outer_holder(&cfg.name),
         inherited_fd: backend::inherited_lock_fd(),
         quiet: cfg.common.verbosity == 0,
+        min_hold: cfg.min_hold,
     };
     let expires = cfg.common.address.engine().caps.expires;
 
@@ -112,7 +113,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
                     "the lease on {} ran out before the job could start (was lockrun paused?); acquiring again",
                     cfg.name
                 ));
-                let _ = l.release();
+                let _ = l.give_back();
             }
             Acquired::Granted(l) => break l,
             Acquired::Busy { holder } => {
@@ -221,7 +222,37 @@ fn human(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
+// --min-hold (README "Once per window"): how status shows a window.
+/// When a lease `left` from now ends, as UTC wall time rounded up to the second.
+fn until(left: Duration) -> String {
+    let at = std::time::SystemTime::now() + left + Duration::from_millis(999);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// A lease kept by `--min-hold` after its job ended: held, with no job.
+fn describe_window(h: &Holder) -> String {
+    let mut parts = vec![match h.ttl_left {
+        Some(l) => format!("held by min-hold until {} ({} left)", until(l), human(l)),
+        None => "held by min-hold".to_string(),
+    }];
+    parts.push("no job running".into());
+    if let Some(l) = &h.label {
+        parts.push(format!("granted to {l}"));
+    }
+    if let Some(t) = h.token {
+        parts.push(format!("token {t}"));
+    }
+    if let Some(f) = h.held_for {
+        parts.push(format!("granted {} ago", human(f)));
+    }
+    parts.join(", ")
+}
+// End of --min-hold.
+
 fn describe_holder(h: &Holder) -> String {
+    if h.min_hold {
+        return describe_window(h);
+    }
     let mut parts = vec![format!(
         "held by {}",
         h.label.as_deref().unwrap_or("unknown")
@@ -256,7 +287,10 @@ fn holder_json(h: &Holder) -> serde_json::Value {
         "ttl_left_ms": millis(h.ttl_left),
         "held_for_ms": millis(h.held_for),
         "revoked": h.revoked,
-        "holder_gone": h.label.as_deref().and_then(backend::gone_holder).is_some(),
+        // A min-hold window has no holder that should run.
+        "holder_gone": !h.min_hold && h.label.as_deref().and_then(backend::gone_holder).is_some(),
+        "min_hold": h.min_hold,
+        "held_until": h.min_hold.then(|| h.ttl_left.map(until)).flatten(),
     })
 }
 
@@ -312,9 +346,12 @@ fn status_object(name: &str, st: &backend::Status) -> serde_json::Value {
         "held_for_ms": millis(first.and_then(|h| h.held_for)),
         "revoked": !st.holders.is_empty() && st.holders.iter().all(|h| h.revoked),
         "holder_gone": first
+            .filter(|h| !h.min_hold)
             .and_then(|h| h.label.as_deref())
             .and_then(backend::gone_holder)
             .is_some(),
+        "min_hold": first.is_some_and(|h| h.min_hold),
+        "held_until": first.filter(|h| h.min_hold).and_then(|h| h.ttl_left).map(until),
         "holders": st.holders.iter().map(holder_json).collect::<Vec<_>>(),
         "waiters": st.waiters,
     })
@@ -525,6 +562,20 @@ fn release(
         Broken::Leases(holders) => {
             let mut out = std::io::stdout();
             for h in holders {
+                if h.min_hold {
+                    let mut of = vec![format!(
+                        "granted to {}",
+                        h.label.as_deref().unwrap_or("unknown")
+                    )];
+                    of.extend(h.token.map(|t| format!("token {t}")));
+                    let _ = writeln!(
+                        out,
+                        "{name}: ended the min-hold window ({}); no job ran under it, \
+                         the name is free now",
+                        of.join(", ")
+                    );
+                    continue;
+                }
                 let what = if now {
                     "deleted; a waiter may start now, while the old job may still be stopping"
                         .to_string()
@@ -567,7 +618,7 @@ fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
 const MAN_TAIL: &str = r#".SH COMMANDS
 .TP
 \fBlockrun status\fR [\fB\-\-json\fR] \fINAME\fR
-Show whether NAME is held: every holder (host:pid and \fB\-\-label\fR, token, slot, mode, time left, held for) and the number of waiting requests; says when a holder's lockrun no longer runs on this host. Exit 0 held, 1 free, 69 unreachable.
+Show whether NAME is held: every holder (host:pid and \fB\-\-label\fR, token, slot, mode, time left, held for) and the number of waiting requests; says when a holder's lockrun no longer runs on this host, and when a lease is held by \fB\-\-min\-hold\fR after its job ended (no job running, until when). Exit 0 held, 1 free, 69 unreachable.
 .TP
 \fBlockrun status\fR [\fB\-\-json\fR], \fBlockrun list\fR [\fB\-\-json\fR]
 Every name under the prefix, one line each, sorted (\fB\-\-json\fR: an array of the objects \fBstatus \-\-json\fR \fINAME\fR prints). Read name by name (Redis: SCAN, never KEYS), not as one snapshot, within bounds of names and time; never disturbs a lock. Exit 0 when any is held, 1 when none, 64 on an engine that cannot list, 69 unreachable.
@@ -576,7 +627,7 @@ Every name under the prefix, one line each, sorted (\fB\-\-json\fR: an array of 
 Read-only checks of an engine, one line each: \fBok\fR, \fBwarn\fR or \fBfail\fR and what to do (Redis, each master of a cluster on its own: round trip, version, maxmemory-policy, persistence, replicas, the user's permissions, clock; local: the directory's owner, mode, link, file system; etcd: round trip, version, leader, permissions). It writes no key, file or directory. Exit 0 all ok, 1 a warning, 69 unreachable or a failure.
 .TP
 \fBlockrun release \-\-force\fR [\fB\-\-token\fR \fIT\fR] [\fB\-\-now\fR] \fINAME\fR
-Break a lease (operators), on the engines that can (README \(lqBackends\(rq). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on the holder with that token, else every holder is broken. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported by the engine (local locks), 69 unreachable.
+Break a lease (operators), on the engines that can (README \(lqBackends\(rq). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on the holder with that token, else every holder is broken. A lease kept by \fB\-\-min\-hold\fR after its job ended runs no job: it is ended at once, on every engine, the local one included. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported by the engine (a running local lock), 69 unreachable.
 .SH EXIT STATUS
 .TP
 \fIthe job's code\fR

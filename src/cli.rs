@@ -191,6 +191,14 @@ pub struct RunArgs {
     /// Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10).
     #[arg(long, value_name = "DUR")]
     pub kill_after: Option<String>,
+
+    // --min-hold (README "Once per window").
+    /// Keep the lock held at least DUR after it was granted, also once the
+    /// job ended, counted on the engine's clock: a crontab line on several
+    /// hosts then runs once per window. A longer job releases at its end.
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    pub min_hold: Option<String>,
+    // End of --min-hold.
 }
 
 #[derive(Debug, Subcommand)]

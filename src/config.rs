@@ -32,6 +32,8 @@ pub struct RunConfig {
     pub label: Option<String>,
     /// `--metrics-file`: replaced at the end of the run.
     pub metrics_file: Option<std::path::PathBuf>,
+    /// `--min-hold`, checked: above zero, at most `MAX_MIN_HOLD`.
+    pub min_hold: Option<Duration>,
 }
 
 fn usage(msg: impl std::fmt::Display) -> Failure {
@@ -40,6 +42,9 @@ fn usage(msg: impl std::fmt::Display) -> Failure {
 
 /// The longest lease: every engine accepts it, and no time arithmetic near it can overflow.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest `--min-hold`: a window as long as the longest lease, which
+/// every engine stores and no time arithmetic near it can overflow.
+pub const MAX_MIN_HOLD: Duration = MAX_TTL;
 /// The longest `--wait`.
 pub const MAX_WAIT: Duration = Duration::from_secs(31_557_600); // humantime's 1y
 
@@ -260,6 +265,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
     };
 
     let mode = mode(run, &*common.address)?;
+    let min_hold = run.min_hold.as_deref().map(parse_min_hold).transpose()?;
 
     let metrics_file = run
         .metrics_file
@@ -284,7 +290,21 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         command,
         label,
         metrics_file,
+        min_hold,
     })
+}
+
+/// `--min-hold DUR`: a window of at least a millisecond, the step every
+/// engine can keep (etcd rounds it up to whole seconds).
+fn parse_min_hold(s: &str) -> Result<Duration, Failure> {
+    let d = parse_duration("--min-hold", s, MAX_MIN_HOLD)?;
+    if d < Duration::from_millis(1) {
+        return Err(usage(format!(
+            "invalid --min-hold {s:?}: a window must last at least 1ms; leave --min-hold out \
+             to release when the job ends"
+        )));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -358,5 +378,17 @@ mod tests {
             assert!(e.to_string().contains(&bound), "{s}: {e}");
         }
         assert!(parse_duration("--ttl", "7days", MAX_TTL).is_ok());
+    }
+
+    #[test]
+    fn min_hold_is_a_bounded_window_above_zero() {
+        assert_eq!(parse_min_hold("4m").unwrap(), Duration::from_secs(240));
+        assert_eq!(parse_min_hold("0.5").unwrap(), Duration::from_millis(500));
+        for bad in ["0", "0s", "0.0001", "-1s", "-3", "soon", "", "8days", "1e9"] {
+            let e = parse_min_hold(bad).unwrap_err();
+            assert_eq!(e.class, Class::Usage, "{bad}");
+            assert!(e.to_string().contains("--min-hold"), "{bad}: {e}");
+            assert!(!e.to_string().contains('\n'), "{bad}: {e}");
+        }
     }
 }

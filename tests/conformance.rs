@@ -654,6 +654,10 @@ pub fn bad_input_is_refused_before_anything_happens(e: &dyn Fixture) {
         &["-s", "--limit", "2", "bad"],
         &[""],
         &["bad\u{7}name"],
+        &["--min-hold", "0", "bad"],
+        &["--min-hold", "-1s", "bad"],
+        &["--min-hold", "soon", "bad"],
+        &["--min-hold", "99999999h", "bad"],
     ] {
         on(&e.url())
             .args(args)
@@ -789,6 +793,180 @@ pub fn operators_see_every_name_doctor_and_metrics(e: &dyn Fixture) {
     }));
 }
 
+// --min-hold (README "Once per window").
+
+/// What `status --json` says of a name kept by a `--min-hold` window:
+/// held, by no running job, until when, and why.
+#[track_caller]
+fn shows_a_window(e: &dyn Fixture, name: &str) -> serde_json::Value {
+    let v = status(e, name);
+    assert_eq!(v["held"], true, "{v}");
+    assert_eq!(v["min_hold"], true, "{v}");
+    assert_eq!(v["holder_gone"], false, "{v}");
+    let h = &v["holders"][0];
+    assert_eq!(h["min_hold"], true, "{v}");
+    assert_eq!(h["revoked"], false, "{v}");
+    assert!(
+        h["held_until"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{v}"
+    );
+    v
+}
+
+/// Five requests started 0–2 s apart, as one crontab line fires on five
+/// hosts whose clocks differ, with a 3 s window and a 0.1 s job: the job
+/// runs once. `status` shows the window; once it ends, a sixth request
+/// runs the job again, with a higher token.
+pub fn min_hold_runs_once_per_window(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let ran = scratch.path("ran");
+    let job = format!("echo $LOCKRUN_TOKEN >> {}; sleep 0.1", ran.display());
+    let cron = || {
+        on(&url)
+            .args(["-n", "-E", "0", "--min-hold", "3s", "tick", "-c"])
+            .arg(&job)
+    };
+    let tokens = || -> Vec<u64> {
+        std::fs::read_to_string(&ran)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect()
+    };
+    let first = Instant::now();
+    let mut children = vec![cron().spawn()];
+    assert_eq!(
+        wait_child(&mut children[0], Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    let v = shows_a_window(e, "tick");
+    let left = v["ttl_left_ms"].as_u64().unwrap();
+    assert!(left > 0 && left <= 4000, "{v}");
+    let text = on(&url).args(["status", "tick"]).code(0).stdout();
+    for part in ["min-hold", "until", "no job running"] {
+        assert!(text.contains(part), "status lacks {part:?}: {text}");
+    }
+    for i in 1..5u32 {
+        // Started on a schedule, as cron on hosts whose clocks differ.
+        std::thread::sleep((Duration::from_millis(500) * i).saturating_sub(first.elapsed()));
+        children.push(cron().spawn());
+    }
+    let last = first.elapsed();
+    all_succeed(children);
+    assert!(
+        last < Duration::from_millis(2800),
+        "the requests were started over {last:?}, not within the window"
+    );
+    let once = tokens();
+    assert_eq!(
+        once.len(),
+        1,
+        "five requests within the window ran {once:?}"
+    );
+    assert!(wait_until(
+        Duration::from_secs(30),
+        || status(e, "tick")["held"] == false
+    ));
+    assert!(
+        first.elapsed() >= Duration::from_millis(2900),
+        "the window ended early"
+    );
+    cron().code(0);
+    let twice = tokens();
+    assert_eq!(twice.len(), 2, "{twice:?}");
+    assert!(twice[1] > twice[0], "the token went down: {twice:?}");
+}
+
+/// `release --force` ends a window at once (on every engine: no job runs
+/// under it), `--token` only that grant's; the next grant's token is higher.
+pub fn release_force_ends_a_min_hold_window(e: &dyn Fixture) {
+    let url = e.url();
+    on(&url).args(["--min-hold", "60s", "win", "true"]).code(0);
+    on(&url).args(["-n", "win", "true"]).code(75);
+    let token = shows_a_window(e, "win")["token"].as_u64().unwrap();
+    on(&url)
+        .args([
+            "release",
+            "--force",
+            "--token",
+            &(token + 1).to_string(),
+            "win",
+        ])
+        .code(1);
+    on(&url).args(["-n", "win", "true"]).code(75);
+    let out = on(&url)
+        .args(["release", "--force", "--token", &token.to_string(), "win"])
+        .code(0)
+        .stdout();
+    assert!(out.contains("min-hold"), "{out}");
+    let after = on(&url)
+        .args(["-n", "win", "-c", "echo $LOCKRUN_TOKEN"])
+        .code(0)
+        .stdout();
+    assert!(after.trim().parse::<u64>().unwrap() > token, "{after}");
+    assert_eq!(status(e, "win")["held"], false);
+}
+
+/// A waiter (no `-n`) on a window starts once the window ends: not before,
+/// and soon after (woken, not left asleep).
+pub fn a_waiter_starts_when_the_min_hold_window_ends(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let ran = scratch.path("ran");
+    let before_grant = Instant::now();
+    on(&url).args(["--min-hold", "3s", "queue", "true"]).code(0);
+    let mut waiter = on(&url)
+        .args(["-q", "queue", "-c"])
+        .arg(format!("touch {}", ran.display()))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(30), || ran.exists()));
+    let at = before_grant.elapsed();
+    assert!(
+        at >= Duration::from_millis(2900),
+        "the waiter ran {at:?} after the grant, inside its 3s window"
+    );
+    assert!(
+        at < Duration::from_secs(13),
+        "the waiter ran {at:?} after the grant, long after its window ended"
+    );
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+}
+
+/// With `--limit N` each grant keeps its place for the window; with `-s`
+/// a reader's window lets readers in and keeps a writer out.
+pub fn min_hold_keeps_each_place_with_limit_and_shared(e: &dyn Fixture) {
+    let url = e.url();
+    let lim = ["--limit", "2"];
+    for _ in 0..2 {
+        on(&url)
+            .args(lim)
+            .args(["--min-hold", "60s", "lim", "true"])
+            .code(0);
+    }
+    on(&url).args(lim).args(["-n", "lim", "true"]).code(75);
+    let v = shows_a_window(e, "lim");
+    let holders = v["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{v}");
+    assert!(holders.iter().all(|h| h["min_hold"] == true), "{v}");
+    on(&url).args(["release", "--force", "lim"]).code(0);
+    on(&url).args(lim).args(["-n", "lim", "true"]).code(0);
+
+    on(&url)
+        .args(["-s", "--min-hold", "60s", "rw", "true"])
+        .code(0);
+    on(&url).args(["-n", "-s", "rw", "true"]).code(0);
+    on(&url).args(["-n", "rw", "true"]).code(75);
+    shows_a_window(e, "rw");
+    on(&url).args(["release", "--force", "rw"]).code(0);
+    on(&url).args(["-n", "rw", "true"]).code(0);
+}
+
+// End of --min-hold.
+
 /// Every test above, on each engine: one line per engine.
 macro_rules! conformance {
     ($($engine:ident: $fixture:expr;)*) => {$(
@@ -808,6 +986,10 @@ macro_rules! conformance {
             #[test] fn unreachable_is_69() { super::unreachable_is_69(&$fixture) }
             #[test] fn nested_requests_are_refused_in_every_mode() { super::nested_requests_are_refused_in_every_mode(&$fixture) }
             #[test] fn operators_see_every_name_doctor_and_metrics() { super::operators_see_every_name_doctor_and_metrics(&$fixture) }
+            #[test] fn min_hold_runs_once_per_window() { super::min_hold_runs_once_per_window(&$fixture) }
+            #[test] fn release_force_ends_a_min_hold_window() { super::release_force_ends_a_min_hold_window(&$fixture) }
+            #[test] fn a_waiter_starts_when_the_min_hold_window_ends() { super::a_waiter_starts_when_the_min_hold_window_ends(&$fixture) }
+            #[test] fn min_hold_keeps_each_place_with_limit_and_shared() { super::min_hold_keeps_each_place_with_limit_and_shared(&$fixture) }
         }
     )*};
 }

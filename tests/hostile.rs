@@ -28,6 +28,8 @@ fn durations_past_their_bounds_are_refused_and_leave_nothing() {
         vec!["--kill-after", "100000000000000000s"],
         vec!["--wait", "18446744073709551615s"],
         vec!["--wait", "2y"],
+        vec!["--min-hold", "18446744073709551615s"],
+        vec!["--min-hold", "8days"],
     ] {
         let start = Instant::now();
         let out = run(on(&redis.url()).args(&args).args(["dur", "--", "true"]));

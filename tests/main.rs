@@ -11,6 +11,7 @@ mod generated;
 mod hostile;
 mod input;
 mod local;
+mod minhold;
 mod modes;
 mod operate;
 mod ops;

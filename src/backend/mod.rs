@@ -397,6 +397,9 @@ pub struct Request<'a> {
     pub inherited_fd: Option<RawFd>,
     /// `-q`: no line about waiting (and no waking up to print one).
     pub quiet: bool,
+    /// `--min-hold`: the lease stays held at least this long after its
+    /// grant, on the engine's clock, also once the job ended (README "Once per window").
+    pub min_hold: Option<Duration>,
 }
 
 impl Request<'_> {
@@ -450,6 +453,11 @@ pub trait Held: Send {
     }
     /// Give the lease up. Ok(false): it was no longer ours.
     fn release(self: Box<Self>) -> Result<bool, Error>;
+    /// Give the lease up unused, before any job ran under it: with no
+    /// `--min-hold` window left behind.
+    fn give_back(self: Box<Self>) -> Result<bool, Error> {
+        self.release()
+    }
     /// The release talks to no server (a close and a stat of a local file):
     /// it needs no thread to bound it.
     fn releases_locally(&self) -> bool {
@@ -513,6 +521,12 @@ impl Lease {
 
     pub fn release(self) -> Result<bool, Error> {
         self.held.release()
+    }
+
+    /// Give the lease up before any job ran under it (no `--min-hold`
+    /// window: nothing ran that it would keep from running again).
+    pub fn give_back(self) -> Result<bool, Error> {
+        self.held.give_back()
     }
 
     /// Give the lease up within `limit` whatever its server does: on a
@@ -638,6 +652,9 @@ pub struct Holder {
     pub held_for: Option<Duration>,
     /// Revoked by `release --force`: no one runs, but the place is not free yet.
     pub revoked: bool,
+    /// Kept by `--min-hold` after its job ended: no one runs, the place is
+    /// held until `ttl_left` runs out (or `release --force` ends it).
+    pub min_hold: bool,
 }
 
 /// A name's state for `status`.

@@ -138,6 +138,7 @@ mod tests {
             outer: None,
             inherited_fd: None,
             quiet,
+            min_hold: None,
         }
     }
 

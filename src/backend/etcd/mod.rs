@@ -26,12 +26,13 @@ use serde_json::{Value, json};
 
 pub use address::{EtcdUrl, parse};
 use client::{Client, Setup, b64, int, unb64};
-use queue::{Entry, Keys, entries, holders};
+use queue::{Entry, Keys, Record, entries, holders};
 
 use super::{
     Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing,
     Opening, Request, Status, Wait,
 };
+use crate::clock::Boot;
 use crate::log;
 use crate::watchdog::{Renewal, Renewer};
 
@@ -111,7 +112,13 @@ fn revoke(c: &mut Client, lease: i64) -> Result<bool, Error> {
 /// Time left on a lease (whole seconds, as etcd tells it); None when gone.
 fn time_to_live(c: &mut Client, lease: i64) -> Result<Option<Duration>, Error> {
     let v = c.call("/v3/lease/timetolive", &json!({"ID": lease.to_string()}))?;
-    Ok(int(&v["TTL"])
+    // The gateway leaves out fields that are zero: a lease in its last
+    // second has no TTL at all, and is still there (a gone one says -1).
+    let ttl = match v.get("TTL") {
+        None => Some(0),
+        Some(t) => int(t),
+    };
+    Ok(ttl
         .filter(|t| *t >= 0)
         .map(|t| Duration::from_secs(t as u64)))
 }
@@ -177,6 +184,7 @@ impl Etcd {
             held_for: (r.granted_ms > 0)
                 .then(|| Duration::from_millis(wall_ms().saturating_sub(r.granted_ms))),
             revoked: r.revoked,
+            min_hold: r.min_hold,
         })
     }
 }
@@ -282,8 +290,10 @@ impl Engine for Etcd {
             if e.record.revoked && !force.now {
                 continue;
             }
+            // A key kept by --min-hold runs no job: it goes at once.
+            let now = force.now || e.record.min_hold;
             let unchanged = json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()});
-            let change = if force.now {
+            let change = if now {
                 json!({"request_delete_range": {"key": b64(&e.key)}})
             } else {
                 // The key stays on the holder's lease, so it ends when that
@@ -299,7 +309,7 @@ impl Engine for Etcd {
             let mut h = self
                 .holder(e)
                 .map_err(|err| self.client.failed(&doing, err))?;
-            if force.now {
+            if now {
                 // Its holder's next keepalive finds the lease gone.
                 let _ = revoke(&mut self.client, e.lease);
                 h.ttl_left = None;
@@ -321,6 +331,52 @@ struct EtcdHeld {
     lease: i64,
     value: String,
     name: String,
+    token: u64,
+    /// When the grant's reply came: the grant was made no later.
+    granted_by: Boot,
+    /// `--min-hold`: the release keeps the key until the window ends.
+    min_hold: Option<Duration>,
+}
+
+impl EtcdHeld {
+    /// What is left of the `--min-hold` window, counted from the reply to
+    /// the grant (no later than the grant itself): never less than etcd's.
+    fn window_left(&self) -> Option<Duration> {
+        let hold = self.min_hold?;
+        hold.checked_sub(Boot::now().since(self.granted_by))
+            .filter(|d| !d.is_zero())
+    }
+
+    /// Keep our key, owned by no one, on a lease of its own that etcd ends
+    /// no sooner than `left` from now (its ttl starts when etcd grants it,
+    /// after this): waiters watching for its deletion wake when it goes.
+    fn keep_for(&mut self, left: Duration) -> Result<bool, Error> {
+        let c = &mut self.client;
+        let doing = format!("releasing {}", self.name);
+        // etcd's clock may run a little faster than ours (a lease's
+        // drift), and it counts whole seconds: round up past both.
+        let padded = left + left / 100 + Duration::from_millis(2);
+        let secs = padded.as_nanos().div_ceil(1_000_000_000).max(1) as u64;
+        let (lease, _) = grant(c, Duration::from_secs(secs)).map_err(|e| c.failed(&doing, e))?;
+        let kept = Record::decode(&self.value)
+            .ok_or_else(|| Error::Internal(format!("{doing}: our own record does not read")))?
+            .kept(self.token)
+            .encode();
+        let put = json!({"request_put": {"key": b64(&self.key), "value": b64(&kept), "lease": lease.to_string()}});
+        let v = txn(c, vec![holds(&self.key, &self.value)], vec![put], vec![])
+            .map_err(|e| c.failed(&doing, e))?;
+        if !succeeded(&v) {
+            // Not ours any more (revoked): the new lease holds nothing.
+            let _ = revoke(c, lease);
+            return Ok(false);
+        }
+        log::info(format!(
+            "released {}; kept by --min-hold for {}",
+            self.name,
+            humantime::format_duration(Duration::from_secs(secs))
+        ));
+        Ok(true)
+    }
 }
 
 impl Held for EtcdHeld {
@@ -334,6 +390,9 @@ impl Held for EtcdHeld {
     }
 
     fn release(mut self: Box<Self>) -> Result<bool, Error> {
+        if let Some(left) = self.window_left() {
+            return self.keep_for(left);
+        }
         let c = &mut self.client;
         // Deleted only while it is still ours: a revoked key stays until its
         // lease ends, as `release --force` promised. The lease itself, with
@@ -344,6 +403,11 @@ impl Held for EtcdHeld {
             .map_err(|e| c.failed(&format!("releasing {}", self.name), e))?;
         log::info(format!("released {}", self.name));
         Ok(succeeded(&v))
+    }
+
+    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+        self.min_hold = None;
+        self.release()
     }
 }
 

@@ -66,8 +66,12 @@ pub struct Record {
     /// only for `status`'s "held for".
     pub granted_ms: u64,
     pub revoked: bool,
-    /// The token of a revoked grant: the revocation's write moves the
-    /// key's mod revision, which was the token.
+    /// Kept by `--min-hold` after its job ended: no owner, on a lease of
+    /// its own that ends with the window.
+    pub min_hold: bool,
+    /// The token of a revoked grant (or one kept by `--min-hold`): the
+    /// write that changed it moved the key's mod revision, which was the
+    /// token.
     pub token: Option<u64>,
 }
 
@@ -80,6 +84,7 @@ impl Record {
             slot: None,
             granted_ms: 0,
             revoked: false,
+            min_hold: false,
             token: None,
         }
     }
@@ -93,6 +98,7 @@ impl Record {
             "slot": self.slot,
             "granted_ms": self.granted_ms,
             "revoked": self.revoked,
+            "min_hold": self.min_hold,
             "token": self.token,
         })
         .to_string()
@@ -114,8 +120,28 @@ impl Record {
             slot: v["slot"].as_u64().map(|s| s as u32),
             granted_ms: v["granted_ms"].as_u64().unwrap_or(0),
             revoked: v["revoked"].as_bool().unwrap_or(false),
+            min_hold: v["min_hold"].as_bool().unwrap_or(false),
             token: v["token"].as_u64(),
         })
+    }
+
+    /// Who holds the place, as waiting lines name it.
+    pub fn shown(&self) -> String {
+        if self.min_hold {
+            return format!("the min-hold window of {}", self.label);
+        }
+        self.label.clone()
+    }
+
+    /// The same grant (its token `token`) once its job ended within its
+    /// `--min-hold` window: it proves no one's ownership.
+    pub fn kept(&self, token: u64) -> Record {
+        Record {
+            owner: String::new(),
+            min_hold: true,
+            token: Some(token),
+            ..self.clone()
+        }
     }
 
     /// The same grant (its token `token`), revoked by `release --force`.
@@ -253,7 +279,7 @@ pub fn judge(queue: &[Entry], me: usize, req: &Request) -> Verdict {
     }
     Verdict::Blocked {
         watch,
-        holder: queue.first().map(|e| e.record.label.clone()),
+        holder: queue.first().map(|e| e.record.shown()),
     }
 }
 
@@ -287,6 +313,7 @@ mod tests {
             slot: None,
             granted_ms: 0,
             revoked: false,
+            min_hold: false,
             token: None,
         };
         Entry {
@@ -310,6 +337,7 @@ mod tests {
             outer: outer.map(String::from),
             inherited_fd: None,
             quiet: true,
+            min_hold: None,
         };
         let q: Vec<Entry> = modes
             .iter()

@@ -538,6 +538,10 @@ impl Etcd {
             lease: m.lease,
             value: m.value.clone(),
             name: req.name.to_string(),
+            token,
+            // The grant's reply is in: the server granted no later than now.
+            granted_by: Boot::now(),
+            min_hold: req.min_hold,
         };
         Acquired::Granted(Lease::new(
             token,

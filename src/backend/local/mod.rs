@@ -23,8 +23,8 @@ use rustix::io::Errno;
 use std::sync::Arc;
 
 use super::{
-    Acquired, Address, AddressOptions, Caps, Check, Engine, EngineInfo, Error, Held, Holder, Lease,
-    ListBound, Listing, Mode, Opening, Request, Status, Wait,
+    Acquired, Address, AddressOptions, Broken, Caps, Check, Engine, EngineInfo, Error, Force, Held,
+    Holder, Lease, ListBound, Listing, Mode, Opening, Request, Status, Wait,
 };
 mod files;
 mod proclocks;
@@ -42,7 +42,10 @@ use queue::{
 };
 #[cfg(test)]
 use record::write_token;
-use record::{Record, next_token, now_since_epoch, read_readers, read_record, write_record};
+use record::{
+    Record, Window, end_window, next_token, now_since_epoch, read_readers, read_record,
+    write_record,
+};
 
 use crate::backend::wait::Patience;
 use crate::clock::Boot;
@@ -56,6 +59,33 @@ struct Got {
     id: (u64, u64),
     main: Option<OwnedFd>,
     slot: Option<u32>,
+}
+
+/// One try at a lock file.
+enum Locked {
+    Got(Got),
+    Not(Try),
+    /// Free of flocks, but a `--min-hold` window holds it for `left` more.
+    Kept {
+        holder: Option<String>,
+        left: Duration,
+    },
+}
+
+/// How long a `--min-hold` window recorded by a grant of `mode` keeps out
+/// a lock of `op` for a request of `asked`. A slot file and an exclusive
+/// lock wait for every window; the main file's shared lock only for a
+/// window of another kind of grant: shared grants hold their place together,
+/// `--limit` grants each in its slot file.
+fn keeps_out(win: &Window, mode: Mode, op: FlockOperation, asked: Mode) -> Option<Duration> {
+    let together = matches!(
+        (mode, asked),
+        (Mode::Shared, Mode::Shared) | (Mode::Limit(_), Mode::Limit(_))
+    );
+    if op == FlockOperation::LockShared && together {
+        return None;
+    }
+    win.left()
 }
 
 enum Try {
@@ -77,7 +107,9 @@ pub const ENGINE: EngineInfo = EngineInfo {
     ttl_min: Duration::ZERO,
     caps: Caps {
         expires: false,
-        force_release: false,
+        // Only a --min-hold window, which runs no job: a flock ends with
+        // its holder alone.
+        force_release: true,
         shared: true,
         limit: true,
     },
@@ -191,10 +223,34 @@ impl Local {
         op: FlockOperation,
         block: bool,
     ) -> Result<Try, Error> {
+        loop {
+            match self.lock_path_once(w, path, op, block)? {
+                Locked::Got(got) => return Ok(Try::Locked(got)),
+                Locked::Not(t) => return Ok(t),
+                // A --min-hold window holds the name with no flock: wait
+                // for its end, as the request allows, keeping our place.
+                Locked::Kept { holder, left } => {
+                    if !block || !w.sleep_for(left, holder.as_deref()) {
+                        return Ok(Try::Busy(holder));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One try of `lock_path`: a lock whose record holds a `--min-hold`
+    /// window that keeps out a lock of `op` is let go again at once.
+    fn lock_path_once(
+        &self,
+        w: &mut Waiter,
+        path: &Path,
+        op: FlockOperation,
+        block: bool,
+    ) -> Result<Locked, Error> {
         let Some((fd, created)) =
             open_lock_file(path).map_err(|e| self.unavailable("cannot open lock file", path, e))?
         else {
-            return Ok(Try::Retry);
+            return Ok(Locked::Not(Try::Retry));
         };
         match flock(&fd, nonblocking(op)) {
             Ok(()) => {}
@@ -204,7 +260,7 @@ impl Local {
                     return Err(super::nested(w.name));
                 }
                 if !block || !w.block(&fd, op, holder.as_deref())? {
-                    return Ok(Try::Busy(holder));
+                    return Ok(Locked::Not(Try::Busy(holder)));
                 }
             }
             Err(e) => return Err(self.unavailable("cannot lock", path, e)),
@@ -214,7 +270,7 @@ impl Local {
         let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", path, e))?;
         match stat(path) {
             Ok(now) if identity(&now) == identity(&ours) => {}
-            _ => return Ok(Try::Retry),
+            _ => return Ok(Locked::Not(Try::Retry)),
         }
         let fresh = read_record(&fd).is_none_or(|r| r.ino != Some(ours.st_ino));
         if created || fresh {
@@ -230,11 +286,23 @@ impl Local {
                 ));
                 let holder = read_record(&orphan).map(|r| r.label);
                 if !block || !w.block(&orphan, FlockOperation::LockExclusive, holder.as_deref())? {
-                    return Ok(Try::Busy(holder));
+                    return Ok(Locked::Not(Try::Busy(holder)));
                 }
             }
         }
-        Ok(Try::Locked(Got {
+        if let Some(r) = read_record(&fd)
+            && let Some(left) = r
+                .window
+                .as_ref()
+                .and_then(|win| keeps_out(win, r.mode, op, w.req.mode))
+        {
+            // Let the lock go: `status`, `-n` and the next in the queue
+            // see the name held by the window, not by us.
+            drop(fd);
+            let holder = Some(format!("the min-hold window of {}", r.label));
+            return Ok(Locked::Kept { holder, left });
+        }
+        Ok(Locked::Got(Got {
             fd,
             id: identity(&ours),
             main: None,
@@ -291,16 +359,23 @@ impl Local {
         w: &mut Waiter,
         files: &Files,
         n: u32,
+        skip: &[u32],
+        wake: Option<Duration>,
         holder: Option<&str>,
-    ) -> Result<Option<(u32, OwnedFd)>, Error> {
+    ) -> Result<Slot, Error> {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
         if w.wait == Wait::No {
-            return Ok(None);
+            return Ok(Slot::Over);
         }
         let won = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();
-        for k in 0..n {
+        // With a time to wake at, the wait ends then even when no slot is
+        // waited on (every one kept by a window).
+        let _keep = wake.map(|_| tx.clone());
+        let wake =
+            wake.map(|d| mono_ns().saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)));
+        for k in (0..n).filter(|k| !skip.contains(k)) {
             let path = files.slot(k);
             let Some((fd, _)) = open_lock_file(&path)
                 .map_err(|e| self.unavailable("cannot open lock file", &path, e))?
@@ -320,10 +395,17 @@ impl Local {
                 .map_err(|e| w.unavailable("cannot start a thread to wait for", e))?;
         }
         drop(tx);
-        let got = w.receive(&rx, holder);
+        let heard = w.hear(&rx, holder, wake);
         // Giving up: a slot locked after this is let go by its thread.
         won.store(true, Ordering::SeqCst);
-        Ok(got.or_else(|| rx.try_recv().ok()))
+        Ok(match heard {
+            Heard::Got((k, fd)) => Slot::Got(k, fd),
+            other => match rx.try_recv() {
+                Ok((k, fd)) => Slot::Got(k, fd),
+                Err(_) if matches!(other, Heard::Woke) => Slot::Woke,
+                Err(_) => Slot::Over,
+            },
+        })
     }
 
     /// Take one of `n` slots (main file shared, slot file exclusive): at
@@ -333,30 +415,69 @@ impl Local {
             Try::Locked(got) => got.fd,
             other => return Ok(other),
         };
-        let mut holder = None;
-        for k in 0..n {
-            match self.lock_path(w, &files.slot(k), FlockOperation::LockExclusive, false)? {
-                Try::Locked(got) => return Ok(slotted(main, k, got.fd, got.id)),
-                Try::Busy(h) => holder = holder.or(h),
-                Try::Retry => return Ok(Try::Retry),
-            }
-        }
-        if !block {
-            return Ok(Try::Busy(holder));
-        }
-        match self.wait_any_slot(w, files, n, holder.as_deref())? {
-            None => Ok(Try::Busy(holder)),
-            Some((k, fd)) => {
-                let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", &files.slot(k), e))?;
-                match stat(files.slot(k)) {
-                    Ok(now) if identity(&now) == identity(&ours) => {
-                        Ok(slotted(main, k, fd, identity(&ours)))
+        loop {
+            let mut holder = None;
+            // Slots free of flocks but kept by a --min-hold window are not
+            // waited on: the soonest window's end is.
+            let mut kept = Vec::new();
+            let mut soonest: Option<Duration> = None;
+            for k in 0..n {
+                match self.lock_path_once(
+                    w,
+                    &files.slot(k),
+                    FlockOperation::LockExclusive,
+                    false,
+                )? {
+                    Locked::Got(got) => return Ok(slotted(main, k, got.fd, got.id)),
+                    Locked::Not(Try::Busy(h)) => holder = holder.or(h),
+                    Locked::Not(_) => return Ok(Try::Retry),
+                    Locked::Kept { holder: h, left } => {
+                        holder = holder.or(h);
+                        kept.push(k);
+                        soonest = Some(soonest.map_or(left, |s: Duration| s.min(left)));
                     }
-                    _ => Ok(Try::Retry),
+                }
+            }
+            if !block {
+                return Ok(Try::Busy(holder));
+            }
+            let wake = soonest.map(|left| left.min(w.req.timing.ttl / 3));
+            match self.wait_any_slot(w, files, n, &kept, wake, holder.as_deref())? {
+                Slot::Over => return Ok(Try::Busy(holder)),
+                // A window ran out (or is looked at again): try every slot.
+                Slot::Woke => {}
+                Slot::Got(k, fd) => {
+                    let ours =
+                        fstat(&fd).map_err(|e| self.unavailable("fstat", &files.slot(k), e))?;
+                    match stat(files.slot(k)) {
+                        Ok(now) if identity(&now) == identity(&ours) => {}
+                        _ => return Ok(Try::Retry),
+                    }
+                    // The holder that let it go may have left its window.
+                    let windowed = read_record(&fd).is_some_and(|r| {
+                        r.window
+                            .as_ref()
+                            .and_then(|win| {
+                                keeps_out(win, r.mode, FlockOperation::LockExclusive, w.req.mode)
+                            })
+                            .is_some()
+                    });
+                    if !windowed {
+                        return Ok(slotted(main, k, fd, identity(&ours)));
+                    }
                 }
             }
         }
     }
+}
+
+/// What a wait for any of the slots ended with.
+enum Slot {
+    Got(u32, OwnedFd),
+    /// The time asked for came.
+    Woke,
+    /// Gave up, or our place lapsed.
+    Over,
 }
 
 fn slotted(main: OwnedFd, k: u32, fd: OwnedFd, id: (u64, u64)) -> Try {
@@ -398,6 +519,10 @@ impl Engine for Local {
             "lock file {} keeps changing under us",
             files.main.display()
         )))
+    }
+
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
+        self.end_windows(name, force)
     }
 
     fn status(&mut self, name: &str) -> Result<Status, Error> {
@@ -462,6 +587,7 @@ impl Local {
             ttl_left: None,
             held_for: held_for(r.granted_ms),
             revoked: false,
+            min_hold: false,
         };
         let lockers = lockers(st.st_dev, st.st_ino);
         let rec = read_record(&file);
@@ -491,6 +617,7 @@ impl Local {
                             ttl_left: None,
                             held_for: held_for(r.granted_ms),
                             revoked: false,
+                            min_hold: false,
                         });
                     }
                 }
@@ -507,9 +634,41 @@ impl Local {
                         ttl_left: None,
                         held_for: None,
                         revoked: false,
+                        min_hold: false,
                     });
                 }
             }
+        }
+        // --min-hold: windows that hold a place with no flock and no job.
+        let window = |r: &Record, mode, slot| {
+            r.window.as_ref().and_then(Window::left).map(|left| Holder {
+                ttl_left: Some(left),
+                min_hold: true,
+                ..holder(r, mode, slot)
+            })
+        };
+        match rec.as_ref().map(|r| r.mode) {
+            Some(Mode::Limit(n)) => {
+                let running: Vec<Option<u32>> = holders.iter().map(|h| h.slot).collect();
+                for k in (0..n).filter(|k| !running.contains(&Some(*k))) {
+                    let Ok(slot) = std::fs::File::open(files.slot(k)) else {
+                        continue;
+                    };
+                    if let (Ok(s), Some(r)) = (fstat(&slot), read_record(&slot))
+                        && self::lockers(s.st_dev, s.st_ino).is_empty()
+                        && let Some(h) = window(&r, Mode::Limit(n), Some(k))
+                    {
+                        holders.push(h);
+                    }
+                }
+                holders.sort_by_key(|h| h.slot);
+            }
+            Some(mode) if holders.is_empty() => {
+                if let Some(h) = rec.as_ref().and_then(|r| window(r, mode, None)) {
+                    holders.push(h);
+                }
+            }
+            _ => {}
         }
         // Waiters: the places kept in the queue.
         let waiters = live_places(files, None).len() as u64;
@@ -520,13 +679,125 @@ impl Local {
     }
 }
 
+impl Local {
+    /// `release --force`: a flock ends only with its holder, but a
+    /// `--min-hold` window runs no job and can be ended: its record is
+    /// rewritten without it, under the file's lock.
+    fn end_windows(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
+        let files = self.files(name);
+        let st = self.status(name)?;
+        let matched: Vec<&Holder> = st
+            .holders
+            .iter()
+            .filter(|h| force.token.is_none_or(|t| h.token == Some(t)))
+            .collect();
+        if !st.holders.is_empty() && matched.is_empty() {
+            return Ok(Broken::TokenMismatch(
+                st.holders.iter().filter_map(|h| h.token).collect(),
+            ));
+        }
+        if matched.is_empty() || matched.iter().any(|h| !h.min_hold) {
+            let what = if matched.is_empty() {
+                format!("{name} is not held")
+            } else {
+                format!("{name} is held by a running job; stop the holder's process instead")
+            };
+            return Err(Error::Request(format!(
+                "release --force is not available on the local engine, whose locks end only \
+                 with their holder: {what} (only a --min-hold window, which runs no job, can be \
+                 ended)"
+            )));
+        }
+        let mut ended = Vec::new();
+        for h in matched {
+            let path = h.slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
+            let Some((fd, _)) = open_lock_file(&path)
+                .map_err(|e| self.unavailable("cannot open lock file", &path, e))?
+            else {
+                continue;
+            };
+            // Held only for the instant a request looks at the window, or
+            // by a grant that just came: then it is no window of ours.
+            let mut locked = false;
+            for _ in 0..50 {
+                match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                    Ok(()) => {
+                        locked = true;
+                        break;
+                    }
+                    Err(Errno::WOULDBLOCK) => std::thread::sleep(Duration::from_millis(2)),
+                    Err(e) => return Err(self.unavailable("cannot lock", &path, e)),
+                }
+            }
+            let Some(r) = read_record(&fd).filter(|_| locked) else {
+                continue;
+            };
+            if Some(r.token) == h.token && r.window.as_ref().and_then(Window::left).is_some() {
+                end_window(&fd, &r).map_err(|e| self.unavailable("writing", &path, e))?;
+                ended.push(h.clone());
+            }
+        }
+        if ended.is_empty() {
+            // It ended, or was taken, while we looked.
+            return Ok(Broken::NotHeld);
+        }
+        // `--limit` grants also left their latest window in the main record
+        // (it keeps other kinds of request out): once no slot keeps one, it
+        // goes too, under the grant lock every such grant writes it under.
+        let limited = ended.iter().any(|h| h.slot.is_some());
+        if limited && !self.status(name)?.holders.iter().any(|h| h.min_hold) {
+            self.end_main_window(&files)?;
+        }
+        Ok(Broken::Leases(ended))
+    }
+
+    fn end_main_window(&self, files: &Files) -> Result<(), Error> {
+        let Some((grant, _)) = open_lock_file(&files.grant)
+            .map_err(|e| self.unavailable("cannot open lock file", &files.grant, e))?
+        else {
+            return Ok(());
+        };
+        let mut locked = false;
+        for _ in 0..50 {
+            match flock(&grant, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {
+                    locked = true;
+                    break;
+                }
+                Err(Errno::WOULDBLOCK) => std::thread::sleep(Duration::from_millis(2)),
+                Err(e) => return Err(self.unavailable("cannot lock", &files.grant, e)),
+            }
+        }
+        // A grant writing the record now may be writing a window of its own.
+        if !locked {
+            return Ok(());
+        }
+        let Ok(main) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&files.main)
+        else {
+            return Ok(());
+        };
+        if let Some(r) = read_record(&main).filter(|r| r.window.is_some()) {
+            end_window(&main, &r).map_err(|e| self.unavailable("writing", &files.main, e))?;
+        }
+        Ok(())
+    }
+}
+
 /// The holder label in the name's record, for waiting lines.
 fn recorded_holder(files: &Files) -> Option<String> {
-    std::fs::File::open(&files.main)
-        .ok()
-        .and_then(|f| read_record(&f))
-        .map(|r| r.label)
-        .filter(|l| !l.is_empty())
+    let f = std::fs::File::open(&files.main).ok()?;
+    let r = read_record(&f)?;
+    let st = fstat(&f).ok()?;
+    // No one holds the lock but a --min-hold window: say so.
+    if r.window.as_ref().and_then(Window::left).is_some()
+        && lockers(st.st_dev, st.st_ino).is_empty()
+    {
+        return Some(format!("the min-hold window of {}", r.label));
+    }
+    Some(r.label).filter(|l| !l.is_empty())
 }
 
 /// The places kept in a name's queue, but ours (`except`): held (the flock
@@ -837,15 +1108,27 @@ impl Local {
         let store = main.as_ref().unwrap_or(&fd);
         let token = next_token(store);
         let label = &req.owner.shown;
-        let written = write_record(store, token, label, req.mode).and_then(|()| {
-            if slot.is_some() {
-                write_record(&fd, token, label, req.mode)?;
-            }
-            if req.mode == Mode::Shared {
-                self.add_reader(files, id, token, label)?;
-            }
-            Ok(())
-        });
+        // --min-hold: the window is in the record from the grant on, so it
+        // holds however lockrun ends. Shared and `--limit` grants share the
+        // main record: it keeps the latest window of them all (which keeps
+        // out other kinds of request), and a slot keeps its own.
+        let window = req
+            .min_hold
+            .map(|hold| Window::new(sent_at, now_since_epoch(), hold));
+        let main_window = match req.mode {
+            Mode::Exclusive => window.clone(),
+            _ => Window::later(read_record(store).and_then(|r| r.window), window.clone()),
+        };
+        let written =
+            write_record(store, token, label, req.mode, main_window.as_ref()).and_then(|()| {
+                if slot.is_some() {
+                    write_record(&fd, token, label, req.mode, window.as_ref())?;
+                }
+                if req.mode == Mode::Shared {
+                    self.add_reader(files, id, token, label)?;
+                }
+                Ok(())
+            });
         written.map_err(|e| self.unavailable("writing the token to", &files.main, e))?;
         drop(turn);
         // Out of the queue: the next waiter's turn.
@@ -938,6 +1221,18 @@ impl Held for LocalHeld {
 
     fn releases_locally(&self) -> bool {
         true
+    }
+
+    fn give_back(self: Box<Self>) -> Result<bool, Error> {
+        // The window went into the record with the grant: out again, while
+        // the lock is still ours (a shared record's window may be another
+        // holder's too: it stays).
+        if let Some(r) = read_record(&self.fd).filter(|r| r.window.is_some())
+            && r.mode != Mode::Shared
+        {
+            let _ = end_window(&self.fd, &r);
+        }
+        self.release()
     }
 }
 

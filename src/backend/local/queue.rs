@@ -253,6 +253,19 @@ impl Waiter<'_> {
         }
     }
 
+    /// Sleep while a `--min-hold` window runs for `left` more, keeping our
+    /// place; false: gave up, or our place lapsed. Wakes at least every
+    /// ttl/3 to look again: `release --force` may have ended the window.
+    pub(super) fn sleep_for(&mut self, left: Duration, holder: Option<&str>) -> bool {
+        let look = left
+            .min(self.req.timing.ttl / 3)
+            .max(Duration::from_millis(1));
+        let wake = mono_ns().saturating_add(u64::try_from(look.as_nanos()).unwrap_or(u64::MAX));
+        // Nothing is sent: only the time wakes us.
+        let (_keep, rx) = std::sync::mpsc::channel::<()>();
+        matches!(self.hear(&rx, holder, Some(wake)), Heard::Woke)
+    }
+
     /// Block on `fd`'s lock as the wait allows. Ok(false): gave up (or `-n`).
     pub(super) fn block(
         &mut self,

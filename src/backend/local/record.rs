@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustix::fs::fstat;
 
 use crate::backend::Mode;
+use crate::clock::Boot;
 
 /// Size of the record at the start of each lock file, written in one `pwrite`.
 pub(super) const RECORD: usize = 256;
@@ -22,6 +23,95 @@ pub(super) struct Record {
     pub(super) ino: Option<u64>,
     /// The mode of the grant that wrote it: with the file locked, the mode in force.
     pub(super) mode: Mode,
+    /// A `--min-hold` window: until it ends, the place is held by no one.
+    pub(super) window: Option<Window>,
+}
+
+/// A `--min-hold` window (README "Once per window"): until when on
+/// the boot clock of the boot that wrote it and on the wall clock, and how
+/// long it was. A flock ends with its holder, so the window lives here, and
+/// every request that gets the lock honours it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Window {
+    until_boot_ms: u64,
+    boot: String,
+    until_wall_ms: u64,
+    hold_ms: u64,
+}
+
+/// This boot's id, short: which boot a boot-clock time belongs to.
+fn boot_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .unwrap_or_default()
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .take(16)
+            .collect()
+    })
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Window {
+    /// The window of a grant made at `granted` (boot clock) and
+    /// `granted_wall`, `hold` long; rounded up to whole milliseconds.
+    pub(super) fn new(granted: Boot, granted_wall: Duration, hold: Duration) -> Window {
+        let up = |d: Duration| ms(d + Duration::from_nanos(999_999));
+        Window {
+            until_boot_ms: up(granted.0 + hold),
+            boot: boot_id().to_string(),
+            until_wall_ms: up(granted_wall + hold),
+            hold_ms: up(hold),
+        }
+    }
+
+    /// What is left of the window, if anything. On the boot that wrote it,
+    /// the boot clock says (wall clocks that step change nothing); after a
+    /// reboot, which resets the boot clock, the wall clock does, never past
+    /// the window's length after the boot: a window cannot outlast that.
+    pub(super) fn left(&self) -> Option<Duration> {
+        let now = Boot::now();
+        let wall = self.until_wall_ms.saturating_sub(ms(now_since_epoch()));
+        let left_ms = if !self.boot.is_empty() && self.boot == boot_id() {
+            self.until_boot_ms.saturating_sub(ms(now.0))
+        } else if boot_id().is_empty() {
+            // Boots cannot be told apart here: the wall clock alone.
+            wall
+        } else {
+            wall.min(self.hold_ms.saturating_sub(ms(now.0)))
+        };
+        (left_ms > 0).then(|| Duration::from_millis(left_ms.min(self.hold_ms)))
+    }
+
+    fn encode(&self) -> String {
+        format!(
+            "hold={},{},{},{}",
+            self.until_boot_ms, self.boot, self.until_wall_ms, self.hold_ms
+        )
+    }
+
+    fn decode(v: &str) -> Option<Window> {
+        let mut f = v.split(',');
+        let w = Window {
+            until_boot_ms: f.next()?.parse().ok()?,
+            boot: f.next()?.to_string(),
+            until_wall_ms: f.next()?.parse().ok()?,
+            hold_ms: f.next()?.parse().ok()?,
+        };
+        (w.boot.len() <= 16 && w.boot.chars().all(|c| c.is_ascii_hexdigit())).then_some(w)
+    }
+
+    /// The one of two windows that ends later.
+    pub(super) fn later(a: Option<Window>, b: Option<Window>) -> Option<Window> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if a.left() >= b.left() { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 pub(super) fn mode_code(mode: Mode) -> String {
@@ -48,6 +138,7 @@ pub(super) fn read_record(fd: impl AsFd) -> Option<Record> {
     let mut label = None;
     let mut ino = None;
     let mut mode = Mode::Exclusive;
+    let mut window = None;
     for field in text.trim_end().split(' ') {
         if let Some(v) = field.strip_prefix("token=") {
             token = v.parse().ok();
@@ -65,6 +156,9 @@ pub(super) fn read_record(fd: impl AsFd) -> Option<Record> {
             ino = v.parse().ok();
         } else if let Some(v) = field.strip_prefix("mode=") {
             mode = mode_from_code(v);
+        } else if let Some(v) = field.strip_prefix("hold=") {
+            // One that does not read holds nothing: the lock is there to take.
+            window = Window::decode(v);
         }
     }
     Some(Record {
@@ -73,6 +167,7 @@ pub(super) fn read_record(fd: impl AsFd) -> Option<Record> {
         label: label.unwrap_or_default(),
         ino,
         mode,
+        window,
     })
 }
 
@@ -98,6 +193,25 @@ pub(super) fn write_record(
     token: u64,
     label: &str,
     mode: Mode,
+    window: Option<&Window>,
+) -> std::io::Result<()> {
+    let granted_ms = ms(now_since_epoch());
+    write_fields(fd, token, granted_ms, label, mode, window)
+}
+
+/// Write a record as it was but without its `--min-hold` window (ended by
+/// `release --force`).
+pub(super) fn end_window(fd: impl AsFd + Copy, r: &Record) -> std::io::Result<()> {
+    write_fields(fd, r.token, r.granted_ms, &r.label, r.mode, None)
+}
+
+fn write_fields(
+    fd: impl AsFd + Copy,
+    token: u64,
+    granted_ms: u64,
+    label: &str,
+    mode: Mode,
+    window: Option<&Window>,
 ) -> std::io::Result<()> {
     let label: String = label
         .chars()
@@ -106,9 +220,11 @@ pub(super) fn write_record(
         .collect();
     let ino = fstat(fd).map(|st| st.st_ino).unwrap_or(0);
     // The label goes last: it is cut to fit.
+    let hold = window
+        .map(|w| format!("{} ", w.encode()))
+        .unwrap_or_default();
     let mut text = format!(
-        "token={token} granted_ms={} ino={ino} mode={} label={label}",
-        now_since_epoch().as_millis(),
+        "token={token} granted_ms={granted_ms} ino={ino} mode={} {hold}label={label}",
         mode_code(mode)
     );
     // Cut at a character boundary: the label may be any text.
@@ -130,7 +246,7 @@ pub(super) fn write_record(
 #[cfg(test)]
 pub(super) fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<u64> {
     let token = next_token(fd);
-    write_record(fd, token, label, Mode::Exclusive)?;
+    write_record(fd, token, label, Mode::Exclusive, None)?;
     Ok(token)
 }
 
@@ -157,4 +273,68 @@ pub(super) fn read_readers(path: &Path) -> Vec<Reader> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch() -> (tempfile::TempDir, std::fs::File) {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.path().join("r"))
+            .unwrap();
+        (dir, f)
+    }
+
+    #[test]
+    fn a_window_survives_its_record_and_ends_on_time() {
+        let (_dir, f) = scratch();
+        let hold = Duration::from_secs(60);
+        let w = Window::new(Boot::now(), now_since_epoch(), hold);
+        write_record(&f, 7, "h:1 (a note)", Mode::Shared, Some(&w)).unwrap();
+        let r = read_record(&f).unwrap();
+        assert_eq!(r.window.as_ref(), Some(&w));
+        assert_eq!(
+            (r.token, r.label.as_str(), r.mode),
+            (7, "h:1 (a note)", Mode::Shared)
+        );
+        let left = r.window.unwrap().left().unwrap();
+        assert!(left > Duration::from_secs(59) && left <= hold, "{left:?}");
+        end_window(&f, &read_record(&f).unwrap()).unwrap();
+        let r = read_record(&f).unwrap();
+        assert!(r.window.is_none() && r.token == 7);
+        // One that began long enough ago is over.
+        let past = Window::new(
+            Boot::now().sub(Duration::from_secs(61)),
+            now_since_epoch() - Duration::from_secs(61),
+            hold,
+        );
+        assert_eq!(past.left(), None);
+    }
+
+    #[test]
+    fn after_a_reboot_the_wall_clock_bounds_a_window_by_its_length() {
+        let hold = Duration::from_secs(3600);
+        let mut w = Window::new(Boot::now(), now_since_epoch(), hold);
+        w.boot = "0".repeat(16);
+        let uptime = Boot::now().0;
+        let left = w.left();
+        // Never more than the window's length after this boot began.
+        match hold.checked_sub(uptime) {
+            Some(cap) if cap > Duration::from_secs(1) => {
+                assert!(left.is_some_and(|l| l <= cap), "{left:?}")
+            }
+            _ => assert!(left.is_none_or(|l| l <= Duration::from_secs(1)), "{left:?}"),
+        }
+        // A wall time already past ends it, whatever the boot clock says.
+        w.until_wall_ms = 1;
+        assert_eq!(w.left(), None);
+        assert!(Window::decode("1,zz,3,4").is_none());
+        assert!(Window::decode("1,ab,3").is_none());
+    }
 }

@@ -409,6 +409,8 @@ struct RedisHeld {
     id: String,
     name: String,
     timing: Timing,
+    /// `--min-hold`: the release keeps the place until the window ends.
+    min_hold: Option<Duration>,
 }
 
 impl Held for RedisHeld {
@@ -435,7 +437,13 @@ impl Held for RedisHeld {
         // The connection sat idle while the job ran; one retry on a fresh
         // connection covers a server that dropped it.
         for _ in 0..2 {
-            match queue::leave(&mut self.link, &self.keys, &self.owner, &self.id) {
+            match queue::release(
+                &mut self.link,
+                &self.keys,
+                &self.owner,
+                &self.id,
+                self.min_hold,
+            ) {
                 Ok(ours) => {
                     log::info(format!(
                         "released {} in {:.1?}",
@@ -451,6 +459,11 @@ impl Held for RedisHeld {
             &format!("releasing {}", self.name),
             last.expect("two attempts"),
         ))
+    }
+
+    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+        self.min_hold = None;
+        self.release()
     }
 }
 

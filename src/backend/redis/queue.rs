@@ -29,9 +29,32 @@ fn waiter_id() -> String {
 /// Give up a lease or a place in the queue (and a grant handed over
 /// meanwhile, which goes to the next). Ok(false): none was ours.
 pub fn leave(link: &mut Link, keys: &Keys, owner: &str, id: &str) -> Result<bool, Error> {
+    release(link, keys, owner, id, None)
+}
+
+/// Give up a lease as `leave` does; with `min_hold`, a lease still within
+/// that long of its grant (on the server's clock) stays held, by no one,
+/// until then.
+pub fn release(
+    link: &mut Link,
+    keys: &Keys,
+    owner: &str,
+    id: &str,
+    min_hold: Option<Duration>,
+) -> Result<bool, Error> {
     let script = &*RELEASE_SCRIPT;
-    link.call(|c| keys.on(script).arg(owner).arg(id).invoke::<i64>(c))
-        .map(|n| n == 1)
+    // Whole milliseconds, rounded up: the window is never shorter than asked.
+    let hold = min_hold.map_or(0, |d| {
+        u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    });
+    link.call(|c| {
+        keys.on(script)
+            .arg(owner)
+            .arg(id)
+            .arg(hold)
+            .invoke::<i64>(c)
+    })
+    .map(|n| n == 1)
 }
 
 /// Block on our wake-up list for at most `timeout`.
@@ -210,6 +233,7 @@ impl Redis {
                         id,
                         name: req.name.to_string(),
                         timing,
+                        min_hold: req.min_hold,
                     };
                     // PEXPIREAT with the ttl asked: Redis grants what it is asked.
                     let lease = Lease::new(token, slot, sent_at, timing.ttl, Box::new(held));

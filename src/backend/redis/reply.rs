@@ -97,6 +97,7 @@ fn holders_from(v: &[Value], at: usize) -> Vec<Holder> {
             ttl_left: int_at(v, i + 5).map(|ms| Duration::from_millis(ms.max(0) as u64)),
             held_for: int_at(v, i + 6).map(|ms| Duration::from_millis(ms.max(0) as u64)),
             revoked: int_at(v, i + 7) == Some(1),
+            min_hold: int_at(v, i + 7) == Some(2),
         });
         i += 8;
     }

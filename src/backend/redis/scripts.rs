@@ -7,7 +7,8 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// Shared by every script. A name's state is one hash of holders, each
-/// field `h:<owner>` (or `r:<token>` once revoked) with the value
+/// field `h:<owner>` (or `r:<token>` once revoked, `m:<token>` once its job
+/// ended with `--min-hold` still running) with the value
 /// `token|expires ms|mode|limit|slot|granted ms|label`, a waiter queue (a
 /// sorted set of waiter ids by arrival, details in a hash) and one wake-up
 /// list per waiter; a second sorted set holds until when each waiter
@@ -33,14 +34,17 @@ const ACQUIRE: &str = include_str!("scripts/acquire.lua");
 /// KEYS: lock. ARGV: owner, ttl ms. 1 renewed, 0 not ours.
 const RENEW: &str = include_str!("scripts/renew.lua");
 
-/// ARGV: owner, waiter id. Gives up a lease (or a place in the queue, with
-/// any grant handed over meanwhile) and serves the queue in the same call:
-/// the next holder's grant is made here, one round trip for the hand-off.
-/// 1 released, 0 not ours.
+/// ARGV: owner, waiter id, min-hold ms ('0': none). Gives up a lease (or a
+/// place in the queue, with any grant handed over meanwhile) and serves the
+/// queue in the same call: the next holder's grant is made here, one round
+/// trip for the hand-off. Within the min-hold window of its grant, the
+/// lease becomes a place kept by no one until the window ends, and the
+/// head of the queue is told to look again. 1 released, 0 not ours.
 const RELEASE: &str = include_str!("scripts/release.lua");
 
 /// Never returns an owner value. {now ms, waiters, rows…}, each holder as
-/// eight fields: label, token, slot, mode, limit, ms left, ms held, revoked.
+/// eight fields: label, token, slot, mode, limit, ms left, ms held, kind
+/// (0 a holder, 1 revoked, 2 kept by `--min-hold`).
 const INSPECT: &str = include_str!("scripts/inspect.lua");
 
 /// ARGV: token ('' = every holder), now ('1'/'0').
@@ -48,7 +52,8 @@ const INSPECT: &str = include_str!("scripts/inspect.lua");
 /// revoked, {1, rows…} as INSPECT's rows for the holders broken.
 /// Without `now`, a holder's owner value is replaced: its next renewal fails
 /// and new grants still wait for the old expiry. With `now`, the holder goes
-/// and the queue is served at once.
+/// and the queue is served at once; so does a place kept by `--min-hold`
+/// without it (no job runs under it).
 const FORCE: &str = include_str!("scripts/force.lua");
 
 // Each script's SHA1 is computed once, on first use.

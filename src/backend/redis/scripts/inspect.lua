@@ -3,12 +3,12 @@ local out = {now_ms(), 0}
 for i = 1, #all, 2 do
   local r = parse(all[i + 1])
   local kind = string.sub(all[i], 1, 2)
-  if not r or (kind ~= 'h:' and kind ~= 'r:') then
+  if not r or (kind ~= 'h:' and kind ~= 'r:' and kind ~= 'm:') then
     return redis.error_reply('LOCKRUN the key exists but is not a lockrun lease')
   end
   if r.exp > now_ms() then
     for _, v in ipairs({r.label, r.token, r.slot, r.mode, r.limit, r.exp - now_ms(),
-        now_ms() - r.granted, kind == 'r:' and 1 or 0}) do
+        now_ms() - r.granted, kind_code(all[i])}) do
       out[#out + 1] = v
     end
   end

@@ -31,7 +31,9 @@ local function holders()
     local f = all[i]
     local r = parse(all[i + 1])
     local kind = string.sub(f, 1, 2)
-    if not r or (kind ~= 'h:' and kind ~= 'r:') then return nil end
+    -- h: a holder, r: one revoked by release --force, m: a place kept by
+    -- --min-hold after its job ended (no owner: nothing renews or frees it).
+    if not r or (kind ~= 'h:' and kind ~= 'r:' and kind ~= 'm:') then return nil end
     if r.exp <= now_ms() then
       redis.call('HDEL', KEYS[1], f)
     else
@@ -150,9 +152,27 @@ local function keep_place(id, span)
   redis.call('ZADD', KEYS[6], now_ms() + span, id)
   extend_queue(span)
 end
+-- What status and release --force say of a holder's kind: 0 a holder, 1
+-- revoked, 2 kept by --min-hold.
+local function kind_code(field)
+  local kind = string.sub(field, 1, 2)
+  if kind == 'r:' then return 1 end
+  if kind == 'm:' then return 2 end
+  return 0
+end
+-- The head of the queue must look at the holders again: the soonest end it
+-- heard has moved.
+local function wake_head()
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not head then return end
+  local w = parse_waiter(redis.call('HGET', KEYS[4], head))
+  if w then wake(head, 'look', w.ttl) end
+end
 local function first_label(hs)
-  if hs[1] then return hs[1].label end
-  return ''
+  if not hs[1] then return '' end
+  -- Waiting lines name a kept place for what it is: no job runs under it.
+  if kind_code(hs[1].field) == 2 then return 'the min-hold window of ' .. hs[1].label end
+  return hs[1].label
 end
 local function soonest_end(hs)
   local soon = -1
