@@ -122,7 +122,10 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
     // LOCKRUN_URL that another --url overrode.
     let password_in_effect = cfg.common.address.secret().is_some();
     let secret = password_in_effect || config::inherited_url_has_password();
-    let env = lease.job_env(&req, secret);
+    let mut env = lease.job_env(&req, secret);
+    if let Some(var) = cfg.common.address.secret_env() {
+        env.remove.push(var.to_string());
+    }
     let job = Job {
         command: cfg.command.clone(),
         env: env.set,

@@ -6,6 +6,7 @@
 mod error;
 pub mod etcd;
 pub mod local;
+pub mod postgres;
 pub mod redis;
 pub mod wait;
 
@@ -167,6 +168,11 @@ pub trait Address: std::fmt::Debug + Send + Sync {
     fn secret(&self) -> Option<&str> {
         None
     }
+    /// The variable the secret came from, if it came from the environment:
+    /// removed from the job's environment like the URL.
+    fn secret_env(&self) -> Option<&'static str> {
+        None
+    }
     /// The engine's own rules for lock names, beyond lockrun's.
     fn check_name(&self, _name: &str) -> Result<(), Error> {
         Ok(())
@@ -233,7 +239,7 @@ impl EngineInfo {
 }
 
 /// Every engine lockrun has, by URL scheme. No URL means the first (local).
-pub const ENGINES: [EngineInfo; 3] = [local::ENGINE, redis::ENGINE, etcd::ENGINE];
+pub const ENGINES: [EngineInfo; 4] = [local::ENGINE, redis::ENGINE, etcd::ENGINE, postgres::ENGINE];
 
 /// The engine a URL scheme names.
 pub fn engine_for(scheme: &str) -> Option<&'static EngineInfo> {
