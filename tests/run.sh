@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
-# need (redis-server, etcd, openssl, perl, bash, util-linux) when it is missing,
+# need (redis-server, etcd, postgresql, pgbouncer, openssl, perl, bash,
+# util-linux) when it is missing,
 # then run `cargo test` with any arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,11 @@ command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 command -v groff >/dev/null 2>&1 || missing+=(groff-base)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+# Debian keeps PostgreSQL's server programs off PATH, in a versioned directory.
+{ command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } ||
+  missing+=(postgresql)
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+{ command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; } || missing+=(pgbouncer)
 
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
