@@ -14,6 +14,7 @@ mod local;
 mod modes;
 mod ops;
 mod outlive;
+mod postgres;
 mod props;
 mod redis_core;
 mod sentinel;

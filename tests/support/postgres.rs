@@ -144,7 +144,10 @@ impl Postgres {
                 .arg(self.dir.path())
                 .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
                 .args(["-c", "max_connections=200", "-c", "shared_buffers=16MB"])
-                .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+                // No fsync (the machine does not crash under a test), but every
+                // commit is written before it is acknowledged: a killed server
+                // keeps what it said it had.
+                .args(["-c", "full_page_writes=off"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -256,9 +259,11 @@ impl Postgres {
     /// Stop the server at once, as a crash would (an immediate shutdown:
     /// no checkpoint; it recovers from its WAL on the next start).
     pub fn kill(&mut self) {
+        if self.child.is_some() {
+            self.resume_all();
+        }
         if let Some(mut c) = self.child.take() {
             let pid = c.id() as i32;
-            signal(pid, libc::SIGCONT);
             signal(pid, libc::SIGQUIT);
             let gone = wait_until(Duration::from_secs(10), || {
                 matches!(c.try_wait(), Ok(Some(_)))
@@ -282,6 +287,40 @@ impl Postgres {
 
     pub fn resume(&self) {
         signal(self.pid(), libc::SIGCONT);
+    }
+
+    /// The server and every backend of it: each open connection stalls
+    /// (stopping the postmaster alone only stalls new ones).
+    pub fn processes(&self) -> Vec<i32> {
+        let root = self.pid();
+        let mut pids = vec![root];
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if ppid == Some(root) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    pub fn pause_all(&self) {
+        for pid in self.processes() {
+            signal(pid, libc::SIGSTOP);
+        }
+    }
+
+    pub fn resume_all(&self) {
+        for pid in self.processes() {
+            signal(pid, libc::SIGCONT);
+        }
     }
 }
 

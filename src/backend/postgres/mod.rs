@@ -27,6 +27,7 @@ pub use address::{PgUrl, parse};
 use client::Client;
 use queue::mode;
 use sql::Tables;
+use take::missing;
 
 use super::{
     Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, Opening, Request, Status, Wait,
@@ -73,9 +74,7 @@ impl Postgres {
             .query(&self.tables.holders(), &[(&name, Type::TEXT)])
         {
             Ok(rows) => rows,
-            Err(_) if matches!(self.client.last_code.as_deref(), Some("42P01" | "3F000")) => {
-                return Ok(Vec::new());
-            }
+            Err(_) if missing(self.client.last_code.as_deref()) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
         rows.iter()
@@ -112,7 +111,7 @@ impl Engine for Postgres {
             .query(&self.tables.waiting(), &[(&name, Type::TEXT)])
         {
             Ok(rows) => rows.first().map_or(0, |r| r.get::<_, i64>(0).max(0) as u64),
-            Err(_) if matches!(self.client.last_code.as_deref(), Some("42P01" | "3F000")) => 0,
+            Err(_) if missing(self.client.last_code.as_deref()) => 0,
             Err(e) => return Err(self.client.failed(&doing, e)),
         };
         Ok(Status {
@@ -261,18 +260,20 @@ impl Renewer for PgRenewer {
         let r = &self.row;
         // One statement: extended only while the row is still ours and
         // unexpired on the server's clock; no row back means lost.
-        let rows = self
-            .client
-            .query(
-                &r.tables.renew(),
-                &[
-                    (&r.name, Type::TEXT),
-                    (&r.slot, Type::INT4),
-                    (&r.owner, Type::TEXT),
-                    (&r.ttl_ms, Type::INT8),
-                ],
-            )
-            .map_err(|e| anyhow!("{e}"))?;
+        let rows = match self.client.query(
+            &r.tables.renew(),
+            &[
+                (&r.name, Type::TEXT),
+                (&r.slot, Type::INT4),
+                (&r.owner, Type::TEXT),
+                (&r.ttl_ms, Type::INT8),
+            ],
+        ) {
+            Ok(rows) => rows,
+            // The table (or schema) is gone, and our row with it.
+            Err(_) if missing(self.client.last_code.as_deref()) => return Ok(Renewal::Lost),
+            Err(e) => return Err(anyhow!("{e}")),
+        };
         if rows.is_empty() {
             return Ok(Renewal::Lost);
         }

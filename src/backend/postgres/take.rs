@@ -54,7 +54,7 @@ enum Step {
 }
 
 /// SQLSTATEs of a table or schema that is not there yet.
-fn missing(code: Option<&str>) -> bool {
+pub(super) fn missing(code: Option<&str>) -> bool {
     matches!(code, Some("42P01" | "3F000"))
 }
 

@@ -1,0 +1,353 @@
+//! The PostgreSQL engine end to end, beyond the conformance suite (which
+//! covers exclusion, first come first served, `--limit`, `-s`, status,
+//! `release --force`, `kill -9` of a holder's lockrun): the lease table and
+//! its token sequence, connections terminated under a holder, a server
+//! restart, roles without rights, foreign tables, URLs and passwords, and
+//! PgBouncer in transaction pooling mode.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::conformance::{Span, logging_job, spans};
+use crate::support::*;
+
+/// A holder whose job runs until the scratch file `done` appears (or 60 s
+/// pass); returns once its job runs.
+fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
+    let err = std::fs::File::create(scratch.path("err")).unwrap();
+    let done = scratch.path("done");
+    let child = on(url)
+        .args(["-vv", "--ttl", ttl, name, "-c"])
+        .arg(format!(
+            "echo $$ > {}; i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+            scratch.path("pid").display(),
+            done.display()
+        ))
+        .stderr(Stdio::from(err))
+        .spawn();
+    (child, scratch.pid_in("pid"))
+}
+
+fn finish(scratch: &Scratch, child: &mut Child) -> Option<i32> {
+    std::fs::write(scratch.path("done"), "").unwrap();
+    wait_child(child, Duration::from_secs(30)).code()
+}
+
+fn run_token(url: &str, name: &str) -> u64 {
+    on(url)
+        .args([name, "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds()
+        .stdout()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[track_caller]
+fn serial(spans: &[Span]) {
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            assert!(
+                a.end <= b.start || b.end <= a.start,
+                "two holders at once: {a:?} {b:?}"
+            );
+            assert!(
+                (a.start < b.start) == (a.token < b.token),
+                "tokens out of grant order: {a:?} {b:?}"
+            );
+        }
+    }
+}
+
+/// Kill every connection lockrun has to the server, as an operator or a
+/// pooler's restart would.
+fn terminate_lockrun_backends(pg: &Postgres) -> usize {
+    let n = pg.sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = 'lockrun' AND pid <> pg_backend_pid()",
+    );
+    n.trim().parse().unwrap_or(0)
+}
+
+#[test]
+fn the_table_and_its_sequence_are_created_on_first_use_and_tokens_rise() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    assert!(!pg.has_schema());
+    let mut last = 0;
+    for _ in 0..3 {
+        let t = run_token(&url, "tok");
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+    }
+    // Tokens follow grant order across sessions: the sequence hands out
+    // one value at a time.
+    let cache = pg.sql(
+        "SELECT cache_size FROM pg_sequences \
+         WHERE schemaname = 'lockrun' AND sequencename = 'lockrun_tokens'",
+    );
+    assert_eq!(cache.trim(), "1");
+    // Released rows are gone; nothing waits.
+    assert_eq!(pg.rows(), 0);
+    // Another --prefix is another schema with tables of its own.
+    on(&url)
+        .args(["--prefix", "ci_locks", "tok", "true"])
+        .succeeds();
+    let tables = pg.sql(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'ci_locks' \
+         AND tablename IN ('lockrun_leases', 'lockrun_waiters')",
+    );
+    assert_eq!(tables.trim(), "2");
+    on(&url)
+        .args(["--prefix", "Not-A-Schema", "tok", "true"])
+        .code(64)
+        .says(&["--prefix", "schema"]);
+}
+
+#[test]
+fn terminating_the_holder_s_connections_keeps_the_lease() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "term", "1.5s");
+    // Over several renewals, every connection of lockrun's is cut.
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut cut = 0;
+    while Instant::now() < until {
+        cut += terminate_lockrun_backends(&pg);
+        on(&url).args(["-n", "term", "true"]).code(75);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(cut > 0, "no lockrun connection was ever cut");
+    assert!(alive(job), "the job was stopped: {}", scratch.read("err"));
+    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
+}
+
+#[test]
+fn a_server_restart_mid_job_is_ridden_out() {
+    let mut pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let before = run_token(&url, "rs");
+    let (mut h, job) = holder(&url, &scratch, "rs", "10s");
+    pg.restart();
+    // A renewal after the restart goes through (one is due every 3.3 s).
+    let renewed = wait_until(Duration::from_secs(20), || {
+        scratch.read("err").matches("renewed").count() >= 2
+    });
+    assert!(renewed, "{}", scratch.read("err"));
+    assert!(alive(job));
+    on(&url).args(["-n", "rs", "true"]).code(75);
+    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
+    let after = run_token(&url, "rs");
+    assert!(
+        after > before,
+        "token {after} after a restart, {before} before"
+    );
+}
+
+#[test]
+fn a_stalled_server_stops_the_job_before_its_lease_could_lapse() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "stall", "2s");
+    let paused = Instant::now();
+    pg.pause_all();
+    let code = wait_child(&mut h, Duration::from_secs(20)).code();
+    let took = paused.elapsed();
+    pg.resume_all();
+    assert_eq!(code, Some(76), "{}", scratch.read("err"));
+    assert!(!alive(job), "the job outlived its lease");
+    // Stopped within the ttl of the last renewal, not hung on the server.
+    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
+}
+
+#[test]
+fn a_role_without_rights_is_refused_with_one_line() {
+    let pg = Postgres::start();
+    pg.sql("CREATE ROLE norights LOGIN PASSWORD 'nr-pw'");
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let job = format!("touch {}", ran.display());
+    // Before the tables exist: it may not create them.
+    on(&pg.url_as("norights", "nr-pw"))
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["permission denied", "README"]);
+    // Once they exist: it may not use them.
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    let out = on(&pg.url_as("norights", "nr-pw"))
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["permission denied"]);
+    assert!(!out.stderr().contains("nr-pw"));
+    // A wrong password: at once, one line, no password in it.
+    let started = Instant::now();
+    let out = on(&pg.url_as("postgres", "wrong-pw"))
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["password authentication failed"]);
+    assert!(!out.stderr().contains("wrong-pw"), "{}", out.stderr());
+    assert!(started.elapsed() < Duration::from_secs(5), "retried");
+    assert!(!ran.exists(), "a job ran without a lease");
+}
+
+#[test]
+fn the_grants_the_readme_lists_are_enough() {
+    let pg = Postgres::start();
+    // As README "PostgreSQL" says, the owner creates, the job's role uses.
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    pg.sql(
+        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
+         GRANT USAGE ON SCHEMA lockrun TO ci; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
+         GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO ci",
+    );
+    let url = pg.url_as("ci", "ci-pw");
+    let t = run_token(&url, "x");
+    assert!(t > 0);
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "g", "3s");
+    let mut waiter = on(&url).args(["-q", "g", "true"]).spawn();
+    wait_queued(&url, "g", 1);
+    on(&url).args(["release", "--force", "g"]).succeeds();
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn a_foreign_table_in_the_way_is_refused_with_one_line() {
+    let pg = Postgres::start();
+    pg.sql(
+        "CREATE SCHEMA other; \
+         CREATE TABLE other.lockrun_leases (id int PRIMARY KEY, note text); \
+         CREATE TABLE other.lockrun_waiters (id int); \
+         CREATE SEQUENCE other.lockrun_tokens",
+    );
+    on(&pg.url())
+        .args(["--prefix", "other", "x", "true"])
+        .code(69)
+        .says(&["not lockrun's", "--prefix"]);
+    assert_eq!(
+        pg.sql("SELECT count(*) FROM other.lockrun_leases").trim(),
+        "0"
+    );
+}
+
+#[test]
+fn bad_urls_are_refused_with_one_line_and_no_password() {
+    for url in [
+        "postgres://u:pw-s3cret@h:99999/d",
+        "postgres://u:pw-s3cret@h/d?nope=1",
+        "postgresql://u:pw-s3cret@h/d/e",
+        "postgres://u:pw-s3cret@h/d?sslmode=sometimes",
+    ] {
+        let out = on(url).args(["x", "true"]).code(64).says(&["--url"]);
+        assert!(!out.stderr().contains("pw-s3cret"), "{}", out.stderr());
+    }
+    on("postgres://h/d?sslmode=require")
+        .args(["x", "true"])
+        .code(64)
+        .says(&["TLS"]);
+}
+
+#[test]
+fn the_password_is_never_printed_nor_given_to_the_job() {
+    let pg = Postgres::start();
+    // In the URL, with every line lockrun has to say.
+    let out = on(&pg.url())
+        .args(["-vv", "x", "-c", "env; echo url=$LOCKRUN_URL"])
+        .succeeds();
+    let all = format!("{}{}", out.stdout(), out.stderr());
+    assert!(!all.contains(PG_PASSWORD), "{all}");
+    assert!(out.stderr().contains("***"), "{}", out.stderr());
+    // From PGPASSWORD, the URL without one: kept from the job too.
+    let bare = format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port);
+    let out = on(&bare)
+        .env("PGPASSWORD", PG_PASSWORD)
+        .args(["-vv", "x", "-c", "env"])
+        .succeeds();
+    let all = format!("{}{}", out.stdout(), out.stderr());
+    assert!(!all.contains(PG_PASSWORD), "{all}");
+    // The PG* variables alone are an address too.
+    let out = on("postgres://")
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", pg.port.to_string())
+        .env("PGUSER", "postgres")
+        .env("PGPASSWORD", PG_PASSWORD)
+        .env("PGDATABASE", "postgres")
+        .args(["x", "-c", "echo ran"])
+        .succeeds();
+    assert_eq!(out.stdout(), "ran\n");
+}
+
+#[test]
+fn through_pgbouncer_in_transaction_mode_jobs_exclude_wait_and_tokens_rise() {
+    let pg = Postgres::start();
+    let bouncer = Bouncer::start(&pg);
+    let url = bouncer.url();
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..6)
+        .map(|i| {
+            on(&url)
+                .args(["-q", "--ttl", "3s", "pool", "-c"])
+                .arg(logging_job(&scratch, &format!("j{i}"), "0.2"))
+                .spawn()
+        })
+        .collect();
+    for mut c in children {
+        assert_eq!(wait_child(&mut c, Duration::from_secs(60)).code(), Some(0));
+    }
+    let s = spans(&scratch);
+    assert_eq!(s.len(), 6);
+    serial(&s);
+    // A waiter gets in soon after the holder ends, notified or not (LISTEN
+    // does not survive transaction pooling): within a nap of ttl/9.
+    let (mut h, _) = holder(&url, &scratch, "hand", "3s");
+    let ran = scratch.path("ran");
+    let mut waiter = on(&url)
+        .args(["-q", "--ttl", "3s", "hand", "-c"])
+        .arg(format!("touch {}", ran.display()))
+        .spawn();
+    wait_queued(&url, "hand", 1);
+    let released = Instant::now();
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    let took = released.elapsed();
+    assert!(ran.exists());
+    assert!(took < Duration::from_secs(3), "hand-off took {took:?}");
+    // No session state was left on the server: every lockrun row is gone.
+    assert_eq!(pg.rows(), 0);
+}
+
+#[test]
+fn through_pgbouncer_waiters_are_served_in_arrival_order() {
+    let pg = Postgres::start();
+    let bouncer = Bouncer::start(&pg);
+    let url = bouncer.url();
+    let scratch = Scratch::new();
+    let order = scratch.path("order");
+    let (mut first, _) = holder(&url, &scratch, "fifo", "3s");
+    let mut children = Vec::new();
+    for i in 0..4 {
+        children.push(
+            on(&url)
+                .args(["-q", "--ttl", "3s", "fifo", "-c"])
+                .arg(format!("echo {i} >> {}", order.display()))
+                .spawn(),
+        );
+        wait_queued(&url, "fifo", i + 1);
+    }
+    assert_eq!(finish(&scratch, &mut first), Some(0));
+    for mut c in children {
+        assert_eq!(wait_child(&mut c, Duration::from_secs(60)).code(), Some(0));
+    }
+    assert_eq!(scratch.read("order"), "0\n1\n2\n3\n");
+}
