@@ -45,6 +45,23 @@ fn bin(tool: &str) -> PathBuf {
     found.pop().unwrap_or_else(|| need(tool))
 }
 
+/// PostgreSQL's server programs and the user to run them are there (the
+/// benchmark measures PostgreSQL only then).
+pub fn postgres_installed() -> bool {
+    let programs = ["initdb", "postgres"].iter().all(|t| {
+        std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("bin").join(t).exists())
+    });
+    programs
+        && Command::new("id")
+            .args(["-u", RUN_AS])
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
 /// A command run as the `postgres` user (its own uid, gid and groups).
 fn as_postgres(program: &Path) -> Command {
     let id = Command::new("id").args(["-u", RUN_AS]).output();
