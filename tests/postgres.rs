@@ -249,10 +249,11 @@ fn bad_urls_are_refused_with_one_line_and_no_password() {
         let out = on(url).args(["x", "true"]).code(64).says(&["--url"]);
         assert!(!out.stderr().contains("pw-s3cret"), "{}", out.stderr());
     }
-    on("postgres://h/d?sslmode=require")
-        .args(["x", "true"])
+    // A CA file on an address that asks for no TLS.
+    on("postgres://h/d?sslmode=disable")
+        .args(["--tls-ca", "/etc/hostname", "x", "true"])
         .code(64)
-        .says(&["TLS"]);
+        .says(&["--tls-ca"]);
 }
 
 #[test]
@@ -350,4 +351,101 @@ fn through_pgbouncer_waiters_are_served_in_arrival_order() {
         assert_eq!(wait_child(&mut c, Duration::from_secs(60)).code(), Some(0));
     }
     assert_eq!(scratch.read("order"), "0\n1\n2\n3\n");
+}
+
+/// A CA, another CA, and a server certificate for 127.0.0.1 signed by the
+/// first, made with openssl in `dir` (readable by the server).
+fn make_certs(dir: &std::path::Path) {
+    let sh = |cmd: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir)
+            .output()
+            .expect("run sh");
+        assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
+    };
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        panic!("openssl not found: the TLS tests need it (apt-get install -y openssl)");
+    }
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=lockrun-test-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 2 -subj /CN=other-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=db.internal 2>/dev/null",
+    );
+    sh("printf 'subjectAltName=IP:127.0.0.1\\n' > ext");
+    sh(
+        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt -days 2 -extfile ext 2>/dev/null",
+    );
+    // The server (as the postgres user) reads its key and certificate here.
+    sh("chown postgres:postgres . srv.key srv.crt && chmod 600 srv.key");
+}
+
+#[test]
+fn tls_as_sslmode_asks_checked_as_libpq_checks_it() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let p = |f: &str| certs.path().join(f).display().to_string();
+    let pg = Postgres::start_with(&[
+        "-c",
+        "ssl=on",
+        "-c",
+        &format!("ssl_cert_file={}", p("srv.crt")),
+        "-c",
+        &format!("ssl_key_file={}", p("srv.key")),
+    ]);
+    let ca = certs.path().join("ca.crt").display().to_string();
+    let other = certs.path().join("other.crt").display().to_string();
+    let base = pg.url();
+    // The job asks the server whether lockrun's own connection is encrypted.
+    let used_tls = |url: &str, extra: &[&str]| -> bool {
+        let out = on(url)
+            .args(extra)
+            .args(["x", "-c"])
+            .arg(format!(
+                "psql -X -Atc \"SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a \
+                 USING (pid) WHERE a.application_name = 'lockrun'\" 'host={} port={} user=postgres dbname=postgres'",
+                pg.dir().display(),
+                pg.port
+            ))
+            .succeeds();
+        out.stdout().trim() == "t"
+    };
+    // verify-full with the right CA: encrypted, and the name (127.0.0.1) checked.
+    assert!(used_tls(
+        &format!("{base}?sslmode=verify-full&sslrootcert={ca}"),
+        &[]
+    ));
+    assert!(used_tls(
+        &format!("{base}?sslmode=verify-full"),
+        &["--tls-ca", &ca]
+    ));
+    // require without a CA: encrypted, not checked (as libpq).
+    assert!(used_tls(&format!("{base}?sslmode=require"), &[]));
+    // prefer (the default): encrypted when the server offers it.
+    assert!(used_tls(&base, &[]));
+    // disable: plain.
+    assert!(!used_tls(&format!("{base}?sslmode=disable"), &[]));
+    // A certificate of another CA: refused at once, one line, no password.
+    for mode in ["verify-ca", "verify-full", "require"] {
+        let out = on(&format!("{base}?sslmode={mode}&sslrootcert={other}"))
+            .args(["x", "true"])
+            .code(69)
+            .says(&["certificate"]);
+        assert!(!out.stderr().contains(PG_PASSWORD));
+    }
+    // A server without TLS cannot satisfy require.
+    let plain = Postgres::start();
+    on(&format!("{}?sslmode=require", plain.url()))
+        .args(["x", "true"])
+        .code(69)
+        .says(&["TLS"]);
 }

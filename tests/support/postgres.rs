@@ -130,10 +130,16 @@ pub struct Postgres {
     pub port: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
+    extra: Vec<String>,
 }
 
 impl Postgres {
     pub fn start() -> Postgres {
+        Postgres::start_with(&[])
+    }
+
+    /// With more server settings (`-c name=value` pairs).
+    pub fn start_with(extra: &[&str]) -> Postgres {
         let dir = scratch_dir();
         let copied = Command::new("cp")
             .arg("-a")
@@ -146,6 +152,7 @@ impl Postgres {
             port: free_port(),
             child: None,
             dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         p.launch(false);
         p
@@ -165,6 +172,7 @@ impl Postgres {
                 // commit is written before it is acknowledged: a killed server
                 // keeps what it said it had.
                 .args(["-c", "full_page_writes=off"])
+                .args(&self.extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -196,6 +204,11 @@ impl Postgres {
 
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// A directory the server may read (its own), for files it needs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// lockrun's URL for the superuser, password included.

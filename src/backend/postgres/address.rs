@@ -3,6 +3,7 @@
 //! out, as libpq reads them; which part is secret; and `--prefix` as the
 //! schema that holds lockrun's tables.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{ENGINE, Postgres};
@@ -14,15 +15,21 @@ const DEFAULT_PORT: u16 = 5432;
 /// Where Debian's libpq looks for the server's socket when no host is given.
 const SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 
-/// How the connection is protected (libpq's `sslmode`): only checked, as
-/// lockrun speaks plain TCP (or a socket) to PostgreSQL.
+/// How the connection is protected (libpq's `sslmode`, with libpq's
+/// meaning: README "PostgreSQL").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SslMode {
+pub enum SslMode {
     Disable,
-    /// `allow` and `prefer`: TLS when the server offers it, plain otherwise.
+    /// `allow` and `prefer`: TLS when the server offers it, plain
+    /// otherwise; the certificate is not checked.
     Prefer,
-    /// `require`, `verify-ca`, `verify-full`: TLS or nothing.
+    /// TLS or nothing; the certificate is checked only against a CA given
+    /// (`sslrootcert`, `--tls-ca`), as libpq does with a root file.
     Require,
+    /// TLS, the certificate signed by a trusted CA (any name).
+    VerifyCa,
+    /// TLS, the certificate signed by a trusted CA and naming the host.
+    VerifyFull,
 }
 
 /// One server of the URL's host list: a TCP host or a socket directory.
@@ -42,6 +49,10 @@ pub struct PgUrl {
     /// The password came from PGPASSWORD: it is kept from the job too.
     pub password_from_env: bool,
     pub dbname: String,
+    pub sslmode: SslMode,
+    /// The CA the server's certificate is checked against (else the
+    /// system's roots, when a mode checks it).
+    pub ca_file: Option<PathBuf>,
     /// The URL with any password replaced, for messages.
     pub display: String,
 }
@@ -141,8 +152,12 @@ fn os_user() -> Option<String> {
 
 /// Parse `postgres://[user[:password]@][host][:port][,host[:port]…][/dbname][?param=value&…]`.
 pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
-    let url = read(raw, &from_env)?;
-    opts.no_tls(&url.display)?;
+    let mut url = read(raw, &from_env)?;
+    if url.sslmode == SslMode::Disable {
+        opts.no_tls(&url.display)?;
+    } else if url.ca_file.is_none() {
+        url.ca_file = opts.tls_ca.clone();
+    }
     opts.no_replicas(&url.display)?;
     Ok(Arc::new(url))
 }
@@ -210,6 +225,7 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
     let mut host_param = None;
     let mut port_param = None;
     let mut sslmode = None;
+    let mut rootcert = None;
     for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
         let (k, v) = kv
             .split_once('=')
@@ -222,12 +238,13 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
             "password" => password = Some(v),
             "dbname" => dbname = Some(v),
             "sslmode" => sslmode = Some(v),
+            "sslrootcert" => rootcert = Some(PathBuf::from(v)),
             // Bounded by lockrun's own request budget instead.
             "connect_timeout" | "application_name" => {}
             other => {
                 return Err(bad(format!(
                     "unknown parameter {other:?} (lockrun reads host, port, user, password, \
-                     dbname, sslmode)"
+                     dbname, sslmode, sslrootcert)"
                 )));
             }
         }
@@ -256,7 +273,9 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
     {
         "disable" => SslMode::Disable,
         "allow" | "prefer" => SslMode::Prefer,
-        "require" | "verify-ca" | "verify-full" => SslMode::Require,
+        "require" => SslMode::Require,
+        "verify-ca" => SslMode::VerifyCa,
+        "verify-full" => SslMode::VerifyFull,
         other => {
             let other: String = other.chars().take(20).collect();
             return Err(bad(format!(
@@ -264,13 +283,7 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
             )));
         }
     };
-    if sslmode == SslMode::Require {
-        return Err(Error::Request(format!(
-            "{display}: sslmode=require (or verify-*) asks for TLS, which lockrun does not speak \
-             to PostgreSQL yet; use sslmode=disable or prefer on a trusted network, or a local \
-             TLS tunnel (README \"PostgreSQL\")"
-        )));
-    }
+    let rootcert = rootcert.or_else(|| env("PGSSLROOTCERT").map(PathBuf::from));
 
     let port_text = port_param.or_else(|| env("PGPORT"));
     let default_port = match port_text.as_deref() {
@@ -297,6 +310,8 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         password,
         password_from_env,
         dbname,
+        sslmode,
+        ca_file: rootcert,
         display,
     })
 }
@@ -400,6 +415,7 @@ mod tests {
         );
         assert_eq!((u.user.as_str(), u.dbname.as_str()), ("ci", "app"));
         assert_eq!(u.password.as_deref(), Some("s@cret"));
+        assert_eq!(u.sslmode, SslMode::Disable);
         assert!(!u.display.contains("cret"), "{}", u.display);
         let u = with("postgresql://a,b:2,[::1]:3/d?user=x", &[("PGPORT", "7")]).unwrap();
         let ports: Vec<u16> = u.servers.iter().map(|s| s.port).collect();
@@ -442,7 +458,6 @@ mod tests {
             "postgres://u:s3cret@h/d/e",
             "postgres://u:s3cret@h/d?nope=1",
             "postgres://u:s3cret@h/d?sslmode=maybe",
-            "postgres://u:s3cret@h/d?sslmode=require",
             "postgres://u:s3cret@h/d?password",
             "postgres://u:s3cret@h/%zz",
             "postgres://u:s3cret@h h/d",
@@ -454,8 +469,17 @@ mod tests {
             assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
             assert!(!e.to_string().contains("s3cret"), "{e}");
         }
-        let e = with("postgres://h/d", &[("PGSSLMODE", "verify-full")]).unwrap_err();
-        assert!(e.to_string().contains("TLS"), "{e}");
+        let u = with(
+            "postgres://h/d?sslrootcert=/ca.pem",
+            &[("PGSSLMODE", "verify-full")],
+        )
+        .unwrap();
+        assert_eq!(u.sslmode, SslMode::VerifyFull);
+        assert_eq!(u.ca_file.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(
+            with("postgres://h/d", &[]).unwrap().sslmode,
+            SslMode::Prefer
+        );
     }
 
     #[test]

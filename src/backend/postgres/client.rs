@@ -10,10 +10,12 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_postgres::{AsyncMessage, NoTls, Row, Socket};
 
-use super::address::PgUrl;
+use super::address::{PgUrl, SslMode};
+use super::tls;
 use crate::backend::Error;
 use crate::clock::Boot;
 use crate::log;
@@ -122,6 +124,7 @@ impl Client {
             .build()
             .map_err(|e| Error::Internal(format!("starting the PostgreSQL client: {e}")))?;
         let url = &self.url;
+        let tls = tls::connector(url)?;
         let mut last = String::new();
         for s in &url.servers {
             let left = until.since(Boot::now());
@@ -134,7 +137,6 @@ impl Client {
                 .user(&url.user)
                 .dbname(&url.dbname)
                 .application_name("lockrun")
-                .ssl_mode(tokio_postgres::config::SslMode::Disable)
                 .connect_timeout(left)
                 // Unacknowledged data (a server gone, a network cut) ends
                 // the connection rather than hanging a renewal.
@@ -144,10 +146,19 @@ impl Client {
             if let Some(p) = &url.password {
                 cfg.password(p);
             }
+            cfg.ssl_mode(match url.sslmode {
+                SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+                SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+                _ => tokio_postgres::config::SslMode::Require,
+            });
             // Timers exist only inside the runtime: made within block_on.
-            let connecting =
-                rt.block_on(async { tokio::time::timeout(left, cfg.connect(NoTls)).await });
-            let (client, mut connection) = match connecting {
+            let connecting = rt.block_on(async {
+                match &tls {
+                    Some(t) => tokio::time::timeout(left, start(&cfg, t.clone())).await,
+                    None => tokio::time::timeout(left, start(&cfg, NoTls)).await,
+                }
+            });
+            let (client, notes) = match connecting {
                 Ok(Ok(pair)) => pair,
                 Ok(Err(e)) if e.code().is_some() => {
                     // The server answered, and said no.
@@ -164,16 +175,6 @@ impl Client {
                     continue;
                 }
             };
-            let (tx, notes) = unbounded_channel();
-            rt.spawn(async move {
-                let mut messages =
-                    futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-                while let Some(Ok(m)) = messages.next().await {
-                    if let AsyncMessage::Notification(_) = m {
-                        let _ = tx.send(());
-                    }
-                }
-            });
             self.replied = true;
             return Ok(Conn {
                 rt: Some(rt),
@@ -294,6 +295,31 @@ impl Client {
             Err(_) => Ok(false),
         }
     }
+}
+
+/// Connect, and drive the connection on the runtime: notifications go to
+/// the receiver, which closes when the connection ends.
+async fn start<T>(
+    cfg: &tokio_postgres::Config,
+    tls: T,
+) -> Result<(tokio_postgres::Client, UnboundedReceiver<()>), tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket> + Send + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    let (client, mut connection) = cfg.connect(tls).await?;
+    let (tx, notes) = unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let AsyncMessage::Notification(_) = m {
+                let _ = tx.send(());
+            }
+        }
+    });
+    Ok((client, notes))
 }
 
 /// A client error in one line, without anything secret.

@@ -16,6 +16,7 @@ mod client;
 mod queue;
 mod sql;
 mod take;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
