@@ -20,7 +20,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         &'lockrun'= {
             cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
             cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand -c 'Run this string with /bin/sh -c'
@@ -59,7 +59,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         &'lockrun;status'= {
             cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
             cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --json 'Print one JSON object instead of text'
@@ -74,7 +74,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --token 'Break only the holder with token T (default: every holder)'
             cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
             cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --force 'Required: breaking a lock someone holds is deliberate'

@@ -72,7 +72,8 @@ pub struct BackendArgs {
     )]
     pub url: Option<String>,
 
-    /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with.
+    /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://,
+    /// postgres:// with sslmode=require or verify-*) with.
     #[arg(long, env = "LOCKRUN_TLS_CA", value_name = "PATH", global = true)]
     pub tls_ca: Option<std::path::PathBuf>,
 
