@@ -449,3 +449,31 @@ fn tls_as_sslmode_asks_checked_as_libpq_checks_it() {
         .code(69)
         .says(&["TLS"]);
 }
+
+#[test]
+fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "kq", "3s");
+    let mut dead = on(&url).args(["-q", "--ttl", "3s", "kq", "true"]).spawn();
+    wait_queued(&url, "kq", 1);
+    let ran = scratch.path("ran");
+    let mut next = on(&url)
+        .args(["-q", "--ttl", "3s", "kq", "-c"])
+        .arg(format!("touch {}", ran.display()))
+        .spawn();
+    wait_queued(&url, "kq", 2);
+    signal(dead.id() as i32, libc::SIGKILL);
+    let _ = dead.wait();
+    let released = Instant::now();
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut next, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    // The dead waiter's place lapses within ttl/3 = 1 s of its last keep.
+    let took = released.elapsed();
+    assert!(ran.exists());
+    assert!(took < Duration::from_millis(2500), "held up for {took:?}");
+}
