@@ -24,8 +24,10 @@ enum Check {
 
 #[derive(Debug)]
 struct Verifier {
-    webpki: Arc<WebPkiServerVerifier>,
+    /// The chain's check (None: nothing is checked).
+    webpki: Option<Arc<WebPkiServerVerifier>>,
     check: Check,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
 }
 
 impl ServerCertVerifier for Verifier {
@@ -37,13 +39,10 @@ impl ServerCertVerifier for Verifier {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        if self.check == Check::Nothing {
+        let Some(webpki) = &self.webpki else {
             return Ok(ServerCertVerified::assertion());
-        }
-        match self
-            .webpki
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        };
+        match webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) if self.check == Check::Chain => Ok(ServerCertVerified::assertion()),
@@ -59,7 +58,7 @@ impl ServerCertVerifier for Verifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -68,17 +67,16 @@ impl ServerCertVerifier for Verifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.webpki.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 
-/// The roots: the CA file given, else (only when a mode checks the chain
-/// without one) the system's.
-fn roots(url: &PgUrl, check: Check) -> Result<RootCertStore, Error> {
+/// The roots to check the chain against: the CA file given, else the system's.
+fn roots(url: &PgUrl) -> Result<RootCertStore, Error> {
     let mut store = RootCertStore::empty();
     match &url.ca_file {
         Some(path) => {
@@ -97,11 +95,10 @@ fn roots(url: &PgUrl, check: Check) -> Result<RootCertStore, Error> {
                 )));
             }
         }
-        None if check != Check::Nothing => {
+        None => {
             let native = rustls_native_certs::load_native_certs();
             store.add_parsable_certificates(native.certs);
         }
-        None => {}
     }
     Ok(store)
 }
@@ -115,25 +112,27 @@ pub fn connector(url: &PgUrl) -> Result<Option<tokio_postgres_rustls::MakeRustls
         (SslMode::VerifyFull, _) => Check::ChainAndName,
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut store = roots(url, check)?;
-    if store.is_empty() {
-        // Nothing is checked against it, but the verifier wants a root.
-        let placeholder = rustls::pki_types::TrustAnchor {
-            subject: rustls::pki_types::Der::from_slice(b"\x30\x00"),
-            subject_public_key_info: rustls::pki_types::Der::from_slice(b"\x30\x00"),
-            name_constraints: None,
-        };
-        store.roots.push(placeholder);
-    }
-    let webpki =
-        WebPkiServerVerifier::builder_with_provider(Arc::new(store), Arc::clone(&provider))
+    let webpki = match check {
+        Check::Nothing => None,
+        _ => Some(
+            WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots(url)?),
+                Arc::clone(&provider),
+            )
             .build()
-            .map_err(|e| Error::Internal(format!("setting up TLS: {e}")))?;
+            .map_err(|e| Error::Request(format!("no CA to check the server against: {e}")))?,
+        ),
+    };
+    let algorithms = provider.signature_verification_algorithms;
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::Internal(format!("setting up TLS: {e}")))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(Verifier { webpki, check }))
+        .with_custom_certificate_verifier(Arc::new(Verifier {
+            webpki,
+            check,
+            algorithms,
+        }))
         .with_no_client_auth();
     Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
 }
