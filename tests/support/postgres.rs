@@ -93,36 +93,61 @@ fn scratch_dir() -> tempfile::TempDir {
     dir
 }
 
-/// One cluster made by initdb for the whole test run; each server starts
-/// from a copy (initdb takes seconds, a copy milliseconds).
+/// One cluster made by initdb, kept between test runs (initdb takes
+/// seconds, a copy milliseconds): each server starts from a copy. Made
+/// aside and renamed into place, so test processes running at once agree
+/// on one; named for the initdb that made it and for its settings.
 fn template() -> &'static Path {
-    static TEMPLATE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &TEMPLATE
-        .get_or_init(|| {
-            let dir = scratch_dir();
-            let data = dir.path().join("data");
-            let pw = dir.path().join("pw");
-            std::fs::write(&pw, PG_PASSWORD).unwrap();
-            chown(dir.path());
-            let out = as_postgres(&bin("initdb"))
-                .arg("-D")
-                .arg(&data)
-                .args([
-                    "-U",
-                    "postgres",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "--no-instructions",
-                ])
-                .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
-                .arg(format!("--pwfile={}", pw.display()))
-                .output()
-                .unwrap_or_else(|_| need("initdb"));
-            assert!(out.status.success(), "initdb: {}", text(&out.stderr));
-            (dir, data)
-        })
-        .1
+    static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let initdb = bin("initdb");
+        // `initdb (PostgreSQL) 15.18 (Debian …)`: the third word.
+        let version = Command::new(&initdb)
+            .arg("--version")
+            .output()
+            .map(|o| text(&o.stdout))
+            .unwrap_or_default()
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or("")
+            .to_string();
+        let home = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let kept = home.join(format!("lockrun-test-pg{version}-template-v1"));
+        if kept.join("data/PG_VERSION").exists() {
+            return kept;
+        }
+        let dir = scratch_dir();
+        let data = dir.path().join("data");
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, PG_PASSWORD).unwrap();
+        chown(dir.path());
+        let out = as_postgres(&initdb)
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ])
+            .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
+            .arg(format!("--pwfile={}", pw.display()))
+            .output()
+            .unwrap_or_else(|_| need("initdb"));
+        assert!(out.status.success(), "initdb: {}", text(&out.stderr));
+        let made = dir.keep();
+        // Another test process may have put its own there first: then ours goes.
+        if std::fs::rename(&made, &kept).is_err() {
+            let _ = std::fs::remove_dir_all(&made);
+        }
+        kept
+    })
 }
 
 /// A PostgreSQL server on 127.0.0.1 (and a socket in its own directory).
@@ -143,7 +168,7 @@ impl Postgres {
         let dir = scratch_dir();
         let copied = Command::new("cp")
             .arg("-a")
-            .arg(template())
+            .arg(template().join("data"))
             .arg(dir.path().join("data"))
             .status()
             .is_ok_and(|s| s.success());
