@@ -563,6 +563,10 @@ mod tests {
         assert_eq!(spec("rediss://h#insecure").unwrap().engine().name, "Redis");
         assert_eq!(spec("file:///tmp/x").unwrap().engine().name, "local");
         assert_eq!(spec("").unwrap().engine().name, "local");
+        assert_eq!(
+            spec("postgresql://u@h/db").unwrap().engine().name,
+            "PostgreSQL"
+        );
         for bad in [
             "http://h",
             "redis://",
@@ -592,7 +596,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|)(://)?") {
+        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|postgres|postgresql|)(://)?") {
             let url = format!("{scheme}{raw}");
             if let Err(e) = spec(&url) {
                 proptest::prop_assert!(matches!(e, Error::Request(_)));
@@ -607,6 +611,11 @@ mod tests {
         assert!(!r.shown().contains("s3cret"), "{}", r.shown());
         assert_eq!(r.secret(), Some("s3cret"));
         let e = spec("redis://u:s3cret@h:1/zz").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let p = spec("postgres://u:s3cret@h/d").unwrap();
+        assert!(!p.shown().contains("s3cret"), "{}", p.shown());
+        assert_eq!(p.secret(), Some("s3cret"));
+        let e = spec("postgres://u:s3cret@h:0/d").unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
         let e = spec("foo://u:s3cret@h").unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
