@@ -477,3 +477,41 @@ fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl(
     assert!(ran.exists());
     assert!(took < Duration::from_millis(2500), "held up for {took:?}");
 }
+
+#[test]
+fn a_server_defaulting_to_repeatable_read_still_never_lets_a_writer_beside_anyone() {
+    // Under REPEATABLE READ a transaction's snapshot dates from its first
+    // statement, before the name's lock was granted: lockrun asks for READ
+    // COMMITTED itself.
+    let pg = Postgres::start_with(&["-c", "default_transaction_isolation=repeatable read"]);
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            let mode: &[&str] = if i % 2 == 0 { &[] } else { &["-s"] };
+            on(&url)
+                .args(["-q"])
+                .args(mode)
+                .args(["rr", "-c"])
+                .arg(logging_job(
+                    &scratch,
+                    &format!("{}{i}", if i % 2 == 0 { "w" } else { "r" }),
+                    "0.1",
+                ))
+                .spawn()
+        })
+        .collect();
+    for mut c in children {
+        assert_eq!(wait_child(&mut c, Duration::from_secs(60)).code(), Some(0));
+    }
+    let s = spans(&scratch);
+    assert_eq!(s.len(), 8);
+    for a in s.iter().filter(|a| a.who.starts_with('w')) {
+        for b in s.iter().filter(|b| b.token != a.token) {
+            assert!(
+                a.end <= b.start || b.end <= a.start,
+                "a writer beside another holder: {a:?} {b:?}"
+            );
+        }
+    }
+}

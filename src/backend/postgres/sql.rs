@@ -58,12 +58,15 @@ impl Tables {
 
     /// Start a name's decision: a transaction bounded on the server too
     /// (a client that stops in the middle must not hold the name's lock),
-    /// holding the name's advisory lock until it ends.
+    /// holding the name's advisory lock until it ends. READ COMMITTED
+    /// whatever the server's default: every statement after the lock then
+    /// sees every decision taken before it (under REPEATABLE READ the
+    /// snapshot would date from before the lock was granted).
     pub fn begin(&self, name: &str, op: Duration) -> String {
         let ms = op.as_millis().max(1);
         let key = fnv(&format!("{}/{name}", self.schema)) as i64;
         format!(
-            "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
              SET LOCAL idle_in_transaction_session_timeout = {}; \
              SELECT pg_advisory_xact_lock({key})",
             ms * 2
@@ -222,6 +225,11 @@ mod tests {
         assert_eq!(t.channel("a"), Tables::new("lockrun").channel("a"));
         assert_ne!(t.channel("a"), Tables::new("other").channel("a"));
         assert!(t.channel(&"x".repeat(1024)).len() <= 63);
-        assert!(t.begin("a", Duration::from_secs(2)).contains("= 2000;"));
+        let begin = t.begin("a", Duration::from_secs(2));
+        assert!(begin.contains("= 2000;"), "{begin}");
+        assert!(
+            begin.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED;"),
+            "{begin}"
+        );
     }
 }
