@@ -515,3 +515,67 @@ fn a_server_defaulting_to_repeatable_read_still_never_lets_a_writer_beside_anyon
         }
     }
 }
+
+/// The shell block of README's "Guard a migration with PostgreSQL", less
+/// its install line.
+fn guide_script() -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("### Guard a migration with PostgreSQL")
+        .nth(1)
+        .expect("README has the guide");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("the guide has a shell block");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("apt-get "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_readme_guide_guards_an_alembic_migration_as_written() {
+    // Debian's python3 with Debian's alembic and psycopg2.
+    let python = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import alembic, psycopg2"])
+        .output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        panic!(
+            "alembic or psycopg2 not found for /usr/bin/python3: the guide's test needs them \
+             (apt-get install -y python3-alembic python3-psycopg2)"
+        );
+    }
+    let pg = Postgres::start();
+    let scratch = Scratch::new();
+    std::fs::write(scratch.path("guide.sh"), guide_script()).unwrap();
+    let bin_dir = std::path::Path::new(BIN)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let psql_dir = std::path::Path::new("/usr/bin").display().to_string();
+    let out = std::process::Command::new("bash")
+        .args(["-e", "guide.sh"])
+        .current_dir(scratch.dir.path())
+        .env("PATH", format!("{bin_dir}:{psql_dir}:/bin"))
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", pg.port.to_string())
+        .env("PGUSER", "postgres")
+        .env("PGPASSWORD", PG_PASSWORD)
+        .env("PGDATABASE", "postgres")
+        .env_remove("LOCKRUN_URL")
+        .output()
+        .expect("run bash");
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(text(&out.stdout).trim(), "0001", "{err}");
+    // One pipeline migrated; the other three waited for it, then found
+    // nothing to do.
+    assert_eq!(err.matches("Running upgrade").count(), 1, "{err}");
+    assert_eq!(err.matches("waiting for migrate").count(), 3, "{err}");
+    assert!(!err.contains(PG_PASSWORD));
+}
