@@ -120,9 +120,12 @@ impl Postgres {
                 self.client.drop_connection();
                 Err(match e {
                     Error::Refused(m) if self.client.last_code.as_deref() == Some("42501") => {
+                        // The server's words, without the hint about grants
+                        // to use the tables: here they do not exist yet.
+                        let why = m.split("; ").next().unwrap_or(&m);
                         Error::Refused(format!(
-                            "cannot create lockrun's tables in schema {}: {m}; create them once \
-                             as a role that may (README \"PostgreSQL\")",
+                            "cannot create lockrun's tables in schema {}: {why}; create them \
+                             once as a role that may (README \"PostgreSQL\")",
                             self.tables.schema
                         ))
                     }
