@@ -579,3 +579,41 @@ fn the_readme_guide_guards_an_alembic_migration_as_written() {
     assert_eq!(err.matches("waiting for migrate").count(), 3, "{err}");
     assert!(!err.contains(PG_PASSWORD));
 }
+
+#[test]
+fn a_revoked_lease_keeps_the_next_holder_out_until_it_would_have_ended() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "rv", "3s");
+    let started = scratch.path("started");
+    let mut waiter = on(&url)
+        .args(["-q", "--ttl", "3s", "rv", "-c"])
+        .arg(format!("date +%s%N > {}", started.display()))
+        .spawn();
+    wait_queued(&url, "rv", 1);
+    let left = status_json(&url, "rv")["ttl_left_ms"].as_u64().unwrap();
+    let revoked_at = now_ns();
+    on(&url).args(["release", "--force", "rv"]).succeeds();
+    // The holder's next renewal finds the row not its own: its job stops.
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    assert!(!alive(job));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    let start: u128 = scratch.read("started").trim().parse().unwrap();
+    let waited = Duration::from_nanos((start - revoked_at) as u64);
+    // Not before the revoked row's expiry (less the time `status` took).
+    assert!(
+        waited + Duration::from_millis(300) >= Duration::from_millis(left),
+        "the next holder started {waited:?} after the revoke, {left} ms were left"
+    );
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
