@@ -24,15 +24,12 @@ use crate::log;
 /// and no named statement, which a transaction-pooling proxy would lose).
 pub type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
 
-/// What `Client::bounded` sends.
-enum Call<'a> {
+/// One request of a flight: a statement with typed parameters, or
+/// statements without (the simple protocol, rows not read).
+#[derive(Clone, Copy)]
+pub enum Call<'a> {
     Query(&'a str, &'a Params<'a>),
     Batch(&'a str),
-}
-
-enum Answer {
-    Rows(Vec<Row>),
-    Done,
 }
 
 /// One open connection.
@@ -147,6 +144,8 @@ impl Client {
                 cfg.password(p);
             }
             cfg.ssl_mode(match url.sslmode {
+                // libpq never asks for TLS on a Unix socket either.
+                _ if s.host.starts_with('/') => tokio_postgres::config::SslMode::Disable,
                 SslMode::Disable => tokio_postgres::config::SslMode::Disable,
                 SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
                 _ => tokio_postgres::config::SslMode::Require,
@@ -191,9 +190,11 @@ impl Client {
         )))
     }
 
-    /// Send `call` on the connection (opened first if need be), within the
-    /// budget: a server that does not answer in time costs the connection.
-    fn bounded(&mut self, call: Call) -> Result<Answer, Error> {
+    /// Send `calls` on the connection (opened first if need be), all at
+    /// once, and wait for every answer within the budget: a server that
+    /// does not answer in time costs the connection. The answers come in
+    /// the order of the calls; the first failure is the result.
+    fn bounded(&mut self, calls: &[Call]) -> Result<Vec<Vec<Row>>, Error> {
         let until = Boot::now().add(self.op);
         let url = Arc::clone(&self.url);
         self.last_code = None;
@@ -201,47 +202,56 @@ impl Client {
         let left = until.since(Boot::now()).max(Duration::from_millis(1));
         let client = &conn.client;
         let done = conn.rt().block_on(async move {
-            let sent = async move {
+            // Each request is written when its future is first polled,
+            // which join_all does in order: one flight, in order.
+            let sent = futures_util::future::join_all(calls.iter().map(|call| async move {
                 match call {
-                    Call::Query(sql, params) => {
-                        client.query_typed(sql, params).await.map(Answer::Rows)
-                    }
-                    Call::Batch(sql) => client.simple_query(sql).await.map(|_| Answer::Done),
+                    Call::Query(sql, params) => client.query_typed(sql, params).await,
+                    Call::Batch(sql) => client.simple_query(sql).await.map(|_| Vec::new()),
                 }
-            };
+            }));
             tokio::time::timeout(left, sent).await
         });
-        match done {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                self.last_code = e.code().map(|c| c.code().to_string());
-                if e.code().is_none() || e.is_closed() {
-                    self.drop_connection();
-                }
-                Err(classify(&e, &url))
-            }
+        let answers = match done {
+            Ok(answers) => answers,
             Err(_) => {
                 self.drop_connection();
-                Err(Error::Transient(format!(
+                return Err(Error::Transient(format!(
                     "no answer from PostgreSQL at {} within {}",
                     url.display,
                     humantime::format_duration(Duration::from_millis(self.op.as_millis() as u64))
-                )))
+                )));
+            }
+        };
+        let mut rows = Vec::with_capacity(answers.len());
+        for a in answers {
+            match a {
+                Ok(r) => rows.push(r),
+                Err(e) => {
+                    self.last_code = e.code().map(|c| c.code().to_string());
+                    if e.code().is_none() || e.is_closed() {
+                        self.drop_connection();
+                    }
+                    return Err(classify(&e, &url));
+                }
             }
         }
+        Ok(rows)
+    }
+
+    /// Several statements in one flight (see `bounded`): the rows of each.
+    pub fn pipeline(&mut self, calls: &[Call]) -> Result<Vec<Vec<Row>>, Error> {
+        self.bounded(calls)
     }
 
     /// One statement with typed parameters: its rows.
     pub fn query(&mut self, sql: &str, params: &Params) -> Result<Vec<Row>, Error> {
-        match self.bounded(Call::Query(sql, params))? {
-            Answer::Rows(r) => Ok(r),
-            Answer::Done => Ok(Vec::new()),
-        }
+        Ok(self.bounded(&[Call::Query(sql, params)])?.remove(0))
     }
 
     /// Statements without parameters, in one round trip.
     pub fn batch(&mut self, sql: &str) -> Result<(), Error> {
-        self.bounded(Call::Batch(sql)).map(|_| ())
+        self.bounded(&[Call::Batch(sql)]).map(|_| ())
     }
 
     /// Listen on `channel` (a no-op when this connection already does).

@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 pub use address::{PgUrl, parse};
-use client::Client;
+use client::{Call, Client};
 use queue::mode;
 use sql::Tables;
 use take::missing;
@@ -141,38 +141,49 @@ impl Engine for Postgres {
                 held.iter().filter_map(|h| h.token).collect(),
             ));
         }
-        let broken = take::transaction(&mut self.client, &tables, name, |c| {
-            let mut broken = Vec::new();
-            for h in matched {
-                if h.revoked && !force.now {
-                    continue;
+        let broken = take::transaction(
+            &mut self.client,
+            &tables,
+            name,
+            ("SELECT 1", &[]),
+            |c, _| {
+                let mut broken = Vec::new();
+                for h in matched {
+                    if h.revoked && !force.now {
+                        continue;
+                    }
+                    let token = h.token.unwrap_or(0) as i64;
+                    let sql = if force.now {
+                        tables.delete()
+                    } else {
+                        // The row stays until it would have ended: nobody else
+                        // gets in early, and its holder's renewal finds it gone.
+                        tables.revoke()
+                    };
+                    let params: [(&(dyn ToSql + Sync), Type); 2] =
+                        [(&name, Type::TEXT), (&token, Type::INT8)];
+                    let rows = c.query(&sql, &params)?;
+                    if rows.is_empty() {
+                        // It changed hands since we looked: not the lease asked about.
+                        continue;
+                    }
+                    let mut h = h.clone();
+                    if force.now {
+                        h.ttl_left = None;
+                    } else {
+                        h.revoked = true;
+                    }
+                    broken.push(h);
                 }
-                let token = h.token.unwrap_or(0) as i64;
-                let sql = if force.now {
-                    tables.delete()
-                } else {
-                    // The row stays until it would have ended: nobody else
-                    // gets in early, and its holder's renewal finds it gone.
-                    tables.revoke()
-                };
-                let rows = c.query(&sql, &[(&name, Type::TEXT), (&token, Type::INT8)])?;
-                if rows.is_empty() {
-                    // It changed hands since we looked: not the lease asked about.
-                    continue;
-                }
-                let mut h = h.clone();
-                if force.now {
-                    h.ttl_left = None;
-                } else {
-                    h.revoked = true;
-                }
-                broken.push(h);
-            }
-            if force.now && !broken.is_empty() {
-                c.query(tables.notify(), &[(&channel, Type::TEXT)])?;
-            }
-            Ok(broken)
-        })
+                let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
+                let last: Vec<Call> = (force.now && !broken.is_empty())
+                    .then_some(Call::Query(tables.notify(), &wake))
+                    .into_iter()
+                    .collect();
+                take::commit(c, &last)?;
+                Ok(broken)
+            },
+        )
         .map_err(|e| self.client.failed(&doing, e))?;
         if broken.is_empty() {
             return Ok(Broken::AlreadyRevoked);

@@ -7,9 +7,10 @@
 
 use std::time::Duration;
 
-use tokio_postgres::types::Type;
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
 
-use super::client::Client;
+use super::client::{Call, Client, Params};
 use super::queue::{Verdict, entries, judge};
 use super::sql::Tables;
 use super::{PgHeld, Postgres};
@@ -157,9 +158,14 @@ impl Postgres {
         self.client.drain();
         let sent = Boot::now();
         let tables = self.tables.clone();
-        let outcome = transaction(&mut self.client, &tables, req.name, |c| {
-            look(c, &tables, req, place, patience, &channel)
-        })?;
+        let look_sql = tables.look();
+        let outcome = transaction(
+            &mut self.client,
+            &tables,
+            req.name,
+            (&look_sql, &[(&req.name, Type::TEXT)]),
+            |c, rows| look(c, rows, &tables, req, place, patience, &channel),
+        )?;
         match outcome {
             Outcome::Granted { slot, token } => {
                 let client = self.hand_over();
@@ -209,18 +215,22 @@ impl Postgres {
     }
 }
 
-/// Run `f` in a transaction under the name's advisory lock; any error ends
-/// the connection (a failed transaction cannot be used further).
+/// Run a transaction under the name's advisory lock: its start, the lock
+/// and `first` (a statement with its parameters) in one flight, then `f`
+/// with the rows of `first`. `f` ends it with its last statements and the
+/// COMMIT in one flight (`commit`). Any error ends the connection (a
+/// failed transaction cannot be used further).
 pub(super) fn transaction<T>(
     c: &mut Client,
     tables: &Tables,
     name: &str,
-    f: impl FnOnce(&mut Client) -> Result<T, Error>,
+    first: (&str, &Params),
+    f: impl FnOnce(&mut Client, Vec<Row>) -> Result<T, Error>,
 ) -> Result<T, Error> {
+    let begin = tables.begin(name, c.op);
     let done = c
-        .batch(&tables.begin(name, c.op))
-        .and_then(|_| f(c))
-        .and_then(|v| c.batch("COMMIT").map(|_| v));
+        .pipeline(&[Call::Batch(&begin), Call::Query(first.0, first.1)])
+        .and_then(|mut rows| f(c, rows.remove(1)));
     if done.is_err() {
         let code = c.last_code.take();
         c.drop_connection();
@@ -229,9 +239,19 @@ pub(super) fn transaction<T>(
     done
 }
 
-/// One look at the name, inside its transaction.
+/// The transaction's last statements and its COMMIT, in one flight: the
+/// rows of each statement.
+pub(super) fn commit(c: &mut Client, last: &[Call]) -> Result<Vec<Vec<Row>>, Error> {
+    let mut calls: Vec<Call> = last.iter().map(Call::clone).collect();
+    calls.push(Call::Batch("COMMIT"));
+    c.pipeline(&calls)
+}
+
+/// One look at the name, inside its transaction: `rows` are its live rows.
+#[allow(clippy::too_many_arguments)]
 fn look(
     c: &mut Client,
+    rows: Vec<Row>,
     tables: &Tables,
     req: &Request,
     place: &mut Place,
@@ -240,7 +260,6 @@ fn look(
 ) -> Result<Outcome, Error> {
     let name = &req.name;
     let owner = &req.owner.secret;
-    let rows = c.query(&tables.look(), &[(name, Type::TEXT)])?;
     let (holders, waiters) = entries(&rows)?;
     let mine = waiters.iter().find(|w| &w.owner == owner).map(|w| w.pos);
     if place.seq.is_some() && mine.is_none() {
@@ -255,29 +274,24 @@ fn look(
     let ttl_ms = req.timing.ttl.as_millis() as i64;
     let verdict = judge(&holders, &waiters, place.seq, req);
     let others_wait = waiters.iter().any(|w| &w.owner != owner);
-    let dequeue = |c: &mut Client, place: &mut Place| -> Result<(), Error> {
-        if place.seq.take().is_some() {
-            c.query(
-                &tables.dequeue(),
-                &[(name, Type::TEXT), (owner, Type::TEXT)],
-            )?;
-        }
-        Ok(())
-    };
+    let dequeue_sql = tables.dequeue();
+    let who: [(&(dyn ToSql + Sync), Type); 2] = [(name, Type::TEXT), (owner, Type::TEXT)];
+    // Leaving the queue, if we are in it, as part of the end.
+    let leave = |place: &mut Place| place.seq.take().map(|_| Call::Query(&dequeue_sql, &who));
     match verdict {
         Verdict::Ours { slot } => {
             let slot_i = slot as i32;
-            let rows = c.query(
-                &tables.renew(),
-                &[
-                    (name, Type::TEXT),
-                    (&slot_i, Type::INT4),
-                    (owner, Type::TEXT),
-                    (&ttl_ms, Type::INT8),
-                ],
-            )?;
-            dequeue(c, place)?;
-            Ok(match rows.first() {
+            let renew = tables.renew();
+            let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                (name, Type::TEXT),
+                (&slot_i, Type::INT4),
+                (owner, Type::TEXT),
+                (&ttl_ms, Type::INT8),
+            ];
+            let mut last = vec![Call::Query(&renew, &params)];
+            last.extend(leave(place));
+            let rows = commit(c, &last)?;
+            Ok(match rows[0].first() {
                 Some(r) => Outcome::Granted {
                     slot,
                     token: r.get::<_, i64>(0) as u64,
@@ -289,76 +303,77 @@ fn look(
             let slot_i = slot as i32;
             let mode = req.mode.code();
             let lim = req.mode.limit() as i32;
-            let rows = c.query(
-                &tables.grant(),
-                &[
-                    (name, Type::TEXT),
-                    (&slot_i, Type::INT4),
-                    (owner, Type::TEXT),
-                    (&req.owner.shown, Type::TEXT),
-                    (&mode, Type::TEXT),
-                    (&lim, Type::INT4),
-                    (&ttl_ms, Type::INT8),
-                ],
-            )?;
-            // The grant took our place in the queue with it.
-            place.seq = None;
-            let Some(r) = rows.first() else {
-                return Ok(Outcome::Again);
-            };
+            let grant = tables.grant();
+            let params: [(&(dyn ToSql + Sync), Type); 7] = [
+                (name, Type::TEXT),
+                (&slot_i, Type::INT4),
+                (owner, Type::TEXT),
+                (&req.owner.shown, Type::TEXT),
+                (&mode, Type::TEXT),
+                (&lim, Type::INT4),
+                (&ttl_ms, Type::INT8),
+            ];
+            let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
+            let mut last = vec![Call::Query(&grant, &params)];
             if others_wait {
                 // The next in line may hold beside us (readers, a limit):
                 // it looks again now rather than at its next nap's end.
-                c.query(tables.notify(), &[(&channel, Type::TEXT)])?;
+                last.push(Call::Query(tables.notify(), &wake));
             }
+            let rows = commit(c, &last)?;
+            // The grant took our place in the queue with it.
+            place.seq = None;
+            let Some(r) = rows[0].first() else {
+                return Ok(Outcome::Again);
+            };
             Ok(Outcome::Granted {
                 slot,
                 token: r.get::<_, i64>(0).max(0) as u64,
             })
         }
         Verdict::Nested => {
-            dequeue(c, place)?;
+            let last: Vec<Call> = leave(place).into_iter().collect();
+            commit(c, &last)?;
             Ok(Outcome::Refused(crate::backend::nested(req.name)))
         }
         Verdict::Disagrees(in_force) => {
-            dequeue(c, place)?;
+            let last: Vec<Call> = leave(place).into_iter().collect();
+            commit(c, &last)?;
             Ok(Outcome::Refused(req.mode.disagreement(req.name, in_force)))
         }
         Verdict::Blocked { holder, lapses_in } => {
             place.holder = holder.or(place.holder.take());
             if patience.over() {
-                dequeue(c, place)?;
+                let last: Vec<Call> = leave(place).into_iter().collect();
+                commit(c, &last)?;
                 return Ok(Outcome::Busy);
             }
             let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
-            match place.seq {
-                Some(seq) => {
-                    c.query(
-                        &tables.keep_place(),
-                        &[
-                            (name, Type::TEXT),
-                            (&seq, Type::INT8),
-                            (owner, Type::TEXT),
-                            (&keep_ms, Type::INT8),
-                        ],
-                    )?;
-                }
-                None => {
-                    let mode = req.mode.code();
-                    let lim = req.mode.limit() as i32;
-                    let rows = c.query(
-                        &tables.enqueue(),
-                        &[
-                            (name, Type::TEXT),
-                            (owner, Type::TEXT),
-                            (&req.owner.shown, Type::TEXT),
-                            (&mode, Type::TEXT),
-                            (&lim, Type::INT4),
-                            (&keep_ms, Type::INT8),
-                        ],
-                    )?;
-                    place.seq = rows.first().map(|r| r.get::<_, i64>(0));
-                }
+            let mode = req.mode.code();
+            let lim = req.mode.limit() as i32;
+            let (keep, enqueue) = (tables.keep_place(), tables.enqueue());
+            let seq = place.seq.unwrap_or(0);
+            let keep_params: [(&(dyn ToSql + Sync), Type); 4] = [
+                (name, Type::TEXT),
+                (&seq, Type::INT8),
+                (owner, Type::TEXT),
+                (&keep_ms, Type::INT8),
+            ];
+            let enqueue_params: [(&(dyn ToSql + Sync), Type); 6] = [
+                (name, Type::TEXT),
+                (owner, Type::TEXT),
+                (&req.owner.shown, Type::TEXT),
+                (&mode, Type::TEXT),
+                (&lim, Type::INT4),
+                (&keep_ms, Type::INT8),
+            ];
+            let last = match place.seq {
+                Some(_) => Call::Query(&keep, &keep_params),
+                None => Call::Query(&enqueue, &enqueue_params),
+            };
+            let rows = commit(c, &[last])?;
+            if place.seq.is_none() {
+                place.seq = rows[0].first().map(|r| r.get::<_, i64>(0));
             }
             Ok(Outcome::Blocked { lapses_in })
         }
