@@ -35,21 +35,38 @@ pub enum Call<'a> {
 /// One open connection.
 struct Conn {
     rt: Option<tokio::runtime::Runtime>,
-    client: tokio_postgres::Client,
+    client: Option<tokio_postgres::Client>,
     /// One message per notification; closed when the connection ends.
     notes: UnboundedReceiver<()>,
+    /// The task that drives the connection; it ends with it.
+    driver: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Conn {
     fn rt(&self) -> &tokio::runtime::Runtime {
         self.rt.as_ref().expect("until dropped")
     }
+
+    fn client(&self) -> &tokio_postgres::Client {
+        self.client.as_ref().expect("until dropped")
+    }
 }
+
+/// How long a connection that goes may take to say goodbye.
+const GOODBYE: Duration = Duration::from_millis(50);
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        // A name lookup still running must not hold lockrun up.
         if let Some(rt) = self.rt.take() {
+            // A closed client sends Terminate, which its driver writes
+            // before it ends: the server (and a pooler) sees a clean
+            // goodbye rather than a connection cut. Briefly: a server
+            // that does not take it costs no more than GOODBYE.
+            drop(self.client.take());
+            if let Some(driver) = self.driver.take() {
+                let _ = rt.block_on(async { tokio::time::timeout(GOODBYE, driver).await });
+            }
+            // A name lookup still running must not hold lockrun up.
             rt.shutdown_background();
         }
     }
@@ -105,7 +122,7 @@ impl Client {
     }
 
     fn connect(&mut self, until: Boot) -> Result<&Conn, Error> {
-        if self.conn.as_ref().is_some_and(|c| c.client.is_closed()) {
+        if self.conn.as_ref().is_some_and(|c| c.client().is_closed()) {
             self.drop_connection();
         }
         if self.conn.is_none() {
@@ -157,7 +174,7 @@ impl Client {
                     None => tokio::time::timeout(left, start(&cfg, NoTls)).await,
                 }
             });
-            let (client, notes) = match connecting {
+            let (client, notes, driver) = match connecting {
                 Ok(Ok(pair)) => pair,
                 Ok(Err(e)) if e.code().is_some() => {
                     // The server answered, and said no.
@@ -177,8 +194,9 @@ impl Client {
             self.replied = true;
             return Ok(Conn {
                 rt: Some(rt),
-                client,
+                client: Some(client),
                 notes,
+                driver: Some(driver),
             });
         }
         if last.is_empty() {
@@ -200,7 +218,7 @@ impl Client {
         self.last_code = None;
         let conn = self.connect(until)?;
         let left = until.since(Boot::now()).max(Duration::from_millis(1));
-        let client = &conn.client;
+        let client = conn.client();
         let done = conn.rt().block_on(async move {
             // Each request is written when its future is first polled,
             // which join_all does in order: one flight, in order.
@@ -312,7 +330,14 @@ impl Client {
 async fn start<T>(
     cfg: &tokio_postgres::Config,
     tls: T,
-) -> Result<(tokio_postgres::Client, UnboundedReceiver<()>), tokio_postgres::Error>
+) -> Result<
+    (
+        tokio_postgres::Client,
+        UnboundedReceiver<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    tokio_postgres::Error,
+>
 where
     T: MakeTlsConnect<Socket> + Send + 'static,
     T::Stream: Send + 'static,
@@ -321,7 +346,7 @@ where
 {
     let (client, mut connection) = cfg.connect(tls).await?;
     let (tx, notes) = unbounded_channel();
-    tokio::spawn(async move {
+    let driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(Ok(m)) = messages.next().await {
             if let AsyncMessage::Notification(_) = m {
@@ -329,7 +354,7 @@ where
             }
         }
     });
-    Ok((client, notes))
+    Ok((client, notes, driver))
 }
 
 /// A client error in one line, without anything secret.
