@@ -248,7 +248,6 @@ pub(super) fn commit(c: &mut Client, last: &[Call]) -> Result<Vec<Vec<Row>>, Err
 }
 
 /// One look at the name, inside its transaction: `rows` are its live rows.
-#[allow(clippy::too_many_arguments)]
 fn look(
     c: &mut Client,
     rows: Vec<Row>,
