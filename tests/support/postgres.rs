@@ -83,12 +83,24 @@ fn chown(path: &Path) {
     assert!(ok, "chown {} to {RUN_AS}", path.display());
 }
 
-fn scratch_dir() -> tempfile::TempDir {
-    let dir = if Path::new("/dev/shm").is_dir() {
-        tempfile::tempdir_in("/dev/shm").unwrap()
+/// Memory (/dev/shm) when it has room for a few clusters of about 40 MB
+/// each (a container's is often 64 MB), else the temporary directory.
+fn fast_dir() -> PathBuf {
+    let avail_kib = Command::new("df")
+        .args(["-k", "--output=avail", "/dev/shm"])
+        .output()
+        .ok()
+        .and_then(|o| text(&o.stdout).lines().nth(1)?.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if avail_kib > 1 << 20 {
+        PathBuf::from("/dev/shm")
     } else {
-        tempfile::tempdir().unwrap()
-    };
+        std::env::temp_dir()
+    }
+}
+
+fn scratch_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir_in(fast_dir()).unwrap();
     chown(dir.path());
     dir
 }
@@ -111,11 +123,7 @@ fn template() -> &'static Path {
             .nth(2)
             .unwrap_or("")
             .to_string();
-        let home = if Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
+        let home = fast_dir();
         let kept = home.join(format!("lockrun-test-pg{version}-template-v1"));
         if kept.join("data/PG_VERSION").exists() {
             return kept;
