@@ -24,8 +24,8 @@ function __fish_lockrun_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c lockrun -n "__fish_lockrun_needs_command" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
+complete -c lockrun -n "__fish_lockrun_needs_command" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with' -r -F
 complete -c lockrun -n "__fish_lockrun_needs_command" -l replicas -d 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key namespace on the server' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c' -r
@@ -55,8 +55,8 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -a "list" -d 'Show whether
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "doctor" -d 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun\'s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l replicas -d 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key namespace on the server' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print one JSON object (without NAME: an array of them) instead of text'
@@ -72,8 +72,8 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s v -l verbose -d
 complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s h -l help -d 'Print help'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l token -d 'Break only the holder with token T (default: every holder)' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l replicas -d 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key namespace on the server' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Required: breaking a lock someone holds is deliberate'

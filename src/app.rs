@@ -152,6 +152,9 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
     let mut env_remove = env.remove;
     // The metrics file is this run's: a lockrun inside the job writes its own.
     env_remove.push("LOCKRUN_METRICS_FILE".into());
+    if let Some(var) = cfg.common.address.secret_env() {
+        env_remove.push(var.to_string());
+    }
     let job = Job {
         command: cfg.command.clone(),
         env: env.set,

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 ///
 /// Without --url, the lock is local to this machine (flock on a file). With a
 /// server's URL (redis://, rediss://, redis+sentinel://, redis+cluster://,
-/// etcd://, etcds://), the lease lives there and is renewed while the job
+/// etcd://, etcds://, postgres://), the lease lives there and is renewed while the job
 /// runs; the job is stopped before the lease could lapse. The job gets a
 /// fencing token in LOCKRUN_TOKEN that grows with every grant.
 ///
@@ -61,7 +61,8 @@ pub struct BackendArgs {
     /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS),
     /// redis+sentinel://host[:port][,host...]/MASTER[/db],
     /// redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...],
-    /// etcds://... (TLS), or file:///dir.
+    /// etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or
+    /// postgresql://, PG* variables as libpq reads them), or file:///dir.
     /// Default: a per-user directory on this machine.
     #[arg(
         short = 'u',
@@ -72,7 +73,8 @@ pub struct BackendArgs {
     )]
     pub url: Option<String>,
 
-    /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with.
+    /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://,
+    /// postgres:// with sslmode=require or verify-*) with.
     #[arg(long, env = "LOCKRUN_TLS_CA", value_name = "PATH", global = true)]
     pub tls_ca: Option<std::path::PathBuf>,
 

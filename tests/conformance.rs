@@ -188,6 +188,39 @@ impl Fixture for EtcdEngine {
     }
 }
 
+/// A PostgreSQL server of our own.
+pub struct PostgresEngine {
+    pg: Postgres,
+}
+
+impl PostgresEngine {
+    pub fn new() -> PostgresEngine {
+        PostgresEngine {
+            pg: Postgres::start(),
+        }
+    }
+}
+
+impl Fixture for PostgresEngine {
+    fn url(&self) -> String {
+        self.pg.url()
+    }
+    fn breaks(&self) -> bool {
+        true
+    }
+    fn take_away(&self, name: &str) {
+        self.pg.sql(&format!(
+            "DELETE FROM lockrun.lockrun_leases WHERE name = '{name}'"
+        ));
+    }
+    fn untouched(&self) -> bool {
+        !self.pg.has_schema() && self.pg.rows() == 0
+    }
+    fn unreachable(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", free_port())
+    }
+}
+
 /// One job's run as it logged it: `start|end WHO SLOT TOKEN NANOS`.
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -1000,4 +1033,5 @@ conformance! {
     sentinel: SentinelEngine::new();
     cluster: ClusterEngine::new();
     etcd: EtcdEngine::new();
+    postgres: PostgresEngine::new();
 }

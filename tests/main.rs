@@ -16,6 +16,7 @@ mod modes;
 mod operate;
 mod ops;
 mod outlive;
+mod postgres;
 mod props;
 mod redis_core;
 mod sentinel;

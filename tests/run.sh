@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
-# need (redis-server, etcd, openssl, perl, bash, util-linux, Python's
-# prometheus_client) when it is missing, then run `cargo test` with any
-# arguments given.
+# need (redis-server, etcd, postgresql, pgbouncer, alembic, openssl, perl,
+# bash, util-linux, Python's prometheus_client) when it is missing, then
+# run `cargo test` with any arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,14 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 python3 -c 'import prometheus_client' >/dev/null 2>&1 ||
   /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 ||
   missing+=(python3-prometheus-client)
+# Debian keeps PostgreSQL's server programs off PATH, in a versioned directory.
+{ command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } ||
+  missing+=(postgresql)
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+{ command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; } || missing+=(pgbouncer)
+# README's migration guide runs alembic with Debian's python3.
+/usr/bin/python3 -c 'import alembic' >/dev/null 2>&1 || missing+=(python3-alembic)
+/usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1 || missing+=(python3-psycopg2)
 
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

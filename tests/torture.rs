@@ -311,6 +311,7 @@ enum Servers {
     One(Mutex<Redis>),
     Sentinel(Mutex<Sentinels>),
     Etcd(Mutex<Etcd>),
+    Postgres(Mutex<Postgres>),
 }
 
 impl Servers {
@@ -332,6 +333,11 @@ impl Servers {
                 e.lock()
                     .unwrap()
                     .ctl(&["del", "--prefix", &format!("lockrun:{name}/")]);
+            }
+            Servers::Postgres(p) => {
+                p.lock().unwrap().sql(&format!(
+                    "DELETE FROM lockrun.lockrun_leases WHERE name = '{name}'"
+                ));
             }
         }
     }
@@ -380,6 +386,13 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 continue;
             }
             1 => match &*servers {
+                Servers::Postgres(pg) => {
+                    // The rows are durable: a restart (as a crash: no
+                    // checkpoint) keeps every lease, and admits no late action.
+                    let from = now_us();
+                    pg.lock().unwrap().restart();
+                    log.push(Chaos::RedisPause { from, to: now_us() });
+                }
                 Servers::Etcd(etcd) => {
                     // etcd is durable: a restart keeps every lease (and
                     // lengthens them), so it admits no late action.
@@ -438,6 +451,27 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 }
             },
             2 => match &*servers {
+                Servers::Postgres(pg) => {
+                    let p = pg.lock().unwrap();
+                    if rng.below(2) == 0 {
+                        // Every process of the server stopped: each open
+                        // connection stalls.
+                        let from = now_us();
+                        p.pause_all();
+                        std::thread::sleep(rng.ms(200, 900));
+                        p.resume_all();
+                        log.push(Chaos::RedisPause { from, to: now_us() });
+                    } else {
+                        // Every connection of lockrun's cut by the server: the
+                        // leases are rows, and outlive them.
+                        let from = now_us();
+                        p.sql(
+                            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                             WHERE application_name = 'lockrun'",
+                        );
+                        log.push(Chaos::RedisPause { from, to: now_us() });
+                    }
+                }
                 Servers::Etcd(etcd) => {
                     let e = etcd.lock().unwrap();
                     if rng.below(2) == 0 {
@@ -802,6 +836,18 @@ fn torture_on_etcd() {
     let url = etcd.url();
     let secs = env_u64("LOCKRUN_TORTURE_ETCD_SECS", 30);
     torture(Servers::Etcd(Mutex::new(etcd)), url, None, secs);
+}
+
+/// The same on PostgreSQL: the chaos thread restarts the server (durable:
+/// leases survive), stops every process of it for a while and cuts every
+/// connection of lockrun's (LOCKRUN_TORTURE_POSTGRES_SECS, default 30).
+#[test]
+fn torture_on_postgres() {
+    let _alone = heavy();
+    let pg = Postgres::start();
+    let url = pg.url();
+    let secs = env_u64("LOCKRUN_TORTURE_POSTGRES_SECS", 30);
+    torture(Servers::Postgres(Mutex::new(pg)), url, None, secs);
 }
 
 /// The same behind Sentinel, where the chaos thread also fails the master

@@ -6,6 +6,7 @@
 mod error;
 pub mod etcd;
 pub mod local;
+pub mod postgres;
 pub mod redis;
 pub mod wait;
 
@@ -167,6 +168,11 @@ pub trait Address: std::fmt::Debug + Send + Sync {
     fn secret(&self) -> Option<&str> {
         None
     }
+    /// The variable the secret came from, if it came from the environment:
+    /// removed from the job's environment like the URL.
+    fn secret_env(&self) -> Option<&'static str> {
+        None
+    }
     /// The engine's own rules for lock names, beyond lockrun's.
     fn check_name(&self, _name: &str) -> Result<(), Error> {
         Ok(())
@@ -319,7 +325,7 @@ impl EngineInfo {
 }
 
 /// Every engine lockrun has, by URL scheme. No URL means the first (local).
-pub const ENGINES: [EngineInfo; 3] = [local::ENGINE, redis::ENGINE, etcd::ENGINE];
+pub const ENGINES: [EngineInfo; 4] = [local::ENGINE, redis::ENGINE, etcd::ENGINE, postgres::ENGINE];
 
 /// The engine a URL scheme names.
 pub fn engine_for(scheme: &str) -> Option<&'static EngineInfo> {
@@ -792,6 +798,10 @@ mod tests {
         assert_eq!(spec("rediss://h#insecure").unwrap().engine().name, "Redis");
         assert_eq!(spec("file:///tmp/x").unwrap().engine().name, "local");
         assert_eq!(spec("").unwrap().engine().name, "local");
+        assert_eq!(
+            spec("postgresql://u@h/db").unwrap().engine().name,
+            "PostgreSQL"
+        );
         for bad in [
             "http://h",
             "redis://",
@@ -821,7 +831,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|)(://)?") {
+        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|postgres|postgresql|)(://)?") {
             let url = format!("{scheme}{raw}");
             if let Err(e) = spec(&url) {
                 proptest::prop_assert!(matches!(e, Error::Request(_)));
@@ -836,6 +846,11 @@ mod tests {
         assert!(!r.shown().contains("s3cret"), "{}", r.shown());
         assert_eq!(r.secret(), Some("s3cret"));
         let e = spec("redis://u:s3cret@h:1/zz").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let p = spec("postgres://u:s3cret@h/d").unwrap();
+        assert!(!p.shown().contains("s3cret"), "{}", p.shown());
+        assert_eq!(p.secret(), Some("s3cret"));
+        let e = spec("postgres://u:s3cret@h:0/d").unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
         let e = spec("foo://u:s3cret@h").unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");

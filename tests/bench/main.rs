@@ -188,6 +188,7 @@ struct Bench {
     floor: Option<String>,
     /// LOCKRUN_BENCH_ALSO: another lockrun build measured beside this one.
     also: Option<String>,
+    postgres: Option<support::Postgres>,
     results: serde_json::Map<String, Value>,
 }
 
@@ -680,6 +681,61 @@ impl Bench {
         self.record("etcd", Value::Object(out));
     }
 
+    /// lockrun on PostgreSQL next to lockrun on Redis, interleaved:
+    /// uncontended runs, hand-offs and contention (a lease row and its
+    /// transaction against one script call).
+    fn postgres(&mut self) {
+        let Some(pg) = &self.postgres else { return };
+        let pg_url = pg.url();
+        let redis_url = self.redis.url();
+        let on = |url: &str, name: &str, job: &[String]| self.lockrun_on(&bin(), url, name, job);
+        let rounds = self.handoff_rounds();
+        let t = s(&["/bin/true"]);
+        let unc = time_interleaved(&[on(&pg_url, "pu", &t), on(&redis_url, "pu", &t)], rounds);
+        let (mut hand_pg, mut hand_redis) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            hand_pg.push(self.handoff_once(|j| on(&pg_url, "ph", j), 1));
+            hand_redis.push(self.handoff_once(|j| on(&redis_url, "ph", j), 1));
+        }
+        let (w, k, _) = self.contention_size();
+        let section = vec![self.exe.clone(), "job-sleep".into(), "5".into()];
+        let cont = [
+            contend(&on(&pg_url, "pc", &section), w, k),
+            contend(&on(&redis_url, "pc", &section), w, k),
+        ];
+        let hand = [stats(hand_pg), stats(hand_redis)];
+        println!(
+            "\nPostgreSQL: lockrun on PostgreSQL next to lockrun on Redis, {rounds} interleaved rounds"
+        );
+        println!(
+            "{:<16} {:>18} {:>18} {:>14}",
+            "engine", "uncontended ms", "hand-off ms", "contention/s"
+        );
+        let mut out = serde_json::Map::new();
+        for (i, engine) in ["lockrun-postgres", "lockrun-redis"].iter().enumerate() {
+            println!(
+                "{engine:<16} {:>8.3} ({:>7.3}) {:>8.3} ({:>7.3}) {:>14.1}",
+                unc[i].median, unc[i].p90, hand[i].median, hand[i].p90, cont[i]
+            );
+            out.insert(
+                engine.to_string(),
+                json!({
+                    "uncontended_median_ms": unc[i].median, "uncontended_p90_ms": unc[i].p90,
+                    "handoff_median_ms": hand[i].median, "handoff_p90_ms": hand[i].p90,
+                    "contention_per_second": cont[i],
+                }),
+            );
+        }
+        let (u, h) = (
+            unc[0].median / unc[1].median,
+            hand[0].median / hand[1].median,
+        );
+        println!("lockrun-postgres/lockrun-redis: uncontended {u:.2}x, hand-off {h:.2}x");
+        out.insert("uncontended_over_redis".into(), json!(u));
+        out.insert("handoff_over_redis".into(), json!(h));
+        self.record("postgres", Value::Object(out));
+    }
+
     /// This lockrun (A) against `other` (B): uncontended runs, hand-offs and
     /// contention on both engines, the two builds taking turns within every
     /// round, with the rounds and sizes of the usual measures.
@@ -988,6 +1044,8 @@ fn main() {
     } else {
         None
     };
+    // PostgreSQL when its server programs and the postgres user are there.
+    let postgres = (ab.is_none() && support::postgres_installed()).then(support::Postgres::start);
     let redis = Redis::start();
     let stats_conn = redis.conn();
     let floor = build_floor(dir.path());
@@ -1009,6 +1067,7 @@ fn main() {
         etcd,
         floor,
         also,
+        postgres,
         results: serde_json::Map::new(),
     };
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -1037,7 +1096,7 @@ fn main() {
         b.ab(&other);
     } else {
         let only = std::env::var("LOCKRUN_BENCH_ONLY").unwrap_or_default();
-        let sections: [(&str, Section); 9] = [
+        let sections: [(&str, Section); 10] = [
             ("uncontended", Bench::uncontended),
             ("contention", Bench::contention),
             ("handoff", Bench::handoff),
@@ -1047,6 +1106,7 @@ fn main() {
             ("fairness", Bench::fairness),
             ("throughput", Bench::throughput),
             ("etcd", Bench::etcd),
+            ("postgres", Bench::postgres),
         ];
         let chosen: Vec<&str> = only.split(',').filter(|s| !s.is_empty()).collect();
         for c in &chosen {

@@ -1,0 +1,502 @@
+//! A PostgreSQL address: libpq's URL form (`postgres://` and
+//! `postgresql://`) with the `PG*` variables filling in what the URL leaves
+//! out, as libpq reads them; which part is secret; and `--prefix` as the
+//! schema that holds lockrun's tables.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{ENGINE, Postgres};
+use crate::backend::{Address, AddressOptions, Engine, EngineInfo, Error, Opening};
+
+/// PostgreSQL's port when neither the URL nor PGPORT names one.
+const DEFAULT_PORT: u16 = 5432;
+
+/// Where Debian's libpq looks for the server's socket when no host is given.
+const SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
+
+/// How the connection is protected (libpq's `sslmode`, with libpq's
+/// meaning: README "PostgreSQL").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    /// `allow` and `prefer`: TLS when the server offers it, plain
+    /// otherwise; the certificate is not checked.
+    Prefer,
+    /// TLS or nothing; the certificate is checked only against a CA given
+    /// (`sslrootcert`, `--tls-ca`), as libpq does with a root file.
+    Require,
+    /// TLS, the certificate signed by a trusted CA (any name).
+    VerifyCa,
+    /// TLS, the certificate signed by a trusted CA and naming the host.
+    VerifyFull,
+}
+
+/// One server of the URL's host list: a TCP host or a socket directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    pub host: String,
+    pub port: u16,
+}
+
+/// A database's address (README "PostgreSQL").
+#[derive(Clone)]
+pub struct PgUrl {
+    /// Tried in the order given, as libpq does.
+    pub servers: Vec<Server>,
+    pub user: String,
+    pub password: Option<String>,
+    /// The password came from PGPASSWORD: it is kept from the job too.
+    pub password_from_env: bool,
+    pub dbname: String,
+    pub sslmode: SslMode,
+    /// The CA the server's certificate is checked against (else the
+    /// system's roots, when a mode checks it).
+    pub ca_file: Option<PathBuf>,
+    /// The URL with any password replaced, for messages.
+    pub display: String,
+}
+
+impl std::fmt::Debug for PgUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password, also not in a debug print.
+        f.debug_struct("PgUrl")
+            .field("display", &self.display)
+            .finish()
+    }
+}
+
+impl Address for PgUrl {
+    fn engine(&self) -> &'static EngineInfo {
+        &ENGINE
+    }
+    fn shown(&self) -> String {
+        self.display.clone()
+    }
+    fn secret(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+    fn secret_env(&self) -> Option<&'static str> {
+        self.password_from_env.then_some("PGPASSWORD")
+    }
+    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
+        schema_of(prefix).map(|_| ())
+    }
+    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
+        Ok(Box::new(Postgres::open(self, how)?))
+    }
+}
+
+/// The schema `--prefix` names: the prefix less one trailing `:` (so the
+/// default `lockrun:` is the schema `lockrun`), a plain lower-case SQL
+/// identifier that needs no quoting anywhere.
+pub fn schema_of(prefix: &str) -> Result<String, Error> {
+    let schema = prefix.strip_suffix(':').unwrap_or(prefix);
+    let plain = !schema.is_empty()
+        && schema.len() <= 48
+        && schema
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !schema.starts_with("pg_");
+    if !plain {
+        let shown: String = prefix.chars().take(60).collect();
+        return Err(Error::Request(format!(
+            "invalid --prefix {shown:?} for PostgreSQL: it names the schema of lockrun's \
+             tables, so it must be a lower-case identifier (a-z, 0-9, _, at most 48, not \
+             starting with pg_), optionally followed by ':' (the default lockrun: is the \
+             schema lockrun)"
+        )));
+    }
+    Ok(schema.to_string())
+}
+
+/// Percent-decoding as URLs write it; None for an escape that is not one.
+fn decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// What the process environment says, for the parser (a function, so
+/// tests can give their own).
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+fn from_env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// The login name of the user lockrun runs as (libpq's default user).
+fn os_user() -> Option<String> {
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() > 2 && f[2] == uid).then(|| f[0].to_string())
+    })
+}
+
+/// Parse `postgres://[user[:password]@][host][:port][,host[:port]…][/dbname][?param=value&…]`.
+pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+    let mut url = read(raw, &from_env)?;
+    if url.sslmode == SslMode::Disable {
+        opts.no_tls(&url.display)?;
+    } else if url.ca_file.is_none() {
+        url.ca_file = opts.tls_ca.clone();
+    }
+    opts.no_replicas(&url.display)?;
+    Ok(Arc::new(url))
+}
+
+fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
+    let expected = format!("expected {}", ENGINE.form);
+    let (scheme, rest) = raw
+        .split_once("://")
+        .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
+    let scheme = scheme.to_ascii_lowercase();
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (rest, None),
+    };
+    // Never echo the raw URL: it may hold a password.
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (url_user, url_password) = match userinfo {
+        None => (None, None),
+        Some(u) => match u.split_once(':') {
+            Some((name, pass)) => (Some(name), Some(pass)),
+            None => (Some(u), None),
+        },
+    };
+    let shown_user = match (url_user, url_password) {
+        (Some(u), Some(_)) => format!("{u}:***@"),
+        (Some(u), None) => format!("{u}@"),
+        _ => String::new(),
+    };
+    let mut display = format!("{scheme}://{shown_user}{hosts}");
+    if let Some(p) = path.filter(|p| !p.is_empty()) {
+        display.push('/');
+        display.push_str(p);
+    }
+    if let Some(q) = query {
+        // Every parameter but the password, as given.
+        let shown: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some(("password", _)) => "password=***".to_string(),
+                _ => kv.to_string(),
+            })
+            .collect();
+        display.push('?');
+        display.push_str(&shown.join("&"));
+    }
+    let display: String = display.chars().take(200).collect();
+    let bad = |why: String| Error::Request(format!("invalid --url {display}: {why}; {expected}"));
+    let text = |what: &str, s: &str| {
+        decode(s).ok_or_else(|| bad(format!("the {what} has a bad %-escape")))
+    };
+
+    let mut user = url_user.map(|u| text("user name", u)).transpose()?;
+    let mut password = url_password.map(|p| text("password", p)).transpose()?;
+    let mut dbname = path
+        .filter(|p| !p.is_empty())
+        .map(|p| text("database name", p))
+        .transpose()?;
+    let mut host_param = None;
+    let mut port_param = None;
+    let mut sslmode = None;
+    let mut rootcert = None;
+    for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| bad(format!("the parameter {kv:?} has no value")))?;
+        let v = text(k, v)?;
+        match k {
+            "host" => host_param = Some(v),
+            "port" => port_param = Some(v),
+            "user" => user = Some(v),
+            "password" => password = Some(v),
+            "dbname" => dbname = Some(v),
+            "sslmode" => sslmode = Some(v),
+            "sslrootcert" => rootcert = Some(PathBuf::from(v)),
+            // Bounded by lockrun's own request budget instead.
+            "connect_timeout" | "application_name" => {}
+            other => {
+                return Err(bad(format!(
+                    "unknown parameter {other:?} (lockrun reads host, port, user, password, \
+                     dbname, sslmode, sslrootcert)"
+                )));
+            }
+        }
+    }
+    if hosts.contains(['/', '#']) || path.is_some_and(|p| p.contains(['/', '#'])) {
+        return Err(bad("a database name is one path segment".into()));
+    }
+
+    // What the URL leaves out, the environment says, then libpq's defaults.
+    let password_from_env = password.is_none() && env("PGPASSWORD").is_some();
+    let password = password.or_else(|| env("PGPASSWORD"));
+    let user = match user.filter(|u| !u.is_empty()).or_else(|| env("PGUSER")) {
+        Some(u) => u,
+        None => {
+            os_user().ok_or_else(|| bad("no user name: give one in the URL or PGUSER".into()))?
+        }
+    };
+    let dbname = dbname
+        .filter(|d| !d.is_empty())
+        .or_else(|| env("PGDATABASE"))
+        .unwrap_or_else(|| user.clone());
+    let sslmode = match sslmode
+        .or_else(|| env("PGSSLMODE"))
+        .as_deref()
+        .unwrap_or("prefer")
+    {
+        "disable" => SslMode::Disable,
+        "allow" | "prefer" => SslMode::Prefer,
+        "require" => SslMode::Require,
+        "verify-ca" => SslMode::VerifyCa,
+        "verify-full" => SslMode::VerifyFull,
+        other => {
+            let other: String = other.chars().take(20).collect();
+            return Err(bad(format!(
+                "sslmode {other:?} is none of disable, allow, prefer, require, verify-ca, verify-full"
+            )));
+        }
+    };
+    let rootcert = rootcert.or_else(|| env("PGSSLROOTCERT").map(PathBuf::from));
+
+    let port_text = port_param.or_else(|| env("PGPORT"));
+    let default_port = match port_text.as_deref() {
+        None => DEFAULT_PORT,
+        Some(p) => port(p).map_err(bad)?,
+    };
+    let host_list: Vec<String> = match host_param.or_else(|| env("PGHOST")) {
+        Some(h) if hosts.is_empty() => h.split(',').map(String::from).collect(),
+        _ => hosts.split(',').map(String::from).collect(),
+    };
+    let mut servers = Vec::new();
+    for h in host_list {
+        servers.push(server(&h, default_port).map_err(bad)?);
+    }
+    if servers.len() == 1 && servers[0].host.is_empty() {
+        servers[0].host = default_socket_dir(servers[0].port);
+    }
+    if servers.iter().any(|s| s.host.is_empty()) {
+        return Err(bad("an empty host in the host list".into()));
+    }
+    Ok(PgUrl {
+        servers,
+        user,
+        password,
+        password_from_env,
+        dbname,
+        sslmode,
+        ca_file: rootcert,
+        display,
+    })
+}
+
+fn port(p: &str) -> Result<u16, String> {
+    p.parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("port {p:?} is not a number from 1 to 65535"))
+}
+
+/// One `host[:port]`, `[v6][:port]` or socket directory of the host list
+/// (an empty host: the default, decided later).
+fn server(text: &str, default_port: u16) -> Result<Server, String> {
+    let text = decode(text).ok_or("a host has a bad %-escape")?;
+    if text.starts_with('/') {
+        return Ok(Server {
+            host: text,
+            port: default_port,
+        });
+    }
+    let (host, p) = if let Some(rest) = text.strip_prefix('[') {
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("host {text:?} has no closing ']'"))?;
+        if h.is_empty() || !h.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
+            return Err(format!("host {text:?} is not an IPv6 address"));
+        }
+        let p = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("host {text:?}: expected :port after ']'"))?
+                    .to_string(),
+            ),
+        };
+        (h.to_string(), p)
+    } else {
+        match text.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p.to_string())),
+            None => (text.clone(), None),
+        }
+    };
+    if !host
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
+    {
+        return Err(format!(
+            "host {host:?} may only hold letters, digits, '.', '-' and '_'"
+        ));
+    }
+    let port = match p {
+        None => default_port,
+        Some(p) => port(&p)?,
+    };
+    Ok(Server { host, port })
+}
+
+/// libpq's default with no host at all: the server's socket where Debian
+/// puts it, else TCP on localhost.
+fn default_socket_dir(port: u16) -> String {
+    SOCKET_DIRS
+        .iter()
+        .find(|d| std::path::Path::new(&format!("{d}/.s.PGSQL.{port}")).exists())
+        .map_or_else(|| "localhost".to_string(), |d| d.to_string())
+}
+
+/// An address for unit tests elsewhere in the engine.
+#[cfg(test)]
+pub fn tests_url() -> PgUrl {
+    read("postgres://u@h/d", &|_| None).expect("a valid URL")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(raw: &str, vars: &[(&str, &str)]) -> Result<PgUrl, Error> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        read(raw, &move |k| {
+            vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn the_url_is_read_as_libpq_reads_it() {
+        let u = with(
+            "postgres://ci:s%40cret@db.example:6543/app?sslmode=disable",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            u.servers,
+            [Server {
+                host: "db.example".into(),
+                port: 6543
+            }]
+        );
+        assert_eq!((u.user.as_str(), u.dbname.as_str()), ("ci", "app"));
+        assert_eq!(u.password.as_deref(), Some("s@cret"));
+        assert_eq!(u.sslmode, SslMode::Disable);
+        assert!(!u.display.contains("cret"), "{}", u.display);
+        let u = with("postgresql://a,b:2,[::1]:3/d?user=x", &[("PGPORT", "7")]).unwrap();
+        let ports: Vec<u16> = u.servers.iter().map(|s| s.port).collect();
+        assert_eq!(ports, [7, 2, 3]);
+        assert_eq!(u.user, "x");
+        let u = with("postgres:///d?host=%2Frun%2Fpg", &[("PGUSER", "u")]).unwrap();
+        assert_eq!(u.servers[0].host, "/run/pg");
+    }
+
+    #[test]
+    fn the_environment_fills_in_what_the_url_leaves_out() {
+        let env = [
+            ("PGHOST", "pg.internal"),
+            ("PGPORT", "5433"),
+            ("PGUSER", "deploy"),
+            ("PGPASSWORD", "hunter2"),
+            ("PGDATABASE", "prod"),
+            ("PGSSLMODE", "disable"),
+        ];
+        let u = with("postgres://", &env).unwrap();
+        assert_eq!(u.servers[0].host, "pg.internal");
+        assert_eq!(u.servers[0].port, 5433);
+        assert_eq!((u.user.as_str(), u.dbname.as_str()), ("deploy", "prod"));
+        assert!(u.password_from_env);
+        assert_eq!(u.secret_env(), Some("PGPASSWORD"));
+        // The URL wins over the environment.
+        let u = with("postgres://me:pw@h/db", &env).unwrap();
+        assert_eq!((u.user.as_str(), u.dbname.as_str()), ("me", "db"));
+        assert!(!u.password_from_env);
+        assert_eq!(u.servers[0].port, 5433);
+        // No database: the user's name, as libpq does.
+        assert_eq!(with("postgres://me@h", &[]).unwrap().dbname, "me");
+    }
+
+    #[test]
+    fn bad_urls_are_refused_without_their_password() {
+        for bad in [
+            "postgres://u:s3cret@h:0/d",
+            "postgres://u:s3cret@h:99999/d",
+            "postgres://u:s3cret@h/d/e",
+            "postgres://u:s3cret@h/d?nope=1",
+            "postgres://u:s3cret@h/d?sslmode=maybe",
+            "postgres://u:s3cret@h/d?password",
+            "postgres://u:s3cret@h/%zz",
+            "postgres://u:s3cret@h h/d",
+            "postgres://u:s3cret@[::1/d",
+            "postgres://u:s3cret@a,,b/d",
+            "postgres://u@h/d?password=s3cret&x=1",
+        ] {
+            let e = with(bad, &[]).unwrap_err();
+            assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+        let u = with(
+            "postgres://h/d?sslrootcert=/ca.pem",
+            &[("PGSSLMODE", "verify-full")],
+        )
+        .unwrap();
+        assert_eq!(u.sslmode, SslMode::VerifyFull);
+        assert_eq!(u.ca_file.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(
+            with("postgres://h/d", &[]).unwrap().sslmode,
+            SslMode::Prefer
+        );
+    }
+
+    #[test]
+    fn the_prefix_names_a_plain_schema() {
+        assert_eq!(schema_of("lockrun:").unwrap(), "lockrun");
+        assert_eq!(schema_of("ci_locks").unwrap(), "ci_locks");
+        for bad in [
+            "",
+            ":",
+            "Lockrun:",
+            "a-b:",
+            "1x",
+            "pg_catalog",
+            "a:b:",
+            "x;drop",
+        ] {
+            assert!(schema_of(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The PostgreSQL engine: a lease is a row of a table, not a session or
+//! advisory lock, so a reconnect or a transaction-pooling proxy does not
+//! lose it. One row per (name, slot) with its owner, token and expiry;
+//! every time is the server's `clock_timestamp()`; tokens come from a
+//! sequence; waiters queue in a second table and sleep until a
+//! notification or the lapse of what is in their way.
+//!
+//! By layer: `address.rs` reads the URL and the `PG*` variables;
+//! `client.rs` is the transport (bounded calls, notifications, the error
+//! table); `sql.rs` the tables and every statement; `queue.rs` judges a
+//! name's rows; `take.rs` is the acquire loop. This file holds the
+//! engine's row, status, `release --force`, the lease and its renewal.
+
+mod address;
+mod client;
+mod queue;
+mod sql;
+mod take;
+mod tls;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use tokio_postgres::types::{ToSql, Type};
+
+pub use address::{PgUrl, parse};
+use client::{Call, Client};
+use queue::mode;
+use sql::Tables;
+use take::missing;
+
+use super::{
+    Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, Opening, Request, Status, Wait,
+};
+use crate::log;
+use crate::watchdog::{Renewal, Renewer};
+
+/// PostgreSQL's row of the scheme table.
+pub const ENGINE: EngineInfo = EngineInfo {
+    name: "PostgreSQL",
+    schemes: &["postgres", "postgresql"],
+    form: "postgres://[user[:pass]@][host][:port][,host[:port]…][/dbname][?sslmode=…]",
+    parse,
+    ttl_step: Duration::from_millis(1),
+    ttl_min: Duration::ZERO,
+    caps: Caps {
+        expires: true,
+        force_release: true,
+        shared: true,
+        limit: true,
+    },
+};
+
+pub struct Postgres {
+    client: Client,
+    tables: Tables,
+}
+
+impl Postgres {
+    pub fn open(url: &PgUrl, how: &Opening) -> Result<Postgres, Error> {
+        let schema = address::schema_of(&how.prefix)?;
+        log::info(format!("using PostgreSQL at {}", url.display));
+        Ok(Postgres {
+            client: Client::new(Arc::new(url.clone()), how.op),
+            tables: Tables::new(&schema),
+        })
+    }
+
+    /// The live holders of `name`, oldest grant first; none while the
+    /// tables do not exist yet (reading never creates them).
+    fn holders(&mut self, name: &str) -> Result<Vec<Holder>, Error> {
+        let rows = match self
+            .client
+            .query(&self.tables.holders(), &[(&name, Type::TEXT)])
+        {
+            Ok(rows) => rows,
+            Err(_) if missing(self.client.last_code.as_deref()) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        rows.iter()
+            .map(|r| {
+                let m = mode(&r.get::<_, String>(3), r.get(4))?;
+                let ms = |v: Option<i64>| Duration::from_millis(v.unwrap_or(0).max(0) as u64);
+                Ok(Holder {
+                    label: Some(r.get::<_, String>(1)).filter(|l| !l.is_empty()),
+                    token: Some(r.get::<_, i64>(2).max(0) as u64),
+                    mode: m,
+                    slot: matches!(m, super::Mode::Limit(_))
+                        .then(|| r.get::<_, i32>(0).max(0) as u32),
+                    ttl_left: Some(ms(r.get(6))),
+                    held_for: Some(ms(r.get(7))),
+                    revoked: r.get(5),
+                    min_hold: false,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Engine for Postgres {
+    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<super::Acquired, Error> {
+        self.take(req, wait)
+    }
+
+    fn status(&mut self, name: &str) -> Result<Status, Error> {
+        let doing = format!("reading {name}");
+        let holders = self
+            .holders(name)
+            .map_err(|e| self.client.failed(&doing, e))?;
+        let waiters = match self
+            .client
+            .query(&self.tables.waiting(), &[(&name, Type::TEXT)])
+        {
+            Ok(rows) => rows.first().map_or(0, |r| r.get::<_, i64>(0).max(0) as u64),
+            Err(_) if missing(self.client.last_code.as_deref()) => 0,
+            Err(e) => return Err(self.client.failed(&doing, e)),
+        };
+        Ok(Status {
+            holders,
+            waiters: Some(waiters),
+        })
+    }
+
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
+        let doing = format!("releasing {name}");
+        let tables = self.tables.clone();
+        let channel = tables.channel(name);
+        let held = self
+            .holders(name)
+            .map_err(|e| self.client.failed(&doing, e))?;
+        if held.is_empty() {
+            return Ok(Broken::NotHeld);
+        }
+        let matched: Vec<Holder> = held
+            .iter()
+            .filter(|h| force.token.is_none_or(|t| Some(t) == h.token))
+            .cloned()
+            .collect();
+        if matched.is_empty() {
+            return Ok(Broken::TokenMismatch(
+                held.iter().filter_map(|h| h.token).collect(),
+            ));
+        }
+        let broken = take::transaction(
+            &mut self.client,
+            &tables,
+            name,
+            ("SELECT 1", &[]),
+            |c, _| {
+                let mut broken = Vec::new();
+                for h in matched {
+                    if h.revoked && !force.now {
+                        continue;
+                    }
+                    let token = h.token.unwrap_or(0) as i64;
+                    let sql = if force.now {
+                        tables.delete()
+                    } else {
+                        // The row stays until it would have ended: nobody else
+                        // gets in early, and its holder's renewal finds it gone.
+                        tables.revoke()
+                    };
+                    let params: [(&(dyn ToSql + Sync), Type); 2] =
+                        [(&name, Type::TEXT), (&token, Type::INT8)];
+                    let rows = c.query(&sql, &params)?;
+                    if rows.is_empty() {
+                        // It changed hands since we looked: not the lease asked about.
+                        continue;
+                    }
+                    let mut h = h.clone();
+                    if force.now {
+                        h.ttl_left = None;
+                    } else {
+                        h.revoked = true;
+                    }
+                    broken.push(h);
+                }
+                let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
+                let last: Vec<Call> = (force.now && !broken.is_empty())
+                    .then_some(Call::Query(tables.notify(), &wake))
+                    .into_iter()
+                    .collect();
+                take::commit(c, &last)?;
+                Ok(broken)
+            },
+        )
+        .map_err(|e| self.client.failed(&doing, e))?;
+        if broken.is_empty() {
+            return Ok(Broken::AlreadyRevoked);
+        }
+        Ok(Broken::Leases(broken))
+    }
+}
+
+/// Our row: which name and slot, and the owner value that proves it ours.
+#[derive(Clone)]
+struct Row {
+    tables: Tables,
+    name: String,
+    slot: i32,
+    owner: String,
+    ttl_ms: i64,
+    channel: String,
+}
+
+/// A PostgreSQL lease: our row, and the connection it was granted on
+/// (release needs no new connect).
+struct PgHeld {
+    client: Client,
+    row: Row,
+}
+
+impl PgHeld {
+    fn new(client: Client, tables: &Tables, req: &Request, slot: u32, channel: &str) -> PgHeld {
+        PgHeld {
+            row: Row {
+                tables: tables.clone(),
+                name: req.name.to_string(),
+                slot: slot as i32,
+                owner: req.owner.secret.clone(),
+                ttl_ms: req.timing.ttl.as_millis() as i64,
+                channel: channel.to_string(),
+            },
+            client,
+        }
+    }
+}
+
+impl Held for PgHeld {
+    fn renewer(&self) -> Option<Box<dyn Renewer>> {
+        Some(Box::new(PgRenewer {
+            client: self.client.fresh(),
+            row: self.row.clone(),
+        }))
+    }
+
+    fn release(mut self: Box<Self>) -> Result<bool, Error> {
+        let r = &self.row;
+        let doing = format!("releasing {}", r.name);
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
+            (&r.name, Type::TEXT),
+            (&r.slot, Type::INT4),
+            (&r.owner, Type::TEXT),
+            (&r.channel, Type::TEXT),
+        ];
+        let sql = r.tables.release();
+        // The connection may have gone while the job ran: once more on a new one.
+        let rows = match self.client.query(&sql, &params) {
+            Err(e) if e.is_transient() => self.client.query(&sql, &params),
+            done => done,
+        }
+        .map_err(|e| self.client.failed(&doing, e))?;
+        log::info(format!("released {}", r.name));
+        Ok(rows.first().is_some_and(|row| row.get::<_, i64>(0) > 0))
+    }
+}
+
+struct PgRenewer {
+    client: Client,
+    row: Row,
+}
+
+impl Renewer for PgRenewer {
+    fn fresh(&self) -> Box<dyn Renewer> {
+        Box::new(PgRenewer {
+            client: self.client.fresh(),
+            row: self.row.clone(),
+        })
+    }
+
+    fn renew(&mut self) -> anyhow::Result<Renewal> {
+        let r = &self.row;
+        // One statement: extended only while the row is still ours and
+        // unexpired on the server's clock; no row back means lost.
+        let rows = match self.client.query(
+            &r.tables.renew(),
+            &[
+                (&r.name, Type::TEXT),
+                (&r.slot, Type::INT4),
+                (&r.owner, Type::TEXT),
+                (&r.ttl_ms, Type::INT8),
+            ],
+        ) {
+            Ok(rows) => rows,
+            // The table (or schema) is gone, and our row with it.
+            Err(_) if missing(self.client.last_code.as_deref()) => return Ok(Renewal::Lost),
+            Err(e) => return Err(anyhow!("{e}")),
+        };
+        if rows.is_empty() {
+            return Ok(Renewal::Lost);
+        }
+        Ok(Renewal::Renewed {
+            ttl: Duration::from_millis(r.ttl_ms as u64),
+        })
+    }
+}

@@ -1,0 +1,252 @@
+//! A name's rows read into types and judged: the live leases are the
+//! holders, the live places in the queue the waiters, oldest first. Pure:
+//! what to do about it is `take.rs`'s.
+
+use std::time::Duration;
+
+use tokio_postgres::Row;
+
+use crate::backend::{Error, Mode, Request};
+
+/// One live row of a name.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub holder: bool,
+    /// A holder's slot, a waiter's place in the queue.
+    pub pos: i64,
+    pub owner: String,
+    pub label: String,
+    pub token: u64,
+    pub mode: Mode,
+    /// Until it lapses, on the server's clock.
+    pub left: Duration,
+}
+
+fn ms(v: i64) -> Duration {
+    Duration::from_millis(v.max(0) as u64)
+}
+
+/// The mode a stored letter and limit stand for; a letter lockrun never
+/// writes means the rows are not lockrun's.
+pub fn mode(code: &str, lim: i32) -> Result<Mode, Error> {
+    match code {
+        "x" | "s" | "n" => Ok(Mode::from_code(code, Some(lim.max(1) as u32))),
+        other => Err(Error::Refused(format!(
+            "a row of lockrun's lease table holds the mode {:?}, which lockrun never writes: \
+             the table is not lockrun's; remove it or choose another --prefix",
+            other.chars().take(10).collect::<String>()
+        ))),
+    }
+}
+
+/// The rows of `Tables::look`, holders by token, waiters by arrival.
+pub fn entries(rows: &[Row]) -> Result<(Vec<Entry>, Vec<Entry>), Error> {
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for r in rows {
+        let kind: String = r.get(0);
+        let e = Entry {
+            holder: kind == "h",
+            pos: r.get(1),
+            owner: r.get(2),
+            label: r.get(3),
+            token: r.get::<_, i64>(4).max(0) as u64,
+            mode: mode(&r.get::<_, String>(5), r.get(6))?,
+            left: ms(r.get::<_, Option<i64>>(7).unwrap_or(0)),
+        };
+        if e.holder {
+            holders.push(e);
+        } else {
+            waiters.push(e);
+        }
+    }
+    holders.sort_by_key(|e| e.token);
+    waiters.sort_by_key(|e| e.pos);
+    Ok((holders, waiters))
+}
+
+/// What a request may do.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Take this slot.
+    Granted { slot: u32 },
+    /// We hold it already (a grant whose reply was lost).
+    Ours { slot: u32 },
+    /// Wait; the first holder's label, and when the soonest of what stands
+    /// in our way lapses by itself.
+    Blocked {
+        holder: Option<String>,
+        lapses_in: Option<Duration>,
+    },
+    /// The holders hold the name in this other mode.
+    Disagrees(Mode),
+    /// The outer lockrun holds it.
+    Nested,
+}
+
+/// Judge a request whose place in the queue is `seq` (None: not queued,
+/// so behind every waiter). Holders first: the mode in force; then first
+/// come, first served: no one is granted while a waiter that came before
+/// it waits; then room: a writer alone, readers beside readers, N with
+/// `--limit N`.
+pub fn judge(holders: &[Entry], waiters: &[Entry], seq: Option<i64>, req: &Request) -> Verdict {
+    let me = &req.owner.secret;
+    if let Some(h) = holders.iter().find(|h| &h.owner == me) {
+        return Verdict::Ours {
+            slot: h.pos.max(0) as u32,
+        };
+    }
+    if holders
+        .iter()
+        .any(|h| req.is_own_outer_holder(Some(&h.label)))
+    {
+        return Verdict::Nested;
+    }
+    if let Some(h) = holders.iter().find(|h| !req.mode.agrees_with(h.mode)) {
+        return Verdict::Disagrees(h.mode);
+    }
+    let ahead: Vec<&Entry> = waiters
+        .iter()
+        .filter(|w| &w.owner != me && seq.is_none_or(|s| w.pos < s))
+        .collect();
+    let room = match req.mode {
+        Mode::Exclusive => holders.is_empty(),
+        Mode::Shared => holders.iter().all(|h| h.mode == Mode::Shared),
+        Mode::Limit(n) => holders.len() < n as usize,
+    };
+    if ahead.is_empty() && room {
+        // The lowest slot no holder has: 0 for a writer; with --limit one
+        // of 0…N−1, which there is since fewer than N hold.
+        let slot = (0..)
+            .find(|s| !holders.iter().any(|h| h.pos == i64::from(*s)))
+            .unwrap_or(0);
+        return Verdict::Granted { slot };
+    }
+    let lapses_in = holders
+        .iter()
+        .chain(ahead.iter().copied())
+        .map(|e| e.left)
+        .min();
+    Verdict::Blocked {
+        holder: holders
+            .first()
+            .map(|h| h.label.clone())
+            .or_else(|| ahead.first().map(|w| w.label.clone())),
+        lapses_in,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Owner;
+    use crate::schedule::Timing;
+
+    use Mode::{Exclusive as X, Limit, Shared as S};
+
+    fn entry(holder: bool, pos: i64, mode: Mode) -> Entry {
+        Entry {
+            holder,
+            pos,
+            owner: format!("o{holder}{pos}"),
+            label: format!("h:{pos}"),
+            token: pos as u64 + 10,
+            mode,
+            left: Duration::from_millis(1000 + pos as u64),
+        }
+    }
+
+    fn verdict(
+        holders: &[Mode],
+        waiters: &[Mode],
+        seq: Option<i64>,
+        mode: Mode,
+        outer: Option<&str>,
+    ) -> Verdict {
+        let owner = Owner::new(None).unwrap();
+        let req = Request {
+            name: "n",
+            owner: &owner,
+            timing: Timing::new(Duration::from_secs(3), None).unwrap(),
+            mode,
+            outer: outer.map(String::from),
+            inherited_fd: None,
+            quiet: true,
+            min_hold: None,
+        };
+        let h: Vec<Entry> = holders
+            .iter()
+            .enumerate()
+            .map(|(i, m)| entry(true, i as i64, *m))
+            .collect();
+        let w: Vec<Entry> = waiters
+            .iter()
+            .enumerate()
+            .map(|(i, m)| entry(false, i as i64 + 1, *m))
+            .collect();
+        judge(&h, &w, seq, &req)
+    }
+
+    fn blocked(v: Verdict) -> bool {
+        matches!(v, Verdict::Blocked { .. })
+    }
+
+    #[test]
+    fn a_writer_holds_alone_and_readers_together() {
+        assert_eq!(
+            verdict(&[], &[], None, X, None),
+            Verdict::Granted { slot: 0 }
+        );
+        assert!(blocked(verdict(&[X], &[], None, X, None)));
+        assert!(blocked(verdict(&[S], &[], None, X, None)));
+        assert!(blocked(verdict(&[X], &[], None, S, None)));
+        assert_eq!(
+            verdict(&[S, S], &[], None, S, None),
+            Verdict::Granted { slot: 2 }
+        );
+    }
+
+    #[test]
+    fn no_one_overtakes_a_waiter_that_came_first() {
+        // A reader that comes after a waiting writer waits for it.
+        assert!(blocked(verdict(&[S], &[X], None, S, None)));
+        // The first in the queue goes when there is room; the second not yet.
+        assert_eq!(
+            verdict(&[], &[X, X], Some(1), X, None),
+            Verdict::Granted { slot: 0 }
+        );
+        assert!(blocked(verdict(&[], &[X, X], Some(2), X, None)));
+        // What lapses soonest of what is in the way wakes the waiter.
+        match verdict(&[X], &[X], None, X, None) {
+            Verdict::Blocked { lapses_in, holder } => {
+                assert_eq!(lapses_in, Some(Duration::from_millis(1000)));
+                assert_eq!(holder.as_deref(), Some("h:0"));
+            }
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn a_limit_fills_its_free_slots_and_no_more() {
+        let l = Limit(3);
+        assert_eq!(
+            verdict(&[l, l], &[], None, l, None),
+            Verdict::Granted { slot: 2 }
+        );
+        assert!(blocked(verdict(&[l, l, l], &[], None, l, None)));
+    }
+
+    #[test]
+    fn requests_that_disagree_or_nest_are_refused() {
+        assert_eq!(
+            verdict(&[Limit(2)], &[], None, X, None),
+            Verdict::Disagrees(Limit(2))
+        );
+        assert_eq!(
+            verdict(&[Limit(2)], &[], None, Limit(3), None),
+            Verdict::Disagrees(Limit(2))
+        );
+        assert_eq!(verdict(&[S], &[], None, S, Some("h:0")), Verdict::Nested);
+        assert!(mode("q", 1).is_err());
+    }
+}

@@ -1,0 +1,235 @@
+//! lockrun's tables in one schema, and every statement it sends: the
+//! tables are created on first use, every time is the server's
+//! `clock_timestamp()`, and a name's decisions are taken one at a time
+//! under a transaction-scoped advisory lock (README "PostgreSQL").
+
+use std::time::Duration;
+
+/// The objects of one schema (the `--prefix`).
+#[derive(Debug, Clone)]
+pub struct Tables {
+    pub schema: String,
+    pub leases: String,
+    pub waiters: String,
+    pub tokens: String,
+}
+
+/// FNV-1a, 64 bits: the same on every host, so every lockrun of a name
+/// takes the same advisory lock and listens on the same channel.
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Tables {
+    pub fn new(schema: &str) -> Tables {
+        Tables {
+            schema: schema.to_string(),
+            leases: format!("{schema}.lockrun_leases"),
+            waiters: format!("{schema}.lockrun_waiters"),
+            tokens: format!("{schema}.lockrun_tokens"),
+        }
+    }
+
+    /// Create what is missing. Two lockruns creating at once would trip
+    /// over each other's catalog rows: the creation is serialized too.
+    pub fn create(&self) -> String {
+        let (s, l, w, t) = (&self.schema, &self.leases, &self.waiters, &self.tokens);
+        let key = fnv(&format!("{s} tables")) as i64;
+        format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({key}); \
+             CREATE SCHEMA IF NOT EXISTS {s}; \
+             CREATE SEQUENCE IF NOT EXISTS {t} AS bigint CACHE 1; \
+             CREATE TABLE IF NOT EXISTS {l} ( \
+               name text NOT NULL, slot integer NOT NULL, owner text NOT NULL, \
+               label text NOT NULL, token bigint NOT NULL, mode text NOT NULL, \
+               lim integer NOT NULL, expires_at timestamptz NOT NULL, \
+               granted_at timestamptz NOT NULL, revoked boolean NOT NULL DEFAULT false, \
+               PRIMARY KEY (name, slot)); \
+             CREATE TABLE IF NOT EXISTS {w} ( \
+               name text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, \
+               owner text NOT NULL, label text NOT NULL, mode text NOT NULL, \
+               lim integer NOT NULL, expires_at timestamptz NOT NULL, \
+               PRIMARY KEY (name, seq)); \
+             COMMIT"
+        )
+    }
+
+    /// Start a name's decision: a transaction bounded on the server too
+    /// (a client that stops in the middle must not hold the name's lock),
+    /// holding the name's advisory lock until it ends. READ COMMITTED
+    /// whatever the server's default: every statement after the lock then
+    /// sees every decision taken before it (under REPEATABLE READ the
+    /// snapshot would date from before the lock was granted).
+    pub fn begin(&self, name: &str, op: Duration) -> String {
+        let ms = op.as_millis().max(1);
+        let key = fnv(&format!("{}/{name}", self.schema)) as i64;
+        format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
+             SET LOCAL idle_in_transaction_session_timeout = {}; \
+             SELECT pg_advisory_xact_lock({key})",
+            ms * 2
+        )
+    }
+
+    /// The channel a name's waiters listen on (an identifier of at most 63
+    /// bytes, whatever the name).
+    pub fn channel(&self, name: &str) -> String {
+        format!("lockrun_{:016x}", fnv(&format!("{}/{name}", self.schema)))
+    }
+
+    /// Every live row of a name: holders (kind `h`, pos = slot) and
+    /// waiters (kind `w`, pos = place in the queue). $1 name.
+    pub fn look(&self) -> String {
+        format!(
+            "SELECT 'h'::text AS kind, slot::bigint AS pos, owner, label, token, mode, lim, \
+               (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms \
+             FROM {l} WHERE name = $1 AND expires_at > clock_timestamp() \
+             UNION ALL \
+             SELECT 'w'::text, seq, owner, label, 0::bigint, mode, lim, \
+               (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint \
+             FROM {w} WHERE name = $1 AND expires_at > clock_timestamp()",
+            l = self.leases,
+            w = self.waiters
+        )
+    }
+
+    /// The grant: a free slot (or one whose lease has lapsed) becomes ours
+    /// with the next token; our place in the queue and lapsed places go.
+    /// $1 name, $2 slot, $3 owner, $4 label, $5 mode, $6 limit, $7 ttl ms.
+    pub fn grant(&self) -> String {
+        format!(
+            "WITH gone AS (DELETE FROM {w} WHERE name = $1 \
+               AND (owner = $3 OR expires_at <= clock_timestamp()) RETURNING 1) \
+             INSERT INTO {l} AS l (name, slot, owner, label, token, mode, lim, expires_at, granted_at) \
+             VALUES ($1, $2, $3, $4, nextval('{t}'), $5, $6, \
+               clock_timestamp() + $7 * interval '1 millisecond', clock_timestamp()) \
+             ON CONFLICT (name, slot) DO UPDATE SET owner = excluded.owner, \
+               label = excluded.label, token = excluded.token, mode = excluded.mode, \
+               lim = excluded.lim, expires_at = excluded.expires_at, \
+               granted_at = excluded.granted_at, revoked = false \
+             WHERE l.expires_at <= clock_timestamp() \
+             RETURNING token",
+            l = self.leases,
+            w = self.waiters,
+            t = self.tokens
+        )
+    }
+
+    /// Our lease, kept for a full ttl from now while it is still ours:
+    /// the renewal, and a retried grant whose reply was lost.
+    /// $1 name, $2 slot, $3 owner, $4 ttl ms.
+    pub fn renew(&self) -> String {
+        format!(
+            "UPDATE {} SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
+             WHERE name = $1 AND slot = $2 AND owner = $3 AND NOT revoked \
+               AND expires_at > clock_timestamp() \
+             RETURNING token",
+            self.leases
+        )
+    }
+
+    /// Queue up. $1 name, $2 owner, $3 label, $4 mode, $5 limit, $6 ms.
+    pub fn enqueue(&self) -> String {
+        format!(
+            "INSERT INTO {} (name, owner, label, mode, lim, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, clock_timestamp() + $6 * interval '1 millisecond') \
+             RETURNING seq",
+            self.waiters
+        )
+    }
+
+    /// Keep our place. $1 name, $2 seq, $3 owner, $4 ms.
+    pub fn keep_place(&self) -> String {
+        format!(
+            "UPDATE {} SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
+             WHERE name = $1 AND seq = $2 AND owner = $3 AND expires_at > clock_timestamp() \
+             RETURNING seq",
+            self.waiters
+        )
+    }
+
+    /// Leave the queue. $1 name, $2 owner.
+    pub fn dequeue(&self) -> String {
+        format!(
+            "DELETE FROM {} WHERE name = $1 AND owner = $2",
+            self.waiters
+        )
+    }
+
+    /// Give our lease back and wake the name's waiters.
+    /// $1 name, $2 slot, $3 owner, $4 channel.
+    pub fn release(&self) -> String {
+        format!(
+            "WITH gone AS (DELETE FROM {} WHERE name = $1 AND slot = $2 AND owner = $3 \
+               RETURNING 1) \
+             SELECT (SELECT count(*) FROM gone) AS n, pg_notify($4, '')::text AS woken",
+            self.leases
+        )
+    }
+
+    /// Wake the name's waiters. $1 channel.
+    pub fn notify(&self) -> &'static str {
+        "SELECT pg_notify($1, '')::text"
+    }
+
+    /// The holders for `status` and `release --force`. $1 name.
+    pub fn holders(&self) -> String {
+        format!(
+            "SELECT slot, label, token, mode, lim, revoked, \
+               (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms, \
+               (extract(epoch FROM clock_timestamp() - granted_at) * 1000)::bigint AS age_ms \
+             FROM {} WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY token",
+            self.leases
+        )
+    }
+
+    /// How many wait. $1 name.
+    pub fn waiting(&self) -> String {
+        format!(
+            "SELECT count(*) FROM {} WHERE name = $1 AND expires_at > clock_timestamp()",
+            self.waiters
+        )
+    }
+
+    /// Revoke a holder: no one owns it any more, and it stays until it
+    /// would have ended. $1 name, $2 token.
+    pub fn revoke(&self) -> String {
+        format!(
+            "UPDATE {} SET owner = '', revoked = true \
+             WHERE name = $1 AND token = $2 AND NOT revoked AND expires_at > clock_timestamp() \
+             RETURNING token",
+            self.leases
+        )
+    }
+
+    /// Delete a holder outright. $1 name, $2 token.
+    pub fn delete(&self) -> String {
+        format!(
+            "DELETE FROM {} WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() \
+             RETURNING token",
+            self.leases
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_get_their_own_lock_and_channel() {
+        let t = Tables::new("lockrun");
+        assert_ne!(t.channel("a"), t.channel("b"));
+        assert_eq!(t.channel("a"), Tables::new("lockrun").channel("a"));
+        assert_ne!(t.channel("a"), Tables::new("other").channel("a"));
+        assert!(t.channel(&"x".repeat(1024)).len() <= 63);
+        let begin = t.begin("a", Duration::from_secs(2));
+        assert!(begin.contains("= 2000;"), "{begin}");
+        assert!(
+            begin.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED;"),
+            "{begin}"
+        );
+    }
+}

@@ -1,0 +1,380 @@
+//! Taking a name on PostgreSQL: one short transaction per look, under the
+//! name's advisory lock: read the name's live rows, judge them, then take
+//! a free slot (the grant), or take or keep a place in the queue. Between
+//! looks a waiter sleeps until a notification, the lapse of what stands in
+//! its way, or the time to keep its place. The give-up clock, the waiting
+//! line and the retry budget are the seam's (`backend::wait`).
+
+use std::time::Duration;
+
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::client::{Call, Client, Params};
+use super::queue::{Verdict, entries, judge};
+use super::sql::Tables;
+use super::{PgHeld, Postgres};
+use crate::backend::wait::{Patience, Retry};
+use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
+use crate::clock::Boot;
+use crate::log;
+
+/// A waiter's place lasts a third of the ttl unless kept, so one killed
+/// in the queue holds up the others by no more than that.
+pub fn place_ttl(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(100))
+}
+
+/// Our request: its place in the queue, once it has one.
+#[derive(Default)]
+struct Place {
+    seq: Option<i64>,
+    /// The first holder's label, for the waiting line and a give-up.
+    holder: Option<String>,
+}
+
+/// What one look decided.
+enum Outcome {
+    Granted {
+        slot: u32,
+        token: u64,
+    },
+    Blocked {
+        lapses_in: Option<Duration>,
+    },
+    Busy,
+    Refused(Error),
+    /// Look again at once.
+    Again,
+}
+
+/// What one step led to.
+enum Step {
+    Done(Acquired),
+    Again,
+}
+
+/// SQLSTATEs of a table or schema that is not there yet.
+pub(super) fn missing(code: Option<&str>) -> bool {
+    matches!(code, Some("42P01" | "3F000"))
+}
+
+impl Postgres {
+    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        let doing = format!("acquiring {}", req.name);
+        let mut patience = Patience::new(req, wait);
+        let mut retry = Retry::new(req.timing.ttl.max(Duration::from_secs(5)));
+        let mut place = Place::default();
+        let mut created = false;
+        loop {
+            match self.step(req, &mut place, &mut patience) {
+                Ok(Step::Done(acquired)) => {
+                    if let Acquired::Granted(l) = &acquired {
+                        log::info(format!(
+                            "acquired {} with token {} after {:.1?}",
+                            req.name,
+                            l.token,
+                            Boot::now().since(patience.started())
+                        ));
+                    }
+                    return Ok(acquired);
+                }
+                Ok(Step::Again) => retry.succeeded(),
+                Err(_) if !created && missing(self.client.last_code.as_deref()) => {
+                    // First use of this schema: create the tables, look again.
+                    created = true;
+                    self.create().map_err(|e| self.client.failed(&doing, e))?;
+                }
+                // Final, or a server that never answered: misconfiguration,
+                // not an outage to wait out.
+                Err(e) if !e.is_transient() || !self.client.replied => {
+                    self.leave(req, &mut place);
+                    return Err(match e {
+                        Error::Request(_) => e,
+                        e => self.client.failed(&doing, e),
+                    });
+                }
+                Err(e) => match retry.failed(&patience) {
+                    Some(pause) => {
+                        log::info(format!("acquire failed: {e}; retrying"));
+                        std::thread::sleep(pause);
+                    }
+                    None => {
+                        self.leave(req, &mut place);
+                        return Err(self.client.failed(&doing, e));
+                    }
+                },
+            }
+        }
+    }
+
+    /// Create lockrun's tables in the schema (README "PostgreSQL").
+    fn create(&mut self) -> Result<(), Error> {
+        log::info(format!(
+            "creating lockrun's tables in schema {}",
+            self.tables.schema
+        ));
+        match self.client.batch(&self.tables.create()) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // A failed transaction leaves the connection unusable.
+                self.client.drop_connection();
+                Err(match e {
+                    Error::Refused(m) if self.client.last_code.as_deref() == Some("42501") => {
+                        // The server's words, without the hint about grants
+                        // to use the tables: here they do not exist yet.
+                        let why = m.split("; ").next().unwrap_or(&m);
+                        Error::Refused(format!(
+                            "cannot create lockrun's tables in schema {}: {why}; create them \
+                             once as a role that may (README \"PostgreSQL\")",
+                            self.tables.schema
+                        ))
+                    }
+                    e => e,
+                })
+            }
+        }
+    }
+
+    /// Give up our place in the queue, if we have one (best effort: it
+    /// lapses on its own within a third of the ttl).
+    fn leave(&mut self, req: &Request, place: &mut Place) {
+        if place.seq.take().is_some() {
+            let _ = self.client.query(
+                &self.tables.dequeue(),
+                &[(&req.name, Type::TEXT), (&req.owner.secret, Type::TEXT)],
+            );
+        }
+    }
+
+    fn step(
+        &mut self,
+        req: &Request,
+        place: &mut Place,
+        patience: &mut Patience,
+    ) -> Result<Step, Error> {
+        let channel = self.tables.channel(req.name);
+        // Notifications from before this look are answered by it.
+        self.client.drain();
+        let sent = Boot::now();
+        let tables = self.tables.clone();
+        let look_sql = tables.look();
+        let outcome = transaction(
+            &mut self.client,
+            &tables,
+            req.name,
+            (&look_sql, &[(&req.name, Type::TEXT)]),
+            |c, rows| look(c, rows, &tables, req, place, patience, &channel),
+        )?;
+        match outcome {
+            Outcome::Granted { slot, token } => {
+                let client = self.hand_over();
+                // The row's slot, whatever the mode (readers have one each);
+                // the job sees it only with --limit.
+                let held = PgHeld::new(client, &self.tables, req, slot, &channel);
+                Ok(Step::Done(Acquired::Granted(Lease::new(
+                    token,
+                    matches!(req.mode, Mode::Limit(_)).then_some(slot),
+                    sent,
+                    req.timing.ttl,
+                    Box::new(held),
+                ))))
+            }
+            Outcome::Busy => Ok(Step::Done(Acquired::Busy {
+                holder: place.holder.clone(),
+            })),
+            Outcome::Refused(e) => Err(e),
+            Outcome::Again => Ok(Step::Again),
+            Outcome::Blocked { lapses_in } => {
+                patience.tick(place.holder.as_deref());
+                if !self.client.listens(&channel) {
+                    // Listening from now on: look once more, so that a
+                    // release between the look and the LISTEN is not missed.
+                    self.client.listen(&channel)?;
+                    return Ok(Step::Again);
+                }
+                // Keep our place in time; wake a little after what is in
+                // our way lapses (the server's clock said when).
+                let keep = place_ttl(req.timing.ttl) / 3;
+                let until_lapse = lapses_in.map_or(keep, |d| d + Duration::from_millis(5));
+                let nap = patience.cap(keep.min(until_lapse));
+                self.client.wait_note(nap)?;
+                Ok(Step::Again)
+            }
+        }
+    }
+
+    /// The client for a granted lease: this connection unless it listens
+    /// (notifications for others would pile up on it while the job runs).
+    fn hand_over(&mut self) -> Client {
+        if self.client.listens_any() {
+            self.client.drop_connection();
+        }
+        let fresh = self.client.fresh();
+        std::mem::replace(&mut self.client, fresh)
+    }
+}
+
+/// Run a transaction under the name's advisory lock: its start, the lock
+/// and `first` (a statement with its parameters) in one flight, then `f`
+/// with the rows of `first`. `f` ends it with its last statements and the
+/// COMMIT in one flight (`commit`). Any error ends the connection (a
+/// failed transaction cannot be used further).
+pub(super) fn transaction<T>(
+    c: &mut Client,
+    tables: &Tables,
+    name: &str,
+    first: (&str, &Params),
+    f: impl FnOnce(&mut Client, Vec<Row>) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let begin = tables.begin(name, c.op);
+    let done = c
+        .pipeline(&[Call::Batch(&begin), Call::Query(first.0, first.1)])
+        .and_then(|mut rows| f(c, rows.remove(1)));
+    if done.is_err() {
+        let code = c.last_code.take();
+        c.drop_connection();
+        c.last_code = code;
+    }
+    done
+}
+
+/// The transaction's last statements and its COMMIT, in one flight: the
+/// rows of each statement.
+pub(super) fn commit(c: &mut Client, last: &[Call]) -> Result<Vec<Vec<Row>>, Error> {
+    let mut calls: Vec<Call> = last.iter().map(Call::clone).collect();
+    calls.push(Call::Batch("COMMIT"));
+    c.pipeline(&calls)
+}
+
+/// One look at the name, inside its transaction: `rows` are its live rows.
+fn look(
+    c: &mut Client,
+    rows: Vec<Row>,
+    tables: &Tables,
+    req: &Request,
+    place: &mut Place,
+    patience: &Patience,
+    channel: &str,
+) -> Result<Outcome, Error> {
+    let name = &req.name;
+    let owner = &req.owner.secret;
+    let (holders, waiters) = entries(&rows)?;
+    let mine = waiters.iter().find(|w| &w.owner == owner).map(|w| w.pos);
+    if place.seq.is_some() && mine.is_none() {
+        // Our place lapsed (lockrun or the server paused past it): queue
+        // again, at the back.
+        log::info(format!(
+            "our place in {}'s queue lapsed; queueing again",
+            req.name
+        ));
+    }
+    place.seq = mine;
+    let ttl_ms = req.timing.ttl.as_millis() as i64;
+    let verdict = judge(&holders, &waiters, place.seq, req);
+    let others_wait = waiters.iter().any(|w| &w.owner != owner);
+    let dequeue_sql = tables.dequeue();
+    let who: [(&(dyn ToSql + Sync), Type); 2] = [(name, Type::TEXT), (owner, Type::TEXT)];
+    // Leaving the queue, if we are in it, as part of the end.
+    let leave = |place: &mut Place| place.seq.take().map(|_| Call::Query(&dequeue_sql, &who));
+    match verdict {
+        Verdict::Ours { slot } => {
+            let slot_i = slot as i32;
+            let renew = tables.renew();
+            let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                (name, Type::TEXT),
+                (&slot_i, Type::INT4),
+                (owner, Type::TEXT),
+                (&ttl_ms, Type::INT8),
+            ];
+            let mut last = vec![Call::Query(&renew, &params)];
+            last.extend(leave(place));
+            let rows = commit(c, &last)?;
+            Ok(match rows[0].first() {
+                Some(r) => Outcome::Granted {
+                    slot,
+                    token: r.get::<_, i64>(0) as u64,
+                },
+                None => Outcome::Again,
+            })
+        }
+        Verdict::Granted { slot } => {
+            let slot_i = slot as i32;
+            let mode = req.mode.code();
+            let lim = req.mode.limit() as i32;
+            let grant = tables.grant();
+            let params: [(&(dyn ToSql + Sync), Type); 7] = [
+                (name, Type::TEXT),
+                (&slot_i, Type::INT4),
+                (owner, Type::TEXT),
+                (&req.owner.shown, Type::TEXT),
+                (&mode, Type::TEXT),
+                (&lim, Type::INT4),
+                (&ttl_ms, Type::INT8),
+            ];
+            let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
+            let mut last = vec![Call::Query(&grant, &params)];
+            if others_wait {
+                // The next in line may hold beside us (readers, a limit):
+                // it looks again now rather than at its next nap's end.
+                last.push(Call::Query(tables.notify(), &wake));
+            }
+            let rows = commit(c, &last)?;
+            // The grant took our place in the queue with it.
+            place.seq = None;
+            let Some(r) = rows[0].first() else {
+                return Ok(Outcome::Again);
+            };
+            Ok(Outcome::Granted {
+                slot,
+                token: r.get::<_, i64>(0).max(0) as u64,
+            })
+        }
+        Verdict::Nested => {
+            let last: Vec<Call> = leave(place).into_iter().collect();
+            commit(c, &last)?;
+            Ok(Outcome::Refused(crate::backend::nested(req.name)))
+        }
+        Verdict::Disagrees(in_force) => {
+            let last: Vec<Call> = leave(place).into_iter().collect();
+            commit(c, &last)?;
+            Ok(Outcome::Refused(req.mode.disagreement(req.name, in_force)))
+        }
+        Verdict::Blocked { holder, lapses_in } => {
+            place.holder = holder.or(place.holder.take());
+            if patience.over() {
+                let last: Vec<Call> = leave(place).into_iter().collect();
+                commit(c, &last)?;
+                return Ok(Outcome::Busy);
+            }
+            let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+            let mode = req.mode.code();
+            let lim = req.mode.limit() as i32;
+            let (keep, enqueue) = (tables.keep_place(), tables.enqueue());
+            let seq = place.seq.unwrap_or(0);
+            let keep_params: [(&(dyn ToSql + Sync), Type); 4] = [
+                (name, Type::TEXT),
+                (&seq, Type::INT8),
+                (owner, Type::TEXT),
+                (&keep_ms, Type::INT8),
+            ];
+            let enqueue_params: [(&(dyn ToSql + Sync), Type); 6] = [
+                (name, Type::TEXT),
+                (owner, Type::TEXT),
+                (&req.owner.shown, Type::TEXT),
+                (&mode, Type::TEXT),
+                (&lim, Type::INT4),
+                (&keep_ms, Type::INT8),
+            ];
+            let last = match place.seq {
+                Some(_) => Call::Query(&keep, &keep_params),
+                None => Call::Query(&enqueue, &enqueue_params),
+            };
+            let rows = commit(c, &[last])?;
+            if place.seq.is_none() {
+                place.seq = rows[0].first().map(|r| r.get::<_, i64>(0));
+            }
+            Ok(Outcome::Blocked { lapses_in })
+        }
+    }
+}

@@ -1,0 +1,622 @@
+//! The PostgreSQL engine end to end, beyond the conformance suite (which
+//! covers exclusion, first come first served, `--limit`, `-s`, status,
+//! `release --force`, `kill -9` of a holder's lockrun): the lease table and
+//! its token sequence, connections terminated under a holder, a server
+//! restart, roles without rights, foreign tables, URLs and passwords, and
+//! PgBouncer in transaction pooling mode.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::conformance::{Span, logging_job, spans};
+use crate::support::*;
+
+/// A holder whose job runs until the scratch file `done` appears (or 60 s
+/// pass); returns once its job runs.
+fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
+    let err = std::fs::File::create(scratch.path("err")).unwrap();
+    let done = scratch.path("done");
+    let child = on(url)
+        .args(["-vv", "--ttl", ttl, name, "-c"])
+        .arg(format!(
+            "echo $$ > {}; i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+            scratch.path("pid").display(),
+            done.display()
+        ))
+        .stderr(Stdio::from(err))
+        .spawn();
+    (child, scratch.pid_in("pid"))
+}
+
+fn finish(scratch: &Scratch, child: &mut Child) -> Option<i32> {
+    std::fs::write(scratch.path("done"), "").unwrap();
+    wait_child(child, Duration::from_secs(30)).code()
+}
+
+fn run_token(url: &str, name: &str) -> u64 {
+    on(url)
+        .args([name, "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds()
+        .stdout()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[track_caller]
+fn serial(spans: &[Span]) {
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            assert!(
+                a.end <= b.start || b.end <= a.start,
+                "two holders at once: {a:?} {b:?}"
+            );
+            assert!(
+                (a.start < b.start) == (a.token < b.token),
+                "tokens out of grant order: {a:?} {b:?}"
+            );
+        }
+    }
+}
+
+/// Kill every connection lockrun has to the server, as an operator or a
+/// pooler's restart would.
+fn terminate_lockrun_backends(pg: &Postgres) -> usize {
+    let n = pg.sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = 'lockrun' AND pid <> pg_backend_pid()",
+    );
+    n.trim().parse().unwrap_or(0)
+}
+
+#[test]
+fn the_table_and_its_sequence_are_created_on_first_use_and_tokens_rise() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    // Reading creates nothing.
+    on(&url).args(["status", "tok"]).code(1);
+    on(&url).args(["release", "--force", "tok"]).code(1);
+    assert!(!pg.has_schema());
+    let mut last = 0;
+    for _ in 0..3 {
+        let t = run_token(&url, "tok");
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+    }
+    // Tokens follow grant order across sessions: the sequence hands out
+    // one value at a time.
+    let cache = pg.sql(
+        "SELECT cache_size FROM pg_sequences \
+         WHERE schemaname = 'lockrun' AND sequencename = 'lockrun_tokens'",
+    );
+    assert_eq!(cache.trim(), "1");
+    // Released rows are gone; nothing waits.
+    assert_eq!(pg.rows(), 0);
+    // Another --prefix is another schema with tables of its own.
+    on(&url)
+        .args(["--prefix", "ci_locks", "tok", "true"])
+        .succeeds();
+    let tables = pg.sql(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'ci_locks' \
+         AND tablename IN ('lockrun_leases', 'lockrun_waiters')",
+    );
+    assert_eq!(tables.trim(), "2");
+    on(&url)
+        .args(["--prefix", "Not-A-Schema", "tok", "true"])
+        .code(64)
+        .says(&["--prefix", "schema"]);
+}
+
+#[test]
+fn terminating_the_holder_s_connections_keeps_the_lease() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "term", "1.5s");
+    // Over several renewals, every connection of lockrun's is cut.
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut cut = 0;
+    while Instant::now() < until {
+        cut += terminate_lockrun_backends(&pg);
+        on(&url).args(["-n", "term", "true"]).code(75);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(cut > 0, "no lockrun connection was ever cut");
+    assert!(alive(job), "the job was stopped: {}", scratch.read("err"));
+    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
+}
+
+#[test]
+fn a_server_restart_mid_job_is_ridden_out() {
+    let mut pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let before = run_token(&url, "rs");
+    let (mut h, job) = holder(&url, &scratch, "rs", "10s");
+    pg.restart();
+    // A renewal after the restart goes through (one is due every 3.3 s).
+    let renewed = wait_until(Duration::from_secs(20), || {
+        scratch.read("err").matches("renewed").count() >= 2
+    });
+    assert!(renewed, "{}", scratch.read("err"));
+    assert!(alive(job));
+    on(&url).args(["-n", "rs", "true"]).code(75);
+    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
+    let after = run_token(&url, "rs");
+    assert!(
+        after > before,
+        "token {after} after a restart, {before} before"
+    );
+}
+
+#[test]
+fn a_stalled_server_stops_the_job_before_its_lease_could_lapse() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "stall", "2s");
+    let paused = Instant::now();
+    pg.pause_all();
+    let code = wait_child(&mut h, Duration::from_secs(20)).code();
+    let took = paused.elapsed();
+    pg.resume_all();
+    assert_eq!(code, Some(76), "{}", scratch.read("err"));
+    assert!(!alive(job), "the job outlived its lease");
+    // Stopped within the ttl of the last renewal, not hung on the server.
+    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
+}
+
+#[test]
+fn a_role_without_rights_is_refused_with_one_line() {
+    let pg = Postgres::start();
+    pg.sql("CREATE ROLE norights LOGIN PASSWORD 'nr-pw'");
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let job = format!("touch {}", ran.display());
+    // Before the tables exist: it may not create them.
+    on(&pg.url_as("norights", "nr-pw"))
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["permission denied", "README"]);
+    // Once they exist: it may not use them.
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    let out = on(&pg.url_as("norights", "nr-pw"))
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["permission denied"]);
+    assert!(!out.stderr().contains("nr-pw"));
+    // A wrong password: at once, one line, no password in it.
+    let started = Instant::now();
+    let out = on(&pg.url_as("postgres", "wrong-pw"))
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["password authentication failed"]);
+    assert!(!out.stderr().contains("wrong-pw"), "{}", out.stderr());
+    assert!(started.elapsed() < Duration::from_secs(5), "retried");
+    assert!(!ran.exists(), "a job ran without a lease");
+}
+
+#[test]
+fn the_grants_the_readme_lists_are_enough() {
+    let pg = Postgres::start();
+    // As README "PostgreSQL" says, the owner creates, the job's role uses.
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    pg.sql(
+        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
+         GRANT USAGE ON SCHEMA lockrun TO ci; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
+         GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO ci",
+    );
+    let url = pg.url_as("ci", "ci-pw");
+    let t = run_token(&url, "x");
+    assert!(t > 0);
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "g", "3s");
+    let mut waiter = on(&url).args(["-q", "g", "true"]).spawn();
+    wait_queued(&url, "g", 1);
+    on(&url).args(["release", "--force", "g"]).succeeds();
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn a_foreign_table_in_the_way_is_refused_with_one_line() {
+    let pg = Postgres::start();
+    pg.sql(
+        "CREATE SCHEMA other; \
+         CREATE TABLE other.lockrun_leases (id int PRIMARY KEY, note text); \
+         CREATE TABLE other.lockrun_waiters (id int); \
+         CREATE SEQUENCE other.lockrun_tokens",
+    );
+    on(&pg.url())
+        .args(["--prefix", "other", "x", "true"])
+        .code(69)
+        .says(&["not lockrun's", "--prefix"]);
+    assert_eq!(
+        pg.sql("SELECT count(*) FROM other.lockrun_leases").trim(),
+        "0"
+    );
+}
+
+#[test]
+fn bad_urls_are_refused_with_one_line_and_no_password() {
+    for url in [
+        "postgres://u:pw-s3cret@h:99999/d",
+        "postgres://u:pw-s3cret@h/d?nope=1",
+        "postgresql://u:pw-s3cret@h/d/e",
+        "postgres://u:pw-s3cret@h/d?sslmode=sometimes",
+    ] {
+        let out = on(url).args(["x", "true"]).code(64).says(&["--url"]);
+        assert!(!out.stderr().contains("pw-s3cret"), "{}", out.stderr());
+    }
+    // A CA file on an address that asks for no TLS.
+    on("postgres://h/d?sslmode=disable")
+        .args(["--tls-ca", "/etc/hostname", "x", "true"])
+        .code(64)
+        .says(&["--tls-ca"]);
+}
+
+#[test]
+fn the_password_is_never_printed_nor_given_to_the_job() {
+    let pg = Postgres::start();
+    // In the URL, with every line lockrun has to say.
+    let out = on(&pg.url())
+        .args(["-vv", "x", "-c", "env; echo url=$LOCKRUN_URL"])
+        .succeeds();
+    let all = format!("{}{}", out.stdout(), out.stderr());
+    assert!(!all.contains(PG_PASSWORD), "{all}");
+    assert!(out.stderr().contains("***"), "{}", out.stderr());
+    // From PGPASSWORD, the URL without one: kept from the job too.
+    let bare = format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port);
+    let out = on(&bare)
+        .env("PGPASSWORD", PG_PASSWORD)
+        .args(["-vv", "x", "-c", "env"])
+        .succeeds();
+    let all = format!("{}{}", out.stdout(), out.stderr());
+    assert!(!all.contains(PG_PASSWORD), "{all}");
+    // The PG* variables alone are an address too.
+    let out = on("postgres://")
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", pg.port.to_string())
+        .env("PGUSER", "postgres")
+        .env("PGPASSWORD", PG_PASSWORD)
+        .env("PGDATABASE", "postgres")
+        .args(["x", "-c", "echo ran"])
+        .succeeds();
+    assert_eq!(out.stdout(), "ran\n");
+}
+
+#[test]
+fn through_pgbouncer_in_transaction_mode_jobs_exclude_wait_and_tokens_rise() {
+    let pg = Postgres::start();
+    let bouncer = Bouncer::start(&pg);
+    let url = bouncer.url();
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..6)
+        .map(|i| {
+            on(&url)
+                .args(["-q", "--ttl", "3s", "pool", "-c"])
+                .arg(logging_job(&scratch, &format!("j{i}"), "0.2"))
+                .spawn()
+        })
+        .collect();
+    for mut c in children {
+        assert_eq!(wait_child(&mut c, Duration::from_secs(60)).code(), Some(0));
+    }
+    let s = spans(&scratch);
+    assert_eq!(s.len(), 6);
+    serial(&s);
+    // A waiter gets in soon after the holder ends, notified or not (LISTEN
+    // does not survive transaction pooling): within a nap of ttl/9.
+    let (mut h, _) = holder(&url, &scratch, "hand", "3s");
+    let ran = scratch.path("ran");
+    let mut waiter = on(&url)
+        .args(["-q", "--ttl", "3s", "hand", "-c"])
+        .arg(format!("touch {}", ran.display()))
+        .spawn();
+    wait_queued(&url, "hand", 1);
+    let released = Instant::now();
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    let took = released.elapsed();
+    assert!(ran.exists());
+    assert!(took < Duration::from_secs(3), "hand-off took {took:?}");
+    // No session state was left on the server: every lockrun row is gone.
+    assert_eq!(pg.rows(), 0);
+}
+
+#[test]
+fn through_pgbouncer_waiters_are_served_in_arrival_order() {
+    let pg = Postgres::start();
+    let bouncer = Bouncer::start(&pg);
+    let url = bouncer.url();
+    let scratch = Scratch::new();
+    let order = scratch.path("order");
+    let (mut first, _) = holder(&url, &scratch, "fifo", "3s");
+    let mut children = Vec::new();
+    for i in 0..4 {
+        children.push(
+            on(&url)
+                .args(["-q", "--ttl", "3s", "fifo", "-c"])
+                .arg(format!("echo {i} >> {}", order.display()))
+                .spawn(),
+        );
+        wait_queued(&url, "fifo", i + 1);
+    }
+    assert_eq!(finish(&scratch, &mut first), Some(0));
+    for mut c in children {
+        assert_eq!(wait_child(&mut c, Duration::from_secs(60)).code(), Some(0));
+    }
+    assert_eq!(scratch.read("order"), "0\n1\n2\n3\n");
+}
+
+/// A CA, another CA, and a server certificate for 127.0.0.1 signed by the
+/// first, made with openssl in `dir` (readable by the server).
+fn make_certs(dir: &std::path::Path) {
+    let sh = |cmd: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir)
+            .output()
+            .expect("run sh");
+        assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
+    };
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        panic!("openssl not found: the TLS tests need it (apt-get install -y openssl)");
+    }
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=lockrun-test-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 2 -subj /CN=other-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=db.internal 2>/dev/null",
+    );
+    sh("printf 'subjectAltName=IP:127.0.0.1\\n' > ext");
+    sh(
+        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt -days 2 -extfile ext 2>/dev/null",
+    );
+    // The server (as the postgres user) reads its key and certificate here.
+    sh("chown postgres:postgres . srv.key srv.crt && chmod 600 srv.key");
+}
+
+#[test]
+fn tls_as_sslmode_asks_checked_as_libpq_checks_it() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let p = |f: &str| certs.path().join(f).display().to_string();
+    let pg = Postgres::start_with(&[
+        "-c",
+        "ssl=on",
+        "-c",
+        &format!("ssl_cert_file={}", p("srv.crt")),
+        "-c",
+        &format!("ssl_key_file={}", p("srv.key")),
+    ]);
+    let ca = certs.path().join("ca.crt").display().to_string();
+    let other = certs.path().join("other.crt").display().to_string();
+    let base = pg.url();
+    // The job asks the server whether lockrun's own connection is encrypted.
+    let used_tls = |url: &str, extra: &[&str]| -> bool {
+        let out = on(url)
+            .args(extra)
+            .args(["x", "-c"])
+            .arg(format!(
+                "psql -X -Atc \"SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a \
+                 USING (pid) WHERE a.application_name = 'lockrun'\" 'host={} port={} user=postgres dbname=postgres'",
+                pg.dir().display(),
+                pg.port
+            ))
+            .succeeds();
+        out.stdout().trim() == "t"
+    };
+    // verify-full with the right CA: encrypted, and the name (127.0.0.1) checked.
+    assert!(used_tls(
+        &format!("{base}?sslmode=verify-full&sslrootcert={ca}"),
+        &[]
+    ));
+    assert!(used_tls(
+        &format!("{base}?sslmode=verify-full"),
+        &["--tls-ca", &ca]
+    ));
+    // require without a CA: encrypted, not checked (as libpq).
+    assert!(used_tls(&format!("{base}?sslmode=require"), &[]));
+    // prefer (the default): encrypted when the server offers it.
+    assert!(used_tls(&base, &[]));
+    // disable: plain.
+    assert!(!used_tls(&format!("{base}?sslmode=disable"), &[]));
+    // A certificate of another CA: refused at once, one line, no password.
+    for mode in ["verify-ca", "verify-full", "require"] {
+        let out = on(&format!("{base}?sslmode={mode}&sslrootcert={other}"))
+            .args(["x", "true"])
+            .code(69)
+            .says(&["certificate"]);
+        assert!(!out.stderr().contains(PG_PASSWORD));
+    }
+    // A server without TLS cannot satisfy require.
+    let plain = Postgres::start();
+    on(&format!("{}?sslmode=require", plain.url()))
+        .args(["x", "true"])
+        .code(69)
+        .says(&["TLS"]);
+}
+
+#[test]
+fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "kq", "3s");
+    let mut dead = on(&url).args(["-q", "--ttl", "3s", "kq", "true"]).spawn();
+    wait_queued(&url, "kq", 1);
+    let ran = scratch.path("ran");
+    let mut next = on(&url)
+        .args(["-q", "--ttl", "3s", "kq", "-c"])
+        .arg(format!("touch {}", ran.display()))
+        .spawn();
+    wait_queued(&url, "kq", 2);
+    signal(dead.id() as i32, libc::SIGKILL);
+    let _ = dead.wait();
+    let released = Instant::now();
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut next, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    // The dead waiter's place lapses within ttl/3 = 1 s of its last keep.
+    let took = released.elapsed();
+    assert!(ran.exists());
+    assert!(took < Duration::from_millis(2500), "held up for {took:?}");
+}
+
+#[test]
+fn a_server_defaulting_to_repeatable_read_still_never_lets_a_writer_beside_anyone() {
+    // Under REPEATABLE READ a transaction's snapshot dates from its first
+    // statement, before the name's lock was granted: lockrun asks for READ
+    // COMMITTED itself.
+    let pg = Postgres::start_with(&["-c", "default_transaction_isolation=repeatable read"]);
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            let mode: &[&str] = if i % 2 == 0 { &[] } else { &["-s"] };
+            on(&url)
+                .args(["-q"])
+                .args(mode)
+                .args(["rr", "-c"])
+                .arg(logging_job(
+                    &scratch,
+                    &format!("{}{i}", if i % 2 == 0 { "w" } else { "r" }),
+                    "0.1",
+                ))
+                .spawn()
+        })
+        .collect();
+    for mut c in children {
+        assert_eq!(wait_child(&mut c, Duration::from_secs(60)).code(), Some(0));
+    }
+    let s = spans(&scratch);
+    assert_eq!(s.len(), 8);
+    for a in s.iter().filter(|a| a.who.starts_with('w')) {
+        for b in s.iter().filter(|b| b.token != a.token) {
+            assert!(
+                a.end <= b.start || b.end <= a.start,
+                "a writer beside another holder: {a:?} {b:?}"
+            );
+        }
+    }
+}
+
+/// The shell block of README's "Guard a migration with PostgreSQL", less
+/// its install line.
+fn guide_script() -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("### Guard a migration with PostgreSQL")
+        .nth(1)
+        .expect("README has the guide");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("the guide has a shell block");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("apt-get "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_readme_guide_guards_an_alembic_migration_as_written() {
+    // Debian's python3 with Debian's alembic and psycopg2.
+    let python = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import alembic, psycopg2"])
+        .output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        panic!(
+            "alembic or psycopg2 not found for /usr/bin/python3: the guide's test needs them \
+             (apt-get install -y python3-alembic python3-psycopg2)"
+        );
+    }
+    let pg = Postgres::start();
+    let scratch = Scratch::new();
+    std::fs::write(scratch.path("guide.sh"), guide_script()).unwrap();
+    let bin_dir = std::path::Path::new(BIN)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let psql_dir = std::path::Path::new("/usr/bin").display().to_string();
+    let out = std::process::Command::new("bash")
+        .args(["-e", "guide.sh"])
+        .current_dir(scratch.dir.path())
+        .env("PATH", format!("{bin_dir}:{psql_dir}:/bin"))
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", pg.port.to_string())
+        .env("PGUSER", "postgres")
+        .env("PGPASSWORD", PG_PASSWORD)
+        .env("PGDATABASE", "postgres")
+        .env_remove("LOCKRUN_URL")
+        .output()
+        .expect("run bash");
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(text(&out.stdout).trim(), "0001", "{err}");
+    // One pipeline migrated; the other three waited for it, then found
+    // nothing to do.
+    assert_eq!(err.matches("Running upgrade").count(), 1, "{err}");
+    assert_eq!(err.matches("waiting for migrate").count(), 3, "{err}");
+    assert!(!err.contains(PG_PASSWORD));
+}
+
+#[test]
+fn a_revoked_lease_keeps_the_next_holder_out_until_it_would_have_ended() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "rv", "3s");
+    let started = scratch.path("started");
+    let mut waiter = on(&url)
+        .args(["-q", "--ttl", "3s", "rv", "-c"])
+        .arg(format!("date +%s%N > {}", started.display()))
+        .spawn();
+    wait_queued(&url, "rv", 1);
+    let left = status_json(&url, "rv")["ttl_left_ms"].as_u64().unwrap();
+    let revoked_at = now_ns();
+    on(&url).args(["release", "--force", "rv"]).succeeds();
+    // The holder's next renewal finds the row not its own: its job stops.
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    assert!(!alive(job));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    let start: u128 = scratch.read("started").trim().parse().unwrap();
+    let waited = Duration::from_nanos((start - revoked_at) as u64);
+    // Not before the revoked row's expiry (less the time `status` took).
+    assert!(
+        waited + Duration::from_millis(300) >= Duration::from_millis(left),
+        "the next holder started {waited:?} after the revoke, {left} ms were left"
+    );
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
