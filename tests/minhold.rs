@@ -39,6 +39,29 @@ fn redis_keeps_the_window_on_the_server_s_clock() {
     assert_eq!(fields[0], format!("m:{}", f[0]));
 }
 
+/// Without `--min-hold` a release keeps nothing, even when the server's
+/// clock now reads earlier than the grant (a failover to a node whose clock
+/// is behind, a step back): the name is free at once.
+#[test]
+fn redis_keeps_no_window_without_min_hold_whatever_the_clock_says() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let scratch = Scratch::new();
+    let mut job = on(&url)
+        .args(["skew", "-c"])
+        .arg(format!("echo $$ > {}; sleep 1", scratch.path("pid").display()))
+        .spawn();
+    scratch.pid_in("pid");
+    // The grant as a server 30 s ahead wrote it: its clock steps back.
+    let fields: Vec<String> = redis.cmd(&["HGETALL", "lockrun:{skew}"]);
+    let mut f: Vec<String> = fields[1].split('|').map(String::from).collect();
+    f[5] = (f[5].parse::<u64>().unwrap() + 30_000).to_string();
+    let _: i64 = redis.cmd(&["HSET", "lockrun:{skew}", &fields[0], &f.join("|")]);
+    assert_eq!(wait_child(&mut job, Duration::from_secs(20)).code(), Some(0));
+    assert_eq!(status_json(&url, "skew")["held"], false);
+    on(&url).args(["-n", "skew", "true"]).code(0);
+}
+
 /// A job that runs longer than its window releases at its end, as without
 /// `--min-hold`.
 #[test]

@@ -16,7 +16,9 @@ for _, r in ipairs(hs) do
     -- --min-hold: the place stays taken, by no one, until the grant plus
     -- the window on the server's clock (the grant's time is the server's,
     -- in whole ms rounded down: one more ms ends it no sooner than asked).
-    if r.granted + hold + 1 > now_ms() then
+    -- Without --min-hold nothing is kept, whatever the clock reads now (a
+    -- clock behind the grant's would otherwise keep the place).
+    if hold > 0 and r.granted + hold + 1 > now_ms() then
       r.field = 'm:' .. r.token
       r.exp = r.granted + hold + 1
       redis.call('HSET', KEYS[1], r.field, encode(r))
