@@ -70,19 +70,18 @@ impl Window {
     }
 
     /// What is left of the window, if anything. On the boot that wrote it,
-    /// the boot clock says (wall clocks that step change nothing); after a
-    /// reboot, which resets the boot clock, the wall clock does, never past
-    /// the window's length after the boot: a window cannot outlast that.
+    /// the boot clock says (wall clocks that step change nothing); written
+    /// under another boot (before a reboot, which resets the boot clock, or
+    /// by another host sharing the directory), the wall clock does. Never
+    /// more than the window's length from now: a wall clock far ahead
+    /// cannot stretch it past that.
     pub(super) fn left(&self) -> Option<Duration> {
         let now = Boot::now();
         let wall = self.until_wall_ms.saturating_sub(ms(now_since_epoch()));
         let left_ms = if !self.boot.is_empty() && self.boot == boot_id() {
             self.until_boot_ms.saturating_sub(ms(now.0))
-        } else if boot_id().is_empty() {
-            // Boots cannot be told apart here: the wall clock alone.
-            wall
         } else {
-            wall.min(self.hold_ms.saturating_sub(ms(now.0)))
+            wall
         };
         (left_ms > 0).then(|| Duration::from_millis(left_ms.min(self.hold_ms)))
     }
@@ -318,19 +317,20 @@ mod tests {
     }
 
     #[test]
-    fn after_a_reboot_the_wall_clock_bounds_a_window_by_its_length() {
+    fn under_another_boot_the_wall_clock_keeps_a_window() {
         let hold = Duration::from_secs(3600);
         let mut w = Window::new(Boot::now(), now_since_epoch(), hold);
+        // Written before a reboot, or by another host sharing the directory:
+        // its wall time holds, however long this host has been up.
         w.boot = "0".repeat(16);
-        let uptime = Boot::now().0;
-        let left = w.left();
-        // Never more than the window's length after this boot began.
-        match hold.checked_sub(uptime) {
-            Some(cap) if cap > Duration::from_secs(1) => {
-                assert!(left.is_some_and(|l| l <= cap), "{left:?}")
-            }
-            _ => assert!(left.is_none_or(|l| l <= Duration::from_secs(1)), "{left:?}"),
-        }
+        let left = w.left().expect("the window holds");
+        assert!(
+            left > Duration::from_secs(3590) && left <= hold,
+            "{left:?}"
+        );
+        // Never longer than the window itself, whatever the wall time says.
+        w.until_wall_ms = ms(now_since_epoch()) + 10 * 3_600_000;
+        assert_eq!(w.left(), Some(hold));
         // A wall time already past ends it, whatever the boot clock says.
         w.until_wall_ms = 1;
         assert_eq!(w.left(), None);
