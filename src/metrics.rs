@@ -122,15 +122,22 @@ impl Run {
     }
 }
 
-/// The file a run before left, if it is one of ours in size.
+/// The file a run before left, if it is one of ours in size: a regular
+/// file, not followed through a link, opened without blocking (a FIFO
+/// planted at the path would otherwise hold lockrun up for ever).
 fn read_small(path: &Path) -> Option<String> {
     use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(64 << 10)
-        .read_to_string(&mut text)
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
         .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(64 << 10).read_to_string(&mut text).ok()?;
     Some(text)
 }
 
@@ -142,7 +149,8 @@ fn carried(earlier: &str, name: &str) -> Option<String> {
     );
     earlier.lines().find_map(|l| {
         let rest = l.strip_prefix(&start)?;
-        let (_, value) = rest.split_once("} ")?;
+        // The value follows the last `} `: a label may hold one itself.
+        let (_, value) = rest.rsplit_once("} ")?;
         let v = value.trim();
         v.parse::<f64>()
             .is_ok_and(f64::is_finite)
@@ -259,6 +267,27 @@ mod tests {
                 .text("report", None, 75, "")
                 .contains("acquired_time")
         );
+    }
+
+    #[test]
+    fn a_label_holding_a_brace_keeps_the_carried_time() {
+        let mut held = Run::start();
+        held.granted(7);
+        let first = held.text("report", Some("x} 1"), 0, "");
+        assert!(carried(&first, "report").is_some(), "{first}");
+    }
+
+    #[test]
+    fn a_fifo_at_the_path_is_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("m.prom");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Returns at once with nothing (it would block for ever on a FIFO).
+        assert_eq!(read_small(&fifo), None);
+        let link = dir.path().join("l.prom");
+        std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+        assert_eq!(read_small(&link), None);
     }
 
     #[test]
