@@ -215,6 +215,11 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
     }
     let usage = Error::Request;
     let expected = format!("expected {}", ENGINE.form);
+    // The user and password run to the last '@', as in the multi-host
+    // forms: a password holding '/', '?', '#' or '@' unencoded would
+    // otherwise end early, the URL parser taking the rest of it for the
+    // path (and echoing it). Those characters are encoded here.
+    let raw = &userinfo_encoded(raw);
     // Never echo the raw URL: it may hold a password.
     let url = url::Url::parse(raw).map_err(|e| usage(format!("invalid --url: {e}; {expected}")))?;
     let mut shown = url.clone();
@@ -287,6 +292,28 @@ fn tls_options(
         return Ok((false, None));
     }
     Ok((insecure, opts.tls_ca.clone()))
+}
+
+/// `raw` with '/', '?', '#' and '@' percent-encoded in its user and
+/// password (everything before the last '@' after the scheme).
+fn userinfo_encoded(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return raw.to_string();
+    };
+    let Some((userinfo, hosts)) = rest.rsplit_once('@') else {
+        return raw.to_string();
+    };
+    let mut info = String::new();
+    for c in userinfo.chars() {
+        match c {
+            '/' => info.push_str("%2F"),
+            '?' => info.push_str("%3F"),
+            '#' => info.push_str("%23"),
+            '@' => info.push_str("%40"),
+            c => info.push(c),
+        }
+    }
+    format!("{scheme}://{info}@{hosts}")
 }
 
 /// Decode a percent-encoded part of a URL.
@@ -477,6 +504,21 @@ mod tests {
             assert!(!e.to_string().contains("s3cret"), "{e}");
         }
         assert!(sentinel("rediss+sentinel://h1/m#insecure").is_ok());
+    }
+
+    #[test]
+    fn a_server_url_s_password_runs_to_the_last_at() {
+        for (raw, pw) in [
+            ("redis://u:a@b/SECRET@127.0.0.1:6379", "a@b/SECRET"),
+            ("redis://u:p?q#r@h/2", "p?q#r"),
+            ("redis://:pa%40ss@h", "pa@ss"),
+        ] {
+            let a = parse(raw, &AddressOptions::default()).unwrap_or_else(|e| panic!("{raw}: {e}"));
+            assert_eq!(a.secret(), Some(pw), "{raw}");
+            assert!(!a.shown().contains("SECRET"), "{}", a.shown());
+        }
+        let e = parse("redis://u:a@b/SECRET@h:x", &AddressOptions::default()).unwrap_err();
+        assert!(!e.to_string().contains("SECRET"), "{e}");
     }
 
     #[test]
