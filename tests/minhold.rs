@@ -49,7 +49,10 @@ fn redis_keeps_no_window_without_min_hold_whatever_the_clock_says() {
     let scratch = Scratch::new();
     let mut job = on(&url)
         .args(["skew", "-c"])
-        .arg(format!("echo $$ > {}; sleep 1", scratch.path("pid").display()))
+        .arg(format!(
+            "echo $$ > {}; sleep 1",
+            scratch.path("pid").display()
+        ))
         .spawn();
     scratch.pid_in("pid");
     // The grant as a server 30 s ahead wrote it: its clock steps back.
@@ -57,7 +60,10 @@ fn redis_keeps_no_window_without_min_hold_whatever_the_clock_says() {
     let mut f: Vec<String> = fields[1].split('|').map(String::from).collect();
     f[5] = (f[5].parse::<u64>().unwrap() + 30_000).to_string();
     let _: i64 = redis.cmd(&["HSET", "lockrun:{skew}", &fields[0], &f.join("|")]);
-    assert_eq!(wait_child(&mut job, Duration::from_secs(20)).code(), Some(0));
+    assert_eq!(
+        wait_child(&mut job, Duration::from_secs(20)).code(),
+        Some(0)
+    );
     assert_eq!(status_json(&url, "skew")["held"], false);
     on(&url).args(["-n", "skew", "true"]).code(0);
 }

@@ -296,6 +296,23 @@ fn doctor_on_a_server_that_does_not_answer_is_69() {
     assert_eq!(ran.stdout().lines().count(), 1);
 }
 
+/// A key under the prefix that is not lockrun's costs its name a note, not
+/// the whole list.
+#[test]
+fn a_foreign_key_on_etcd_leaves_the_rest_of_the_list() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    on(&url).args(["--min-hold", "30s", "good", "true"]).code(0);
+    etcd.ctl(&["put", "lockrun:zz/q/7", "garbage"]);
+    let ran = on(&url).arg("status").code(0);
+    assert!(
+        ran.stdout().starts_with("good: held by"),
+        "{}",
+        ran.stdout()
+    );
+    assert!(ran.stderr().contains("zz: left out"), "{}", ran.stderr());
+}
+
 #[test]
 fn doctor_on_etcd_is_all_ok() {
     let etcd = Etcd::start();

@@ -253,8 +253,15 @@ impl Engine for Etcd {
                 ));
                 break;
             }
-            let st = self.status(&name)?;
-            listed.push((name, st));
+            // A key under the prefix that is not lockrun's costs its name
+            // a note, not the whole list (as on Redis).
+            match self.status(&name) {
+                Ok(st) => listed.push((name, st)),
+                Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
+                    notes.push(format!("{name}: left out: {m}"));
+                }
+                Err(e) => return Err(e),
+            }
         }
         notes.push(
             "read name by name, not as one snapshot: a lock may change while the list is read"

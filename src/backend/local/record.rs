@@ -324,10 +324,7 @@ mod tests {
         // its wall time holds, however long this host has been up.
         w.boot = "0".repeat(16);
         let left = w.left().expect("the window holds");
-        assert!(
-            left > Duration::from_secs(3590) && left <= hold,
-            "{left:?}"
-        );
+        assert!(left > Duration::from_secs(3590) && left <= hold, "{left:?}");
         // Never longer than the window itself, whatever the wall time says.
         w.until_wall_ms = ms(now_since_epoch()) + 10 * 3_600_000;
         assert_eq!(w.left(), Some(hold));
