@@ -240,7 +240,7 @@ fn describe_window(h: &Holder) -> String {
     }];
     parts.push("no job running".into());
     if let Some(l) = &h.label {
-        parts.push(format!("granted to {l}"));
+        parts.push(format!("granted to {}", printable(l)));
     }
     if let Some(t) = h.token {
         parts.push(format!("token {t}"));
@@ -258,7 +258,7 @@ fn describe_holder(h: &Holder) -> String {
     }
     let mut parts = vec![format!(
         "held by {}",
-        h.label.as_deref().unwrap_or("unknown")
+        printable(h.label.as_deref().unwrap_or("unknown"))
     )];
     if let Some(t) = h.token {
         parts.push(format!("token {t}"));
@@ -362,10 +362,22 @@ fn status_object(name: &str, st: &backend::Status) -> serde_json::Value {
 
 /// One name's status as text (`one_line`: several holders on the name's
 /// line, as `status` without a name shows them), or as its JSON object.
+/// Text as one line of output: a name or label found on a server or in a
+/// shared directory may hold control characters (a newline would forge a
+/// line of its own); those are shown escaped.
+fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(s.chars().flat_map(char::escape_debug).collect())
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 fn show_status(out: &mut dyn Write, name: &str, st: &backend::Status, json: bool, one_line: bool) {
     if json {
         let _ = writeln!(out, "{}", status_object(name, st));
     } else {
+        let name = printable(name);
         let waiting = match st.waiters {
             Some(n) if n > 0 => format!("; {n} waiting"),
             _ => String::new(),
@@ -452,7 +464,7 @@ fn status_all(cli: &Cli, json: bool) -> Result<Ending, Failure> {
     if common.verbosity >= 1 {
         let mut err = std::io::stderr();
         for note in &listing.notes {
-            let _ = writeln!(err, "lockrun: {note}");
+            let _ = writeln!(err, "lockrun: {}", printable(note));
         }
     }
     let any_held = listing.names.iter().any(|(_, st)| !st.holders.is_empty());

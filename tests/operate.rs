@@ -685,3 +685,24 @@ fn doctor_on_redis_cluster_reads_every_master() {
         "{out}"
     );
 }
+
+/// A file in a shared lock directory whose name decodes to control
+/// characters cannot forge a line of `status`: they are shown escaped.
+#[test]
+fn a_name_with_a_newline_forges_no_line_of_the_listing() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    on(&url).args(["real", "true"]).code(0);
+    let dir = url.trim_start_matches("file://");
+    std::fs::write(
+        format!("{dir}/evil%0Afake: held by root:1, token 9.lock"),
+        "",
+    )
+    .unwrap();
+    let out = on(&url).arg("status").output().stdout();
+    assert!(
+        !out.lines().any(|l| l.starts_with("fake:")),
+        "a forged line: {out}"
+    );
+    assert!(out.contains("evil\\nfake"), "{out}");
+}
