@@ -706,3 +706,21 @@ fn a_name_with_a_newline_forges_no_line_of_the_listing() {
     );
     assert!(out.contains("evil\\nfake"), "{out}");
 }
+
+/// A FIFO named like a lock in a shared directory neither holds the
+/// listing up nor spoils it: its name is left out with a note.
+#[test]
+fn a_fifo_in_the_lock_directory_is_left_out_at_once() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    on(&url).args(["real", "true"]).code(0);
+    let dir = url.trim_start_matches("file://");
+    let fifo = std::ffi::CString::new(format!("{dir}/trap.lock")).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+    let t = Instant::now();
+    let ran = on(&url).args(["-v", "status"]).output();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(ran.out.status.code(), Some(1), "{}", ran.stderr());
+    assert!(ran.stdout().contains("real: free"), "{}", ran.stdout());
+    assert!(ran.stderr().contains("trap: left out"), "{}", ran.stderr());
+}

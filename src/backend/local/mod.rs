@@ -555,7 +555,12 @@ impl Engine for Local {
                 readers: suffixed(&main, ".readers"),
                 main,
             };
-            names.push((name, self.status_of(&files)?));
+            // One file that cannot be read (not a regular file, no
+            // permission) costs its name a note, not the whole list.
+            match self.status_of(&files) {
+                Ok(st) => names.push((name, st)),
+                Err(e) => notes.push(format!("{name}: left out: {e}")),
+            }
         }
         names.sort_by(|a, b| a.0.cmp(&b.0));
         notes.push(
@@ -568,12 +573,28 @@ impl Engine for Local {
 impl Local {
     fn status_of(&self, files: &Files) -> Result<Status, Error> {
         // Read-only: a probing flock could make a concurrent `-n` fail.
-        let file = match std::fs::File::open(&files.main) {
+        // Opened without blocking and without following a link: a FIFO or
+        // a link planted in a shared directory must not hold `status` up.
+        let opened = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+                .open(&files.main)
+        };
+        let file = match opened {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Status::default()),
             Err(e) => return Err(self.unavailable("cannot read", &files.main, e)),
         };
         let st = fstat(&file).map_err(|e| self.unavailable("fstat", &files.main, e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(self.unavailable(
+                "cannot read",
+                &files.main,
+                std::io::Error::other("not a regular file"),
+            ));
+        }
         let now_ms = now_since_epoch().as_millis() as u64;
         let held_for = |granted_ms: u64| {
             (granted_ms > 0 && granted_ms <= now_ms)
