@@ -75,9 +75,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;list'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --json 'Print one JSON object (without NAME: an array of them) instead of text'
@@ -105,9 +105,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;doctor'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'

@@ -63,8 +63,8 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Prin
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 'Print help'
-complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l replicas -d 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l prefix -d 'Key namespace on the server' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand list" -l json -d 'Print one JSON object (without NAME: an array of them) instead of text'
@@ -81,8 +81,8 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l now -d 'Dele
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d 'Print help'
-complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s u -l url -d 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -l tls-ca -d 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -l replicas -d 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -l prefix -d 'Key namespace on the server' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'

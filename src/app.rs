@@ -521,6 +521,17 @@ fn release(
             ),
         ));
     }
+    if !force && !common.address.engine().caps.expires {
+        // A flock lasts as long as its holder: --force only ends a window.
+        return Err(fail(
+            Class::Usage,
+            format!(
+                "refusing to break a lock without --force; on the {} engine --force ends \
+                 only a --min-hold window (a running holder's lock ends with its process)",
+                common.address.engine().name
+            ),
+        ));
+    }
     if !force {
         return Err(fail(
             Class::Usage,
