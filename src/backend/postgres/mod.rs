@@ -7,12 +7,13 @@
 //!
 //! By layer: `address.rs` reads the URL and the `PG*` variables;
 //! `client.rs` is the transport (bounded calls, notifications, the error
-//! table); `sql.rs` the tables and every statement; `queue.rs` judges a
+//! table); `doctor.rs` the read-only checks; `sql.rs` the tables and every statement; `queue.rs` judges a
 //! name's rows; `take.rs` is the acquire loop. This file holds the
 //! engine's row, status, `release --force`, the lease and its renewal.
 
 mod address;
 mod client;
+mod doctor;
 mod queue;
 mod sql;
 mod take;
