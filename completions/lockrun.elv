@@ -57,7 +57,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
             cand list 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
             cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
-            cand doctor 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
+            cand doctor 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;status'= {
@@ -75,9 +75,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;list'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --json 'Print one JSON object (without NAME: an array of them) instead of text'
@@ -105,9 +105,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;doctor'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
@@ -120,7 +120,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         &'lockrun;help'= {
             cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
             cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
-            cand doctor 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
+            cand doctor 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;help;status'= {
