@@ -118,7 +118,15 @@ fn terminating_the_holder_s_connections_keeps_the_lease() {
     let mut cut = 0;
     while Instant::now() < until {
         cut += terminate_lockrun_backends(&pg);
-        on(&url).args(["-n", "term", "true"]).code(75);
+        let got = on(&url).args(["-n", "term", "true"]).output();
+        // Free while the holder runs: say what the holder saw.
+        assert_eq!(
+            got.out.status.code(),
+            Some(75),
+            "job alive: {}; holder: {}",
+            alive(job),
+            scratch.read("err")
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(cut > 0, "no lockrun connection was ever cut");
