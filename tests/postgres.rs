@@ -808,3 +808,42 @@ fn status_without_a_name_creates_nothing_and_lists_waiters() {
         Some(0)
     );
 }
+
+#[test]
+fn ten_thousand_names_are_listed_in_seconds_sorted_as_bytes() {
+    let pg = Postgres::start();
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    // Held leases as the grant writes them, in one statement; a name in
+    // upper case sorts before lower case, as bytes do.
+    pg.sql(
+        "INSERT INTO lockrun.lockrun_leases (name, slot, owner, label, token, mode, lim, \
+           expires_at, granted_at) \
+         SELECT 'n' || lpad(i::text, 5, '0'), 0, md5(i::text), 'host:' || i, \
+           nextval('lockrun.lockrun_tokens'), 'x', 1, clock_timestamp() + interval '10 min', \
+           clock_timestamp() FROM generate_series(1, 10000) i; \
+         INSERT INTO lockrun.lockrun_leases (name, slot, owner, label, token, mode, lim, \
+           expires_at, granted_at) VALUES ('Z', 0, 'o', 'h:1', 1, 'x', 1, \
+           clock_timestamp() + interval '10 min', clock_timestamp())",
+    );
+    let started = Instant::now();
+    let out = on(&pg.url()).arg("status").code(0).stdout();
+    let took = started.elapsed();
+    println!("status of 10,000 names on PostgreSQL: {took:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let lines: Vec<&str> = out.lines().collect();
+    // x was released cleanly: its row is gone, so it leaves no trace.
+    assert_eq!(lines.len(), 10_001, "Z and 10,000 others");
+    assert!(lines[0].starts_with("Z: held by h:1"), "{}", lines[0]);
+    assert!(
+        lines[1].starts_with("n00001: held by host:1,"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[10_000].starts_with("n10000: held by"),
+        "{}",
+        lines[10_000]
+    );
+    // Never an owner value.
+    assert!(!out.contains(&pg.sql("SELECT md5('1')").trim().to_string()));
+}
