@@ -242,7 +242,7 @@ pub enum OperatorCommand {
     /// Check an engine before the first incident: one line per check, ok,
     /// warn or fail, with what to do. Read-only: it runs nothing but reads
     /// and dry runs and creates nothing that outlives it (no key, no lock
-    /// file, no directory; on Redis, a user that may not run ACL DRYRUN has
+    /// file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has
     /// its permissions checked by a read-only script, which stays in the
     /// script cache as lockrun's own scripts do). Exit 0 all ok, 1 a
     /// warning, 69 unreachable or a check failed.

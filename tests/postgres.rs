@@ -118,7 +118,15 @@ fn terminating_the_holder_s_connections_keeps_the_lease() {
     let mut cut = 0;
     while Instant::now() < until {
         cut += terminate_lockrun_backends(&pg);
-        on(&url).args(["-n", "term", "true"]).code(75);
+        let got = on(&url).args(["-n", "term", "true"]).output();
+        // Free while the holder runs: say what the holder saw.
+        assert_eq!(
+            got.out.status.code(),
+            Some(75),
+            "job alive: {}; holder: {}",
+            alive(job),
+            scratch.read("err")
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(cut > 0, "no lockrun connection was ever cut");
@@ -619,4 +627,223 @@ fn now_ns() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos()
+}
+
+// ---- doctor, status without a name, --min-hold (README "Operate", "Once per window") ----
+
+/// `lockrun doctor`'s lines as (verdict, topic, text).
+fn doctor_lines(out: &str) -> Vec<(String, String, String)> {
+    out.lines()
+        .map(|l| {
+            let (v, rest) = l.split_once("  ").expect("verdict, two spaces");
+            let (topic, said) = rest.trim().split_once(": ").expect("topic: text");
+            (v.trim().to_string(), topic.to_string(), said.to_string())
+        })
+        .collect()
+}
+
+#[track_caller]
+fn verdict_of(lines: &[(String, String, String)], topic: &str) -> String {
+    lines
+        .iter()
+        .find(|(_, t, _)| t == topic)
+        .unwrap_or_else(|| panic!("no {topic} check: {lines:?}"))
+        .0
+        .clone()
+}
+
+#[test]
+fn doctor_checks_the_server_the_tables_and_the_role_s_rights_creating_nothing() {
+    let pg = Postgres::start();
+    // Healthy and untouched: all ok, and still untouched.
+    let out = on(&pg.url()).arg("doctor").code(0).stdout();
+    let lines = doctor_lines(&out);
+    for topic in [
+        "reachable",
+        "round trip",
+        "clock",
+        "version",
+        "pooler",
+        "default_transaction_isolation",
+        "idle_in_transaction_session_timeout",
+        "tables",
+    ] {
+        assert_eq!(verdict_of(&lines, topic), "ok", "{out}");
+    }
+    assert!(!pg.has_schema() && pg.rows() == 0, "doctor created: {out}");
+
+    // Once the tables exist: each is checked; still nothing written.
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    let before = pg.sql("SELECT last_value FROM lockrun.lockrun_tokens");
+    let out = on(&pg.url()).arg("doctor").code(0).stdout();
+    let lines = doctor_lines(&out);
+    for topic in ["leases table", "waiters table", "token sequence"] {
+        assert_eq!(verdict_of(&lines, topic), "ok", "{out}");
+    }
+    assert_eq!(
+        pg.sql("SELECT last_value FROM lockrun.lockrun_tokens"),
+        before
+    );
+
+    // A role without the grants: each missing right is a failure, 69.
+    pg.sql("CREATE ROLE norights LOGIN PASSWORD 'nr-pw'");
+    let ran = on(&pg.url_as("norights", "nr-pw")).arg("doctor").code(69);
+    let out = ran.stdout();
+    assert!(!out.contains("nr-pw") && !ran.stderr().contains("nr-pw"));
+    let lines = doctor_lines(&out);
+    assert_eq!(verdict_of(&lines, "schema"), "fail", "{out}");
+    assert_eq!(verdict_of(&lines, "leases table"), "fail", "{out}");
+    assert!(out.contains("GRANT"), "{out}");
+
+    // The README's grants are enough for every check.
+    pg.sql(
+        "GRANT USAGE ON SCHEMA lockrun TO norights; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO norights; \
+         GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO norights",
+    );
+    on(&pg.url_as("norights", "nr-pw")).arg("doctor").code(0);
+
+    // A foreign table in the way: a failure naming --prefix.
+    pg.sql("CREATE SCHEMA other; CREATE TABLE other.lockrun_leases (id int PRIMARY KEY)");
+    let out = on(&pg.url())
+        .args(["--prefix", "other", "doctor"])
+        .code(69)
+        .stdout();
+    let lines = doctor_lines(&out);
+    assert_eq!(verdict_of(&lines, "leases table"), "fail", "{out}");
+    assert!(out.contains("--prefix"), "{out}");
+}
+
+#[test]
+fn doctor_sees_a_transaction_pooling_pgbouncer() {
+    let pg = Postgres::start();
+    let bouncer = Bouncer::start(&pg);
+    let out = on(&bouncer.url()).arg("doctor").code(1).stdout();
+    assert_eq!(verdict_of(&doctor_lines(&out), "pooler"), "warn", "{out}");
+    assert!(out.contains("ttl/9"), "{out}");
+}
+
+#[test]
+fn a_min_hold_window_works_on_tables_made_before_it_and_with_the_readme_s_grants() {
+    let pg = Postgres::start();
+    // The tables as the version before --min-hold made them, then a role
+    // with the README's grants only.
+    pg.sql(
+        "CREATE SCHEMA lockrun; \
+         CREATE SEQUENCE lockrun.lockrun_tokens AS bigint CACHE 1; \
+         CREATE TABLE lockrun.lockrun_leases ( \
+           name text NOT NULL, slot integer NOT NULL, owner text NOT NULL, \
+           label text NOT NULL, token bigint NOT NULL, mode text NOT NULL, \
+           lim integer NOT NULL, expires_at timestamptz NOT NULL, \
+           granted_at timestamptz NOT NULL, revoked boolean NOT NULL DEFAULT false, \
+           PRIMARY KEY (name, slot)); \
+         CREATE TABLE lockrun.lockrun_waiters ( \
+           name text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, \
+           owner text NOT NULL, label text NOT NULL, mode text NOT NULL, \
+           lim integer NOT NULL, expires_at timestamptz NOT NULL, \
+           PRIMARY KEY (name, seq)); \
+         CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
+         GRANT USAGE ON SCHEMA lockrun TO ci; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
+         GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO ci",
+    );
+    let url = pg.url_as("ci", "ci-pw");
+    let first = run_token(&url, "plain");
+    on(&url).args(["--min-hold", "2s", "w", "true"]).succeeds();
+    on(&url).args(["-n", "w", "true"]).code(75);
+    let v = status_json(&url, "w");
+    assert_eq!(v["min_hold"], true, "{v}");
+    // The owner value never shows: the row's owner is only the marker.
+    assert!(!v.to_string().contains("\"owner\""), "{v}");
+    // The window is kept on the server's clock: it ends on its own.
+    assert!(wait_until(Duration::from_secs(10), || {
+        status_json(&url, "w")["held"] == false
+    }));
+    assert!(run_token(&url, "w") > first);
+    // status without a name: every name, sorted, from one statement.
+    let v = on(&url).args(["status", "--json"]).code(1).json();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted);
+    assert!(
+        pg.sql("SELECT count(*) FROM lockrun.lockrun_leases WHERE name = 'w'")
+            .trim()
+            == "0"
+    );
+}
+
+#[test]
+fn a_job_longer_than_its_window_releases_at_its_end() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    on(&url)
+        .args(["--min-hold", "0.2s", "long", "sleep", "0.5"])
+        .succeeds();
+    assert_eq!(status_json(&url, "long")["held"], false);
+    on(&url).args(["-n", "long", "true"]).succeeds();
+}
+
+#[test]
+fn status_without_a_name_creates_nothing_and_lists_waiters() {
+    let pg = Postgres::start();
+    on(&pg.url()).arg("status").code(1);
+    on(&pg.url()).arg("list").code(1);
+    assert!(!pg.has_schema());
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&pg.url(), &scratch, "busy", "30s");
+    let mut waiter = on(&pg.url()).args(["-q", "busy", "true"]).spawn();
+    wait_queued(&pg.url(), "busy", 1);
+    let text = on(&pg.url()).arg("list").code(0).stdout();
+    assert!(text.starts_with("busy: held by"), "{text}");
+    assert!(text.contains("1 waiting"), "{text}");
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn ten_thousand_names_are_listed_in_seconds_sorted_as_bytes() {
+    let pg = Postgres::start();
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    // Held leases as the grant writes them, in one statement; a name in
+    // upper case sorts before lower case, as bytes do.
+    pg.sql(
+        "INSERT INTO lockrun.lockrun_leases (name, slot, owner, label, token, mode, lim, \
+           expires_at, granted_at) \
+         SELECT 'n' || lpad(i::text, 5, '0'), 0, md5(i::text), 'host:' || i, \
+           nextval('lockrun.lockrun_tokens'), 'x', 1, clock_timestamp() + interval '10 min', \
+           clock_timestamp() FROM generate_series(1, 10000) i; \
+         INSERT INTO lockrun.lockrun_leases (name, slot, owner, label, token, mode, lim, \
+           expires_at, granted_at) VALUES ('Z', 0, 'o', 'h:1', 1, 'x', 1, \
+           clock_timestamp() + interval '10 min', clock_timestamp())",
+    );
+    let started = Instant::now();
+    let out = on(&pg.url()).arg("status").code(0).stdout();
+    let took = started.elapsed();
+    println!("status of 10,000 names on PostgreSQL: {took:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let lines: Vec<&str> = out.lines().collect();
+    // x was released cleanly: its row is gone, so it leaves no trace.
+    assert_eq!(lines.len(), 10_001, "Z and 10,000 others");
+    assert!(lines[0].starts_with("Z: held by h:1"), "{}", lines[0]);
+    assert!(
+        lines[1].starts_with("n00001: held by host:1,"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[10_000].starts_with("n10000: held by"),
+        "{}",
+        lines[10_000]
+    );
+    // Never an owner value.
+    assert!(!out.contains(&pg.sql("SELECT md5('1')").trim().to_string()));
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{ENGINE, Postgres};
-use crate::backend::{Address, AddressOptions, Engine, EngineInfo, Error, Opening};
+use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
 
 /// PostgreSQL's port when neither the URL nor PGPORT names one.
 const DEFAULT_PORT: u16 = 5432;
@@ -84,6 +84,9 @@ impl Address for PgUrl {
     }
     fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
         Ok(Box::new(Postgres::open(self, how)?))
+    }
+    fn doctor(&self, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(self, how)
     }
 }
 

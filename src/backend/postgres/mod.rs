@@ -7,12 +7,13 @@
 //!
 //! By layer: `address.rs` reads the URL and the `PG*` variables;
 //! `client.rs` is the transport (bounded calls, notifications, the error
-//! table); `sql.rs` the tables and every statement; `queue.rs` judges a
+//! table); `doctor.rs` the read-only checks; `sql.rs` the tables and every statement; `queue.rs` judges a
 //! name's rows; `take.rs` is the acquire loop. This file holds the
 //! engine's row, status, `release --force`, the lease and its renewal.
 
 mod address;
 mod client;
+mod doctor;
 mod queue;
 mod sql;
 mod take;
@@ -31,8 +32,10 @@ use sql::Tables;
 use take::missing;
 
 use super::{
-    Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, Opening, Request, Status, Wait,
+    Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening,
+    Request, Status, Wait,
 };
+use crate::clock::Boot;
 use crate::log;
 use crate::watchdog::{Renewal, Renewer};
 
@@ -78,24 +81,24 @@ impl Postgres {
             Err(_) if missing(self.client.last_code.as_deref()) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        rows.iter()
-            .map(|r| {
-                let m = mode(&r.get::<_, String>(3), r.get(4))?;
-                let ms = |v: Option<i64>| Duration::from_millis(v.unwrap_or(0).max(0) as u64);
-                Ok(Holder {
-                    label: Some(r.get::<_, String>(1)).filter(|l| !l.is_empty()),
-                    token: Some(r.get::<_, i64>(2).max(0) as u64),
-                    mode: m,
-                    slot: matches!(m, super::Mode::Limit(_))
-                        .then(|| r.get::<_, i32>(0).max(0) as u32),
-                    ttl_left: Some(ms(r.get(6))),
-                    held_for: Some(ms(r.get(7))),
-                    revoked: r.get(5),
-                    min_hold: false,
-                })
-            })
-            .collect()
+        rows.iter().map(|r| holder_of(r, 0)).collect()
     }
+}
+
+/// A holder from the columns `sql::holder_columns` names, from column `at` on.
+fn holder_of(r: &tokio_postgres::Row, at: usize) -> Result<Holder, Error> {
+    let m = mode(&r.get::<_, String>(at + 3), r.get(at + 4))?;
+    let ms = |v: Option<i64>| Duration::from_millis(v.unwrap_or(0).max(0) as u64);
+    Ok(Holder {
+        label: Some(r.get::<_, String>(at + 1)).filter(|l| !l.is_empty()),
+        token: Some(r.get::<_, i64>(at + 2).max(0) as u64),
+        mode: m,
+        slot: matches!(m, super::Mode::Limit(_)).then(|| r.get::<_, i32>(at).max(0) as u32),
+        ttl_left: Some(ms(r.get(at + 6))),
+        held_for: Some(ms(r.get(at + 7))),
+        revoked: r.get(at + 5),
+        min_hold: r.get(at + 8),
+    })
 }
 
 impl Engine for Postgres {
@@ -120,6 +123,55 @@ impl Engine for Postgres {
             holders,
             waiters: Some(waiters),
         })
+    }
+
+    /// One statement reads every name with its holders and waiters: a
+    /// snapshot, bounded in names by `bound` and in time by what is left
+    /// of it. Missing tables are an empty list, never created.
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let doing = "listing names";
+        let limit = i64::try_from(bound.names.saturating_add(1)).unwrap_or(i64::MAX);
+        let left = bound.until.since(Boot::now());
+        let op = self.client.op;
+        // A large table may take longer than one request's budget; the
+        // listing's own bound is the limit.
+        self.client.op = op.max(left);
+        let got = self
+            .client
+            .query(&self.tables.list(), &[(&limit, Type::INT8)]);
+        self.client.op = op;
+        let rows = match got {
+            Ok(rows) => rows,
+            Err(_) if missing(self.client.last_code.as_deref()) => Vec::new(),
+            Err(e) => return Err(self.client.failed(doing, e)),
+        };
+        let mut names: Vec<(String, Status)> = Vec::new();
+        for r in &rows {
+            let name: String = r.get(0);
+            if names.last().is_none_or(|(n, _)| *n != name) {
+                let waiting = r.get::<_, i64>(10).max(0) as u64;
+                names.push((
+                    name,
+                    Status {
+                        holders: Vec::new(),
+                        waiters: Some(waiting),
+                    },
+                ));
+            }
+            if r.get::<_, Option<i64>>(3).is_some() {
+                let h = holder_of(r, 1)?;
+                names.last_mut().expect("pushed above").1.holders.push(h);
+            }
+        }
+        let mut notes = Vec::new();
+        if names.len() > bound.names {
+            names.truncate(bound.names);
+            notes.push(format!(
+                "stopped after {} names: the list is incomplete",
+                bound.names
+            ));
+        }
+        Ok(Listing { names, notes })
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
@@ -149,12 +201,15 @@ impl Engine for Postgres {
             ("SELECT 1", &[]),
             |c, _| {
                 let mut broken = Vec::new();
+                let mut deleted = false;
                 for h in matched {
                     if h.revoked && !force.now {
                         continue;
                     }
+                    // A row kept by --min-hold runs no job: it goes at once.
+                    let now = force.now || h.min_hold;
                     let token = h.token.unwrap_or(0) as i64;
-                    let sql = if force.now {
+                    let sql = if now {
                         tables.delete()
                     } else {
                         // The row stays until it would have ended: nobody else
@@ -169,15 +224,16 @@ impl Engine for Postgres {
                         continue;
                     }
                     let mut h = h.clone();
-                    if force.now {
+                    if now {
                         h.ttl_left = None;
+                        deleted = true;
                     } else {
                         h.revoked = true;
                     }
                     broken.push(h);
                 }
                 let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
-                let last: Vec<Call> = (force.now && !broken.is_empty())
+                let last: Vec<Call> = deleted
                     .then_some(Call::Query(tables.notify(), &wake))
                     .into_iter()
                     .collect();
@@ -209,6 +265,8 @@ struct Row {
 struct PgHeld {
     client: Client,
     row: Row,
+    /// `--min-hold`: the release keeps the row until the grant plus this.
+    min_hold: Option<Duration>,
 }
 
 impl PgHeld {
@@ -223,6 +281,7 @@ impl PgHeld {
                 channel: channel.to_string(),
             },
             client,
+            min_hold: req.min_hold,
         }
     }
 }
@@ -238,11 +297,17 @@ impl Held for PgHeld {
     fn release(mut self: Box<Self>) -> Result<bool, Error> {
         let r = &self.row;
         let doing = format!("releasing {}", r.name);
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
+        // The window in whole µs (the server's resolution), rounded up: it
+        // ends no sooner than asked.
+        let window = self.min_hold.map_or(0, |d| {
+            i64::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(i64::MAX)
+        });
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
             (&r.name, Type::TEXT),
             (&r.slot, Type::INT4),
             (&r.owner, Type::TEXT),
             (&r.channel, Type::TEXT),
+            (&window, Type::INT8),
         ];
         let sql = r.tables.release();
         // The connection may have gone while the job ran: once more on a new one.
@@ -251,8 +316,22 @@ impl Held for PgHeld {
             done => done,
         }
         .map_err(|e| self.client.failed(&doing, e))?;
-        log::info(format!("released {}", r.name));
-        Ok(rows.first().is_some_and(|row| row.get::<_, i64>(0) > 0))
+        let count = |i: usize| rows.first().map_or(0, |row| row.get::<_, i64>(i));
+        if count(1) > 0 {
+            log::info(format!(
+                "released {}; kept by --min-hold until {} after its grant",
+                r.name,
+                humantime::format_duration(self.min_hold.unwrap_or_default())
+            ));
+        } else {
+            log::info(format!("released {}", r.name));
+        }
+        Ok(count(0) > 0)
+    }
+
+    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+        self.min_hold = None;
+        self.release()
     }
 }
 

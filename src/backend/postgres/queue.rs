@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::Row;
 
+use super::sql::KEPT;
 use crate::backend::{Error, Mode, Request};
 
 /// One live row of a name.
@@ -98,7 +99,9 @@ pub fn judge(holders: &[Entry], waiters: &[Entry], seq: Option<i64>, req: &Reque
     }
     if holders
         .iter()
-        .any(|h| req.is_own_outer_holder(Some(&h.label)))
+        // A row kept by --min-hold is no lockrun's job any more, even if
+        // its label is the outer one's.
+        .any(|h| h.owner != KEPT && req.is_own_outer_holder(Some(&h.label)))
     {
         return Verdict::Nested;
     }

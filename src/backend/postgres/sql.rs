@@ -5,6 +5,22 @@
 
 use std::time::Duration;
 
+/// The owner value of a row kept by `--min-hold` after its job ended:
+/// never an owner secret (those are 32 hex digits), so no renewal, release
+/// or grant retry takes it for its own (README "Once per window").
+pub const KEPT: &str = "min-hold";
+
+/// A holder's columns, as `holder_of` reads them: never the owner
+/// value, only whether the row is a kept window.
+fn holder_columns() -> String {
+    format!(
+        "slot, label, token, mode, lim, revoked, \
+         (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms, \
+         (extract(epoch FROM clock_timestamp() - granted_at) * 1000)::bigint AS age_ms, \
+         (owner = '{KEPT}' AND NOT revoked) AS kept"
+    )
+}
+
 /// The objects of one schema (the `--prefix`).
 #[derive(Debug, Clone)]
 pub struct Tables {
@@ -158,14 +174,27 @@ impl Tables {
         )
     }
 
-    /// Give our lease back and wake the name's waiters.
-    /// $1 name, $2 slot, $3 owner, $4 channel.
+    /// Give our lease back and wake the name's waiters. With a
+    /// `--min-hold` window still open on the server's clock, the row stays,
+    /// owned by no one (`KEPT`), until the grant plus the window; else it
+    /// goes. One instant decides both sides, so exactly one of them acts.
+    /// $1 name, $2 slot, $3 owner, $4 channel, $5 window in µs (0: none).
     pub fn release(&self) -> String {
         format!(
-            "WITH gone AS (DELETE FROM {} WHERE name = $1 AND slot = $2 AND owner = $3 \
+            "WITH now AS (SELECT clock_timestamp() AS t), \
+             kept AS (UPDATE {l} AS l SET owner = '{KEPT}', \
+                 expires_at = l.granted_at + $5 * interval '1 microsecond' \
+               FROM now WHERE l.name = $1 AND l.slot = $2 AND l.owner = $3 \
+                 AND l.expires_at > now.t AND l.granted_at + $5 * interval '1 microsecond' > now.t \
+               RETURNING 1), \
+             gone AS (DELETE FROM {l} AS l USING now \
+               WHERE l.name = $1 AND l.slot = $2 AND l.owner = $3 \
+                 AND NOT (l.expires_at > now.t \
+                   AND l.granted_at + $5 * interval '1 microsecond' > now.t) \
                RETURNING 1) \
-             SELECT (SELECT count(*) FROM gone) AS n, pg_notify($4, '')::text AS woken",
-            self.leases
+             SELECT (SELECT count(*) FROM kept) + (SELECT count(*) FROM gone) AS n, \
+               (SELECT count(*) FROM kept) AS kept, pg_notify($4, '')::text AS woken",
+            l = self.leases
         )
     }
 
@@ -177,11 +206,29 @@ impl Tables {
     /// The holders for `status` and `release --force`. $1 name.
     pub fn holders(&self) -> String {
         format!(
-            "SELECT slot, label, token, mode, lim, revoked, \
-               (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms, \
-               (extract(epoch FROM clock_timestamp() - granted_at) * 1000)::bigint AS age_ms \
-             FROM {} WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY token",
+            "SELECT {} FROM {} WHERE name = $1 AND expires_at > clock_timestamp() \
+             ORDER BY token",
+            holder_columns(),
             self.leases
+        )
+    }
+
+    /// Every name the tables have a trace of, in byte order (as every
+    /// engine sorts), at most $1 of them, each with its live holders (one
+    /// row each, or one row of NULLs for a free name) and its number of
+    /// live places in the queue: one statement, so one snapshot.
+    pub fn list(&self) -> String {
+        format!(
+            "WITH n AS (SELECT name FROM (SELECT name FROM {l} UNION SELECT name FROM {w}) a \
+               ORDER BY name COLLATE \"C\" LIMIT $1) \
+             SELECT n.name, {c}, \
+               (SELECT count(*) FROM {w} w WHERE w.name = n.name \
+                 AND w.expires_at > clock_timestamp()) AS waiting \
+             FROM n LEFT JOIN {l} AS h ON h.name = n.name AND h.expires_at > clock_timestamp() \
+             ORDER BY n.name COLLATE \"C\", token",
+            c = holder_columns(),
+            l = self.leases,
+            w = self.waiters
         )
     }
 

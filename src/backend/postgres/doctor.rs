@@ -1,0 +1,501 @@
+//! `lockrun doctor` on PostgreSQL: reachable, round trip, version, the
+//! server's role (primary or standby) and standbys, the clock, the settings
+//! that bear on lockrun's statements, a transaction-pooling proxy if one
+//! shows, and lockrun's tables with the current role's rights on them (or
+//! to create them). Only reads: catalogs, settings and `has_*_privilege`;
+//! nothing is created, not even the schema (README "PostgreSQL").
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio_postgres::Row;
+use tokio_postgres::types::Type;
+
+use super::address::{PgUrl, schema_of};
+use super::client::Client;
+use super::sql::Tables;
+use crate::backend::{Check, Error, Opening, round_trip_check};
+use crate::clock::Boot;
+
+/// The oldest server lockrun's tables work on (identity columns, `CREATE
+/// SEQUENCE … AS bigint`).
+const OLDEST: i32 = 100_000;
+
+/// A table's columns as (name, type as `format_type` writes it).
+type Columns = &'static [(&'static str, &'static str)];
+
+/// The columns lockrun reads and writes, by table; other columns may be
+/// there as long as they have defaults.
+const LEASE_COLUMNS: [(&str, &str); 10] = [
+    ("name", "text"),
+    ("slot", "integer"),
+    ("owner", "text"),
+    ("label", "text"),
+    ("token", "bigint"),
+    ("mode", "text"),
+    ("lim", "integer"),
+    ("expires_at", "timestamp with time zone"),
+    ("granted_at", "timestamp with time zone"),
+    ("revoked", "boolean"),
+];
+const WAITER_COLUMNS: [(&str, &str); 7] = [
+    ("name", "text"),
+    ("seq", "bigint"),
+    ("owner", "text"),
+    ("label", "text"),
+    ("mode", "text"),
+    ("lim", "integer"),
+    ("expires_at", "timestamp with time zone"),
+];
+
+pub fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
+    let mut out = Vec::new();
+    let schema = match schema_of(&how.prefix) {
+        Ok(s) => s,
+        Err(e) => {
+            out.push(Check::fail("prefix", e.to_string()));
+            return out;
+        }
+    };
+    let url = Arc::new(url.clone());
+    let mut client = Client::new(Arc::clone(&url), how.op);
+    let started = Boot::now();
+    let about = match client.query(
+        "SELECT current_setting('server_version'), current_setting('server_version_num')::int, \
+           current_user::text, current_database()::text, pg_is_in_recovery()",
+        &[],
+    ) {
+        Ok(rows) => rows,
+        Err(e) => {
+            let what = match e {
+                Error::Transient(m) => format!("{m}; check the address and that PostgreSQL runs"),
+                e => e.to_string(),
+            };
+            out.push(Check::fail("reachable", what));
+            return out;
+        }
+    };
+    let Some(about) = about.first() else {
+        out.push(Check::fail("reachable", "the server answered with no row"));
+        return out;
+    };
+    let role: String = about.get(2);
+    out.push(Check::ok(
+        "reachable",
+        format!(
+            "PostgreSQL at {} answered in {} as role {role} in database {}",
+            url.display,
+            shown(Boot::now().since(started)),
+            about.get::<_, String>(3)
+        ),
+    ));
+    let mut pids = Vec::new();
+    match round_trips(&mut client, &mut pids) {
+        Ok((worst, offset)) => {
+            out.push(round_trip_check(worst, how.op));
+            out.push(clock_check(offset));
+        }
+        Err(e) => {
+            out.push(Check::fail("round trip", e.to_string()));
+            return out;
+        }
+    }
+    out.push(version_check(about.get(0), about.get(1)));
+    if about.get::<_, bool>(4) {
+        out.push(Check::fail(
+            "primary",
+            "this server is a standby (in recovery): it is read-only, so every grant fails; \
+             point lockrun at the primary",
+        ));
+    }
+    out.push(pooler_check(&mut client, &url, how, &pids));
+    match settings(&mut client, how) {
+        Ok(checks) => out.extend(checks),
+        Err(e) => out.push(Check::warn("settings", format!("could not be read: {e}"))),
+    }
+    match tables(&mut client, &schema, &role) {
+        Ok(checks) => out.extend(checks),
+        Err(e) => out.push(Check::fail("tables", e.to_string())),
+    }
+    out
+}
+
+/// Five round trips that read the server's clock and its backend: the
+/// slowest, and the server's clock minus ours (from the quickest, when
+/// the reading sits closest to the middle of its round trip).
+fn round_trips(client: &mut Client, pids: &mut Vec<i32>) -> Result<(Duration, f64), Error> {
+    let mut worst = Duration::ZERO;
+    let mut best: Option<(Duration, f64)> = None;
+    for _ in 0..5 {
+        let sent = Boot::now();
+        let wall_sent = wall();
+        let rows = client.query(
+            "SELECT extract(epoch FROM clock_timestamp())::float8, pg_backend_pid()",
+            &[],
+        )?;
+        let rtt = Boot::now().since(sent);
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Refused("the server answered with no row".into()))?;
+        let server: f64 = row.get(0);
+        pids.push(row.get(1));
+        let offset = server - (wall_sent + rtt.as_secs_f64() / 2.0);
+        worst = worst.max(rtt);
+        if best.is_none_or(|(b, _)| rtt < b) {
+            best = Some((rtt, offset));
+        }
+    }
+    Ok((worst, best.map_or(0.0, |(_, o)| o)))
+}
+
+fn wall() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+fn clock_check(offset: f64) -> Check {
+    let size = shown(Duration::from_secs_f64(offset.abs().min(1e9)));
+    let side = if offset >= 0.0 { "ahead of" } else { "behind" };
+    let said = format!(
+        "the server's clock is {size} {side} this host's (leases, --min-hold windows and \
+         tokens count on the server's clock alone)"
+    );
+    if offset.abs() >= 1.0 {
+        Check::warn(
+            "clock",
+            format!(
+                "{said}; a clock that far off is likely not kept by NTP, and a step of the \
+                 server's clock shortens or lengthens every lease by the step: keep NTP on"
+            ),
+        )
+    } else {
+        Check::ok("clock", said)
+    }
+}
+
+fn version_check(version: String, num: i32) -> Check {
+    if num >= OLDEST {
+        Check::ok("version", format!("PostgreSQL {version}"))
+    } else {
+        Check::fail(
+            "version",
+            format!("PostgreSQL {version}: lockrun needs PostgreSQL 10 or later"),
+        )
+    }
+}
+
+/// A transaction-pooling proxy shows as one server backend answering two
+/// client connections, or one client connection answered by several
+/// backends; a direct connection always has a backend of its own.
+fn pooler_check(client: &mut Client, url: &Arc<PgUrl>, how: &Opening, pids: &[i32]) -> Check {
+    let mut other = Client::new(Arc::clone(url), how.op);
+    let mut theirs = Vec::new();
+    let mut ours = pids.to_vec();
+    let pid = |c: &mut Client| -> Option<i32> {
+        c.query("SELECT pg_backend_pid()", &[])
+            .ok()?
+            .first()
+            .map(|r| r.get(0))
+    };
+    for _ in 0..3 {
+        theirs.extend(pid(&mut other));
+        ours.extend(pid(client));
+    }
+    drop(other);
+    let varied = ours.windows(2).any(|w| w[0] != w[1]);
+    let shared = theirs.iter().any(|p| ours.contains(p));
+    if varied || shared {
+        Check::warn(
+            "pooler",
+            "statements of one connection ran on several server connections, or two \
+             connections on one: a transaction-pooling proxy (PgBouncer pool_mode = \
+             transaction) is between. Leases work through it, but LISTEN does not, so a \
+             waiter's hand-off costs up to ttl/9 (README \"PostgreSQL\"); point lockrun at \
+             the server or a session pool for prompt hand-offs",
+        )
+    } else {
+        Check::ok(
+            "pooler",
+            "no transaction pooling seen: each connection had a server connection of its own",
+        )
+    }
+}
+
+/// The settings that bear on lockrun's statements, as the server applies
+/// them to this role and database.
+fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
+    let rows = client.query(
+        "SELECT current_setting('default_transaction_isolation'), \
+           current_setting('idle_in_transaction_session_timeout'), \
+           current_setting('statement_timeout'), \
+           (SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'), \
+           current_setting('synchronous_standby_names'), \
+           current_setting('synchronous_commit'), \
+           (SELECT count(*) FROM pg_stat_replication)",
+        &[],
+    )?;
+    let r = rows
+        .first()
+        .ok_or_else(|| Error::Refused("the server answered with no row".into()))?;
+    let mut out = Vec::new();
+    let isolation: String = r.get(0);
+    out.push(Check::ok(
+        "default_transaction_isolation",
+        if isolation == "read committed" {
+            isolation
+        } else {
+            format!(
+                "{isolation}: lockrun's transactions ask for read committed themselves; its \
+                 single statements (renewal, release) may meet serialization failures under \
+                 load, which it retries"
+            )
+        },
+    ));
+    let idle: String = r.get(1);
+    out.push(Check::ok(
+        "idle_in_transaction_session_timeout",
+        format!(
+            "{idle} (lockrun sets its own inside each of its transactions: twice the bound on \
+             one request, so a client stopped mid-transaction holds no name up for long)"
+        ),
+    ));
+    let timeout: String = r.get(2);
+    let timeout_ms: Option<i64> = r.get(3);
+    let op_ms = how.op.as_millis() as i64;
+    out.push(match timeout_ms {
+        Some(ms) if ms > 0 && ms < op_ms => Check::warn(
+            "statement_timeout",
+            format!(
+                "{timeout}, below the bound on one request ({}): a slow renewal or release \
+                 is cancelled by the server before lockrun gives up on it; ALTER ROLE … SET \
+                 statement_timeout = 0 (or at least {}) for lockrun's role",
+                shown(how.op),
+                shown(how.op)
+            ),
+        ),
+        _ => Check::ok("statement_timeout", timeout),
+    });
+    let sync_names: String = r.get(4);
+    let sync_commit: String = r.get(5);
+    let standbys: i64 = r.get(6);
+    out.push(if standbys == 0 {
+        Check::ok(
+            "standbys",
+            "none streaming from this server: no failover can lose a grant, and none can \
+             take over if it fails",
+        )
+    } else if sync_names.trim().is_empty() || !matches!(sync_commit.as_str(), "on" | "remote_apply")
+    {
+        Check::warn(
+            "standbys",
+            format!(
+                "{standbys} asynchronous (synchronous_standby_names {sync_names:?}, \
+                 synchronous_commit {sync_commit}): a failover can lose the last grants and \
+                 hand a name out twice (README \"PostgreSQL\", Guarantees); set \
+                 synchronous_standby_names and synchronous_commit = on"
+            ),
+        )
+    } else {
+        Check::ok(
+            "standbys",
+            format!("{standbys}, synchronous ({sync_names}): a grant is on a standby before its job starts"),
+        )
+    });
+    Ok(out)
+}
+
+/// One object of lockrun's in the catalog.
+struct Object {
+    kind: String,
+    rights: Vec<(&'static str, Option<bool>)>,
+}
+
+/// lockrun's schema, its three objects, and the current role's rights on
+/// them, from the catalogs (readable by every role) and `has_*_privilege`.
+fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, Error> {
+    let t = Tables::new(schema);
+    let ns = client.query(
+        "SELECT has_schema_privilege(n.oid, 'USAGE'), has_schema_privilege(n.oid, 'CREATE') \
+         FROM pg_namespace n WHERE n.nspname = $1",
+        &[(&schema, Type::TEXT)],
+    )?;
+    let db_create = client
+        .query(
+            "SELECT has_database_privilege(current_database(), 'CREATE')",
+            &[],
+        )?
+        .first()
+        .is_some_and(|r| r.get::<_, bool>(0));
+    let Some(ns) = ns.first() else {
+        return Ok(vec![if db_create {
+            Check::ok(
+                "tables",
+                format!(
+                    "schema {schema} does not exist yet: role {role} may create it and \
+                     lockrun's tables in it, as the first run does"
+                ),
+            )
+        } else {
+            Check::fail(
+                "tables",
+                format!(
+                    "schema {schema} does not exist and role {role} may not create it: \
+                     create it and lockrun's tables once as a role that may, then grant \
+                     this one what README \"PostgreSQL\" lists"
+                ),
+            )
+        }]);
+    };
+    let (usage, create): (bool, bool) = (ns.get(0), ns.get(1));
+    let mut out = Vec::new();
+    if !usage {
+        out.push(Check::fail(
+            "schema",
+            format!(
+                "role {role} may not use schema {schema}: GRANT USAGE ON SCHEMA {schema} TO \
+                 {role} (README \"PostgreSQL\")"
+            ),
+        ));
+    }
+    let rows = client.query(
+        "SELECT c.relname::text, c.relkind::text, \
+           CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'SELECT') END, \
+           CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'INSERT') END, \
+           CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'UPDATE') END, \
+           CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'DELETE') END, \
+           CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(c.oid, 'USAGE') \
+             OR has_sequence_privilege(c.oid, 'UPDATE') END \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 \
+           AND c.relname IN ('lockrun_leases', 'lockrun_waiters', 'lockrun_tokens')",
+        &[(&schema, Type::TEXT)],
+    )?;
+    let found = |name: &str| -> Option<Object> {
+        let r: &Row = rows.iter().find(|r| r.get::<_, String>(0) == name)?;
+        Some(Object {
+            kind: r.get(1),
+            rights: vec![
+                ("SELECT", r.get(2)),
+                ("INSERT", r.get(3)),
+                ("UPDATE", r.get(4)),
+                ("DELETE", r.get(5)),
+                ("USAGE", r.get(6)),
+            ],
+        })
+    };
+    let columns = client.query(
+        "SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod) \
+         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
+           JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname IN ('lockrun_leases', 'lockrun_waiters') \
+           AND a.attnum > 0 AND NOT a.attisdropped",
+        &[(&schema, Type::TEXT)],
+    )?;
+    let has_columns = |table: &str, want: &[(&str, &str)]| -> Vec<String> {
+        want.iter()
+            .filter(|(col, ty)| {
+                !columns.iter().any(|r| {
+                    r.get::<_, String>(0) == table
+                        && r.get::<_, String>(1) == *col
+                        && r.get::<_, String>(2) == *ty
+                })
+            })
+            .map(|(col, ty)| format!("{col} {ty}"))
+            .collect()
+    };
+    let objects: [(&'static str, &str, &str, Columns); 3] = [
+        ("leases table", "lockrun_leases", &t.leases, &LEASE_COLUMNS),
+        (
+            "waiters table",
+            "lockrun_waiters",
+            &t.waiters,
+            &WAITER_COLUMNS,
+        ),
+        ("token sequence", "lockrun_tokens", &t.tokens, &[]),
+    ];
+    for (topic, rel, full, want) in objects {
+        let sequence = want.is_empty();
+        let Some(o) = found(rel) else {
+            out.push(if create {
+                Check::ok(
+                    topic,
+                    format!("{full} does not exist yet: role {role} may create it, as the first run does"),
+                )
+            } else {
+                Check::fail(
+                    topic,
+                    format!(
+                        "{full} does not exist and role {role} may not create it in schema \
+                         {schema}: create lockrun's tables once as a role that may (README \
+                         \"PostgreSQL\")"
+                    ),
+                )
+            });
+            continue;
+        };
+        let right_kind = if sequence {
+            o.kind == "S"
+        } else {
+            matches!(o.kind.as_str(), "r" | "p")
+        };
+        if !right_kind {
+            out.push(Check::fail(
+                topic,
+                format!(
+                    "{full} is not a {}: it is not lockrun's; remove it or choose another --prefix",
+                    if sequence { "sequence" } else { "table" }
+                ),
+            ));
+            continue;
+        }
+        let lacking = has_columns(rel, want);
+        if !lacking.is_empty() {
+            out.push(Check::fail(
+                topic,
+                format!(
+                    "{full} is not lockrun's (it lacks {}); remove it or choose another --prefix",
+                    lacking.join(", ")
+                ),
+            ));
+            continue;
+        }
+        let grant = if sequence {
+            format!("GRANT USAGE ON SEQUENCE {full} TO {role}")
+        } else {
+            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {full} TO {role}")
+        };
+        let missing: Vec<&str> = o
+            .rights
+            .iter()
+            .filter(|(_, held)| *held == Some(false))
+            .map(|(what, _)| *what)
+            .collect();
+        out.push(if missing.is_empty() && usage {
+            Check::ok(
+                topic,
+                format!("{full}: role {role} may use it as lockrun does"),
+            )
+        } else if missing.is_empty() {
+            Check::fail(
+                topic,
+                format!("{full}: role {role} may not reach it (no USAGE on schema {schema})"),
+            )
+        } else {
+            Check::fail(
+                topic,
+                format!(
+                    "{full}: role {role} lacks {} on it: every run would fail with 69; {grant} \
+                     (README \"PostgreSQL\")",
+                    missing.join(", ")
+                ),
+            )
+        });
+    }
+    Ok(out)
+}
+
+fn shown(d: Duration) -> String {
+    humantime::format_duration(Duration::from_micros(d.as_micros() as u64)).to_string()
+}
