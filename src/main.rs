@@ -33,6 +33,7 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
     // SIGPIPE ignored so a closed stdout gives an error instead of killing
     // lockrun; whether it was ignored before is kept for the job.
     sys::open_std_fds();
+    sys::one_malloc_arena();
     supervise::ignore_sigpipe();
     let code = lockrun();
     let _ = std::io::stdout().flush();

@@ -112,9 +112,11 @@ fn terminating_the_holder_s_connections_keeps_the_lease() {
     let pg = Postgres::start();
     let url = pg.url();
     let scratch = Scratch::new();
-    let (mut h, job) = holder(&url, &scratch, "term", "1.5s");
-    // Over several renewals, every connection of lockrun's is cut.
-    let until = Instant::now() + Duration::from_secs(3);
+    // A ttl that leaves each renewal room for a new connection (a backend
+    // start and password authentication) on a loaded machine.
+    let (mut h, job) = holder(&url, &scratch, "term", "3s");
+    // Over several renewals (one a second), every connection of lockrun's is cut.
+    let until = Instant::now() + Duration::from_secs(5);
     let mut cut = 0;
     while Instant::now() < until {
         cut += terminate_lockrun_backends(&pg);
