@@ -430,14 +430,28 @@ impl Etcd {
                 }));
             }
         }
-        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&value), "lease": lease.to_string()}});
-        m.promoting = Some(Promotion {
+        let promotion = Promotion {
             value,
             lease,
             lease_ttl: ttl,
             lease_sent: sent,
             slot: record.slot,
-        });
+        };
+        self.send_promotion(m, req, compare, promotion)
+    }
+
+    /// Put our key on `p`'s lease with `p`'s value if `compare` holds: our
+    /// turn. Remembered before it is sent (a lost reply is found out by the
+    /// next look); a spare that lapsed meanwhile means looking again.
+    fn send_promotion(
+        &mut self,
+        m: &mut Mine,
+        req: &Request,
+        compare: Vec<serde_json::Value>,
+        p: Promotion,
+    ) -> Result<Step, Error> {
+        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&p.value), "lease": p.lease.to_string()}});
+        m.promoting = Some(p);
         let v = match txn(&mut self.client, compare, vec![put], vec![]) {
             Ok(v) => v,
             // The spare lapsed (its keepalives failed for a ttl): look
@@ -456,6 +470,7 @@ impl Etcd {
             }
             return Ok(Step::Again);
         }
+        let slot = p.slot;
         m.promoted(p);
         // The revision of the write that granted us: higher than every
         // earlier grant's (of this slot and of the name), whichever of the
@@ -463,7 +478,7 @@ impl Etcd {
         let token = int(&v["header"]["revision"])
             .filter(|r| *r > 0)
             .ok_or_else(|| Error::Internal(format!("etcd's reply has no revision: {v}")))?;
-        Ok(Step::Done(self.granted(m, req, record.slot, token as u64)))
+        Ok(Step::Done(self.granted(m, req, slot, token as u64)))
     }
 
     /// The key an exclusive waiter watched has gone: take the name in one
@@ -500,35 +515,15 @@ impl Etcd {
                 "create_revision": (m.create_rev - 1).to_string(),
             }),
         ];
-        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&value), "lease": sp.lease.to_string()}});
         // The deadline counts from the spare's last keepalive, as in `promote`.
-        m.promoting = Some(Promotion {
+        let promotion = Promotion {
             value,
             lease: sp.lease,
             lease_ttl: sp.ttl,
             lease_sent: sp.sent,
             slot: None,
-        });
-        let v = match txn(&mut self.client, compare, vec![put], vec![]) {
-            Ok(v) => v,
-            Err(Error::Refused(e)) if e.contains("lease not found") => {
-                m.promoting = None;
-                m.spare = None;
-                return Ok(Step::Again);
-            }
-            // A lost reply: the next look tells from our key whether it
-            // went through (`promoting`).
-            Err(e) => return Err(e),
         };
-        let p = m.promoting.take().expect("set above");
-        if !succeeded(&v) {
-            return Ok(Step::Again);
-        }
-        m.promoted(p);
-        let token = int(&v["header"]["revision"])
-            .filter(|r| *r > 0)
-            .ok_or_else(|| Error::Internal(format!("etcd's reply has no revision: {v}")))?;
-        Ok(Step::Done(self.granted(m, req, None, token as u64)))
+        self.send_promotion(m, req, compare, promotion)
     }
 
     fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>, token: u64) -> Acquired {
