@@ -762,6 +762,32 @@ pub fn bounded<T: Send + 'static>(
     })
 }
 
+/// `[v6-address][:port]` of a host list, checked: the address and the port
+/// text, if any; None when `text` does not start with '['. `what` names the
+/// part in messages ("endpoint", "host").
+pub fn bracketed_host<'a>(
+    text: &'a str,
+    what: &str,
+) -> Result<Option<(&'a str, Option<&'a str>)>, String> {
+    let Some(rest) = text.strip_prefix('[') else {
+        return Ok(None);
+    };
+    let (h, after) = rest
+        .split_once(']')
+        .ok_or_else(|| format!("{what} {text:?} has no closing ']'"))?;
+    if h.is_empty() || !h.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
+        return Err(format!("{what} {text:?} is not an IPv6 address"));
+    }
+    let port = match after {
+        "" => None,
+        p => Some(
+            p.strip_prefix(':')
+                .ok_or_else(|| format!("{what} {text:?}: expected :port after ']'"))?,
+        ),
+    };
+    Ok(Some((h, port)))
+}
+
 /// Refusal for `lockrun X` run from inside the job that holds X.
 pub fn nested(name: &str) -> Error {
     Error::Request(format!(

@@ -53,20 +53,7 @@ fn decode(s: &str) -> String {
 
 /// One `host[:port]` (or `[v6][:port]`) of the endpoint list, checked.
 fn endpoint(text: &str, scheme: &str) -> Result<String, String> {
-    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-        let (h, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("endpoint {text:?} has no closing ']'"))?;
-        if h.is_empty() || !h.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
-            return Err(format!("endpoint {text:?} is not an IPv6 address"));
-        }
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("endpoint {text:?}: expected :port after ']'"))?,
-            ),
-        };
+    let (host, port) = if let Some((h, port)) = crate::backend::bracketed_host(text, "endpoint")? {
         (format!("[{h}]"), port)
     } else {
         let (h, p) = match text.rsplit_once(':') {

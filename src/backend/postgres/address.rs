@@ -336,22 +336,8 @@ fn server(text: &str, default_port: u16) -> Result<Server, String> {
             port: default_port,
         });
     }
-    let (host, p) = if let Some(rest) = text.strip_prefix('[') {
-        let (h, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("host {text:?} has no closing ']'"))?;
-        if h.is_empty() || !h.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
-            return Err(format!("host {text:?} is not an IPv6 address"));
-        }
-        let p = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("host {text:?}: expected :port after ']'"))?
-                    .to_string(),
-            ),
-        };
-        (h.to_string(), p)
+    let (host, p) = if let Some((h, p)) = crate::backend::bracketed_host(&text, "host")? {
+        (h.to_string(), p.map(str::to_string))
     } else {
         match text.rsplit_once(':') {
             Some((h, p)) => (h.to_string(), Some(p.to_string())),
