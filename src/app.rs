@@ -80,6 +80,8 @@ fn run_job(cli: &Cli) -> Result<Ending, Failure> {
 
 fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<Ending, Failure> {
     setup_logging(&cfg.common);
+    // Before anything is taken: a job that lockrun could not stop never runs.
+    crate::sys::check_pidfds().map_err(|m| fail(Class::Internal, m))?;
     let owner = Owner::new(cfg.label.as_deref())?;
     log::add_secret(&owner.secret);
     let req = Request {

@@ -346,6 +346,66 @@ pub fn exited(pidfd: BorrowedFd<'_>) -> bool {
     rustix::event::poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
 }
 
+/// lockrun's own pidfd, opened by `check_pidfds` before the job starts and
+/// inherited by the guard, which learns of lockrun's death through it.
+static OWN_PIDFD: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+
+/// Check, before anything is taken, that lockrun can hold processes by
+/// pidfd here: every signal to the job and the guard's watch on lockrun go
+/// through pidfds, and a pid alone could name a recycled process. A kernel
+/// without them (before Linux 5.3) or a sandbox that refuses them gets one
+/// line saying what is missing: lockrun runs no job it could not stop.
+pub fn check_pidfds() -> Result<(), String> {
+    let me = rustix::process::getpid();
+    let fd = rustix::process::pidfd_open(me, rustix::process::PidfdFlags::empty())
+        .map_err(|e| pidfds_missing("pidfd_open", e))?;
+    // Signal 0 checks that a signal could be sent, and sends none.
+    // SAFETY: pidfd_send_signal with a null siginfo; no memory is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(pidfds_missing(
+            "pidfd_send_signal",
+            rustix::io::Errno::from_io_error(&io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::NOSYS),
+        ));
+    }
+    let _ = OWN_PIDFD.set(fd);
+    Ok(())
+}
+
+/// lockrun's own pidfd, when `check_pidfds` opened one.
+pub fn own_pidfd() -> Option<BorrowedFd<'static>> {
+    OWN_PIDFD.get().map(|f| f.as_fd())
+}
+
+fn pidfds_missing(call: &str, e: rustix::io::Errno) -> String {
+    let why = match e {
+        rustix::io::Errno::NOSYS => {
+            let uname = rustix::system::uname();
+            format!(
+                "this kernel (Linux {}) has no {call}; lockrun needs Linux 5.3 or later",
+                uname.release().to_string_lossy()
+            )
+        }
+        rustix::io::Errno::PERM | rustix::io::Errno::ACCESS => format!(
+            "{call} is refused here (a seccomp policy or sandbox; Docker's default \
+             profile before 20.10 refused it); allow pidfd_open and pidfd_send_signal"
+        ),
+        e => format!("{call} failed: {e}"),
+    };
+    format!(
+        "{why}: without pidfds lockrun cannot stop every process of a job, and it runs no job it could not stop"
+    )
+}
+
 /// Send `sig` to exactly the process of `pidfd` (nothing if it is gone).
 pub fn signal_pidfd(pidfd: BorrowedFd<'_>, sig: i32) {
     // SAFETY: pidfd_send_signal with a null siginfo; no memory is passed.

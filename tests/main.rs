@@ -10,6 +10,7 @@ mod faults;
 mod generated;
 mod hostile;
 mod input;
+mod kernel;
 mod local;
 mod minhold;
 mod modes;

@@ -175,9 +175,17 @@ fn job_end(st: WaitStatus) -> Option<JobEnd> {
 /// The guard's whole life. Never returns.
 fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
     let mut out = std::fs::File::from(reports);
-    // lockrun's pidfd, opened while lockrun is still our parent: it cannot
-    // refer to a recycled pid. Without pidfds, look at our parent every 50 ms.
-    let life = sys::pidfd(lockrun);
+    // lockrun's pidfd: its own, inherited (opened before any job could
+    // start), or else opened while lockrun is still our parent; neither can
+    // refer to a recycled pid. Without one, look at our parent every 50 ms.
+    let opened;
+    let life = match sys::own_pidfd() {
+        Some(fd) => Some(fd),
+        None => {
+            opened = sys::pidfd(lockrun);
+            opened.as_ref().map(|f| f.as_fd())
+        }
+    };
     if parent() != lockrun {
         sys::exit_now(1);
     }
@@ -189,7 +197,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
     // on it (the gate a request passes, a slot a helper thread took after
     // another one won). One close_range per gap, no scan.
     let mut keep = [
-        life.as_ref().map_or(-1, |f| f.as_raw_fd()),
+        life.map_or(-1, |f| f.as_raw_fd()),
         out.as_raw_fd(),
         job.inherit_fd().unwrap_or(-1),
     ];
@@ -232,8 +240,8 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
             }
         }
         let mut fds = Vec::with_capacity(2);
-        if let Some(l) = &life {
-            fds.push(PollFd::from_borrowed_fd(l.as_fd(), PollFlags::IN));
+        if let Some(l) = life {
+            fds.push(PollFd::from_borrowed_fd(l, PollFlags::IN));
         }
         if let Ok(c) = &chld {
             fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
