@@ -366,18 +366,47 @@ fn status_object(name: &str, st: &backend::Status) -> serde_json::Value {
 /// line, as `status` without a name shows them), or as its JSON object.
 /// Text as one line of output: a name or label found on a server or in a
 /// shared directory may hold control characters (a newline would forge a
-/// line of its own); those are shown escaped.
+/// line of its own) or invisible ones (a right-to-left override makes two
+/// names look alike); both are shown escaped.
 fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.chars().any(char::is_control) {
-        std::borrow::Cow::Owned(s.chars().flat_map(char::escape_debug).collect())
+    let hidden = |c: char| c.is_control() || config::is_invisible(c);
+    if s.chars().any(hidden) {
+        let mut out = String::with_capacity(s.len() + 8);
+        for c in s.chars() {
+            if hidden(c) {
+                out.extend(c.escape_debug());
+            } else {
+                out.push(c);
+            }
+        }
+        std::borrow::Cow::Owned(out)
     } else {
         std::borrow::Cow::Borrowed(s)
     }
 }
 
+/// JSON as one line, with invisible characters escaped as `\uXXXX` (the
+/// same string to a parser, but not to an eye reading `jq`'s raw output
+/// or the line itself). They can only stand inside strings.
+fn json_text(v: &serde_json::Value) -> String {
+    let text = v.to_string();
+    if !text.chars().any(config::is_invisible) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if config::is_invisible(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn show_status(out: &mut dyn Write, name: &str, st: &backend::Status, json: bool, one_line: bool) {
     if json {
-        let _ = writeln!(out, "{}", status_object(name, st));
+        let _ = writeln!(out, "{}", json_text(&status_object(name, st)));
     } else {
         let name = printable(name);
         let waiting = match st.waiters {
@@ -456,7 +485,7 @@ fn status_all(cli: &Cli, json: bool) -> Result<Ending, Failure> {
             .iter()
             .map(|(name, st)| status_object(name, st))
             .collect();
-        let _ = writeln!(out, "{}", serde_json::Value::Array(all));
+        let _ = writeln!(out, "{}", json_text(&serde_json::Value::Array(all)));
     } else {
         for (name, st) in &listing.names {
             show_status(&mut out, name, st, false, true);

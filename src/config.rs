@@ -116,7 +116,7 @@ pub fn inherited_url_has_password() -> bool {
 /// Characters that change how a name looks without showing themselves:
 /// bidirectional controls, zero-width characters, line and paragraph
 /// separators, soft hyphen, byte-order mark.
-fn is_invisible(c: char) -> bool {
+pub fn is_invisible(c: char) -> bool {
     matches!(c as u32,
         0x00AD | 0x061C | 0x180E | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064
         | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB)

@@ -728,3 +728,69 @@ fn a_fifo_in_the_lock_directory_is_left_out_at_once() {
     assert!(ran.stdout().contains("real: free"), "{}", ran.stdout());
     assert!(ran.stderr().contains("trap: left out"), "{}", ran.stderr());
 }
+
+/// A name found on a server or in a shared directory that holds a
+/// right-to-left override (or another invisible character) is listed
+/// escaped, so two names cannot be made to look alike: on every engine.
+#[test]
+fn a_bidi_name_is_listed_escaped_on_every_engine() {
+    const RLO: char = '\u{202e}';
+    let check = |engine: &str, url: &str| {
+        for args in [vec!["status"], vec!["status", "--json"]] {
+            let out = on(url).args(&args).output();
+            let (stdout, stderr) = (out.stdout(), out.stderr());
+            assert!(
+                !stdout.contains(RLO) && !stderr.contains(RLO),
+                "{engine}: a raw U+202E in {args:?}: {stdout}{stderr}"
+            );
+            if args.len() == 1 {
+                assert!(
+                    stdout.contains("\\u{202e}cba"),
+                    "{engine}: {stdout}{stderr}"
+                );
+            }
+        }
+    };
+
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    on(&url).args(["real", "true"]).code(0);
+    let dir = url.trim_start_matches("file://");
+    std::fs::write(format!("{dir}/%E2%80%AEcba.lock"), "").unwrap();
+    check("local", &url);
+
+    let redis = Redis::start();
+    let _held = hold_name(&redis.url(), "abc");
+    for key in redis.keys() {
+        if key.contains("{abc}") {
+            let to = key.replace("{abc}", &format!("{{{RLO}cba}}"));
+            let _: () = redis.cmd(&["RENAME", &key, &to]);
+        }
+    }
+    check("redis", &redis.url());
+
+    let pg = Postgres::start();
+    let _held = hold_name(&pg.url(), "abc");
+    let schema = pg.sql(
+        "SELECT table_schema FROM information_schema.tables WHERE table_name = 'lockrun_leases'",
+    );
+    pg.sql(&format!(
+        "UPDATE {}.lockrun_leases SET name = E'\\u202Ecba' WHERE name = 'abc'",
+        schema.trim()
+    ));
+    check("postgres", &pg.url());
+
+    let etcd = Etcd::start();
+    let _held = hold_name(&etcd.url(), "abc");
+    let listed = etcd.ctl(&[
+        "get",
+        "--prefix",
+        "lockrun:abc/q/",
+        "--print-value-only=false",
+    ]);
+    let mut lines = listed.lines();
+    let (key, value) = (lines.next().unwrap(), lines.next().unwrap());
+    let bidi = key.replacen("lockrun:abc/", &format!("lockrun:{RLO}cba/"), 1);
+    etcd.ctl(&["put", &bidi, value]);
+    check("etcd", &etcd.url());
+}
