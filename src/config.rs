@@ -99,16 +99,25 @@ pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
     })
 }
 
-/// The inherited LOCKRUN_URL carries a password (whichever URL is in effect,
-/// it must not reach the job, nor be readable from our /proc entries).
+/// The inherited LOCKRUN_URL carries a password, or may (whichever URL is in
+/// effect, it must not reach the job, nor be readable from our /proc
+/// entries). One lockrun cannot read cannot be told apart from one with a
+/// secret: it is kept from the job too (a lockrun inside the job could not
+/// use it anyway).
 pub fn inherited_url_has_password() -> bool {
-    std::env::var("LOCKRUN_URL").ok().is_some_and(|u| {
+    std::env::var_os("LOCKRUN_URL").is_some_and(|u| {
+        let Some(u) = u.to_str() else {
+            return true;
+        };
+        if u.is_empty() {
+            return false;
+        }
         let opts = AddressOptions {
             tls_ca_from_env: true,
             replicas_from_env: true,
             ..AddressOptions::default()
         };
-        crate::backend::address(&u, &opts).is_ok_and(|a| a.secret().is_some())
+        crate::backend::address(u, &opts).map_or(true, |a| a.secret().is_some())
     })
 }
 

@@ -187,6 +187,31 @@ fn an_inherited_password_url_never_reaches_the_job() {
             "{url:?}: password reached the job: {all}"
         );
     }
+    // Every URL form that can carry a secret, and one lockrun cannot read
+    // (so cannot tell): overridden by --url, none reaches the job.
+    for inherited in [
+        "postgres://u:sekrit-pw@127.0.0.1:9/db",
+        "postgres://u@127.0.0.1:9/db?password=sekrit-pw",
+        "postgres://u@127.0.0.1:9/db?sslpassword=sekrit-pw",
+        "postgres://u@127.0.0.1:9/db?%70assword=sekrit-pw",
+        "etcd://u:sekrit-pw@127.0.0.1:9",
+        "redis+sentinel://:sekrit-pw@127.0.0.1:9/m",
+        "unknown://u:sekrit-pw@127.0.0.1:9",
+    ] {
+        let out = run(lockrun().env("LOCKRUN_URL", inherited).args([
+            "--url",
+            &scratch.file_url(),
+            "pw",
+            "--",
+            "env",
+        ]));
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{inherited}: {all}");
+        assert!(
+            !all.contains("sekrit-pw"),
+            "{inherited:?}: a secret reached the job: {all}"
+        );
+    }
 }
 
 /// A job of the same (non-root) user cannot read the password from lockrun's
