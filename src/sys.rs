@@ -258,8 +258,9 @@ fn children(p: i32, complete: &mut bool) -> Vec<i32> {
 /// the pidfd itself (PIDFD_GET_INFO, Linux 6.13 and later).
 fn parent_by_pidfd(pidfd: BorrowedFd<'_>) -> Option<i32> {
     use std::os::fd::AsRawFd;
-    // struct pidfd_info, its first version: a mask, the cgroup id, then
-    // pid, tgid, ppid and the ids; 64 bytes in all.
+    // struct pidfd_info, its first version (PIDFD_INFO_SIZE_VER0): a mask,
+    // the cgroup id, then pid, tgid, ppid, the eight ids and the exit code;
+    // 64 bytes in all, as the request below says.
     #[repr(C)]
     struct PidfdInfo {
         mask: u64,
@@ -267,21 +268,24 @@ fn parent_by_pidfd(pidfd: BorrowedFd<'_>) -> Option<i32> {
         pid: u32,
         tgid: u32,
         ppid: u32,
-        rest: [u32; 11],
+        rest: [u32; 9],
     }
+    const SIZE: usize = std::mem::size_of::<PidfdInfo>();
+    const _: () = assert!(SIZE == 64);
     const PIDFD_INFO_PID: u64 = 1;
-    // _IOWR(0xFF, 11, struct pidfd_info)
-    const PIDFD_GET_INFO: libc::c_ulong = 0xC040_FF0B;
+    // _IOWR(0xFF, 11, struct pidfd_info): direction 3, the size, type, number.
+    const PIDFD_GET_INFO: libc::c_ulong =
+        (3 << 30) | ((SIZE as libc::c_ulong) << 16) | (0xFF << 8) | 11;
     let mut info = PidfdInfo {
         mask: PIDFD_INFO_PID,
         cgroupid: 0,
         pid: 0,
         tgid: 0,
         ppid: 0,
-        rest: [0; 11],
+        rest: [0; 9],
     };
-    // SAFETY: the kernel writes at most size_of::<PidfdInfo>() bytes, the
-    // size encoded in the request, into our local.
+    // SAFETY: the kernel writes at most the size encoded in the request,
+    // which is exactly size_of::<PidfdInfo>(), into our local.
     let r = unsafe { libc::ioctl(pidfd.as_raw_fd(), PIDFD_GET_INFO, &mut info) };
     (r == 0 && info.mask & PIDFD_INFO_PID != 0).then_some(info.ppid as i32)
 }
