@@ -669,6 +669,8 @@ fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
     man.render_description_section(out)?;
     man.render_options_section(out)?;
     out.write_all(MAN_TAIL.as_bytes())?;
+    out.write_all(crate::exit::roff().as_bytes())?;
+    out.write_all(MAN_ENV.as_bytes())?;
     man.render_version_section(out)
 }
 
@@ -685,32 +687,10 @@ Read-only checks of an engine, one line each: \fBok\fR, \fBwarn\fR or \fBfail\fR
 .TP
 \fBlockrun release \-\-force\fR [\fB\-\-token\fR \fIT\fR] [\fB\-\-now\fR] \fINAME\fR
 Break a lease (operators), on the engines that can (README \(lqBackends\(rq). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired. \fB\-\-now\fR deletes at once (unsafe without fencing); \fB\-\-token\fR acts only on the holder with that token, else every holder is broken. A lease kept by \fB\-\-min\-hold\fR after its job ended runs no job: it is ended at once, on every engine, the local one included. Exit 0 broken, 1 not held, already revoked or token mismatch, 64 not supported by the engine (a running local lock), 69 unreachable.
-.SH EXIT STATUS
-.TP
-\fIthe job's code\fR
-The job ran and exited on its own.
-.TP
-\fB128+N\fR
-The job died of signal N.
-.TP
-\fB75\fR
-Not acquired: held (\fB\-n\fR) or \fB\-\-wait\fR ran out; \fB\-E\fR changes it (0 to 255 but 76).
-.TP
-\fB76\fR
-The lease was lost while a process of the job was alive; lockrun stopped the job.
-.TP
-\fB64\fR
-Usage or configuration error; nothing was contacted or started.
-.TP
-\fB69\fR
-The backend was unreachable or refused lockrun before the job started.
-.TP
-\fB70\fR
-Internal error; after the job started, only once every process of the job is gone.
-.TP
-\fB126\fR, \fB127\fR
-The command was found but is not executable, or was not found.
-.SH ENVIRONMENT
+"#;
+
+/// The man page after EXIT STATUS.
+const MAN_ENV: &str = r#".SH ENVIRONMENT
 .TP
 \fBLOCKRUN_URL\fR, \fBLOCKRUN_TTL\fR, \fBLOCKRUN_PREFIX\fR, \fBLOCKRUN_TLS_CA\fR, \fBLOCKRUN_LABEL\fR, \fBLOCKRUN_METRICS_FILE\fR
 Defaults for \fB\-\-url\fR, \fB\-\-ttl\fR, \fB\-\-prefix\fR, \fB\-\-tls\-ca\fR, \fB\-\-label\fR and \fB\-\-metrics\-file\fR (not passed on to the job). A setting only one engine uses is ignored by the others. Give a password through LOCKRUN_URL rather than \fB\-\-url\fR: the command line is visible to every user.

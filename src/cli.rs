@@ -26,9 +26,7 @@ lockrun [OPTIONS] <NAME> -c <SHELL_COMMAND>\n       \
 lockrun status [--json] [NAME]\n       \
 lockrun release --force [--token T] [--now] <NAME>\n       \
 lockrun doctor [--url URL]",
-    after_help = "Exit codes: the job's own code; 128+N if it died of signal N; \
-75 not acquired (-E); 76 lease lost, job stopped; 64 usage; 69 backend unreachable; \
-70 internal; 126 not executable; 127 not found."
+    after_help = crate::exit::help_summary()
 )]
 pub struct Cli {
     #[command(subcommand)]

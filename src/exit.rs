@@ -25,6 +25,139 @@ pub const STATUS_FREE: u8 = 1;
 /// `doctor`: every check passed but at least one warned.
 pub const DOCTOR_WARNED: u8 = 1;
 
+/// One exit code as the documentation gives it: the single source of the
+/// summary in `--help`, the man page's EXIT STATUS and README's table (a
+/// test holds README to it).
+pub struct Row {
+    /// The code as written (`75 (or -E)`, `128+N`).
+    pub code: &'static str,
+    /// A few words, for `--help`.
+    pub short: &'static str,
+    pub meaning: &'static str,
+    /// What an operator does about it.
+    pub action: &'static str,
+}
+
+pub const TABLE: &[Row] = &[
+    Row {
+        code: "the job's code",
+        short: "the job's own code",
+        meaning: "the job ran and exited on its own",
+        action: "nothing of lockrun's: the code is the job's own",
+    },
+    Row {
+        code: "128+N",
+        short: "128+N if it died of signal N",
+        meaning: "the job died of signal N. For SIGINT lockrun releases the lock and then kills \
+                  itself with SIGINT, so a calling shell loop stops as it would without lockrun \
+                  (`$?` is still 130)",
+        action: "find who sent the signal (a cancelled CI run, `kill`, the OOM killer: 137)",
+    },
+    Row {
+        code: "75 (or -E)",
+        short: "75 not acquired (-E)",
+        meaning: "lock not acquired: held elsewhere with `-n`, or `--wait` ran out; the job did \
+                  not run",
+        action: "nothing if skipping was meant (`-n -E 0` in cron); `lockrun status NAME` names \
+                 the holder",
+    },
+    Row {
+        code: "76",
+        short: "76 lease lost, job stopped",
+        meaning: "the lease was lost while a process of the job was alive; lockrun stopped the job",
+        action: "read the line on stderr (revoked, engine unreachable, a failover, a pause); the \
+                 job may have stopped half-way: let it fence on `LOCKRUN_TOKEN`, then run it again",
+    },
+    Row {
+        code: "64",
+        short: "64 usage",
+        meaning: "usage or configuration error; nothing was contacted, no job started",
+        action: "fix the option or `LOCKRUN_*` variable the line names",
+    },
+    Row {
+        code: "69",
+        short: "69 engine unreachable or refused",
+        meaning: "the engine was unreachable or refused lockrun before the job started (connect, \
+                  auth, TLS, a foreign key at the lock's name)",
+        action: "`lockrun doctor` with the same URL says what is wrong; run again once it is fixed",
+    },
+    Row {
+        code: "70",
+        short: "70 internal",
+        meaning: "internal error, or a kernel or sandbox without the calls lockrun needs to stop \
+                  a job (no job started); after the job started, only once every process of the \
+                  job is gone and the lease released",
+        action: "read the line: Linux 5.3 or later and a sandbox that allows pidfds, or a file, \
+                 thread or descriptor limit; otherwise a bug to report",
+    },
+    Row {
+        code: "126 / 127",
+        short: "126 not executable; 127 not found",
+        meaning: "command found but not executable / command not found",
+        action: "check the command and `PATH` (cron's is `/usr/bin:/bin`)",
+    },
+];
+
+/// The exit codes in a sentence, for the end of `--help`.
+pub fn help_summary() -> String {
+    let codes: Vec<&str> = TABLE.iter().map(|r| r.short).collect();
+    format!(
+        "Exit codes: {}. `man lockrun` says what to do about each.",
+        codes.join("; ")
+    )
+}
+
+/// The table as README shows it.
+#[cfg(test)]
+pub fn markdown() -> String {
+    let mut out = String::from("| code | meaning | what to do |\n|---|---|---|\n");
+    for r in TABLE {
+        out.push_str(&format!("| {} | {} | {} |\n", r.code, r.meaning, r.action));
+    }
+    out
+}
+
+/// The man page's EXIT STATUS section, in roff.
+pub fn roff() -> String {
+    let mut out = String::from(".SH EXIT STATUS\n");
+    for r in TABLE {
+        out.push_str(&format!(
+            ".TP\n\\fB{}\\fR\n{}.\n{}.\n",
+            roff_text(r.code),
+            roff_text(&upper_first(r.meaning)),
+            roff_text(&upper_first(r.action))
+        ));
+    }
+    out
+}
+
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+/// Markdown's `code` as bold, and the characters roff reads otherwise
+/// escaped.
+fn roff_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 16);
+    let mut bold = false;
+    for c in s.chars() {
+        match c {
+            '`' => {
+                out.push_str(if bold { "\\fR" } else { "\\fB" });
+                bold = !bold;
+            }
+            '\\' => out.push_str("\\e"),
+            '-' => out.push_str("\\-"),
+            '\'' => out.push_str("\\(aq"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// The class of a failure, which decides the exit code of lockrun.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
@@ -127,6 +260,36 @@ mod tests {
         assert_eq!(Class::NotFound.code(), 127);
         assert_eq!(NOT_ACQUIRED, 75);
         assert_eq!(LEASE_LOST, 76);
+    }
+
+    #[test]
+    fn readme_shows_the_exit_code_table() {
+        let readme = include_str!("../README.md");
+        assert!(
+            readme.contains(&markdown()),
+            "README's exit code table differs from exit::TABLE; it should read:\n{}",
+            markdown()
+        );
+    }
+
+    #[test]
+    fn every_code_is_in_the_table() {
+        for code in [NOT_ACQUIRED, LEASE_LOST, USAGE, UNAVAILABLE, INTERNAL] {
+            assert!(
+                TABLE.iter().any(|r| r.code.starts_with(&code.to_string())),
+                "{code}"
+            );
+        }
+        assert!(
+            TABLE
+                .iter()
+                .any(|r| r.code.contains(&NOT_FOUND.to_string()))
+        );
+        assert!(
+            TABLE
+                .iter()
+                .any(|r| r.code.contains(&NOT_EXECUTABLE.to_string()))
+        );
     }
 
     #[test]
