@@ -510,9 +510,12 @@ pub enum Forked {
 /// fork(2). glibc's fork keeps malloc usable in the child even when other
 /// threads exist.
 pub fn fork() -> io::Result<Forked> {
-    // SAFETY: fork has no memory-safety preconditions; the child only runs
-    // code that is safe after fork (no locks held by other threads: the
-    // caller forks before it starts any).
+    // SAFETY: fork has no memory-safety preconditions. Other threads may be
+    // alive (an engine's watch or probe that has not yet ended); the child
+    // copies none of them, so it must not wait on a lock one of them held.
+    // The only lock the guard takes is malloc's, which the C library makes
+    // safe in the child of fork (glibc and musl take it around the fork and
+    // reset it in the child); it prints nothing and reads no environment.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
         0 => Ok(Forked::Child),

@@ -70,8 +70,9 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// Fork the guard, which starts the job from `job`. Call with no other
-    /// thread running (the guard is a copy of this process).
+    /// Fork the guard, which starts the job from `job`. The guard is a copy
+    /// of this process without its other threads: it takes no lock but
+    /// malloc's (see `sys::fork`).
     pub fn start(job: &mut Prepared, dumpable: bool) -> std::io::Result<Guard> {
         let (rep_rx, rep_tx) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
