@@ -281,8 +281,14 @@ mod tests {
     fn a_fifo_at_the_path_is_not_waited_on() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("m.prom");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
         // Returns at once with nothing (it would block for ever on a FIFO).
         assert_eq!(read_small(&fifo), None);
         let link = dir.path().join("l.prom");

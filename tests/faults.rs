@@ -357,7 +357,7 @@ fn kill_9_at_a_descriptor_limit_still_kills_everything() {
 /// can expire on the server.
 #[test]
 fn stalled_name_resolution_cannot_hold_up_the_kill() {
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         panic!("this test makes a private mount namespace and needs root");
     }
     for tool in ["unshare", "nsenter", "mount"] {

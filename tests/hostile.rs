@@ -218,7 +218,7 @@ fn an_inherited_password_url_never_reaches_the_job() {
 /// /proc entries.
 #[test]
 fn a_job_cannot_read_the_password_from_proc() {
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         panic!("this test switches to the user nobody and needs root");
     }
     let redis = Redis::start_with(&["--requirepass", "sekrit-pw"]);
@@ -311,7 +311,7 @@ fn releasing_a_revoked_lease_again_says_so() {
 /// what is wrong and how to fix it.
 #[test]
 fn a_planted_lock_directory_is_refused_with_a_fix() {
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         panic!("this test plants a directory for the user nobody and needs root");
     }
     let dir = std::path::Path::new("/run/lock/lockrun-65534");

@@ -719,8 +719,14 @@ fn a_fifo_in_the_lock_directory_is_left_out_at_once() {
     let url = scratch.file_url();
     on(&url).args(["real", "true"]).code(0);
     let dir = url.trim_start_matches("file://");
-    let fifo = std::ffi::CString::new(format!("{dir}/trap.lock")).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        format!("{dir}/trap.lock"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o666),
+        0,
+    )
+    .unwrap();
     let t = Instant::now();
     let ran = on(&url).args(["-v", "status"]).output();
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());

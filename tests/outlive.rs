@@ -187,7 +187,7 @@ fn after_kill_9_the_next_local_holder_waits_for_a_big_tree() {
 /// signal of lockrun's, forwarded or on the kill schedule, may reach it.
 #[test]
 fn a_recycled_pid_of_the_job_is_never_signalled() {
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         panic!("this test writes /proc/sys/kernel/ns_last_pid and needs root");
     }
     let scratch = Scratch::new();
@@ -279,7 +279,7 @@ fn a_job_holding_lockrun_s_descriptors_still_dies_with_it() {
 /// password or not: lockrun is never dumpable.
 #[test]
 fn a_job_cannot_open_lockrun_s_descriptors() {
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         panic!("this test switches to the user nobody and needs root");
     }
     let scratch = Scratch::new();
@@ -306,7 +306,7 @@ fn a_job_cannot_open_lockrun_s_descriptors() {
 /// descriptor) instead of running beside it.
 #[test]
 fn a_deleted_lock_file_keeps_the_next_holder_out_without_root() {
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         panic!("this test switches to the user nobody and needs root");
     }
     let _alone = heavy();
@@ -412,7 +412,7 @@ fn at_a_tight_descriptor_limit_a_lost_lease_still_kills_the_job() {
 /// ns_last_pid without touching anything else on the machine.
 #[test]
 fn a_walk_never_descends_into_a_recycled_pid() {
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         panic!("this test makes a pid namespace and needs root");
     }
     let _alone = heavy();

@@ -238,6 +238,8 @@ fn status_field(status: &str, field: &str) -> u64 {
 
 /// As under nohup: HUP (and PIPE) ignored when lockrun starts, USR1 blocked.
 fn with_nohup_and_a_mask(cmd: &mut std::process::Command) {
+    // SAFETY: signal(2) and sigprocmask(2) are async-signal-safe and take
+    // only locals.
     unsafe {
         cmd.pre_exec(|| {
             libc::signal(libc::SIGHUP, libc::SIG_IGN);

@@ -365,12 +365,12 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 let from = now_us();
                 signal(lr, libc::SIGSTOP);
                 // The job's process group id is its pid.
-                unsafe { libc::kill(-job, libc::SIGSTOP) };
+                signal_group(job, libc::SIGSTOP);
                 std::thread::sleep(Duration::from_millis(TTL_MS) + rng.ms(300, 1500));
                 // lockrun first, as a resumed container would: it must notice
                 // the lost lease before the job gets far.
                 signal(lr, libc::SIGCONT);
-                unsafe { libc::kill(-job, libc::SIGCONT) };
+                signal_group(job, libc::SIGCONT);
                 log.push(Chaos::Pause {
                     worker: w,
                     from,

@@ -91,6 +91,7 @@ fn fork_cost(rss_kib: usize, rounds: usize) -> f64 {
             // SAFETY: the child only calls _exit.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
+                // SAFETY: _exit ends the child at once.
                 unsafe { libc::_exit(0) };
             }
             assert!(pid > 0, "fork failed");
@@ -99,6 +100,7 @@ fn fork_cost(rss_kib: usize, rounds: usize) -> f64 {
             let at = (i * 4096) % memory.len();
             memory[at] += 1;
             let mut status = 0;
+            // SAFETY: waitpid writes the status into our local.
             unsafe { libc::waitpid(pid, &mut status, 0) };
             ms(t.elapsed())
         })
@@ -967,7 +969,9 @@ impl Bench {
         #[allow(clippy::zombie_processes)]
         let child = Command::new(&argv[0]).args(&argv[1..]).spawn().unwrap();
         let mut status = 0;
+        // SAFETY: rusage is plain integers, for which zero is valid.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 writes the status and usage into our locals.
         unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
         let rss_kib = ru.ru_maxrss as f64;
         let size = std::fs::metadata(bin()).unwrap().len();

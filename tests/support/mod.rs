@@ -267,7 +267,21 @@ fn served_by(port: u16, pid: u32) -> bool {
 
 pub fn signal(pid: i32, sig: i32) {
     assert!(pid > 1);
+    // SAFETY: kill takes plain integers; no memory is passed.
     unsafe { libc::kill(pid, sig) };
+}
+
+/// Signal a whole process group.
+pub fn signal_group(pgid: i32, sig: i32) {
+    assert!(pgid > 1);
+    // SAFETY: kill takes plain integers; no memory is passed.
+    unsafe { libc::kill(-pgid, sig) };
+}
+
+/// The tests run as root (some switch users, write /proc/sys or make
+/// namespaces).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
 }
 
 /// A process that exists and is not a zombie.
