@@ -1036,6 +1036,23 @@ fn hand_written_rows_with_infinite_or_absent_times_can_be_read_and_cleared() {
         on(&url).args(["-n", name, "true"]).succeeds();
     }
     on(&url).arg("status").code(1);
+    // An absurd token by hand: the name's next grant is above it, and the
+    // sequence every name shares is not used up by it.
+    pg.sql(
+        "INSERT INTO lockrun.lockrun_leases (name, slot, owner, label, token, mode, lim, \
+           expires_at, granted_at) VALUES \
+         ('top', 1, 'o5', 'hand:5', 9223372036854775806, 'n', 2, 'infinity', clock_timestamp())",
+    );
+    let t: u64 = on(&url)
+        .args(["--limit", "2", "top", "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds()
+        .stdout()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(t, i64::MAX as u64);
+    run_token(&url, "other");
+    run_token(&url, "other");
 }
 
 #[test]

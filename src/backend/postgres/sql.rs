@@ -139,16 +139,20 @@ impl Tables {
     }
 
     /// A grant's token: the sequence's next value, but at least the
-    /// server's clock in µs and above every token the name's rows hold, so
-    /// a lost sequence (a dropped schema, an older dump restored) never
-    /// hands out less than before. The sequence is moved up to it (when
-    /// the role may), so a lockrun that only takes `nextval` follows on.
+    /// server's clock in µs, so a lost sequence (a dropped schema, an
+    /// older dump restored) never hands out less than before, and above
+    /// every token the name's rows hold. The sequence is moved up to the
+    /// clock (when the role may), so a lockrun that only takes `nextval`
+    /// follows on; never to a row's token, which may have been written by
+    /// hand: one absurd row must not use up the sequence of every name.
     /// $1 name.
     fn token(&self) -> String {
         format!(
-            "(SELECT CASE WHEN v.token > v.n AND has_sequence_privilege('{t}', 'UPDATE') \
-                 THEN setval('{t}', v.token) ELSE v.token END \
-               FROM (SELECT n, greatest(n, clock, top + 1) AS token \
+            "(SELECT greatest(CASE WHEN v.floor > v.n \
+                   AND has_sequence_privilege('{t}', 'UPDATE') \
+                 THEN setval('{t}', v.floor) ELSE v.floor END, \
+                 least(v.top, 9223372036854775806) + 1) \
+               FROM (SELECT n, greatest(n, clock) AS floor, top \
                  FROM (SELECT nextval('{t}') AS n, \
                    floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock, \
                    coalesce((SELECT max(token) FROM {l} WHERE name = $1), 0) AS top) s) v)",
