@@ -975,7 +975,10 @@ fn doctor_fails_a_read_only_role_as_every_run_would() {
          ALTER ROLE ro SET default_transaction_read_only = on",
     );
     let url = pg.url_as("ro", "ro-pw");
-    on(&url).args(["--ttl", "3s", "x", "true"]).code(69);
+    on(&url)
+        .args(["--ttl", "3s", "x", "true"])
+        .code(69)
+        .says(&["read-only", "default_transaction_read_only"]);
     let out = on(&url).arg("doctor").code(69).stdout();
     let lines = doctor_lines(&out);
     assert_eq!(
