@@ -529,38 +529,37 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
             .filter(|(_, held)| *held == Some(false))
             .map(|(what, _)| *what)
             .collect();
-        out.push(
-            if missing.is_empty() && usage && o.moves_sequence == Some(false) {
-                Check::warn(
-                    topic,
-                    format!(
-                        "{full}: role {role} lacks UPDATE on it: its tokens are floored by the \
+        let unmoved = o.moves_sequence == Some(false);
+        out.push(if missing.is_empty() && usage && unmoved {
+            Check::warn(
+                topic,
+                format!(
+                    "{full}: role {role} lacks UPDATE on it: its tokens are floored by the \
                      server's clock all the same, but the sequence is not moved up to them, so \
                      an older lockrun, which takes nextval alone, may hand out lower ones; \
                      {grant} (README \"PostgreSQL\")"
-                    ),
-                )
-            } else if missing.is_empty() && usage {
-                Check::ok(
-                    topic,
-                    format!("{full}: role {role} may use it as lockrun does"),
-                )
-            } else if missing.is_empty() {
-                Check::fail(
-                    topic,
-                    format!("{full}: role {role} may not reach it (no USAGE on schema {schema})"),
-                )
-            } else {
-                Check::fail(
-                    topic,
-                    format!(
-                        "{full}: role {role} lacks {} on it: every run would fail with 69; {grant} \
+                ),
+            )
+        } else if missing.is_empty() && usage {
+            Check::ok(
+                topic,
+                format!("{full}: role {role} may use it as lockrun does"),
+            )
+        } else if missing.is_empty() {
+            Check::fail(
+                topic,
+                format!("{full}: role {role} may not reach it (no USAGE on schema {schema})"),
+            )
+        } else {
+            Check::fail(
+                topic,
+                format!(
+                    "{full}: role {role} lacks {} on it: every run would fail with 69; {grant} \
                      (README \"PostgreSQL\")",
-                        missing.join(", ")
-                    ),
-                )
-            },
-        );
+                    missing.join(", ")
+                ),
+            )
+        });
     }
     Ok(out)
 }
