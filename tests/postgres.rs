@@ -215,11 +215,13 @@ fn the_grants_the_readme_lists_are_enough() {
         "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
          GRANT USAGE ON SCHEMA lockrun TO ci; \
          GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
-         GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO ci",
+         GRANT USAGE, UPDATE ON SEQUENCE lockrun.lockrun_tokens TO ci",
     );
     let url = pg.url_as("ci", "ci-pw");
     let t = run_token(&url, "x");
     assert!(t > 0);
+    // UPDATE moves the sequence up to the token floored by the clock.
+    assert!(sequence_value(&pg) >= t);
     let scratch = Scratch::new();
     let (mut h, _) = holder(&url, &scratch, "g", "3s");
     let mut waiter = on(&url).args(["-q", "g", "true"]).spawn();
@@ -703,6 +705,18 @@ fn doctor_checks_the_server_the_tables_and_the_role_s_rights_creating_nothing() 
          GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO norights; \
          GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO norights",
     );
+    // USAGE alone (the grants of older versions): runs work, tokens are
+    // floored by the clock, but the sequence is not moved up: a warning.
+    let out = on(&pg.url_as("norights", "nr-pw"))
+        .arg("doctor")
+        .code(1)
+        .stdout();
+    assert_eq!(
+        verdict_of(&doctor_lines(&out), "token sequence"),
+        "warn",
+        "{out}"
+    );
+    pg.sql("GRANT UPDATE ON SEQUENCE lockrun.lockrun_tokens TO norights");
     on(&pg.url_as("norights", "nr-pw")).arg("doctor").code(0);
 
     // A foreign table in the way: a failure naming --prefix.
@@ -848,4 +862,231 @@ fn ten_thousand_names_are_listed_in_seconds_sorted_as_bytes() {
     );
     // Never an owner value.
     assert!(!out.contains(&pg.sql("SELECT md5('1')").trim().to_string()));
+}
+
+// ---- a lost counter, session settings, hand-written rows, secrets in the query ----
+
+/// The sequence's value as the server has it now.
+fn sequence_value(pg: &Postgres) -> u64 {
+    pg.sql("SELECT last_value FROM lockrun.lockrun_tokens")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn tokens_never_go_back_when_the_schema_is_dropped_or_an_older_dump_restored() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let mut last = 0;
+    for _ in 0..3 {
+        let t = run_token(&url, "drop");
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+    }
+    // The sequence never hands out less than a token already given, so a
+    // lockrun that only takes nextval (an older version in the fleet)
+    // follows on.
+    assert!(sequence_value(&pg) >= last);
+
+    // Between two runs: an operator drops the schema, and with it the
+    // sequence; the next run recreates both.
+    pg.sql("DROP SCHEMA lockrun CASCADE");
+    let t = run_token(&url, "drop");
+    assert!(
+        t > last,
+        "token {t} after the schema was dropped, {last} before"
+    );
+    last = t;
+
+    // While a job holds the name: the next holder gets a higher token.
+    let scratch = Scratch::new();
+    let err = std::fs::File::create(scratch.path("err")).unwrap();
+    let mut h = on(&url)
+        .args(["-vv", "--ttl", "6s", "drop", "-c"])
+        .arg(format!(
+            "echo $LOCKRUN_TOKEN > {}; sleep 60",
+            scratch.path("token").display()
+        ))
+        .stderr(Stdio::from(err))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || !scratch
+        .read("token")
+        .trim()
+        .is_empty()));
+    let held: u64 = scratch.read("token").trim().parse().unwrap();
+    assert!(held > last, "token {held} after {last}");
+    pg.sql("DROP SCHEMA lockrun CASCADE");
+    let t = run_token(&url, "drop");
+    assert!(t > held, "token {t} while token {held} was still held");
+    last = t;
+    // The old holder finds its row gone and stops its job.
+    assert_eq!(
+        wait_child(&mut h, Duration::from_secs(30)).code(),
+        Some(76),
+        "{}",
+        scratch.read("err")
+    );
+
+    // An older dump restored: the sequence goes back to a small value.
+    pg.sql("SELECT setval('lockrun.lockrun_tokens', 5)");
+    let t = run_token(&url, "drop");
+    assert!(t > last, "token {t} after a restore, {last} before");
+    // A grant of an older lockrun in the fleet (nextval alone) follows on.
+    let old: u64 = pg
+        .sql("SELECT nextval('lockrun.lockrun_tokens')")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(old > t, "nextval {old} after token {t}");
+    last = old;
+
+    // Several slots of one name granted at once: every token is new and
+    // above every earlier one.
+    let children: Vec<Child> = (0..4)
+        .map(|_| {
+            on(&url)
+                .args(["--limit", "2", "-w", "60s", "drop", "-c"])
+                .arg("echo $LOCKRUN_TOKEN; sleep 0.2")
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect();
+    let mut tokens: Vec<u64> = children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success());
+            text(&out.stdout).trim().parse().unwrap()
+        })
+        .collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 4, "{tokens:?}");
+    assert!(tokens[0] > last, "{tokens:?} after {last}");
+}
+
+#[test]
+fn doctor_fails_a_read_only_role_as_every_run_would() {
+    let pg = Postgres::start();
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    pg.sql(
+        "CREATE ROLE ro LOGIN SUPERUSER PASSWORD 'ro-pw'; \
+         ALTER ROLE ro SET default_transaction_read_only = on",
+    );
+    let url = pg.url_as("ro", "ro-pw");
+    on(&url)
+        .args(["--ttl", "3s", "x", "true"])
+        .code(69)
+        .says(&["read-only", "default_transaction_read_only"]);
+    let out = on(&url).arg("doctor").code(69).stdout();
+    let lines = doctor_lines(&out);
+    assert_eq!(
+        verdict_of(&lines, "default_transaction_read_only"),
+        "fail",
+        "{out}"
+    );
+}
+
+#[test]
+fn doctor_under_a_short_statement_timeout_agrees_with_a_run() {
+    let pg = Postgres::start();
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    pg.sql(
+        "CREATE ROLE st LOGIN SUPERUSER PASSWORD 'st-pw'; \
+         ALTER ROLE st SET statement_timeout = '1ms'",
+    );
+    let url = pg.url_as("st", "st-pw");
+    // A run sets its own bounds inside its transactions: it works.
+    let ran = on(&url).args(["x", "true"]).output();
+    let out = on(&url).arg("doctor").output();
+    let said = out.stdout();
+    let lines = doctor_lines(&said);
+    assert_eq!(ran.out.status.code(), Some(0), "{}", ran.stderr());
+    assert_ne!(out.out.status.code(), Some(69), "{said}");
+    for topic in ["leases table", "waiters table", "token sequence"] {
+        assert_eq!(verdict_of(&lines, topic), "ok", "{said}");
+    }
+    assert!(!said.contains("could not be read"), "{said}");
+    // The role's setting is still named, as a warning.
+    assert_eq!(verdict_of(&lines, "statement_timeout"), "warn", "{said}");
+}
+
+#[test]
+fn hand_written_rows_with_infinite_or_absent_times_can_be_read_and_cleared() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    on(&url).args(["x", "true"]).succeeds();
+    // The table as an operator might have it: expires_at allowed to be NULL.
+    pg.sql(
+        "ALTER TABLE lockrun.lockrun_leases ALTER COLUMN expires_at DROP NOT NULL; \
+         INSERT INTO lockrun.lockrun_leases (name, slot, owner, label, token, mode, lim, \
+           expires_at, granted_at) VALUES \
+         ('inf', 0, 'o1', 'hand:1', 900, 'x', 1, 'infinity', clock_timestamp()), \
+         ('far', 0, 'o2', 'hand:2', 901, 'x', 1, '200000-01-01', '-infinity'), \
+         ('ninf', 0, 'o3', 'hand:3', 902, 'x', 1, '-infinity', 'infinity'), \
+         ('nul', 0, 'o4', 'hand:4', 903, 'x', 1, NULL, clock_timestamp())",
+    );
+    let out = on(&url).arg("status").code(0).stdout();
+    assert!(out.contains("inf: held by hand:1"), "{out}");
+    assert!(out.contains("far: held by hand:2"), "{out}");
+    for name in ["inf", "far"] {
+        on(&url).args(["status", name]).code(0);
+        on(&url).args(["status", "--json", name]).code(0);
+        on(&url).args(["-n", name, "true"]).code(75);
+        on(&url)
+            .args(["release", "--force", "--now", name])
+            .succeeds();
+        on(&url).args(["-n", name, "true"]).succeeds();
+    }
+    // Lapsed forever, or never said: free.
+    for name in ["ninf", "nul"] {
+        on(&url).args(["status", name]).code(1);
+        on(&url).args(["-n", name, "true"]).succeeds();
+    }
+    on(&url).arg("status").code(1);
+    // An absurd token by hand: the name's next grant is above it, and the
+    // sequence every name shares is not used up by it.
+    pg.sql(
+        "INSERT INTO lockrun.lockrun_leases (name, slot, owner, label, token, mode, lim, \
+           expires_at, granted_at) VALUES \
+         ('top', 1, 'o5', 'hand:5', 9223372036854775806, 'n', 2, 'infinity', clock_timestamp())",
+    );
+    let t: u64 = on(&url)
+        .args(["--limit", "2", "top", "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds()
+        .stdout()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(t, i64::MAX as u64);
+    run_token(&url, "other");
+    run_token(&url, "other");
+}
+
+#[test]
+fn secrets_in_the_query_of_a_url_are_never_printed() {
+    const SECRET: &str = "Qs3cr3tQ";
+    for url in [
+        format!("postgres://u@127.0.0.1:9/db?sslpassword={SECRET}"),
+        format!("postgres://u@127.0.0.1:9/db?%70assword={SECRET}"),
+        format!("postgres://u@127.0.0.1:9/db?%73slpassword={SECRET}&sslmode=disable"),
+        format!("postgres://u@127.0.0.1:9/db?scram_client_key={SECRET}"),
+        format!("postgres://u@127.0.0.1:9/db?oauth_client_secret={SECRET}"),
+        format!("postgres://u@127.0.0.1:9/db?pass%77ord={SECRET}&sslmode=bad"),
+    ] {
+        for args in [
+            &["x", "true"][..],
+            &["doctor"][..],
+            &["status"][..],
+            &["status", "x"][..],
+        ] {
+            let out = on(&url).args(["-vv"]).args(args).output();
+            let code = out.out.status.code();
+            assert!(matches!(code, Some(64 | 69)), "{url} {args:?}: {code:?}");
+            let all = format!("{}{}", out.stdout(), out.stderr());
+            assert!(!all.contains(SECRET), "{url} {args:?}: {all}");
+            assert!(all.contains("127.0.0.1"), "{url} {args:?}: {all}");
+        }
+    }
 }

@@ -202,16 +202,8 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         display.push_str(p);
     }
     if let Some(q) = query {
-        // Every parameter but the password, as given.
-        let shown: Vec<String> = q
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some(("password", _)) => "password=***".to_string(),
-                _ => kv.to_string(),
-            })
-            .collect();
         display.push('?');
-        display.push_str(&shown.join("&"));
+        display.push_str(&shown_query(q));
     }
     let display: String = display.chars().take(200).collect();
     let bad = |why: String| Error::Request(format!("invalid --url {display}: {why}; {expected}"));
@@ -230,9 +222,17 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
     let mut sslmode = None;
     let mut rootcert = None;
     for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| bad(format!("the parameter {kv:?} has no value")))?;
+        // libpq decodes the key as well as the value: %70assword is password.
+        let (k, v) = match kv.split_once('=') {
+            Some((k, v)) => (decode(k), v),
+            None => (decode(kv), ""),
+        };
+        let k = k.ok_or_else(|| bad("a parameter's name has a bad %-escape".into()))?;
+        let k: &str = &k;
+        if !kv.contains('=') {
+            let k: String = k.chars().take(40).collect();
+            return Err(bad(format!("the parameter {k:?} has no value")));
+        }
         let v = text(k, v)?;
         match k {
             "host" => host_param = Some(v),
@@ -317,6 +317,40 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         ca_file: rootcert,
         display,
     })
+}
+
+/// The parameters whose values may be shown: lockrun's own, none secret.
+const SHOWN_KEYS: [&str; 8] = [
+    "host",
+    "port",
+    "user",
+    "dbname",
+    "sslmode",
+    "sslrootcert",
+    "connect_timeout",
+    "application_name",
+];
+
+/// The query for messages: a value is shown only for a parameter known
+/// not to be secret, its name read as libpq reads it (%-decoded, so
+/// `%70assword` is `password`). Any other value is `***`: the password,
+/// what libpq keeps secret besides (sslpassword, oauth_client_secret, the
+/// scram keys), and any parameter lockrun does not read, which may be a
+/// secret of a newer libpq. A name that does not decode is `***` too.
+fn shown_query(q: &str) -> String {
+    q.split('&')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            match decode(k) {
+                Some(name) if SHOWN_KEYS.contains(&name.as_str()) => kv.to_string(),
+                Some(_) if !kv.contains('=') => kv.to_string(),
+                Some(_) if v.is_empty() => kv.to_string(),
+                Some(_) => format!("{k}=***"),
+                None => "***".to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 fn port(p: &str) -> Result<u16, String> {
@@ -453,11 +487,21 @@ mod tests {
             "postgres://u:s3cret@[::1/d",
             "postgres://u:s3cret@a,,b/d",
             "postgres://u@h/d?password=s3cret&x=1",
+            "postgres://u@h/d?sslpassword=s3cret",
+            "postgres://u@h/d?%73slpassword=s3cret",
+            "postgres://u@h/d?oauth_client_secret=s3cret",
+            "postgres://u@h/d?%zz=s3cret",
+            "postgres://u@h/d?%70assword=s3cret&sslmode=maybe",
         ] {
             let e = with(bad, &[]).unwrap_err();
             assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
             assert!(!e.to_string().contains("s3cret"), "{e}");
         }
+        // libpq decodes a parameter's name: this is the password.
+        let u = with("postgres://u@h/d?%70assword=s3cret&sslmode=disable", &[]).unwrap();
+        assert_eq!(u.password.as_deref(), Some("s3cret"));
+        assert!(!u.display.contains("s3cret"), "{}", u.display);
+        assert!(u.display.contains("sslmode=disable"), "{}", u.display);
         let u = with(
             "postgres://h/d?sslrootcert=/ca.pem",
             &[("PGSSLMODE", "verify-full")],

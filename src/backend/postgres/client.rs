@@ -401,6 +401,13 @@ fn kind(code: &SqlState, text: String, url: &PgUrl) -> Error {
                 | SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
                 | SqlState::READ_ONLY_SQL_TRANSACTION
         );
+    if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+        // Worth waiting out after a switch-over; said so when it lasts.
+        return Error::Transient(format!(
+            "{text} ({c}): a standby, or default_transaction_read_only = on for the role \
+             (lockrun doctor names it)"
+        ));
+    }
     if transient {
         return Error::Transient(format!("{text} ({c})"));
     }

@@ -12,8 +12,8 @@ use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
 use super::address::{PgUrl, schema_of};
-use super::client::Client;
-use super::sql::Tables;
+use super::client::{Call, Client, Params};
+use super::sql::{Tables, bounded};
 use crate::backend::{Check, Error, Opening, round_trip_check};
 use crate::clock::Boot;
 
@@ -60,7 +60,8 @@ pub fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
     let url = Arc::new(url.clone());
     let mut client = Client::new(Arc::clone(&url), how.op);
     let started = Boot::now();
-    let about = match client.query(
+    let about = match ask(
+        &mut client,
         "SELECT current_setting('server_version'), current_setting('server_version_num')::int, \
            current_user::text, current_database()::text, pg_is_in_recovery()",
         &[],
@@ -120,6 +121,30 @@ pub fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
     out
 }
 
+/// One check's statement, run as a run runs its own: inside a transaction
+/// started as lockrun starts each of its transactions (READ COMMITTED,
+/// `statement_timeout` and `lock_timeout` set to the bound on one
+/// request), in one flight. So a role's default `statement_timeout`, too
+/// short for a catalog query but overridden by every run, fails no check,
+/// and each check is bounded by `op` on the server as well as here. Only
+/// `SET LOCAL`: nothing outlives the transaction, also through a pooler.
+fn ask(client: &mut Client, sql: &str, params: &Params) -> Result<Vec<Row>, Error> {
+    let begin = bounded(client.op);
+    let done = client.pipeline(&[
+        Call::Batch(&begin),
+        Call::Query(sql, params),
+        Call::Batch("COMMIT"),
+    ]);
+    match done {
+        Ok(mut rows) => Ok(rows.remove(1)),
+        Err(e) => {
+            // A failed transaction: the next check starts afresh.
+            client.drop_connection();
+            Err(e)
+        }
+    }
+}
+
 /// Five round trips that read the server's clock and its backend: the
 /// slowest, and the server's clock minus ours (from the quickest, when
 /// the reading sits closest to the middle of its round trip).
@@ -129,7 +154,8 @@ fn round_trips(client: &mut Client, pids: &mut Vec<i32>) -> Result<(Duration, f6
     for _ in 0..5 {
         let sent = Boot::now();
         let wall_sent = wall();
-        let rows = client.query(
+        let rows = ask(
+            client,
             "SELECT extract(epoch FROM clock_timestamp())::float8, pg_backend_pid()",
             &[],
         )?;
@@ -194,7 +220,7 @@ fn pooler_check(client: &mut Client, url: &Arc<PgUrl>, how: &Opening, pids: &[i3
     let mut theirs = Vec::new();
     let mut ours = pids.to_vec();
     let pid = |c: &mut Client| -> Option<i32> {
-        c.query("SELECT pg_backend_pid()", &[])
+        ask(c, "SELECT pg_backend_pid()", &[])
             .ok()?
             .first()
             .map(|r| r.get(0))
@@ -223,14 +249,26 @@ fn pooler_check(client: &mut Client, url: &Arc<PgUrl>, how: &Opening, pids: &[i3
     }
 }
 
+/// A timeout setting in ms as a person reads it.
+fn timeout_shown(ms: i64) -> String {
+    if ms <= 0 {
+        "0 (none)".into()
+    } else {
+        shown(Duration::from_millis(ms as u64))
+    }
+}
+
 /// The settings that bear on lockrun's statements, as the server applies
-/// them to this role and database.
+/// them to this role and database: the session's values (`reset_val`),
+/// not those `ask`'s transaction sets for itself.
 fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
-    let rows = client.query(
+    let rows = ask(
+        client,
         "SELECT current_setting('default_transaction_isolation'), \
-           current_setting('idle_in_transaction_session_timeout'), \
-           current_setting('statement_timeout'), \
-           (SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'), \
+           (SELECT reset_val::bigint FROM pg_settings \
+             WHERE name = 'idle_in_transaction_session_timeout'), \
+           current_setting('default_transaction_read_only'), \
+           (SELECT reset_val::bigint FROM pg_settings WHERE name = 'statement_timeout'), \
            current_setting('synchronous_standby_names'), \
            current_setting('synchronous_commit'), \
            (SELECT count(*) FROM pg_stat_replication)",
@@ -240,6 +278,17 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
         .first()
         .ok_or_else(|| Error::Refused("the server answered with no row".into()))?;
     let mut out = Vec::new();
+    let read_only: String = r.get(2);
+    if read_only == "on" {
+        // Every transaction of lockrun's starts read-only: no grant, no
+        // renewal, no release can write.
+        out.push(Check::fail(
+            "default_transaction_read_only",
+            "on for this role or database: every transaction starts read-only, so every \
+             grant fails and every run ends with 69; ALTER ROLE … RESET \
+             default_transaction_read_only (or ALTER DATABASE …) for lockrun's role",
+        ));
+    }
     let isolation: String = r.get(0);
     out.push(Check::ok(
         "default_transaction_isolation",
@@ -253,7 +302,7 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
             )
         },
     ));
-    let idle: String = r.get(1);
+    let idle = timeout_shown(r.get::<_, Option<i64>>(1).unwrap_or(0));
     out.push(Check::ok(
         "idle_in_transaction_session_timeout",
         format!(
@@ -261,8 +310,8 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
              one request, so a client stopped mid-transaction holds no name up for long)"
         ),
     ));
-    let timeout: String = r.get(2);
     let timeout_ms: Option<i64> = r.get(3);
+    let timeout = timeout_shown(timeout_ms.unwrap_or(0));
     let op_ms = how.op.as_millis() as i64;
     out.push(match timeout_ms {
         Some(ms) if ms > 0 && ms < op_ms => Check::warn(
@@ -310,24 +359,28 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
 struct Object {
     kind: String,
     rights: Vec<(&'static str, Option<bool>)>,
+    /// UPDATE on the sequence: what moves it up to a token floored by
+    /// the clock.
+    moves_sequence: Option<bool>,
 }
 
 /// lockrun's schema, its three objects, and the current role's rights on
 /// them, from the catalogs (readable by every role) and `has_*_privilege`.
 fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, Error> {
     let t = Tables::new(schema);
-    let ns = client.query(
+    let ns = ask(
+        client,
         "SELECT has_schema_privilege(n.oid, 'USAGE'), has_schema_privilege(n.oid, 'CREATE') \
          FROM pg_namespace n WHERE n.nspname = $1",
         &[(&schema, Type::TEXT)],
     )?;
-    let db_create = client
-        .query(
-            "SELECT has_database_privilege(current_database(), 'CREATE')",
-            &[],
-        )?
-        .first()
-        .is_some_and(|r| r.get::<_, bool>(0));
+    let db_create = ask(
+        client,
+        "SELECT has_database_privilege(current_database(), 'CREATE')",
+        &[],
+    )?
+    .first()
+    .is_some_and(|r| r.get::<_, bool>(0));
     let Some(ns) = ns.first() else {
         return Ok(vec![if db_create {
             Check::ok(
@@ -359,14 +412,16 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
             ),
         ));
     }
-    let rows = client.query(
+    let rows = ask(
+        client,
         "SELECT c.relname::text, c.relkind::text, \
            CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'SELECT') END, \
            CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'INSERT') END, \
            CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'UPDATE') END, \
            CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'DELETE') END, \
            CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(c.oid, 'USAGE') \
-             OR has_sequence_privilege(c.oid, 'UPDATE') END \
+             OR has_sequence_privilege(c.oid, 'UPDATE') END, \
+           CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(c.oid, 'UPDATE') END \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE n.nspname = $1 \
            AND c.relname IN ('lockrun_leases', 'lockrun_waiters', 'lockrun_tokens')",
@@ -383,9 +438,11 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
                 ("DELETE", r.get(5)),
                 ("USAGE", r.get(6)),
             ],
+            moves_sequence: r.get(7),
         })
     };
-    let columns = client.query(
+    let columns = ask(
+        client,
         "SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod) \
          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
            JOIN pg_namespace n ON n.oid = c.relnamespace \
@@ -462,7 +519,7 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
             continue;
         }
         let grant = if sequence {
-            format!("GRANT USAGE ON SEQUENCE {full} TO {role}")
+            format!("GRANT USAGE, UPDATE ON SEQUENCE {full} TO {role}")
         } else {
             format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {full} TO {role}")
         };
@@ -472,7 +529,18 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
             .filter(|(_, held)| *held == Some(false))
             .map(|(what, _)| *what)
             .collect();
-        out.push(if missing.is_empty() && usage {
+        let unmoved = o.moves_sequence == Some(false);
+        out.push(if missing.is_empty() && usage && unmoved {
+            Check::warn(
+                topic,
+                format!(
+                    "{full}: role {role} lacks UPDATE on it: its tokens are floored by the \
+                     server's clock all the same, but the sequence is not moved up to them, so \
+                     an older lockrun, which takes nextval alone, may hand out lower ones; \
+                     {grant} (README \"PostgreSQL\")"
+                ),
+            )
+        } else if missing.is_empty() && usage {
             Check::ok(
                 topic,
                 format!("{full}: role {role} may use it as lockrun does"),

@@ -86,18 +86,23 @@ impl Postgres {
 }
 
 /// A holder from the columns `sql::holder_columns` names, from column `at` on.
+/// Every column but the slot is read as possibly NULL: a table made by
+/// hand may allow it, and `status` must still show what is there.
 fn holder_of(r: &tokio_postgres::Row, at: usize) -> Result<Holder, Error> {
-    let m = mode(&r.get::<_, String>(at + 3), r.get(at + 4))?;
+    let m = mode(
+        &r.get::<_, Option<String>>(at + 3).unwrap_or_default(),
+        r.get::<_, Option<i32>>(at + 4).unwrap_or(1),
+    )?;
     let ms = |v: Option<i64>| Duration::from_millis(v.unwrap_or(0).max(0) as u64);
     Ok(Holder {
-        label: Some(r.get::<_, String>(at + 1)).filter(|l| !l.is_empty()),
-        token: Some(r.get::<_, i64>(at + 2).max(0) as u64),
+        label: r.get::<_, Option<String>>(at + 1).filter(|l| !l.is_empty()),
+        token: r.get::<_, Option<i64>>(at + 2).map(|t| t.max(0) as u64),
         mode: m,
         slot: matches!(m, super::Mode::Limit(_)).then(|| r.get::<_, i32>(at).max(0) as u32),
         ttl_left: Some(ms(r.get(at + 6))),
         held_for: Some(ms(r.get(at + 7))),
-        revoked: r.get(at + 5),
-        min_hold: r.get(at + 8),
+        revoked: r.get::<_, Option<bool>>(at + 5).unwrap_or(false),
+        min_hold: r.get::<_, Option<bool>>(at + 8).unwrap_or(false),
     })
 }
 
@@ -158,7 +163,8 @@ impl Engine for Postgres {
                     },
                 ));
             }
-            if r.get::<_, Option<i64>>(3).is_some() {
+            // The slot is never NULL in a holder's row (a primary key column).
+            if r.get::<_, Option<i32>>(1).is_some() {
                 let h = holder_of(r, 1)?;
                 names.last_mut().expect("pushed above").1.holders.push(h);
             }

@@ -49,10 +49,14 @@ pub fn entries(rows: &[Row]) -> Result<(Vec<Entry>, Vec<Entry>), Error> {
         let e = Entry {
             holder: kind == "h",
             pos: r.get(1),
-            owner: r.get(2),
-            label: r.get(3),
-            token: r.get::<_, i64>(4).max(0) as u64,
-            mode: mode(&r.get::<_, String>(5), r.get(6))?,
+            // A table made by hand may allow NULLs: read them as empty.
+            owner: r.get::<_, Option<String>>(2).unwrap_or_default(),
+            label: r.get::<_, Option<String>>(3).unwrap_or_default(),
+            token: r.get::<_, Option<i64>>(4).unwrap_or(0).max(0) as u64,
+            mode: mode(
+                &r.get::<_, Option<String>>(5).unwrap_or_default(),
+                r.get::<_, Option<i32>>(6).unwrap_or(1),
+            )?,
             left: ms(r.get::<_, Option<i64>>(7).unwrap_or(0)),
         };
         if e.holder {

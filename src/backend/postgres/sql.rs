@@ -10,14 +10,39 @@ use std::time::Duration;
 /// or grant retry takes it for its own (README "Once per window").
 pub const KEPT: &str = "min-hold";
 
+/// Milliseconds from `from` to `to`, whatever a hand-written row holds:
+/// an infinite time cannot be subtracted (the server refuses), so each
+/// side is read as seconds and the difference bounded by ±10¹² s (NULL
+/// stays NULL).
+fn ms_between(from: &str, to: &str) -> String {
+    format!(
+        "(least(greatest(extract(epoch FROM {to}) - extract(epoch FROM {from}), \
+           -1000000000000), 1000000000000) * 1000)::bigint"
+    )
+}
+
 /// A holder's columns, as `holder_of` reads them: never the owner
 /// value, only whether the row is a kept window.
 fn holder_columns() -> String {
     format!(
-        "slot, label, token, mode, lim, revoked, \
-         (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms, \
-         (extract(epoch FROM clock_timestamp() - granted_at) * 1000)::bigint AS age_ms, \
-         (owner = '{KEPT}' AND NOT revoked) AS kept"
+        "slot, label, token, mode, lim, revoked, {left} AS left_ms, {age} AS age_ms, \
+         (owner = '{KEPT}' AND NOT revoked) AS kept",
+        left = ms_between("clock_timestamp()", "expires_at"),
+        age = ms_between("granted_at", "clock_timestamp()"),
+    )
+}
+
+/// The start of every transaction of lockrun's, and the settings it runs
+/// under whatever the role's or database's defaults: READ COMMITTED, each
+/// statement and each lock wait bounded by `op` on the server too, and a
+/// client that stops in the middle holding nothing up for long. `doctor`
+/// runs its checks under the same, so that its verdict is a run's.
+pub fn bounded(op: Duration) -> String {
+    let ms = op.as_millis().max(1);
+    format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {ms}; \
+         SET LOCAL lock_timeout = {ms}; SET LOCAL idle_in_transaction_session_timeout = {}",
+        ms * 2
     )
 }
 
@@ -79,14 +104,8 @@ impl Tables {
     /// sees every decision taken before it (under REPEATABLE READ the
     /// snapshot would date from before the lock was granted).
     pub fn begin(&self, name: &str, op: Duration) -> String {
-        let ms = op.as_millis().max(1);
         let key = fnv(&format!("{}/{name}", self.schema)) as i64;
-        format!(
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
-             SET LOCAL idle_in_transaction_session_timeout = {}; \
-             SELECT pg_advisory_xact_lock({key})",
-            ms * 2
-        )
+        format!("{}; SELECT pg_advisory_xact_lock({key})", bounded(op))
     }
 
     /// The channel a name's waiters listen on (an identifier of at most 63
@@ -100,36 +119,69 @@ impl Tables {
     pub fn look(&self) -> String {
         format!(
             "SELECT 'h'::text AS kind, slot::bigint AS pos, owner, label, token, mode, lim, \
-               (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms \
+               {left} AS left_ms \
              FROM {l} WHERE name = $1 AND expires_at > clock_timestamp() \
              UNION ALL \
-             SELECT 'w'::text, seq, owner, label, 0::bigint, mode, lim, \
-               (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint \
+             SELECT 'w'::text, seq, owner, label, 0::bigint, mode, lim, {left} \
              FROM {w} WHERE name = $1 AND expires_at > clock_timestamp()",
             l = self.leases,
-            w = self.waiters
+            w = self.waiters,
+            left = ms_between("clock_timestamp()", "expires_at"),
         )
     }
 
-    /// The grant: a free slot (or one whose lease has lapsed) becomes ours
-    /// with the next token; our place in the queue and lapsed places go.
+    /// Taken just before a grant, until its transaction ends: moving the
+    /// token sequence up is one grant at a time across every name, so no
+    /// `setval` lands after, and below, a value handed out since.
+    pub fn token_lock(&self) -> String {
+        let key = fnv(&format!("{} tokens", self.schema)) as i64;
+        format!("SELECT pg_advisory_xact_lock({key})")
+    }
+
+    /// A grant's token: the sequence's next value, but at least the
+    /// server's clock in µs, so a lost sequence (a dropped schema, an
+    /// older dump restored) never hands out less than before, and above
+    /// every token the name's rows hold. The sequence is moved up to the
+    /// clock (when the role may), so a lockrun that only takes `nextval`
+    /// follows on; never to a row's token, which may have been written by
+    /// hand: one absurd row must not use up the sequence of every name.
+    /// $1 name.
+    fn token(&self) -> String {
+        format!(
+            "(SELECT greatest(CASE WHEN v.floor > v.n \
+                   AND has_sequence_privilege('{t}', 'UPDATE') \
+                 THEN setval('{t}', v.floor) ELSE v.floor END, \
+                 least(v.top, 9223372036854775806) + 1) \
+               FROM (SELECT n, greatest(n, clock) AS floor, top \
+                 FROM (SELECT nextval('{t}') AS n, \
+                   floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock, \
+                   coalesce((SELECT max(token) FROM {l} WHERE name = $1), 0) AS top) s) v)",
+            t = self.tokens,
+            l = self.leases
+        )
+    }
+
+    /// The grant: a free slot (or one whose lease has lapsed, or whose
+    /// expiry is missing) becomes ours with the next token; our place in
+    /// the queue and lapsed places go. After `token_lock`.
     /// $1 name, $2 slot, $3 owner, $4 label, $5 mode, $6 limit, $7 ttl ms.
     pub fn grant(&self) -> String {
         format!(
             "WITH gone AS (DELETE FROM {w} WHERE name = $1 \
-               AND (owner = $3 OR expires_at <= clock_timestamp()) RETURNING 1) \
+               AND (owner = $3 OR NOT expires_at > clock_timestamp() OR expires_at IS NULL) \
+               RETURNING 1) \
              INSERT INTO {l} AS l (name, slot, owner, label, token, mode, lim, expires_at, granted_at) \
-             VALUES ($1, $2, $3, $4, nextval('{t}'), $5, $6, \
+             VALUES ($1, $2, $3, $4, {token}, $5, $6, \
                clock_timestamp() + $7 * interval '1 millisecond', clock_timestamp()) \
              ON CONFLICT (name, slot) DO UPDATE SET owner = excluded.owner, \
                label = excluded.label, token = excluded.token, mode = excluded.mode, \
                lim = excluded.lim, expires_at = excluded.expires_at, \
                granted_at = excluded.granted_at, revoked = false \
-             WHERE l.expires_at <= clock_timestamp() \
+             WHERE l.expires_at <= clock_timestamp() OR l.expires_at IS NULL \
              RETURNING token",
             l = self.leases,
             w = self.waiters,
-            t = self.tokens
+            token = self.token()
         )
     }
 

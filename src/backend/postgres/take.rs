@@ -313,7 +313,8 @@ fn look(
                 (&ttl_ms, Type::INT8),
             ];
             let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
-            let mut last = vec![Call::Query(&grant, &params)];
+            let token_lock = tables.token_lock();
+            let mut last = vec![Call::Batch(&token_lock), Call::Query(&grant, &params)];
             if others_wait {
                 // The next in line may hold beside us (readers, a limit):
                 // it looks again now rather than at its next nap's end.
@@ -322,7 +323,7 @@ fn look(
             let rows = commit(c, &last)?;
             // The grant took our place in the queue with it.
             place.seq = None;
-            let Some(r) = rows[0].first() else {
+            let Some(r) = rows[1].first() else {
                 return Ok(Outcome::Again);
             };
             Ok(Outcome::Granted {
