@@ -660,3 +660,45 @@ fn a_waiter_woken_by_a_lapsed_key_ahead_waits_on_behind_the_holder() {
         "the waiter started before the holder was asked to end"
     );
 }
+
+#[test]
+fn waiters_ride_out_graceful_restarts_of_etcd() {
+    let mut etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "gr", "10s");
+    // A graceful stop closes the gateway's connection to the server while
+    // watches and calls are under way ("the client connection is closing"):
+    // a waiter that hears it must wait on, as for any other restart.
+    let n = 16;
+    let mut waiters: Vec<Child> = (0..n)
+        .map(|_| {
+            on(&url)
+                .args(["-q", "--ttl", "10s", "gr", "true"])
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .collect();
+    wait_queued(&url, "gr", n);
+    for round in 0..3 {
+        etcd.restart_gracefully();
+        wait_queued(&url, "gr", n);
+        for w in waiters.iter_mut() {
+            if let Ok(Some(st)) = w.try_wait() {
+                let mut err = String::new();
+                use std::io::Read;
+                let _ = w.stderr.take().unwrap().read_to_string(&mut err);
+                panic!("a waiter ended in round {round} with {st}: {err}");
+            }
+        }
+    }
+    signal(h.id() as i32, libc::SIGTERM);
+    wait_child(&mut h, Duration::from_secs(20));
+    for mut w in waiters {
+        let st = wait_child(&mut w, Duration::from_secs(120));
+        let mut err = String::new();
+        use std::io::Read;
+        let _ = w.stderr.take().unwrap().read_to_string(&mut err);
+        assert_eq!(st.code(), Some(0), "a waiter did not run: {err}");
+    }
+}
