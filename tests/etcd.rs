@@ -702,3 +702,71 @@ fn waiters_ride_out_graceful_restarts_of_etcd() {
         assert_eq!(st.code(), Some(0), "a waiter did not run: {err}");
     }
 }
+
+#[test]
+fn names_under_different_prefixes_never_reach_each_other() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    // `lockrun:foo/q/` + `bar` runs through the range of `lockrun:` + `foo`.
+    let mut h = on(&url)
+        .args(["--prefix", "lockrun:foo/q/", "bar", "-c"])
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("pid").display()
+        ))
+        .spawn();
+    let job = scratch.pid_in("pid");
+    on(&url).args(["status", "foo"]).code(1);
+    on(&url).args(["-n", "foo", "true"]).succeeds();
+    on(&url).args(["release", "--force", "foo"]).code(1);
+    assert!(
+        alive(job),
+        "release --force of another prefix's name stopped the job"
+    );
+    let listed = on(&url).args(["status"]).code(1);
+    assert!(!listed.stdout().contains("foo"), "{}", listed.stdout());
+    assert!(
+        listed.stderr().contains("left out 1 key(s)"),
+        "{}",
+        listed.stderr()
+    );
+    on(&url)
+        .args(["--prefix", "lockrun:foo/q/", "status", "bar"])
+        .code(0);
+    signal(h.id() as i32, libc::SIGTERM);
+    wait_child(&mut h, Duration::from_secs(20));
+    // Prefixes whose keys another prefix's names could write: refused
+    // before anything is contacted.
+    let before = etcd.keys();
+    for prefix in ["lockrun:a", "lockrun:a:", "lockrun", ""] {
+        on(&url)
+            .args(["--prefix", prefix, "b", "-c", "true"])
+            .code(64)
+            .says(&["--prefix", "end it with '/'"]);
+        on(&format!("etcd://127.0.0.1:{}", free_port()))
+            .args(["--prefix", prefix, "status", "b"])
+            .code(64);
+    }
+    assert_eq!(etcd.keys(), before, "a refused prefix wrote a key");
+}
+
+#[test]
+fn a_key_whose_name_lockrun_would_not_write_is_left_out_of_the_list() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    for key in [
+        "lockrun:bad%ZZenc/q/0000000000000005",
+        "lockrun:bad%ZZenc/q/5",
+    ] {
+        etcd.ctl(&["put", key, "{}"]);
+    }
+    on(&url).args(["ok", "true"]).succeeds();
+    let listed = on(&url).args(["status"]).code(1);
+    assert!(!listed.stdout().contains("bad"), "{}", listed.stdout());
+    assert!(
+        listed.stderr().contains("left out 2 key(s)"),
+        "{}",
+        listed.stderr()
+    );
+}

@@ -457,7 +457,7 @@ pub fn int(v: &Value) -> Option<i64> {
     }
 }
 
-pub fn b64(s: &str) -> String {
+pub fn b64(s: impl AsRef<[u8]>) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(s)
 }
