@@ -5,6 +5,9 @@ use std::ffi::OsString;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `--prefix` when none is given.
+pub const DEFAULT_PREFIX: &str = "lockrun:";
+
 /// Run a command while holding a named lease, so that only one copy runs at a
 /// time across many machines.
 ///
@@ -101,10 +104,15 @@ pub struct BackendArgs {
     #[arg(
         long,
         env = "LOCKRUN_PREFIX",
-        default_value = "lockrun:",
+        default_value = DEFAULT_PREFIX,
         global = true
     )]
     pub prefix: String,
+
+    /// --prefix came from LOCKRUN_PREFIX: an engine without prefixes
+    /// ignores it rather than refusing it.
+    #[arg(skip)]
+    pub prefix_from_env: bool,
 
     /// Timestamped progress on stderr (-vv also shows every renewal).
     #[arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "quiet")]

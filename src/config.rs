@@ -88,6 +88,7 @@ pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
         tls_ca_from_env: args.tls_ca_from_env,
         replicas: args.replicas,
         replicas_from_env: args.replicas_from_env,
+        prefix_from_env: args.prefix_from_env,
     };
     let address = crate::backend::address(url, &opts)?;
     address.check_prefix(&args.prefix)?;

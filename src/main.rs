@@ -79,6 +79,7 @@ fn parse() -> Result<cli::Cli, clap::Error> {
     cli.backend.tls_ca_from_env = matches.value_source("tls_ca") == Some(ValueSource::EnvVariable);
     cli.backend.replicas_from_env =
         matches.value_source("replicas") == Some(ValueSource::EnvVariable);
+    cli.backend.prefix_from_env = matches.value_source("prefix") == Some(ValueSource::EnvVariable);
     Ok(cli)
 }
 

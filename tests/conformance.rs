@@ -716,6 +716,100 @@ pub fn unreachable_is_69(e: &dyn Fixture) {
     on(&e.unreachable()).args(["status", "away"]).code(69);
 }
 
+/// Pairs of (prefix, name) whose keys come close on some engine: the
+/// first pair's prefix and name, then the other's.
+const CLOSE_PAIRS: [(&str, &str, &str, &str); 8] = [
+    // `lockrun:foo/q/` + `bar` runs through the range of `lockrun:` + `foo`.
+    ("lockrun:foo/q/", "bar", "lockrun:", "foo"),
+    ("lockrun:", "foo", "lockrun:foo/q/", "bar"),
+    // Written one after the other, the same text.
+    ("lockrun:a", "b", "lockrun:", "ab"),
+    ("lockrun:", "ab", "lockrun:a", "b"),
+    ("team:", "x:y", "team:x:", "y"),
+    ("a/", "b", "a/b/", "q"),
+    ("a/b/", "q", "a/", "b"),
+    ("team:", "job", "lockrun:", "job"),
+];
+
+/// A holder under one (prefix, name) is never seen as a holder of another,
+/// never keeps another from running and is never broken through another;
+/// a prefix the engine cannot keep apart is refused with 64 before
+/// anything is contacted or written.
+pub fn prefixes_keep_names_apart(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let job = format!("touch {}", ran.display());
+    let mut prefixes: Vec<&str> = CLOSE_PAIRS.iter().flat_map(|p| [p.0, p.2]).collect();
+    prefixes.sort();
+    prefixes.dedup();
+    // Where nothing answers, a prefix the engine takes is 69 and one it
+    // refuses is 64: the refusal comes before any contact.
+    let refused: Vec<&str> = prefixes
+        .iter()
+        .copied()
+        .filter(|p| {
+            let out = on(&e.unreachable())
+                .args(["--prefix", p, "status", "x"])
+                .output();
+            match out.out.status.code() {
+                Some(64) => true,
+                Some(69) => false,
+                other => panic!(
+                    "--prefix {p:?} where nothing answers: {other:?}: {}",
+                    out.stderr()
+                ),
+            }
+        })
+        .collect();
+    for p in &refused {
+        for args in [
+            &["x", "-c", &job][..],
+            &["status", "x"],
+            &["status"],
+            &["release", "--force", "x"],
+        ] {
+            on(&e.url())
+                .args(["--prefix", p])
+                .args(args)
+                .code(64)
+                .says(&["--prefix"]);
+        }
+    }
+    assert!(!ran.exists(), "a job ran under a refused prefix");
+    assert!(e.untouched(), "a refused prefix left state behind");
+
+    for (i, (pa, na, pb, nb)) in CLOSE_PAIRS.into_iter().enumerate() {
+        if refused.contains(&pa) || refused.contains(&pb) {
+            continue;
+        }
+        let a = |args: &[&str]| on(&e.url()).args(["--prefix", pa]).args(args);
+        let b = |args: &[&str]| on(&e.url()).args(["--prefix", pb]).args(args);
+        let tag = format!("holder{i}");
+        let mut h = a(&[na, "-c"])
+            .arg(format!(
+                "echo $$ > {}; exec sleep 60",
+                scratch.path(&tag).display()
+            ))
+            .spawn();
+        let held = scratch.pid_in(&tag);
+        let seen = b(&["status", "--json", nb]).output().json();
+        assert_eq!(
+            seen["held"], false,
+            "{pa:?} {na:?} seen as {pb:?} {nb:?}: {seen}"
+        );
+        let out = b(&["-n", nb, "-c", "echo ran"]).code(0);
+        assert_eq!(out.stdout(), "ran\n", "{pb:?} {nb:?} did not run");
+        if e.breaks() {
+            b(&["release", "--force", nb]).code(1);
+        }
+        // The other prefix's listing holds nothing held.
+        b(&["status"]).code(1);
+        assert!(alive(held), "{pb:?} {nb:?} broke {pa:?} {na:?}");
+        assert_eq!(a(&["status", "--json", na]).output().json()["held"], true);
+        stop(&mut h);
+    }
+}
+
 /// `lockrun X` from inside a job holding X would wait for itself once
 /// anyone queues between them: refused with 64 in every mode, also when
 /// another holder's label is the one a waiter sees first.
@@ -1017,6 +1111,7 @@ macro_rules! conformance {
             #[test] fn kill_9_frees_the_name_only_after_the_job() { super::kill_9_frees_the_name_only_after_the_job(&$fixture) }
             #[test] fn bad_input_is_refused_before_anything_happens() { super::bad_input_is_refused_before_anything_happens(&$fixture) }
             #[test] fn unreachable_is_69() { super::unreachable_is_69(&$fixture) }
+            #[test] fn prefixes_keep_names_apart() { super::prefixes_keep_names_apart(&$fixture) }
             #[test] fn nested_requests_are_refused_in_every_mode() { super::nested_requests_are_refused_in_every_mode(&$fixture) }
             #[test] fn operators_see_every_name_doctor_and_metrics() { super::operators_see_every_name_doctor_and_metrics(&$fixture) }
             #[test] fn min_hold_runs_once_per_window() { super::min_hold_runs_once_per_window(&$fixture) }

@@ -660,3 +660,113 @@ fn a_waiter_woken_by_a_lapsed_key_ahead_waits_on_behind_the_holder() {
         "the waiter started before the holder was asked to end"
     );
 }
+
+#[test]
+fn waiters_ride_out_graceful_restarts_of_etcd() {
+    let mut etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "gr", "10s");
+    // A graceful stop closes the gateway's connection to the server while
+    // watches and calls are under way ("the client connection is closing"):
+    // a waiter that hears it must wait on, as for any other restart.
+    let n = 16;
+    let mut waiters: Vec<Child> = (0..n)
+        .map(|_| {
+            on(&url)
+                .args(["-q", "--ttl", "10s", "gr", "true"])
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .collect();
+    wait_queued(&url, "gr", n);
+    for round in 0..3 {
+        etcd.restart_gracefully();
+        wait_queued(&url, "gr", n);
+        for w in waiters.iter_mut() {
+            if let Ok(Some(st)) = w.try_wait() {
+                let mut err = String::new();
+                use std::io::Read;
+                let _ = w.stderr.take().unwrap().read_to_string(&mut err);
+                panic!("a waiter ended in round {round} with {st}: {err}");
+            }
+        }
+    }
+    signal(h.id() as i32, libc::SIGTERM);
+    wait_child(&mut h, Duration::from_secs(20));
+    for mut w in waiters {
+        let st = wait_child(&mut w, Duration::from_secs(120));
+        let mut err = String::new();
+        use std::io::Read;
+        let _ = w.stderr.take().unwrap().read_to_string(&mut err);
+        assert_eq!(st.code(), Some(0), "a waiter did not run: {err}");
+    }
+}
+
+#[test]
+fn names_under_different_prefixes_never_reach_each_other() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    let scratch = Scratch::new();
+    // `lockrun:foo/q/` + `bar` runs through the range of `lockrun:` + `foo`.
+    let mut h = on(&url)
+        .args(["--prefix", "lockrun:foo/q/", "bar", "-c"])
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("pid").display()
+        ))
+        .spawn();
+    let job = scratch.pid_in("pid");
+    on(&url).args(["status", "foo"]).code(1);
+    on(&url).args(["-n", "foo", "true"]).succeeds();
+    on(&url).args(["release", "--force", "foo"]).code(1);
+    assert!(
+        alive(job),
+        "release --force of another prefix's name stopped the job"
+    );
+    let listed = on(&url).args(["status"]).code(1);
+    assert!(!listed.stdout().contains("foo"), "{}", listed.stdout());
+    assert!(
+        listed.stderr().contains("left out 1 key(s)"),
+        "{}",
+        listed.stderr()
+    );
+    on(&url)
+        .args(["--prefix", "lockrun:foo/q/", "status", "bar"])
+        .code(0);
+    signal(h.id() as i32, libc::SIGTERM);
+    wait_child(&mut h, Duration::from_secs(20));
+    // Prefixes whose keys another prefix's names could write: refused
+    // before anything is contacted.
+    let before = etcd.keys();
+    for prefix in ["lockrun:a", "lockrun:a:", "lockrun", ""] {
+        on(&url)
+            .args(["--prefix", prefix, "b", "-c", "true"])
+            .code(64)
+            .says(&["--prefix", "end it with '/'"]);
+        on(&format!("etcd://127.0.0.1:{}", free_port()))
+            .args(["--prefix", prefix, "status", "b"])
+            .code(64);
+    }
+    assert_eq!(etcd.keys(), before, "a refused prefix wrote a key");
+}
+
+#[test]
+fn a_key_whose_name_lockrun_would_not_write_is_left_out_of_the_list() {
+    let etcd = Etcd::start();
+    let url = etcd.url();
+    for key in [
+        "lockrun:bad%ZZenc/q/0000000000000005",
+        "lockrun:bad%ZZenc/q/5",
+    ] {
+        etcd.ctl(&["put", key, "{}"]);
+    }
+    on(&url).args(["ok", "true"]).succeeds();
+    let listed = on(&url).args(["status"]).code(1);
+    assert!(!listed.stdout().contains("bad"), "{}", listed.stdout());
+    assert!(
+        listed.stderr().contains("left out 2 key(s)"),
+        "{}",
+        listed.stderr()
+    );
+}

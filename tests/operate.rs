@@ -307,7 +307,7 @@ fn a_foreign_key_on_etcd_leaves_the_rest_of_the_list() {
     let etcd = Etcd::start();
     let url = etcd.url();
     on(&url).args(["--min-hold", "30s", "good", "true"]).code(0);
-    etcd.ctl(&["put", "lockrun:zz/q/7", "garbage"]);
+    etcd.ctl(&["put", "lockrun:zz/q/0000000000000007", "garbage"]);
     let ran = on(&url).arg("status").code(0);
     assert!(
         ran.stdout().starts_with("good: held by"),

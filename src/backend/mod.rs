@@ -132,6 +132,9 @@ pub struct AddressOptions {
     /// `--replicas N`: a grant counts once N replicas acknowledged it.
     pub replicas: u32,
     pub replicas_from_env: bool,
+    /// `--prefix` came from the environment: an engine without prefixes
+    /// ignores it rather than refusing it.
+    pub prefix_from_env: bool,
 }
 
 impl AddressOptions {

@@ -950,6 +950,16 @@ impl Etcd {
         self.launch();
     }
 
+    /// Stop the server as an operator does (SIGTERM, then wait for it to
+    /// exit) and start it again on the same ports and data.
+    pub fn restart_gracefully(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id() as i32, libc::SIGTERM);
+            let _ = c.wait();
+        }
+        self.launch();
+    }
+
     pub fn pause(&self) {
         signal(self.pid(), libc::SIGSTOP);
     }

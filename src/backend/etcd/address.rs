@@ -35,6 +35,17 @@ impl Address for EtcdUrl {
     fn secret(&self) -> Option<&str> {
         self.password.as_deref()
     }
+    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
+        if super::queue::prefix_is_apart(prefix) {
+            return Ok(());
+        }
+        let shown: String = prefix.chars().take(60).collect();
+        Err(Error::Request(format!(
+            "invalid --prefix {shown:?} for etcd: end it with '/' (as in jobs/locks/), or with \
+             ':' and no other ':' or '/' (as the default lockrun:), so that no name under one \
+             prefix is a key of a name under another"
+        )))
+    }
     fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
         Ok(Box::new(Etcd::open(self, how)?))
     }

@@ -90,18 +90,30 @@ fn tls_config(url: &EtcdUrl) -> Result<ureq::tls::TlsConfig, Error> {
 
 /// gRPC status codes (etcd's errors carry them) of states that a leader
 /// election, an overloaded or restarting member produce for a while:
-/// UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED ("too many
-/// requests"), ABORTED.
-const TRANSIENT_CODES: [i64; 4] = [14, 4, 8, 10];
+/// CANCELLED (lockrun cancels nothing: the gateway's connection to the
+/// server was closed under the call, as a graceful stop does), UNAVAILABLE,
+/// DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED ("too many requests"), ABORTED.
+const TRANSIENT_CODES: [i64; 5] = [1, 14, 4, 8, 10];
 
-/// The same states as etcd words them, for errors that come without a code.
-const TRANSIENT_TEXT: [&str; 6] = [
+/// The same states as etcd and its gateway word them, for errors that come
+/// without a code (or with one that also means other things): an election,
+/// a server stopping or starting, a connection lost after it answered.
+const TRANSIENT_TEXT: [&str; 15] = [
     "leader changed",
     "no leader",
+    "not leader",
     "too many requests",
     "request timed out",
     "timed out",
     "not capable",
+    "unhealthy cluster",
+    "server stopped",
+    "raft: stopped",
+    "request cancelled",
+    "context canceled",
+    "client connection is closing",
+    "transport is closing",
+    "error reading from server",
 ];
 
 /// etcd's UNAUTHENTICATED with an expired or unknown token: authenticate again.
@@ -445,7 +457,7 @@ pub fn int(v: &Value) -> Option<i64> {
     }
 }
 
-pub fn b64(s: &str) -> String {
+pub fn b64(s: impl AsRef<[u8]>) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(s)
 }
@@ -506,6 +518,16 @@ mod tests {
             r#"{"error":{"grpc_code":8,"http_code":429,"message":"etcdserver: too many requests","http_status":"Too Many Requests"}}"#,
             r#"{"error":{"grpc_code":10,"http_code":409,"message":"aborted","http_status":"Conflict"}}"#,
             r#"{"error":{"grpc_code":2,"http_code":500,"message":"etcdserver: request timed out","http_status":"Internal Server Error"}}"#,
+            // A graceful stop (SIGTERM) under calls and watches.
+            r#"{"error":"grpc: the client connection is closing","code":1,"message":"grpc: the client connection is closing"}"#,
+            r#"{"error":{"grpc_code":1,"http_code":499,"message":"grpc: the client connection is closing","http_status":"Client Closed Request"}}"#,
+            r#"{"error":"grpc: the client connection is closing","message":"grpc: the client connection is closing"}"#,
+            r#"{"error":"etcdserver: server stopped","code":14,"message":"etcdserver: server stopped"}"#,
+            r#"{"error":"etcdserver: server stopped","message":"etcdserver: server stopped"}"#,
+            r#"{"error":"rpc error: code = Unavailable desc = error reading from server: EOF","message":"error reading from server: EOF"}"#,
+            r#"{"error":"transport is closing","message":"transport is closing"}"#,
+            r#"{"error":"etcdserver: request cancelled","message":"etcdserver: request cancelled"}"#,
+            r#"{"error":"context canceled","code":1,"message":"context canceled"}"#,
         ] {
             assert!(class(body).is_transient(), "{body}");
         }

@@ -108,7 +108,7 @@ fn prefix_checks(out: &mut Vec<Check>, client: &mut Client, url: &EtcdUrl, how: 
     // The round trip of a read of the prefix, which also says whether the
     // user may read there.
     let prefix = &how.prefix;
-    let read = json!({"key": b64(prefix), "range_end": b64(&super::prefix_end(prefix)), "keys_only": true, "limit": 1});
+    let read = json!({"key": b64(prefix), "range_end": b64(super::prefix_end(prefix)), "keys_only": true, "limit": 1});
     let mut worst = Duration::ZERO;
     let mut denied = None;
     for _ in 0..5 {

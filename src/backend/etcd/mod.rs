@@ -73,7 +73,7 @@ impl Etcd {
     /// The queue of `name` as etcd holds it now.
     fn queue(&mut self, keys: &Keys) -> Result<(Vec<Entry>, u64), Error> {
         let v = self.client.call("/v3/kv/range", &keys.range())?;
-        entries(&v, &v["header"])
+        entries(keys, &v, &v["header"])
     }
 }
 
@@ -150,16 +150,16 @@ const LIST_KEYS: u64 = 100_000;
 
 /// The end of the range of every key that starts with `prefix` (etcd's
 /// `--prefix`: the last byte that can be raised, raised).
-fn prefix_end(prefix: &str) -> String {
+fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut bytes = prefix.as_bytes().to_vec();
     while let Some(last) = bytes.pop() {
-        if last < 0x7f {
+        if last < 0xff {
             bytes.push(last + 1);
-            return String::from_utf8_lossy(&bytes).into_owned();
+            return bytes;
         }
     }
     // Every key.
-    "\0".into()
+    vec![0]
 }
 
 /// Wall-clock milliseconds: only ever shown (`status`'s "held for"), never
@@ -223,7 +223,7 @@ impl Engine for Etcd {
         // hold its owners' secrets, which this never needs.
         let range = json!({
             "key": b64(&self.prefix),
-            "range_end": b64(&prefix_end(&self.prefix)),
+            "range_end": b64(prefix_end(&self.prefix)),
             "keys_only": true,
             "limit": LIST_KEYS,
         });
@@ -237,13 +237,28 @@ impl Engine for Etcd {
                 "more than {LIST_KEYS} keys under the prefix: the list is incomplete"
             ));
         }
-        let names: std::collections::BTreeSet<String> = v["kvs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|kv| unb64(&kv["key"]))
-            .filter_map(|k| queue::name_of_key(&self.prefix, &k))
-            .collect();
+        let mut names = std::collections::BTreeSet::new();
+        let (mut others, mut example) = (0, None);
+        for key in v["kvs"].as_array().into_iter().flatten() {
+            let key = unb64(&key["key"]).unwrap_or_default();
+            match queue::name_of_key(&self.prefix, &key) {
+                Some(name) => {
+                    names.insert(name);
+                }
+                None => {
+                    others += 1;
+                    example.get_or_insert(key);
+                }
+            }
+        }
+        if let Some(key) = example {
+            // Escaped: a key is anyone's text.
+            let key: String = key.chars().take(200).collect();
+            notes.push(format!(
+                "left out {others} key(s) under the prefix that are no lock's under it \
+                 (another program's, or a longer --prefix's), such as {key:?}"
+            ));
+        }
         let mut listed = Vec::new();
         for name in names {
             if listed.len() >= bound.names || bound.passed() {
@@ -305,7 +320,7 @@ impl Engine for Etcd {
             } else {
                 // The key stays on the holder's lease, so it ends when that
                 // lease would have: nobody else gets in early.
-                json!({"request_put": {"key": b64(&e.key), "value": b64(&e.record.revoked(e.token).encode()), "ignore_lease": true}})
+                json!({"request_put": {"key": b64(&e.key), "value": b64(e.record.revoked(e.token).encode()), "ignore_lease": true}})
             };
             let v = txn(&mut self.client, vec![unchanged], vec![change], vec![])
                 .map_err(|err| self.client.failed(&doing, err))?;

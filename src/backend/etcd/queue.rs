@@ -19,9 +19,7 @@ pub struct Keys {
 
 impl Keys {
     pub fn new(prefix: &str, name: &str) -> Keys {
-        // A `/` in the name would let one name's range hold another's
-        // (`a` and `a/q`): it is written `%2F`, and `%` as `%25`.
-        let name = name.replace('%', "%25").replace('/', "%2F");
+        let name = encode(name);
         Keys {
             queue: format!("{prefix}{name}/q/"),
             queue_end: format!("{prefix}{name}/q0"),
@@ -30,6 +28,14 @@ impl Keys {
 
     pub fn entry(&self, lease: i64) -> String {
         format!("{}{lease:016x}", self.queue)
+    }
+
+    /// `key` is one of this name's requests: the queue's path followed by
+    /// a lease id exactly as `entry` writes it. The range holds more when
+    /// a longer prefix runs through it (`lockrun:foo/q/` under the name
+    /// `foo`): those keys are another prefix's, never this name's.
+    pub fn holds(&self, key: &str) -> bool {
+        key.strip_prefix(&self.queue).is_some_and(is_lease_id)
     }
 
     /// A range request over the queue in arrival order.
@@ -43,14 +49,47 @@ impl Keys {
     }
 }
 
-/// The lock name a key under `prefix` is a request of (None: not one of
-/// lockrun's request keys, or one under a longer prefix).
+/// A name as a key holds it. A `/` would let one name's range hold
+/// another's (`a` and `a/q`): it is written `%2F`, and `%` as `%25`. So a
+/// name's part never holds a `/`, which is what keeps the prefixes apart
+/// (README "etcd").
+fn encode(name: &str) -> String {
+    name.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The name a key's part stands for, only if lockrun writes it so.
+fn decode(part: &str) -> Option<String> {
+    let name = part.replace("%2F", "/").replace("%25", "%");
+    let written = !part.is_empty() && encode(&name) == part && !name.chars().any(char::is_control);
+    written.then_some(name)
+}
+
+/// A lease id as `Keys::entry` writes it: 16 lower-case hex digits.
+fn is_lease_id(text: &str) -> bool {
+    text.len() == 16 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The lock name a key under `prefix` is a request of. None: not one of
+/// lockrun's request keys under this prefix (another program's, or a
+/// longer prefix's: its part before the lease id then holds a `/`).
 pub fn name_of_key(prefix: &str, key: &str) -> Option<String> {
-    let (encoded, lease) = key.strip_prefix(prefix)?.split_once("/q/")?;
-    if encoded.is_empty() || encoded.contains('/') || lease.is_empty() {
+    let (part, lease) = key.strip_prefix(prefix)?.rsplit_once("/q/")?;
+    if !is_lease_id(lease) {
         return None;
     }
-    Some(encoded.replace("%2F", "/").replace("%25", "%"))
+    decode(part)
+}
+
+/// Whether `prefix` keeps its names apart from every other accepted
+/// prefix's: it ends with `/`, which no name's part holds, or with `:`
+/// and holds no other `:` or `/` (the default `lockrun:`). Then no key is
+/// written under two (prefix, name) pairs, and no name's range yields
+/// another pair's key (README "etcd").
+pub fn prefix_is_apart(prefix: &str) -> bool {
+    match prefix.strip_suffix(':') {
+        Some(head) => !head.contains([':', '/']),
+        None => prefix.ends_with('/'),
+    }
 }
 
 /// What a request's key holds: who, in which mode, since when, and (once
@@ -172,18 +211,21 @@ pub struct Entry {
     pub record: Record,
 }
 
-/// A range reply (or a txn's range response) read into the queue, in
-/// arrival order, with the revision it was read at.
-pub fn entries(range: &Value, header: &Value) -> Result<(Vec<Entry>, u64), Error> {
+/// A range reply (or a txn's range response) over `keys` read into the
+/// queue, in arrival order, with the revision it was read at.
+pub fn entries(keys: &Keys, range: &Value, header: &Value) -> Result<(Vec<Entry>, u64), Error> {
     let revision = int(&header["revision"]).unwrap_or(0).max(0) as u64;
     let mut out = Vec::new();
     for kv in range["kvs"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
         let key = unb64(&kv["key"]).unwrap_or_default();
+        if !keys.holds(&key) {
+            continue;
+        }
         // An empty value comes without the field at all.
         let value = unb64(kv.get("value").unwrap_or(&json!(""))).unwrap_or_default();
         let record = Record::decode(&value).ok_or_else(|| {
             Error::Refused(format!(
-                "the key {key} is not a lockrun lease: remove it or choose another --prefix"
+                "the key {key:?} is not a lockrun lease: remove it or choose another --prefix"
             ))
         })?;
         let mod_rev = int(&kv["mod_revision"]).unwrap_or(0).max(0) as u64;
@@ -292,7 +334,7 @@ mod tests {
 
     #[test]
     fn request_keys_name_their_lock() {
-        for name in ["job", "a/q/b", "50%", "%2F"] {
+        for name in ["job", "a/q/b", "50%", "%2F", "x:y"] {
             let keys = Keys::new("lockrun:", name);
             let key = keys.entry(7);
             assert_eq!(
@@ -300,9 +342,103 @@ mod tests {
                 Some(name),
                 "{key}"
             );
+            assert!(keys.holds(&key));
         }
-        assert_eq!(name_of_key("lockrun:", "lockrun:team/job/q/1"), None);
-        assert_eq!(name_of_key("lockrun:", "other/job/q/1"), None);
+        // The layout of the default prefix and plain names, as every
+        // earlier lockrun wrote it: an old and a new one exclude each other.
+        assert_eq!(
+            Keys::new("lockrun:", "db:migrate").entry(0x694d_8b2c_11a0_0f3e),
+            "lockrun:db:migrate/q/694d8b2c11a00f3e"
+        );
+        for foreign in [
+            "lockrun:team/job/q/0000000000000001",
+            "other/job/q/0000000000000001",
+            "lockrun:job/q/1",
+            "lockrun:job/q/000000000000000G",
+            "lockrun:job/q/0000000000000001/x",
+            "lockrun:bad%ZZenc/q/0000000000000005",
+            "lockrun:bad%2fenc/q/0000000000000005",
+            "lockrun:/q/0000000000000005",
+            "lockrun:a\u{1}b/q/0000000000000005",
+        ] {
+            assert_eq!(name_of_key("lockrun:", foreign), None, "{foreign}");
+        }
+    }
+
+    #[test]
+    fn prefixes_that_end_where_no_name_can_are_apart() {
+        for ok in [
+            "lockrun:",
+            "team:",
+            "a/",
+            "a/b/",
+            "lockrun:foo/q/",
+            "x:y/",
+            "/",
+        ] {
+            assert!(prefix_is_apart(ok), "{ok}");
+        }
+        for bad in ["", "lockrun", "lockrun:a", "team:x:", "a/b:", "a/b", ":x:"] {
+            assert!(!prefix_is_apart(bad), "{bad}");
+        }
+    }
+
+    /// No key is written under two (prefix, name) pairs, no name's range
+    /// yields another pair's key, and no listing names another pair's key,
+    /// for every accepted prefix among some that come close and every
+    /// short name of the characters that matter.
+    #[test]
+    fn no_two_prefixes_and_names_share_a_key() {
+        let prefixes: Vec<&str> = [
+            "",
+            "lockrun:",
+            "lockrun",
+            "lockrun:a",
+            "lockrun:foo/q/",
+            "lockrun:foo/",
+            "team:",
+            "team:x:",
+            "a/",
+            "a/b/",
+            "a/b/q/",
+            "a/q/",
+            "a:b/",
+            "a/b:",
+            "%/",
+            "q/",
+            "/",
+        ]
+        .into_iter()
+        .filter(|p| prefix_is_apart(p))
+        .collect();
+        let alphabet = ["a", "b", "q", ":", "/", "%", "2", "F"];
+        let mut names: Vec<String> = alphabet.iter().map(|c| c.to_string()).collect();
+        for _ in 0..2 {
+            let longer: Vec<String> = names
+                .iter()
+                .flat_map(|n| alphabet.iter().map(move |c| format!("{n}{c}")))
+                .collect();
+            names.extend(longer);
+        }
+        names.sort();
+        names.dedup();
+        let pairs: Vec<(&str, &str, Keys)> = prefixes
+            .iter()
+            .flat_map(|p| names.iter().map(move |n| (*p, n.as_str(), Keys::new(p, n))))
+            .collect();
+        for (p1, n1, k1) in &pairs {
+            let key = k1.entry(0x7);
+            for p2 in &prefixes {
+                let named = name_of_key(p2, &key);
+                let want = (p2 == p1).then_some(*n1);
+                assert_eq!(named.as_deref(), want, "{key:?} listed under {p2:?}");
+            }
+            for (p2, n2, k2) in &pairs {
+                if (p1, n1) != (p2, n2) {
+                    assert!(!k2.holds(&key), "{p2:?} {n2:?} holds {p1:?} {n1:?}");
+                }
+            }
+        }
     }
 
     fn entry(i: u64, mode: Mode) -> Entry {
@@ -406,5 +542,9 @@ mod tests {
         let aq = Keys::new("p:", "a/q");
         assert!(!aq.entry(1).starts_with(&a.queue), "{}", aq.entry(1));
         assert_eq!(Keys::new("p:", "50%").queue, "p:50%25/q/");
+        // A longer prefix runs through a name's range: its keys are not the name's.
+        let foo = Keys::new("lockrun:", "foo");
+        let bar = Keys::new("lockrun:foo/q/", "bar").entry(1);
+        assert!(bar.starts_with(&foo.queue) && !foo.holds(&bar), "{bar}");
     }
 }

@@ -214,7 +214,7 @@ impl Etcd {
             let mut range = keys.range();
             range["serializable"] = json!(true);
             let v = self.client.call("/v3/kv/range", &range)?;
-            entries(&v, &v["header"])?
+            entries(keys, &v, &v["header"])?
         } else {
             // Created only if absent: a retry after a lost reply finds it.
             let absent = json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
@@ -229,7 +229,7 @@ impl Etcd {
             m.created = true;
             created_now = succeeded(&v);
             let at = if created_now { 1 } else { 0 };
-            entries(&v["responses"][at]["response_range"], &v["header"])?
+            entries(keys, &v["responses"][at]["response_range"], &v["header"])?
         };
         let Some(me) = queue.iter().position(|e| e.key == m.key) else {
             // Our key went with its lease (lockrun or etcd paused past it):

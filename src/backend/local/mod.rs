@@ -119,6 +119,8 @@ pub const ENGINE: EngineInfo = EngineInfo {
 #[derive(Debug, Clone)]
 pub struct LocalDir {
     pub dir: Option<PathBuf>,
+    /// `--prefix` came from the environment (meant for another engine).
+    prefix_from_env: bool,
 }
 
 impl Address for LocalDir {
@@ -130,6 +132,19 @@ impl Address for LocalDir {
             Some(d) => format!("file://{}", d.display()),
             None => "the local default directory".into(),
         }
+    }
+    /// A prefix would not part one name's lock from another's here (the
+    /// directory is the namespace): refused rather than ignored, so that
+    /// two runs that look apart are never one lock.
+    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
+        if self.prefix_from_env || prefix == crate::cli::DEFAULT_PREFIX {
+            return Ok(());
+        }
+        let shown: String = prefix.chars().take(60).collect();
+        Err(Error::Request(format!(
+            "--prefix {shown:?} does not apply to the local engine: its namespace is the lock \
+             directory; give another one with --url file:///DIR"
+        )))
     }
     fn open(&self, _how: &Opening) -> Result<Box<dyn Engine>, Error> {
         Ok(Box::new(Local::open(self.dir.as_deref())?))
@@ -162,7 +177,10 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
                 .map_err(|()| usage(format!("invalid --url {display}: {expected}")))?,
         )
     };
-    let addr = LocalDir { dir };
+    let addr = LocalDir {
+        dir,
+        prefix_from_env: opts.prefix_from_env,
+    };
     opts.no_tls(&addr.shown())?;
     opts.no_replicas(&addr.shown())?;
     Ok(Arc::new(addr))
