@@ -515,3 +515,28 @@ fn a_trickling_server_cannot_hold_up_the_end_of_a_run() {
     );
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
 }
+
+/// A server that accepts connections and never answers (stopped, or
+/// overloaded) is not reachable: doctor says so in one bound, and does not
+/// mistake the silence for a permission problem.
+#[test]
+fn doctor_fails_a_server_that_accepts_and_never_answers() {
+    let redis = Redis::start();
+    redis.pause();
+    let start = Instant::now();
+    let ran = on(&redis).arg("doctor").code(69);
+    let took = start.elapsed();
+    redis.resume();
+    let out = ran.stdout();
+    assert!(took < Duration::from_secs(10), "took {took:?}:\n{out}");
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("fail") && first.contains("reachable") && first.contains("answer"),
+        "{out}"
+    );
+    assert!(!out.contains("ok    reachable"), "{out}");
+    assert!(
+        !out.contains("allow") && !out.contains("not allowed"),
+        "a silent server read as an ACL problem:\n{out}"
+    );
+}
