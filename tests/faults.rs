@@ -540,3 +540,55 @@ fn doctor_fails_a_server_that_accepts_and_never_answers() {
         "a silent server read as an ACL problem:\n{out}"
     );
 }
+
+/// A TCP server on loopback that answers whatever it reads with `reply`
+/// (an HTTP server, say, where Redis was expected); it lives as long as
+/// the test binary.
+fn junk_server(reply: &'static [u8]) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0 || conn.write_all(reply).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Something other than Redis at the address, whichever way it is reached:
+/// one line, 69, no job.
+#[test]
+fn a_garbage_reply_is_one_line_and_69() {
+    let scratch = Scratch::new();
+    let marker = scratch.path("ran");
+    let job = format!("touch {}", marker.display());
+    let http = junk_server(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+    let noise = junk_server(b"\xc8\xc9\xca\xff\x00\x01\r\n-\r\n*9\r\n\xfe\xfd");
+    for port in [http, noise] {
+        for url in [
+            format!("redis://127.0.0.1:{port}"),
+            format!("redis+sentinel://127.0.0.1:{port}/m"),
+            format!("redis+cluster://127.0.0.1:{port}"),
+        ] {
+            for args in [vec!["--ttl", "3s", "g", "-c", &job], vec!["status", "g"]] {
+                let ran = on(&url).args(&args).code(69);
+                let err = ran.stderr();
+                assert_eq!(err.trim().lines().count(), 1, "{url} {args:?}: {err}");
+                assert!(err.contains("not Redis"), "{url} {args:?}: {err}");
+            }
+            let out = on(&url).arg("doctor").code(69).stdout();
+            assert!(out.starts_with("fail"), "{url} doctor: {out}");
+            assert!(!out.contains("allow"), "{url} doctor: {out}");
+        }
+    }
+    assert!(!marker.exists(), "a job ran without a lease");
+}

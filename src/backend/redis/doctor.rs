@@ -237,10 +237,8 @@ impl<'c> Asker<'c> {
 fn unanswered(e: &RedisError, op: Duration) -> String {
     if e.is_timeout() {
         format!("no answer within {}", shown(op))
-    } else if e.kind() == ErrorKind::Parse {
-        "the reply was not Redis's protocol (is this port a Redis server?)".into()
     } else {
-        format!("no answer ({})", describe(e))
+        describe(e)
     }
 }
 
@@ -261,7 +259,7 @@ fn one_server(
         out.push(Check::fail(
             "reachable",
             format!(
-                "{who} accepted the connection but did not answer ({why}): check that the \
+                "{who} accepted the connection but did not answer: {why}; check that the \
                  server runs and is not stopped or overloaded, and that the address is a Redis \
                  server's"
             ),
