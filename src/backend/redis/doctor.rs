@@ -141,24 +141,40 @@ fn cluster(url: &RedisUrl, seeds: &[Node], how: &Opening) -> Vec<Check> {
             format!("{seed} named no master in CLUSTER NODES: is it a cluster node?"),
         )];
     }
+    // Every master at once: one that does not answer costs its bound once,
+    // however many masters there are.
+    let asked: Vec<_> = masters
+        .into_iter()
+        .map(|(m, flagged)| {
+            let (url, prefix) = (url.clone(), how.prefix.clone());
+            let who = format!("master {m}");
+            let checking = who.clone();
+            let checks = std::thread::Builder::new()
+                .name("lockrun-doctor".into())
+                .spawn(move || {
+                    let started = Boot::now();
+                    match open(&url, &m, op) {
+                        Ok(mut conn) => {
+                            let connected = Boot::now().since(started);
+                            let mut a = Asker::new(&mut conn, op);
+                            one_server(&mut a, &checking, connected, &url, &prefix)
+                        }
+                        Err(e) => vec![Check::fail(
+                            "reachable",
+                            format!("cannot reach {checking}: {}", describe(&e)),
+                        )],
+                    }
+                });
+            (who, flagged, checks)
+        })
+        .collect();
     let mut out = Vec::new();
-    for (m, flagged) in masters {
-        let who = format!("master {m}");
-        let started = Boot::now();
-        let checks = match open(url, &m, op) {
-            Ok(mut conn) => {
-                let connected = Boot::now().since(started);
-                one_server(
-                    &mut Asker::new(&mut conn, op),
-                    &who,
-                    connected,
-                    url,
-                    &how.prefix,
-                )
-            }
-            Err(e) => vec![Check::fail(
+    for (who, flagged, checks) in asked {
+        let checks = match checks.map(|t| t.join()) {
+            Ok(Ok(checks)) => checks,
+            _ => vec![Check::fail(
                 "reachable",
-                format!("cannot reach {who}: {}", describe(&e)),
+                format!("{who}: not checked (no thread to ask it)"),
             )],
         };
         for c in checks {
