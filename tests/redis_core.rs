@@ -562,11 +562,13 @@ fn a_pause_that_outlives_the_holder_keeps_the_queue_in_order() {
                 .spawn(),
         );
         assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+        // ttl 6 s: a place lapses 2 s after its last refresh, and a waiter
+        // rides out an unreachable server for 6 s, well past the pause.
         let mut children = Vec::new();
         for i in 0..N {
             children.push(Reap(
                 on(&redis)
-                    .args(["-q", "--ttl", "3s", &name, "-c"])
+                    .args(["-q", "--ttl", "6s", &name, "-c"])
                     .arg(format!("echo {i} >> {}", order.display()))
                     .spawn(),
             ));
