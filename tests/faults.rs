@@ -592,3 +592,24 @@ fn a_garbage_reply_is_one_line_and_69() {
     }
     assert!(!marker.exists(), "a job ran without a lease");
 }
+
+/// doctor through a link that trickles every reply: each read comes in
+/// time, the whole answer does not. The first slow answer ends the checks,
+/// and the round trip says why, well within doctor's own bound.
+#[test]
+fn doctor_stops_at_the_first_answer_slower_than_its_bound() {
+    let redis = Redis::start();
+    let proxy = Proxy::start(redis.port);
+    proxy.trickle();
+    let start = Instant::now();
+    let ran = on(&proxy.url()).arg("doctor").code(69);
+    let took = start.elapsed();
+    let out = ran.stdout();
+    assert!(took < Duration::from_secs(25), "took {took:?}:\n{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("fail") && l.contains("round trip")),
+        "{out}"
+    );
+    assert!(!out.contains("not allowed"), "{out}");
+}

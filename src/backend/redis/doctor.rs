@@ -200,13 +200,18 @@ fn open(url: &RedisUrl, node: &Node, op: Duration) -> RedisResult<Connection> {
     connect(&client, op)
 }
 
+/// The checks of one server take at most this many bounds of one request
+/// (some thirty round trips; each may take up to one bound).
+const BOUNDS: u32 = 8;
+
 /// One server being checked. After a command that got no answer (nothing,
 /// or nothing Redis would send) it sends nothing more: each would wait out
 /// the bound again, and a check that got no answer must not read as one
-/// the server refused.
+/// the server refused. Nor does it start one past its time.
 struct Asker<'c> {
     conn: &'c mut Connection,
     op: Duration,
+    until: Boot,
     silent: Option<String>,
 }
 
@@ -215,19 +220,35 @@ impl<'c> Asker<'c> {
         Asker {
             conn,
             op,
+            until: Boot::now().add(op * BOUNDS),
             silent: None,
         }
     }
 
     fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if self.silent.is_none() && Boot::now() >= self.until {
+            self.silent = Some(format!(
+                "the answers came too slowly to finish within {}",
+                shown(self.op * BOUNDS)
+            ));
+        }
         if let Some(why) = &self.silent {
             return Err(RedisError::from((ErrorKind::Io, "no answer", why.clone())));
         }
+        let sent = Boot::now();
         let reply = cmd.query::<Value>(self.conn);
-        if let Err(e) = &reply
-            && e.code().is_none()
-        {
-            self.silent = Some(unanswered(e, self.op));
+        let took = Boot::now().since(sent);
+        match &reply {
+            Err(e) if e.code().is_none() => self.silent = Some(unanswered(e, self.op)),
+            // Each read came in time, the whole did not (a trickling link).
+            _ if took > self.op => {
+                self.silent = Some(format!(
+                    "an answer took {}, past the bound on one request ({})",
+                    shown(took),
+                    shown(self.op)
+                ))
+            }
+            _ => {}
         }
         reply
     }
@@ -287,7 +308,9 @@ fn one_server(
         format!("{who} answered; connected in {}", shown(connected)),
     ));
     match (timed.worst, timed.refused) {
-        (Some(rtt), None) if a.silent.is_none() => out.push(round_trip_check(rtt, a.op)),
+        (Some(rtt), None) if a.silent.is_none() || rtt > a.op => {
+            out.push(round_trip_check(rtt, a.op))
+        }
         (_, Some(e)) if e.code() == Some("NOPERM") => out.push(Check::fail(
             "round trip",
             "TIME is not allowed for this user: lockrun's scripts need TIME; allow +time",
