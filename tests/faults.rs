@@ -515,3 +515,101 @@ fn a_trickling_server_cannot_hold_up_the_end_of_a_run() {
     );
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
 }
+
+/// A server that accepts connections and never answers (stopped, or
+/// overloaded) is not reachable: doctor says so in one bound, and does not
+/// mistake the silence for a permission problem.
+#[test]
+fn doctor_fails_a_server_that_accepts_and_never_answers() {
+    let redis = Redis::start();
+    redis.pause();
+    let start = Instant::now();
+    let ran = on(&redis).arg("doctor").code(69);
+    let took = start.elapsed();
+    redis.resume();
+    let out = ran.stdout();
+    assert!(took < Duration::from_secs(10), "took {took:?}:\n{out}");
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("fail") && first.contains("reachable") && first.contains("answer"),
+        "{out}"
+    );
+    assert!(!out.contains("ok    reachable"), "{out}");
+    assert!(
+        !out.contains("allow") && !out.contains("not allowed"),
+        "a silent server read as an ACL problem:\n{out}"
+    );
+}
+
+/// A TCP server on loopback that answers whatever it reads with `reply`
+/// (an HTTP server, say, where Redis was expected); it lives as long as
+/// the test binary.
+fn junk_server(reply: &'static [u8]) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0 || conn.write_all(reply).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Something other than Redis at the address, whichever way it is reached:
+/// one line, 69, no job.
+#[test]
+fn a_garbage_reply_is_one_line_and_69() {
+    let scratch = Scratch::new();
+    let marker = scratch.path("ran");
+    let job = format!("touch {}", marker.display());
+    let http = junk_server(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+    let noise = junk_server(b"\xc8\xc9\xca\xff\x00\x01\r\n-\r\n*9\r\n\xfe\xfd");
+    for port in [http, noise] {
+        for url in [
+            format!("redis://127.0.0.1:{port}"),
+            format!("redis+sentinel://127.0.0.1:{port}/m"),
+            format!("redis+cluster://127.0.0.1:{port}"),
+        ] {
+            for args in [vec!["--ttl", "3s", "g", "-c", &job], vec!["status", "g"]] {
+                let ran = on(&url).args(&args).code(69);
+                let err = ran.stderr();
+                assert_eq!(err.trim().lines().count(), 1, "{url} {args:?}: {err}");
+                assert!(err.contains("not Redis"), "{url} {args:?}: {err}");
+            }
+            let out = on(&url).arg("doctor").code(69).stdout();
+            assert!(out.starts_with("fail"), "{url} doctor: {out}");
+            assert!(!out.contains("allow"), "{url} doctor: {out}");
+        }
+    }
+    assert!(!marker.exists(), "a job ran without a lease");
+}
+
+/// doctor through a link that trickles every reply: each read comes in
+/// time, the whole answer does not. The first slow answer ends the checks,
+/// and the round trip says why, well within doctor's own bound.
+#[test]
+fn doctor_stops_at_the_first_answer_slower_than_its_bound() {
+    let redis = Redis::start();
+    let proxy = Proxy::start(redis.port);
+    proxy.trickle();
+    let start = Instant::now();
+    let ran = on(&proxy.url()).arg("doctor").code(69);
+    let took = start.elapsed();
+    let out = ran.stdout();
+    assert!(took < Duration::from_secs(25), "took {took:?}:\n{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("fail") && l.contains("round trip")),
+        "{out}"
+    );
+    assert!(!out.contains("not allowed"), "{out}");
+}

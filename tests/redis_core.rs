@@ -539,3 +539,59 @@ fn waiters_keep_their_order_across_a_server_pause() {
     let want: Vec<String> = (0..N).map(|i| i.to_string()).collect();
     assert_eq!(got, want, "grants out of arrival order after the pause");
 }
+
+/// A server paused past the holder's ttl and every waiter's place: when it
+/// comes back the name is free and the waiters return in whatever order
+/// their connections are served. The first back must not take the name
+/// ahead of an earlier arrival that is still on its way back.
+#[test]
+fn a_pause_that_outlives_the_holder_keeps_the_queue_in_order() {
+    const N: u64 = 8;
+    let redis = Redis::start();
+    for run in 0..3 {
+        let scratch = Scratch::new();
+        let name = format!("pz{run}");
+        let order = scratch.path("order");
+        let holder = Reap(
+            on(&redis)
+                .args(["-q", "--ttl", "3s", &name, "-c"])
+                .arg(format!(
+                    "touch {}; exec sleep 60",
+                    scratch.path("holding").display()
+                ))
+                .spawn(),
+        );
+        assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+        // ttl 6 s: a place lapses 2 s after its last refresh, and a waiter
+        // rides out an unreachable server for 6 s, well past the pause.
+        let mut children = Vec::new();
+        for i in 0..N {
+            children.push(Reap(
+                on(&redis)
+                    .args(["-q", "--ttl", "6s", &name, "-c"])
+                    .arg(format!("echo {i} >> {}", order.display()))
+                    .spawn(),
+            ));
+            let queued = || waiters(&redis, &name) > i;
+            assert!(wait_until(Duration::from_secs(20), queued));
+            // Spread out as waiters arriving over a second or two are: the
+            // pause finds them at every stage of their refresh cycle.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // The fault itself lasts a fixed time: longer than the holder's
+        // lease and every place in the queue.
+        redis.pause();
+        std::thread::sleep(Duration::from_secs(5));
+        redis.resume();
+        for mut c in children {
+            assert_eq!(
+                wait_child(&mut c.0, Duration::from_secs(60)).code(),
+                Some(0)
+            );
+        }
+        drop(holder);
+        let got: Vec<String> = scratch.read("order").lines().map(String::from).collect();
+        let want: Vec<String> = (0..N).map(|i| i.to_string()).collect();
+        assert_eq!(got, want, "run {run}: grants out of arrival order");
+    }
+}

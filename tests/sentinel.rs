@@ -326,3 +326,28 @@ fn a_silent_sentinel_holds_up_nothing() {
         .code(0);
     drop(silent);
 }
+
+/// Two of three sentinels stopped: no majority can name the master, and
+/// the message says so, with how many answered of how many (not a stalled
+/// connect).
+#[test]
+fn a_sentinel_majority_gone_silent_is_named() {
+    let set = Sentinels::start();
+    set.pause_sentinel(0);
+    set.pause_sentinel(1);
+    let start = std::time::Instant::now();
+    let ran = on(&set.url())
+        .args(["--ttl", "3s", "nomaj", "-c", "true"])
+        .code(69);
+    let took = start.elapsed();
+    set.resume_sentinel(0);
+    set.resume_sentinel(1);
+    let err = ran.stderr();
+    assert!(took < Duration::from_secs(60), "took {took:?}: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("1 of the 3 sentinels") && err.contains("majority"),
+        "{err}"
+    );
+    assert!(!err.contains("stalled"), "{err}");
+}

@@ -78,6 +78,16 @@ impl Sentinels {
         format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
     }
 
+    /// Stop sentinel `i` (SIGSTOP): it accepts connections and never
+    /// answers, as a host gone silent does.
+    pub fn pause_sentinel(&self, i: usize) {
+        signal(self.sentinels[i].1.id() as i32, libc::SIGSTOP);
+    }
+
+    pub fn resume_sentinel(&self, i: usize) {
+        signal(self.sentinels[i].1.id() as i32, libc::SIGCONT);
+    }
+
     /// The sentinels' ports.
     pub fn ports(&self) -> Vec<u16> {
         self.sentinels.iter().map(|(p, _)| *p).collect()

@@ -281,9 +281,15 @@ impl Sentinels {
         let mut named: Vec<(Node, usize)> = Vec::new();
         let mut unknown = 0;
         let mut last = None;
+        let mut silent = true;
         while let Some(t) = left(deadline) {
-            let Ok((i, answer)) = rx.recv_timeout(t) else {
-                break;
+            let (i, answer) = match rx.recv_timeout(t) {
+                Ok(a) => a,
+                Err(e) => {
+                    // Disconnected: every sentinel has had its say in time.
+                    silent = e == std::sync::mpsc::RecvTimeoutError::Timeout;
+                    break;
+                }
             };
             match answer {
                 Ok(Some(node)) => {
@@ -310,23 +316,39 @@ impl Sentinels {
                 }
                 Err(e) => {
                     log::info(format!("sentinel {}: {}", self.nodes[i], describe(&e)));
-                    last = Some(describe(&e));
+                    last = Some(format!("{}: {}", self.nodes[i], describe(&e)));
                 }
             }
         }
-        let heard: Vec<String> = named.iter().map(|(m, v)| format!("{v} name {m}")).collect();
+        let answered = unknown + named.iter().map(|(_, v)| v).sum::<usize>();
+        let failed = last
+            .map(|e| format!("; last error: sentinel {e}"))
+            .unwrap_or_default();
+        if answered < majority {
+            return Err(passing(
+                "no majority",
+                format!(
+                    "only {answered} of the {n} sentinels answered{}: a majority ({majority}) \
+                     must name the master of {}{failed}",
+                    if silent {
+                        format!(" within {}", humantime::format_duration(timeout))
+                    } else {
+                        String::new()
+                    },
+                    self.master
+                ),
+            ));
+        }
+        let mut heard: Vec<String> = named.iter().map(|(m, v)| format!("{v} name {m}")).collect();
+        if unknown > 0 {
+            heard.push(format!("{unknown} know no such master"));
+        }
         Err(passing(
             "no majority",
             format!(
-                "no majority of the {n} sentinels names a master of {} ({}{})",
+                "no majority of the {n} sentinels names one master of {} ({}){failed}",
                 self.master,
-                if heard.is_empty() {
-                    "none answered".to_string()
-                } else {
-                    heard.join(", ")
-                },
-                last.map(|e| format!("; last error: {e}"))
-                    .unwrap_or_default()
+                heard.join(", ")
             ),
         ))
     }

@@ -5,13 +5,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, RedisResult, Script, Value};
+use redis::{Cmd, Connection, ErrorKind, RedisError, RedisResult, Script, Value};
 
-use super::address::{Node, RedisUrl};
-use super::connector::{Conn, Connector};
+use super::address::{Node, RedisUrl, Topology};
+use super::connector::{Conn, Connector, connect};
 use super::link::{describe, is_auth_error};
-use crate::backend::{Check, Opening, round_trip_check};
+use crate::backend::{Check, Opening, Verdict, round_trip_check};
 use crate::clock::Boot;
 
 /// Every command lockrun sends or its scripts run, with arguments shaped as
@@ -66,13 +65,12 @@ return out
 
 pub fn doctor(url: &RedisUrl, how: &Opening) -> Vec<Check> {
     let op = how.op;
-    let mut out = Vec::new();
+    if let Topology::Cluster { nodes, .. } = &url.topology {
+        return cluster(url, nodes, how);
+    }
     let connector = match Connector::new(url, op) {
         Ok(c) => c,
-        Err(e) => {
-            out.push(Check::fail("reachable", e.to_string()));
-            return out;
-        }
+        Err(e) => return vec![Check::fail("reachable", e.to_string())],
     };
     let started = Boot::now();
     let linked = match connector.connect(op.max(Duration::from_millis(500))) {
@@ -91,86 +89,256 @@ pub fn doctor(url: &RedisUrl, how: &Opening) -> Vec<Check> {
                     describe(&e)
                 )
             };
-            out.push(Check::fail("reachable", said));
-            return out;
+            return vec![Check::fail("reachable", said)];
         }
     };
-    let mut conn = linked.conn;
-    let at = linked
-        .node
-        .map(|n| format!(" (master {n})"))
-        .unwrap_or_default();
-    out.push(Check::ok(
-        "reachable",
-        format!(
-            "Redis at {}{at} answered; connected in {}",
-            url.display,
-            shown(Boot::now().since(started))
-        ),
-    ));
-    let (rtt, clock) = time_samples(&mut conn);
-    match rtt {
-        Some(rtt) => out.push(round_trip_check(rtt, op)),
-        None => out.push(Check::fail(
-            "round trip",
-            "TIME got no answer: lockrun's scripts need TIME; allow +time",
-        )),
-    }
-    if let Some(offset) = clock {
-        out.push(clock_check(offset));
-    }
-    match &mut conn {
-        Conn::One(c) => {
-            let mut send = |cmd: &Cmd| cmd.query::<Value>(c);
-            out.extend(settings(&mut send, url, &how.prefix));
+    let connected = Boot::now().since(started);
+    let (Conn::One(mut conn), node) = (linked.conn, linked.node) else {
+        return vec![Check::fail(
+            "reachable",
+            "a cluster where one server was asked for",
+        )];
+    };
+    let at = node.map(|n| format!(" (master {n})")).unwrap_or_default();
+    let who = format!("Redis at {}{at}", url.display);
+    let mut asker = Asker::new(&mut conn, op);
+    one_server(&mut asker, &who, connected, url, &how.prefix)
+}
+
+/// A cluster: each master by its address, from the list that the first
+/// node to answer gives (CLUSTER NODES), one `reachable` line each; a
+/// master that does not answer costs one bound, not one per check.
+fn cluster(url: &RedisUrl, seeds: &[Node], how: &Opening) -> Vec<Check> {
+    let op = how.op;
+    let mut tried = Vec::new();
+    let mut listed = None;
+    for seed in seeds {
+        let nodes = open(url, seed, op)
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query::<String>(&mut c));
+        match nodes {
+            Ok(text) => {
+                listed = Some((seed, text));
+                break;
+            }
+            Err(e) => tried.push(format!("{seed}: {}", describe(&e))),
         }
-        Conn::Cluster(cc) => {
-            // Each master has its own settings and its own ACL users: ask
-            // every one, by address.
-            let nodes: Option<String> = redis::cmd("CLUSTER").arg("NODES").query(&mut **cc).ok();
-            let masters: Vec<Node> = nodes
-                .as_deref()
-                .unwrap_or_default()
-                .lines()
-                .filter_map(super::cluster_master)
-                .collect();
-            if masters.is_empty() {
-                out.push(Check::warn(
-                    "settings",
-                    "CLUSTER NODES named no master: each master's settings are not checked; \
-                     run lockrun doctor --url redis://HOST:PORT against each master",
-                ));
-            }
-            for m in masters {
-                let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                    host: m.host.clone(),
-                    port: m.port,
+    }
+    let Some((seed, text)) = listed else {
+        return vec![Check::fail(
+            "reachable",
+            format!(
+                "no node of the cluster at {} answered CLUSTER NODES ({}); check the addresses \
+                 and that the servers run",
+                url.display,
+                tried.join("; ")
+            ),
+        )];
+    };
+    let masters: Vec<(Node, bool)> = text.lines().filter_map(super::cluster_node).collect();
+    if masters.is_empty() {
+        return vec![Check::fail(
+            "reachable",
+            format!("{seed} named no master in CLUSTER NODES: is it a cluster node?"),
+        )];
+    }
+    // Every master at once: one that does not answer costs its bound once,
+    // however many masters there are.
+    let asked: Vec<_> = masters
+        .into_iter()
+        .map(|(m, flagged)| {
+            let (url, prefix) = (url.clone(), how.prefix.clone());
+            let who = format!("master {m}");
+            let checking = who.clone();
+            let checks = std::thread::Builder::new()
+                .name("lockrun-doctor".into())
+                .spawn(move || {
+                    let started = Boot::now();
+                    match open(&url, &m, op) {
+                        Ok(mut conn) => {
+                            let connected = Boot::now().since(started);
+                            let mut a = Asker::new(&mut conn, op);
+                            one_server(&mut a, &checking, connected, &url, &prefix)
+                        }
+                        Err(e) => vec![Check::fail(
+                            "reachable",
+                            format!("cannot reach {checking}: {}", describe(&e)),
+                        )],
+                    }
                 });
-                let mut send = |cmd: &Cmd| cc.route_command(cmd, at.clone());
-                for c in settings(&mut send, url, &how.prefix) {
-                    out.push(Check {
-                        said: format!("master {m}: {}", c.said),
-                        ..c
-                    });
-                }
-            }
+            (who, flagged, checks)
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (who, flagged, checks) in asked {
+        let checks = match checks.map(|t| t.join()) {
+            Ok(Ok(checks)) => checks,
+            _ => vec![Check::fail(
+                "reachable",
+                format!("{who}: not checked (no thread to ask it)"),
+            )],
+        };
+        for c in checks {
+            // The cluster's own view, beside ours, of a master that failed.
+            let said = if c.topic == "reachable" && c.verdict == Verdict::Fail && flagged {
+                format!("{} (the cluster marks it failing)", c.said)
+            } else if c.topic == "reachable" {
+                c.said
+            } else {
+                format!("{who}: {}", c.said)
+            };
+            out.push(Check { said, ..c });
         }
     }
     out
 }
 
-/// Sends one command to the server being checked (on a cluster, to one
-/// master by its address).
-type Send<'a> = dyn FnMut(&Cmd) -> RedisResult<Value> + 'a;
+/// A connection to one node of a cluster, bounded by `op`.
+fn open(url: &RedisUrl, node: &Node, op: Duration) -> RedisResult<Connection> {
+    let client = url.client_at(node, true, true).map_err(|e| {
+        RedisError::from((ErrorKind::InvalidClientConfig, "bad address", e.to_string()))
+    })?;
+    connect(&client, op)
+}
 
-fn ask<T: redis::FromRedisValue>(send: &mut Send, cmd: &Cmd) -> Option<T> {
-    send(cmd).ok().and_then(|v| redis::from_redis_value(v).ok())
+/// The checks of one server take at most this many bounds of one request
+/// (some thirty round trips; each may take up to one bound).
+const BOUNDS: u32 = 8;
+
+/// One server being checked. After a command that got no answer (nothing,
+/// or nothing Redis would send) it sends nothing more: each would wait out
+/// the bound again, and a check that got no answer must not read as one
+/// the server refused. Nor does it start one past its time.
+struct Asker<'c> {
+    conn: &'c mut Connection,
+    op: Duration,
+    until: Boot,
+    silent: Option<String>,
+}
+
+impl<'c> Asker<'c> {
+    fn new(conn: &'c mut Connection, op: Duration) -> Asker<'c> {
+        Asker {
+            conn,
+            op,
+            until: Boot::now().add(op * BOUNDS),
+            silent: None,
+        }
+    }
+
+    fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if self.silent.is_none() && Boot::now() >= self.until {
+            self.silent = Some(format!(
+                "the answers came too slowly to finish within {}",
+                shown(self.op * BOUNDS)
+            ));
+        }
+        if let Some(why) = &self.silent {
+            return Err(RedisError::from((ErrorKind::Io, "no answer", why.clone())));
+        }
+        let sent = Boot::now();
+        let reply = cmd.query::<Value>(self.conn);
+        let took = Boot::now().since(sent);
+        match &reply {
+            Err(e) if e.code().is_none() => self.silent = Some(unanswered(e, self.op)),
+            // Each read came in time, the whole did not (a trickling link).
+            _ if took > self.op => {
+                self.silent = Some(format!(
+                    "an answer took {}, past the bound on one request ({})",
+                    shown(took),
+                    shown(self.op)
+                ))
+            }
+            _ => {}
+        }
+        reply
+    }
+
+    fn ask<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> Option<T> {
+        self.send(cmd)
+            .ok()
+            .and_then(|v| redis::from_redis_value(v).ok())
+    }
+
+    /// The line for checks not made: the server stopped answering.
+    fn stopped(&self, topic: &'static str) -> Option<Check> {
+        self.silent.as_ref().map(|why| {
+            Check::fail(
+                topic,
+                format!("not checked: {why}; check that the server runs and is not stopped or overloaded"),
+            )
+        })
+    }
+}
+
+/// What a request that got no Redis answer met, in one line.
+fn unanswered(e: &RedisError, op: Duration) -> String {
+    if e.is_timeout() {
+        format!("no answer within {}", shown(op))
+    } else {
+        describe(e)
+    }
+}
+
+/// Every check of one server: that it answers (a connection the kernel
+/// accepts proves nothing), the round trip and clock, its settings.
+fn one_server(
+    a: &mut Asker,
+    who: &str,
+    connected: Duration,
+    url: &RedisUrl,
+    prefix: &str,
+) -> Vec<Check> {
+    let mut out = Vec::new();
+    let timed = time_samples(a);
+    if let Some(why) = &a.silent
+        && timed.answered == 0
+    {
+        out.push(Check::fail(
+            "reachable",
+            format!(
+                "{who} accepted the connection but did not answer: {why}; check that the \
+                 server runs and is not stopped or overloaded, and that the address is a Redis \
+                 server's"
+            ),
+        ));
+        return out;
+    }
+    out.push(Check::ok(
+        "reachable",
+        format!("{who} answered; connected in {}", shown(connected)),
+    ));
+    match (timed.worst, timed.refused) {
+        (Some(rtt), None) if a.silent.is_none() || rtt > a.op => {
+            out.push(round_trip_check(rtt, a.op))
+        }
+        (_, Some(e)) if e.code() == Some("NOPERM") => out.push(Check::fail(
+            "round trip",
+            "TIME is not allowed for this user: lockrun's scripts need TIME; allow +time",
+        )),
+        (_, Some(e)) => out.push(Check::fail(
+            "round trip",
+            format!("TIME failed: {}", describe(&e)),
+        )),
+        _ => {
+            out.push(a.stopped("round trip").unwrap_or_else(|| {
+                Check::fail("round trip", "TIME answered what Redis never does")
+            }))
+        }
+    }
+    if let Some(offset) = timed.offset {
+        out.push(clock_check(offset));
+    }
+    out.extend(settings(a, url, prefix));
+    out
 }
 
 /// What one server's INFO, CONFIG and ACLs say.
-fn settings(send: &mut Send, url: &RedisUrl, prefix: &str) -> Vec<Check> {
+fn settings(a: &mut Asker, url: &RedisUrl, prefix: &str) -> Vec<Check> {
+    if let Some(c) = a.stopped("settings") {
+        return vec![c];
+    }
     let mut out = Vec::new();
-    let info: Option<String> = ask(send, &redis::cmd("INFO"));
+    let info: Option<String> = a.ask(&redis::cmd("INFO"));
     let field = |k: &str| {
         info.as_deref().and_then(|i| {
             i.lines()
@@ -179,12 +347,15 @@ fn settings(send: &mut Send, url: &RedisUrl, prefix: &str) -> Vec<Check> {
         })
     };
     let mut config = |k: &str| -> Option<String> {
-        let v: Vec<String> = ask(send, redis::cmd("CONFIG").arg("GET").arg(k))?;
+        let v: Vec<String> = a.ask(redis::cmd("CONFIG").arg("GET").arg(k))?;
         v.get(1).cloned()
     };
     let save = config("save");
     let fsync = config("appendfsync");
     let min_replicas = config("min-replicas-to-write");
+    if let Some(c) = a.stopped("settings") {
+        return vec![c];
+    }
     let version = field("redis_version");
     out.push(version_check(version.as_deref()));
     out.push(eviction_check(field("maxmemory_policy")));
@@ -200,7 +371,11 @@ fn settings(send: &mut Send, url: &RedisUrl, prefix: &str) -> Vec<Check> {
         url.replicas,
         field("master_host"),
     ));
-    out.extend(acl_checks(send, url, prefix, version.as_deref()));
+    let acl = acl_checks(a, url, prefix, version.as_deref());
+    match a.stopped("permissions") {
+        Some(c) => out.push(c),
+        None => out.extend(acl),
+    }
     out
 }
 
@@ -208,27 +383,54 @@ fn shown(d: Duration) -> String {
     humantime::format_duration(Duration::from_micros(d.as_micros() as u64)).to_string()
 }
 
-/// Five TIME round trips: the slowest (what a renewal must live with), and
-/// the server's clock minus this host's, from the fastest (the least
-/// uncertain).
-fn time_samples(conn: &mut Conn) -> (Option<Duration>, Option<f64>) {
-    let mut worst: Option<Duration> = None;
-    let mut best: Option<(Duration, f64)> = None;
+/// What five TIME round trips found.
+struct Timed {
+    /// How many were answered.
+    answered: u32,
+    /// The slowest (what a renewal must live with).
+    worst: Option<Duration>,
+    /// The server's clock minus this host's, from the fastest (the least
+    /// uncertain).
+    offset: Option<f64>,
+    /// The server's refusal (an ACL without +time).
+    refused: Option<RedisError>,
+}
+
+fn time_samples(a: &mut Asker) -> Timed {
+    let mut t = Timed {
+        answered: 0,
+        worst: None,
+        offset: None,
+        refused: None,
+    };
+    let mut best: Option<Duration> = None;
     for _ in 0..5 {
         let before = wall();
         let sent = Boot::now();
-        let Ok((secs, micros)) = redis::cmd("TIME").query::<(u64, u64)>(conn) else {
-            return (None, None);
+        let reply = a
+            .send(&redis::cmd("TIME"))
+            .and_then(|v| Ok(redis::from_redis_value::<(u64, u64)>(v)?));
+        let (secs, micros) = match reply {
+            Ok(v) => v,
+            Err(e) => {
+                if e.code().is_some() {
+                    t.answered += 1;
+                    t.refused = Some(e);
+                }
+                break;
+            }
         };
+        t.answered += 1;
         let rtt = Boot::now().since(sent);
         let server = secs as f64 + micros as f64 / 1e6;
         let offset = server - (before + rtt.as_secs_f64() / 2.0);
-        worst = Some(worst.map_or(rtt, |w| w.max(rtt)));
-        if best.is_none_or(|(r, _)| rtt < r) {
-            best = Some((rtt, offset));
+        t.worst = Some(t.worst.map_or(rtt, |w| w.max(rtt)));
+        if best.is_none_or(|r| rtt < r) {
+            best = Some(rtt);
+            t.offset = Some(offset);
         }
     }
-    (worst, best.map(|(_, o)| o))
+    t
 }
 
 fn wall() -> f64 {
@@ -412,7 +614,7 @@ fn replication_check(
 /// Whether the URL's user may run every command lockrun needs: ACL DRYRUN
 /// where this user may dry-run, else the same question asked from a
 /// read-only script (which lockrun's own user can run).
-fn acl_checks(send: &mut Send, url: &RedisUrl, prefix: &str, version: Option<&str>) -> Vec<Check> {
+fn acl_checks(a: &mut Asker, url: &RedisUrl, prefix: &str, version: Option<&str>) -> Vec<Check> {
     let user = url.user();
     let mut commands = needed(prefix);
     if url.replicas > 0 {
@@ -420,7 +622,7 @@ fn acl_checks(send: &mut Send, url: &RedisUrl, prefix: &str, version: Option<&st
     }
     let listing = vec!["scan".to_string(), "0".into()];
     commands.push(listing.clone());
-    let verdicts = dry_run(send, &user, &commands).or_else(|| check_script(send, &commands));
+    let verdicts = dry_run(a, &user, &commands).or_else(|| check_script(a, &commands));
     let Some(allowed) = verdicts else {
         let why = match version {
             Some(v) if v.split('.').next().and_then(|m| m.parse::<u32>().ok()) < Some(7) => {
@@ -480,10 +682,10 @@ fn acl_checks(send: &mut Send, url: &RedisUrl, prefix: &str, version: Option<&st
 }
 
 /// ACL DRYRUN for each command; None when this connection may not dry-run.
-fn dry_run(send: &mut Send, user: &str, commands: &[Vec<String>]) -> Option<Vec<bool>> {
+fn dry_run(a: &mut Asker, user: &str, commands: &[Vec<String>]) -> Option<Vec<bool>> {
     let mut out = Vec::new();
     for cmd in commands {
-        let reply: String = ask(send, redis::cmd("ACL").arg("DRYRUN").arg(user).arg(cmd))?;
+        let reply: String = a.ask(redis::cmd("ACL").arg("DRYRUN").arg(user).arg(cmd))?;
         out.push(reply == "OK");
     }
     Some(out)
@@ -491,17 +693,18 @@ fn dry_run(send: &mut Send, user: &str, commands: &[Vec<String>]) -> Option<Vec<
 
 /// `redis.acl_check_cmd` for each command, in one read-only script, run
 /// by its SHA and loaded only if the server lacks it, as lockrun's own.
-fn check_script(send: &mut Send, commands: &[Vec<String>]) -> Option<Vec<bool>> {
+fn check_script(a: &mut Asker, commands: &[Vec<String>]) -> Option<Vec<bool>> {
     let script = Script::new(ACL_CHECK);
     let mut eval = redis::cmd("EVALSHA");
     eval.arg(script.get_hash()).arg(0);
     for cmd in commands {
         eval.arg(cmd.len()).arg(cmd);
     }
-    let reply = match send(&eval) {
+    let reply = match a.send(&eval) {
         Err(e) if e.code() == Some("NOSCRIPT") => {
-            send(redis::cmd("SCRIPT").arg("LOAD").arg(ACL_CHECK)).ok()?;
-            send(&eval)
+            a.send(redis::cmd("SCRIPT").arg("LOAD").arg(ACL_CHECK))
+                .ok()?;
+            a.send(&eval)
         }
         other => other,
     };

@@ -151,10 +151,14 @@ pub fn wait_replicas(c: &mut Conn, replicas: u32, op: Duration) -> redis::RedisR
 pub fn reconnect(connector: &Connector, timeout: Duration) -> Result<Linked, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let connector = connector.clone();
+    // The connect bounds itself a little sooner, so that its own account
+    // (a sentinel majority that did not answer, say) arrives in time; this
+    // bound is for what it cannot bound (name resolution).
+    let own = timeout.saturating_sub((timeout / 10).min(Duration::from_millis(100)));
     std::thread::Builder::new()
         .name("lockrun-connect".into())
         .spawn(move || {
-            let _ = tx.send(connector.connect(timeout));
+            let _ = tx.send(connector.connect(own));
         })
         .map_err(|e| format!("cannot start a thread to connect: {e}"))?;
     match rx.recv_timeout(timeout) {
@@ -171,8 +175,15 @@ pub fn is_auth_error(e: &redis::RedisError) -> bool {
         || e.code().is_some_and(|c| c == "WRONGPASS" || c == "NOAUTH")
 }
 
-/// Describe a Redis error without ever including the server's echo of our arguments.
+/// Describe a Redis error without ever including the server's echo of our
+/// arguments, in one line.
 pub fn describe(e: &redis::RedisError) -> String {
+    let text = said(e);
+    // Nothing below may span lines: an error is one line of stderr.
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn said(e: &redis::RedisError) -> String {
     if e.is_timeout() {
         return "timed out".into();
     }
@@ -184,6 +195,12 @@ pub fn describe(e: &redis::RedisError) -> String {
             .into();
     }
     let text = e.to_string();
+    // The parser's own account spans lines and shows the bytes it met.
+    if e.kind() == redis::ErrorKind::Parse || text.contains("Parse error") {
+        return "the reply was not Redis's protocol (is the address a Redis server's? a TLS \
+                port needs rediss://)"
+            .into();
+    }
     if text.contains("certificate") {
         return format!(
             "TLS: the server's certificate is not trusted ({}); pass its CA with --tls-ca",
@@ -199,5 +216,32 @@ pub fn describe(e: &redis::RedisError) -> String {
     if let (Some(code), Some(detail)) = (e.code(), e.detail()) {
         return log::scrub(&format!("{code} {detail}"));
     }
+    // A failure that lockrun or the client put into words: the words alone,
+    // without the kind and category it was filed under.
+    if let Some(detail) = e.detail() {
+        return log::scrub(detail);
+    }
     log::scrub(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_is_told_in_one_line() {
+        let garbage = redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "parse",
+            "Parse error at 1\nUnexpected `84`\n".to_string(),
+        ));
+        let said = describe(&garbage);
+        assert!(said.contains("not Redis's protocol"), "{said}");
+        let ours = redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "no majority",
+            "only 1 of the 3\nsentinels answered".to_string(),
+        ));
+        assert_eq!(describe(&ours), "only 1 of the 3 sentinels answered");
+    }
 }

@@ -362,19 +362,27 @@ impl Redis {
 /// (`id host:port@cport[,hostname] flags master …`); None for a replica or
 /// a node that failed.
 pub(super) fn cluster_master(line: &str) -> Option<Node> {
+    cluster_node(line).and_then(|(node, failing)| (!failing).then_some(node))
+}
+
+/// A master's address in a line of CLUSTER NODES, and whether the cluster
+/// marks it failing (`fail` or `fail?`); None for a replica.
+pub(super) fn cluster_node(line: &str) -> Option<(Node, bool)> {
     let mut fields = line.split(' ');
     let addr = fields.nth(1)?;
     let flags = fields.next()?;
     let flags: Vec<&str> = flags.split(',').collect();
-    if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+    if !flags.contains(&"master") {
         return None;
     }
+    let failing = flags.iter().any(|f| f.starts_with("fail"));
     let hostport = addr.split(['@', ',']).next()?;
     let (host, port) = hostport.rsplit_once(':')?;
-    Some(Node {
+    let node = Node {
         host: host.to_string(),
         port: port.parse().ok()?,
-    })
+    };
+    Some((node, failing))
 }
 
 /// `prefix` as a SCAN pattern that matches it literally.
@@ -580,6 +588,10 @@ mod listing_tests {
         assert!(
             cluster_master("e7d1 127.0.0.1:30006@31006 master,fail - 0 0 1 connected").is_none()
         );
+        // doctor still names a failing master, and says the cluster marks it.
+        let (m, failing) =
+            cluster_node("e7d1 127.0.0.1:30006@31006 master,fail? - 0 0 1 connected").unwrap();
+        assert_eq!((m.port, failing), (30006, true));
     }
 
     #[test]

@@ -13,7 +13,9 @@ use redis::Script;
 /// sorted set of waiter ids by arrival, details in a hash) and one wake-up
 /// list per waiter; a second sorted set holds until when each waiter
 /// keeps its place. Times are the server's `TIME`; expired holders and dead
-/// waiters are purged by whichever script looks first.
+/// waiters are purged by whichever script looks first. The waiters' hash
+/// also holds `~gather`, until when the queue regathers after every place
+/// in it lapsed at once (no grant from the queue until then).
 /// KEYS: lock, fence, queue, waiters, wake-up prefix, waiters' liveness.
 const PRELUDE: &str = include_str!("scripts/prelude.lua");
 
@@ -24,8 +26,8 @@ const PRELUDE: &str = include_str!("scripts/prelude.lua");
 /// number once it has one ('' before).
 /// {1, token, slot} granted (idempotent for our owner value: a retried
 /// acquire, or the confirmation of a grant handed over in the queue, gets a
-/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends, arrival
-/// number} queued (a waiter only keeping its place hears no holder and no
+/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends or the
+/// queue stops regathering, arrival number} queued (a waiter only keeping its place hears no holder and no
 /// number);
 /// {3, mode, limit} the holders disagree with this request; {4} the outer
 /// lockrun holds it (waiting would deadlock).

@@ -9,11 +9,15 @@ if ARGV[11] ~= '' and (not string.match(ARGV[11], '^%d+$') or #ARGV[11] > 16) th
   return redis.error_reply('LOCKRUN invalid arrival number')
 end
 local alive = now_ms() + tonumber(ARGV[8])
+local placed = tonumber(redis.call('ZSCORE', KEYS[6], ARGV[7]) or '')
+local live_place = placed ~= nil and placed > now_ms()
 -- A queued waiter that only keeps its place: behind a live head, or at the
 -- head while every holder's lease runs on, a few commands however long the
 -- queue (the head hears when the soonest lease ends). Not queued, woken,
 -- a dead head or a lease that ran out: the full path.
-if ARGV[10] == '1' and redis.call('ZADD', KEYS[6], 'XX', 'CH', alive, ARGV[7]) == 1 then
+-- A place that lapsed is not kept here: its return is the full path's.
+if ARGV[10] == '1' and live_place then
+  redis.call('ZADD', KEYS[6], alive, ARGV[7])
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   local soon = nil
   if head == ARGV[7] then
@@ -54,6 +58,17 @@ local function answer()
   local back = ARGV[6] == '1' and ARGV[11] ~= ''
   for _, r in ipairs(hs) do
     if r.field == mine then back = false end
+  end
+  -- When no one else kept a place either, the whole queue lapsed (the
+  -- server, or the way to it, stalled): the others come back in no
+  -- particular order, so the queue regathers before it is served, for one
+  -- span plus the longest pause between two tries of a waiter (1 s).
+  if back and not live_place and not gathering() and not disagreeing(mode, limit, hs)
+      and #redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. fmt(now_ms()), '+inf', 'LIMIT', 0, 1) == 0 then
+    redis.call('HSET', KEYS[4], '~gather', fmt(now_ms() + tonumber(ARGV[8]) + 1000))
+    if redis.call('PTTL', KEYS[4]) < 0 then
+      redis.call('PEXPIREAT', KEYS[4], fmt(now_ms() + 2 * tonumber(ARGV[8]) + 1000))
+    end
   end
   if back then enqueue(ARGV[11]) end
   local live = serve(hs)

@@ -102,6 +102,16 @@ local function wake(id, what, ttl)
   redis.call('RPUSH', KEYS[5] .. id, what)
   redis.call('PEXPIRE', KEYS[5] .. id, ttl)
 end
+-- Until when the queue regathers after every place in it lapsed at once (a
+-- server paused or cut off past the places' span): its waiters come back in
+-- no particular order, each to its own arrival number, and no grant is
+-- made from the queue until the earlier ones have had time to return.
+-- Nil when not regathering.
+local function gathering()
+  local g = tonumber(redis.call('HGET', KEYS[4], '~gather') or '')
+  if g and g > now_ms() then return g end
+  return nil
+end
 -- Serve the queue in arrival order: grant to its head while the head fits
 -- beside the holders (a later request never overtakes an earlier one), wake
 -- each one served. A handed grant lasts a third of the waiter's ttl until the
@@ -112,6 +122,8 @@ end
 -- queue keys live as long as the last place kept; emptied, Redis deletes
 -- them.)
 local function serve(hs)
+  local gather = gathering()
+  if not gather then redis.call('HDEL', KEYS[4], '~gather') end
   local dead = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms())
   for _, id in ipairs(dead) do dequeue(id) end
   local changed = #dead > 0
@@ -127,7 +139,7 @@ local function serve(hs)
       wake(head, 'refused', w.ttl)
     else
       local ok, slot = can_grant(w.mode, w.limit, hs)
-      if not ok then break end
+      if not ok or gather then break end
       local r = grant(hs, w.owner, w.label, math.max(1, math.floor(w.ttl / 3)), w.mode,
         w.limit, slot)
       dequeue(head)
@@ -174,11 +186,15 @@ local function first_label(hs)
   if kind_code(hs[1].field) == 2 then return 'the min-hold window of ' .. hs[1].label end
   return hs[1].label
 end
+-- When the head must look again on its own: the soonest holder's end, or
+-- the end of a regathering (-1: neither).
 local function soonest_end(hs)
   local soon = -1
   for _, r in ipairs(hs) do
     local left = r.exp - now_ms()
     if soon < 0 or left < soon then soon = left end
   end
+  local g = gathering()
+  if g and (soon < 0 or g - now_ms() < soon) then soon = g - now_ms() end
   return soon
 end
