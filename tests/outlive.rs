@@ -190,36 +190,53 @@ fn a_recycled_pid_of_the_job_is_never_signalled() {
     if !is_root() {
         panic!("this test writes /proc/sys/kernel/ns_last_pid and needs root");
     }
-    let scratch = Scratch::new();
-    let d = scratch.dir.path().display();
-    let url = scratch.file_url();
-    let mut lr = on(&url)
-        .args(["--kill-after", "3s", "recycle", "-c"])
-        .arg(format!(
-            "setsid perl -e '$SIG{{TERM}} = q(IGNORE); sleep 1000' & echo $! > {d}/bg; echo $$ > {d}/pid"
-        ))
-        .spawn();
-    let main = scratch.pid_in("pid");
-    scratch.pid_in("bg");
-    assert!(wait_until(Duration::from_secs(10), || !alive(main)));
-    // Start a stranger with the main process's pid, leading its own group.
-    let mut stranger = None;
-    let mut got = Vec::new();
-    for _ in 0..50 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (main - 1).to_string()).unwrap();
-        let mut c = Command::new("setsid");
-        c.args(["sleep", "100"]);
-        let mut child = c.spawn().unwrap();
-        if child.id() as i32 == main {
-            stranger = Some(child);
-            break;
+    // Other tests start processes too: one of theirs may take the pid
+    // first. Then the scenario starts again, a few times at most.
+    let mut taken = Vec::new();
+    let (mut lr, main, mut stranger) = loop {
+        let scratch = Scratch::new();
+        let d = scratch.dir.path().display();
+        let url = scratch.file_url();
+        let mut lr = on(&url)
+            .args(["--kill-after", "3s", "recycle", "-c"])
+            .arg(format!(
+                "setsid perl -e '$SIG{{TERM}} = q(IGNORE); sleep 1000' & echo $! > {d}/bg; echo $$ > {d}/pid"
+            ))
+            .spawn();
+        let main = scratch.pid_in("pid");
+        scratch.pid_in("bg");
+        assert!(wait_until(Duration::from_secs(10), || !alive(main)));
+        // Start a stranger with the main process's pid, leading its own group.
+        let mut stranger = None;
+        let mut got = Vec::new();
+        for _ in 0..50 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (main - 1).to_string()).unwrap();
+            let mut child = Command::new("setsid")
+                .args(["sleep", "100"])
+                .spawn()
+                .unwrap();
+            if child.id() as i32 == main {
+                stranger = Some(child);
+                break;
+            }
+            got.push(child.id());
+            let _ = child.kill();
+            let _ = child.wait();
+            if alive(main) {
+                break; // another test's process has it now
+            }
         }
-        got.push(child.id());
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let mut stranger = stranger
-        .unwrap_or_else(|| panic!("could not start a process with pid {main} (got {got:?})"));
+        if let Some(child) = stranger {
+            break (lr, main, child);
+        }
+        signal(lr.id() as i32, libc::SIGTERM);
+        wait_child(&mut lr, Duration::from_secs(30));
+        taken.push((main, got));
+        assert!(
+            taken.len() < 5,
+            "could not start a process with the job's pid: {taken:?}"
+        );
+    };
     let spid = stranger.id() as i32;
     signal(lr.id() as i32, libc::SIGHUP);
     let st = wait_child(&mut lr, Duration::from_secs(30));
