@@ -187,7 +187,6 @@ pub struct RunArgs {
     #[arg(long, env = "LOCKRUN_LABEL", value_name = "TEXT")]
     pub label: Option<String>,
 
-    // ---- metrics for cron (README "Metrics for cron") ----
     /// At the end of every run (skipped, ran, lost, failed) replace PATH,
     /// atomically, with Prometheus text for node_exporter's textfile
     /// collector: end time, acquired, wait and hold seconds, exit code,
@@ -195,23 +194,19 @@ pub struct RunArgs {
     /// never the job or its exit code.
     #[arg(long, env = "LOCKRUN_METRICS_FILE", value_name = "PATH")]
     pub metrics_file: Option<std::path::PathBuf>,
-    // ---- end of metrics for cron ----
     /// Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10).
     #[arg(long, value_name = "DUR")]
     pub kill_after: Option<String>,
 
-    // --min-hold (README "Once per window").
     /// Keep the lock held at least DUR after it was granted, also once the
     /// job ended, counted on the engine's clock: a crontab line on several
     /// hosts then runs once per window. A longer job releases at its end.
     #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub min_hold: Option<String>,
-    // End of --min-hold.
 }
 
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
-    // ---- operators: status of every name (and `list`) ----
     /// Show whether NAME is held: every holder (who, token, slot, mode, time
     /// left) and the number of waiters. Without NAME (or as `list`): every
     /// name under the prefix, one line each, sorted, read name by name (not
@@ -225,7 +220,6 @@ pub enum OperatorCommand {
         /// Name of the lock (default: every name).
         name: Option<String>,
     },
-    // ---- end of status of every name ----
     /// Break a lock (operators). By default the holder is revoked: its job is
     /// stopped at its next renewal and new grants wait until the old lease would
     /// have expired, so no two jobs overlap.
@@ -244,7 +238,6 @@ pub enum OperatorCommand {
         /// Name of the lock.
         name: String,
     },
-    // ---- operators: doctor ----
     /// Check an engine before the first incident: one line per check, ok,
     /// warn or fail, with what to do. Read-only: it runs nothing but reads
     /// and dry runs and creates nothing that outlives it (no key, no lock
@@ -253,7 +246,6 @@ pub enum OperatorCommand {
     /// script cache as lockrun's own scripts do). Exit 0 all ok, 1 a
     /// warning, 69 unreachable or a check failed.
     Doctor {},
-    // ---- end of doctor ----
 }
 
 /// Long options, lockrun's and those of the tools it replaces, as someone

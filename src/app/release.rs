@@ -1,0 +1,136 @@
+//! `release --force`: an operator breaks a lease (README "Operate").
+
+use std::io::Write;
+
+use super::status::describe_holder;
+use super::{Ending, human, op_budget, open_engine, setup_logging};
+use crate::backend::{self, Broken, Force, Holder};
+use crate::cli::Cli;
+use crate::config;
+use crate::exit::{self, Class, Failure, fail};
+
+pub fn release(
+    cli: &Cli,
+    name: &str,
+    force: bool,
+    token: Option<&str>,
+    now: bool,
+) -> Result<Ending, Failure> {
+    let common = config::common(&cli.backend)?;
+    config::check_name(name, &*common.address)?;
+    if !common.address.engine().caps.force_release {
+        return Err(fail(
+            Class::Usage,
+            format!(
+                "release --force is not available on the {} engine: its locks end only \
+                 with their holder; stop the holder's process instead",
+                common.address.engine().name
+            ),
+        ));
+    }
+    if !force && !common.address.engine().caps.expires {
+        // A flock lasts as long as its holder: --force only ends a window.
+        return Err(fail(
+            Class::Usage,
+            format!(
+                "refusing to break a lock without --force; on the {} engine --force ends \
+                 only a --min-hold window (a running holder's lock ends with its process)",
+                common.address.engine().name
+            ),
+        ));
+    }
+    if !force {
+        return Err(fail(
+            Class::Usage,
+            "refusing to break a lock without --force: the holder's job is stopped \
+             (exit 76); add --force, and --token T to act only on the lease you looked at",
+        ));
+    }
+    let token = token
+        .map(|t| {
+            t.trim().parse::<u64>().map_err(|_| {
+                fail(
+                    Class::Usage,
+                    format!("invalid --token {t:?}: expected a number"),
+                )
+            })
+        })
+        .transpose()?;
+    setup_logging(&common);
+    let mut engine = open_engine(&common)?;
+    let asked = name.to_string();
+    let broken = backend::bounded(&format!("breaking {name}"), op_budget(), move || {
+        engine.force_release(&asked, Force { token, now })
+    })?;
+    let mut err = std::io::stderr();
+    match broken {
+        Broken::NotHeld => {
+            let _ = writeln!(err, "lockrun: {name} is not held; nothing to break");
+            Ok(Ending::Exit(exit::STATUS_FREE))
+        }
+        Broken::AlreadyRevoked => {
+            let _ = writeln!(
+                err,
+                "lockrun: {name} was already revoked; it comes free when the old lease ends"
+            );
+            Ok(Ending::Exit(exit::STATUS_FREE))
+        }
+        Broken::TokenMismatch(current) => {
+            let current = if current.is_empty() {
+                "unknown".to_string()
+            } else {
+                current
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let _ = writeln!(
+                err,
+                "lockrun: {name} not broken: no holder has token {}; the tokens in force: {current}",
+                token.unwrap_or_default()
+            );
+            Ok(Ending::Exit(exit::STATUS_FREE))
+        }
+        Broken::Leases(holders) => {
+            let mut out = std::io::stdout();
+            for h in holders {
+                if h.min_hold {
+                    let mut of = vec![format!(
+                        "granted to {}",
+                        h.label.as_deref().unwrap_or("unknown")
+                    )];
+                    of.extend(h.token.map(|t| format!("token {t}")));
+                    let _ = writeln!(
+                        out,
+                        "{name}: ended the min-hold window ({}); no job ran under it, \
+                         the name is free now",
+                        of.join(", ")
+                    );
+                    continue;
+                }
+                let what = if now {
+                    "deleted; a waiter may start now, while the old job may still be stopping"
+                        .to_string()
+                } else {
+                    format!(
+                        "revoked; its job stops at its next renewal, new grants wait {} until the old lease ends",
+                        h.ttl_left
+                            .map(human)
+                            .unwrap_or_else(|| "until it expires".into())
+                    )
+                };
+                let _ = writeln!(
+                    out,
+                    "{name}: broke the lease {}: {what}",
+                    describe_holder(&Holder {
+                        ttl_left: None,
+                        revoked: false,
+                        ..h.clone()
+                    })
+                );
+            }
+            Ok(Ending::Exit(0))
+        }
+    }
+}
