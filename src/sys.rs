@@ -179,7 +179,7 @@ pub fn walk(
     let mut seen = HashSet::new();
     // Depth first, one pidfd per level of the path being walked.
     let mut stack: Vec<(i32, Option<OwnedFd>, std::vec::IntoIter<i32>)> = Vec::new();
-    let kids = children(root, &mut w.complete);
+    let kids = children(root, true, &mut w.complete);
     stack.push((root, None, kids.into_iter()));
     while let Some((parent, parent_fd, kids)) = stack.last_mut() {
         let Some(c) = kids.next() else {
@@ -216,7 +216,7 @@ pub fn walk(
         seen.insert(c);
         w.pids.push(c);
         found(fd.as_fd(), c);
-        let grandkids = children(c, &mut w.complete);
+        let grandkids = children(c, false, &mut w.complete);
         // A list read after its process ended may belong to another.
         let grandkids = if exited(fd.as_fd()) {
             Vec::new()
@@ -228,12 +228,17 @@ pub fn walk(
     w
 }
 
-/// The pids in `p`'s children lists, one per thread.
-fn children(p: i32, complete: &mut bool) -> Vec<i32> {
+/// The pids in `p`'s children lists, one per thread. The root of a walk
+/// cannot be gone: if its list cannot be read, /proc shows the walk
+/// nothing, which is not "nothing is left".
+fn children(p: i32, root: bool, complete: &mut bool) -> Vec<i32> {
     let mut out = Vec::new();
     let tasks = match std::fs::read_dir(format!("/proc/{p}/task")) {
         Ok(t) => t,
         Err(e) => {
+            if root {
+                *complete = false;
+            }
             note(&e, complete);
             return out;
         }
@@ -354,13 +359,28 @@ pub fn exited(pidfd: BorrowedFd<'_>) -> bool {
 /// inherited by the guard, which learns of lockrun's death through it.
 static OWN_PIDFD: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
 
-/// Check, before anything is taken, that lockrun can hold processes by
-/// pidfd here: every signal to the job and the guard's watch on lockrun go
-/// through pidfds, and a pid alone could name a recycled process. A kernel
-/// without them (before Linux 5.3) or a sandbox that refuses them gets one
-/// line saying what is missing: lockrun runs no job it could not stop.
+/// Check, before anything is taken, that lockrun can find and stop every
+/// process of a job here. Every signal to the job and the guard's watch on
+/// lockrun go through pidfds (a pid alone could name a recycled process),
+/// and the job's processes are found through /proc, which must show this
+/// process as itself. A kernel without pidfds (before Linux 5.3), a sandbox
+/// that refuses them, no /proc, or the /proc of another PID namespace gets
+/// one line saying what is missing: lockrun runs no job it could not stop.
 pub fn check_pidfds() -> Result<(), String> {
     let me = rustix::process::getpid();
+    // /proc/self names this process as /proc's namespace numbers it: under
+    // `unshare --pid` without a /proc of its own, another number.
+    let shown = rustix::fs::readlink("/proc/self", Vec::new())
+        .ok()
+        .and_then(|l| l.into_string().ok());
+    let own = me.as_raw_nonzero().get().to_string();
+    if shown.as_deref() != Some(own.as_str()) {
+        return Err(format!(
+            "/proc does not show this process as pid {own} (/proc is not mounted, or belongs \
+             to another PID namespace: mount one for this namespace): without it lockrun \
+             cannot find every process of a job, and it runs no job it could not stop"
+        ));
+    }
     let fd = rustix::process::pidfd_open(me, rustix::process::PidfdFlags::empty())
         .map_err(|e| pidfds_missing("pidfd_open", e))?;
     // Signal 0 checks that a signal could be sent, and sends none.

@@ -194,3 +194,56 @@ fn without_pidfds_a_killed_lockrun_never_leaves_the_job_running() {
         }
     }
 }
+
+/// Without a /proc that shows lockrun as itself (none mounted, or the /proc
+/// of the parent PID namespace under `unshare --pid`), lockrun could not
+/// find the job's processes: no job starts, one line says why.
+#[test]
+fn without_its_own_proc_no_job_starts() {
+    if !is_root() {
+        panic!("this test makes PID and mount namespaces and needs root");
+    }
+    for tool in ["unshare", "umount"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            panic!("{tool} not found: install util-linux and mount");
+        }
+    }
+    let locks = Scratch::new();
+    let url = locks.file_url();
+    let cases: [(&str, Vec<String>); 2] = [
+        (
+            "another namespace's /proc",
+            vec!["unshare".into(), "--pid".into(), "--fork".into()],
+        ),
+        (
+            "no /proc",
+            vec![
+                "unshare".into(),
+                "--mount".into(),
+                "--propagation".into(),
+                "private".into(),
+                "sh".into(),
+                "-c".into(),
+                "umount -l /proc && exec \"$@\"".into(),
+                "sh".into(),
+            ],
+        ),
+    ];
+    for (case, wrap) in cases {
+        let scratch = Scratch::new();
+        let out = Command::new(&wrap[0])
+            .args(&wrap[1..])
+            .arg(BIN)
+            .args(["--url", &url, "--ttl", "3s", "np", "-c"])
+            .arg(format!("echo $$ > {}", scratch.path("pid").display()))
+            .env_remove("LOCKRUN_URL")
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(!scratch.exists("pid"), "{case}: the job ran: {err}");
+        assert_eq!(out.status.code(), Some(70), "{case}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{case}: {err}");
+        assert!(err.contains("/proc"), "{case}: {err}");
+        on(&url).args(["-n", "np", "true"]).succeeds();
+    }
+}
