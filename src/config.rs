@@ -122,21 +122,12 @@ pub fn inherited_url_has_password() -> bool {
     })
 }
 
-/// A lock name must be printable, bounded, and meet its engine's rules.
-/// Characters that change how a name looks without showing themselves:
-/// bidirectional controls, zero-width characters, line and paragraph
-/// separators, soft hyphen, byte-order mark.
-pub fn is_invisible(c: char) -> bool {
-    matches!(c as u32,
-        0x00AD | 0x061C | 0x180E | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064
-        | 0x2066..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB)
-}
-
 /// The longest lock name, in bytes of UTF-8, on every engine (README
 /// "Options"): it becomes part of a key or a file name and one line of
 /// `status`.
 pub const MAX_NAME: usize = 1024;
 
+/// A lock name must be printable, bounded, and meet its engine's rules.
 pub fn check_name(name: &str, address: &dyn Address) -> Result<(), Failure> {
     // First, and without the name: a line must not carry a huge name.
     if name.len() > MAX_NAME {
@@ -155,7 +146,7 @@ pub fn check_name(name: &str, address: &dyn Address) -> Result<(), Failure> {
             "invalid lock name {name:?}: control characters are not allowed"
         )));
     }
-    if let Some(c) = name.chars().find(|&c| is_invisible(c)) {
+    if let Some(c) = name.chars().find(|&c| crate::text::is_invisible(c)) {
         return Err(usage(format!(
             "invalid lock name {name:?}: invisible or direction-changing character U+{:04X} \
              is not allowed (two names must not look alike)",
@@ -266,7 +257,10 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         Some(l) if l.chars().count() > 100 => {
             return Err(usage("invalid --label: longer than 100 characters"));
         }
-        Some(l) if l.chars().any(|c| c.is_control() || is_invisible(c)) => {
+        Some(l)
+            if l.chars()
+                .any(|c| c.is_control() || crate::text::is_invisible(c)) =>
+        {
             return Err(usage(format!(
                 "invalid --label {l:?}: control and invisible characters are not allowed"
             )));

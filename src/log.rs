@@ -37,14 +37,15 @@ pub fn add_secret(s: &str) {
     }
 }
 
-/// Replace every registered secret in `s`.
+/// Replace every registered secret in `s`, and show what a server may
+/// have put in it (a label, an error's text) on one line, escaped.
 pub fn scrub(s: &str) -> String {
     let secrets = SECRETS.lock().unwrap_or_else(|e| e.into_inner());
     let mut out = s.to_string();
     for secret in secrets.iter() {
         out = out.replace(secret.as_str(), "***");
     }
-    out
+    crate::text::printable(&out).into_owned()
 }
 
 fn line(msg: &str) -> String {

@@ -19,6 +19,7 @@ mod schedule;
 mod spawn;
 mod supervise;
 mod sys;
+mod text;
 mod watchdog;
 
 use std::io::Write;

@@ -785,6 +785,26 @@ fn a_bidi_name_is_listed_escaped_on_every_engine() {
         schema.trim()
     ));
     check("postgres", &pg.url());
+    // A label planted beside a holder: the lines that name the holder while
+    // waiting carry no escape sequence or override either.
+    let _labelled = hold_name(&pg.url(), "lbl");
+    pg.sql(&format!(
+        "UPDATE {}.lockrun_leases SET label = E'evil\\u202Egnp\\x1b[31mX' WHERE name = 'lbl'",
+        schema.trim()
+    ));
+    for args in [
+        vec!["--wait", "1500ms", "lbl", "true"],
+        vec!["-v", "-n", "lbl", "true"],
+    ] {
+        let out = on(&pg.url()).args(&args).output();
+        let err = out.stderr();
+        assert_eq!(out.out.status.code(), Some(75), "{args:?}: {err}");
+        assert!(err.contains("evil"), "{args:?}: the holder is named: {err}");
+        assert!(
+            !err.contains(RLO) && !err.contains('\u{1b}'),
+            "{args:?}: raw control or override: {err:?}"
+        );
+    }
 
     let etcd = Etcd::start();
     let _held = hold_name(&etcd.url(), "abc");

@@ -10,6 +10,7 @@ use crate::cli::Cli;
 use crate::clock::Boot;
 use crate::config;
 use crate::exit::{self, Failure};
+use crate::text::printable;
 
 /// When a lease `left` from now ends, as UTC wall time rounded up to the second.
 fn until(left: Duration) -> String {
@@ -125,41 +126,21 @@ fn status_object(name: &str, st: &backend::Status) -> serde_json::Value {
     })
 }
 
-/// One name's status as text (`one_line`: several holders on the name's
-/// line, as `status` without a name shows them), or as its JSON object.
-/// Text as one line of output: a name or label found on a server or in a
-/// shared directory may hold control characters (a newline would forge a
-/// line of its own) or invisible ones (a right-to-left override makes two
-/// names look alike); both are shown escaped.
-fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    let hidden = |c: char| c.is_control() || config::is_invisible(c);
-    if s.chars().any(hidden) {
-        let mut out = String::with_capacity(s.len() + 8);
-        for c in s.chars() {
-            if hidden(c) {
-                out.extend(c.escape_debug());
-            } else {
-                out.push(c);
-            }
-        }
-        std::borrow::Cow::Owned(out)
-    } else {
-        std::borrow::Cow::Borrowed(s)
-    }
-}
-
 /// JSON as one line, with invisible characters escaped as `\uXXXX` (the
 /// same string to a parser, but not to an eye reading `jq`'s raw output
 /// or the line itself). They can only stand inside strings.
 fn json_text(v: &serde_json::Value) -> String {
     let text = v.to_string();
-    if !text.chars().any(config::is_invisible) {
+    if !text.chars().any(crate::text::is_invisible) {
         return text;
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        if config::is_invisible(c) {
-            out.push_str(&format!("\\u{:04x}", c as u32));
+        if crate::text::is_invisible(c) {
+            // JSON escapes UTF-16 units: a pair for a character past U+FFFF.
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
         } else {
             out.push(c);
         }
@@ -167,6 +148,8 @@ fn json_text(v: &serde_json::Value) -> String {
     out
 }
 
+/// One name's status as text (`one_line`: several holders on the name's
+/// line, as `status` without a name shows them), or as its JSON object.
 fn show_status(out: &mut dyn Write, name: &str, st: &backend::Status, json: bool, one_line: bool) {
     if json {
         let _ = writeln!(out, "{}", json_text(&status_object(name, st)));

@@ -179,8 +179,9 @@ pub fn is_auth_error(e: &redis::RedisError) -> bool {
 /// arguments, in one line.
 pub fn describe(e: &redis::RedisError) -> String {
     let text = said(e);
-    // Nothing below may span lines: an error is one line of stderr.
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    // Nothing below may span lines: an error is one line of stderr. Then
+    // no secret, and what the server wrote shown escaped.
+    log::scrub(&text.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 fn said(e: &redis::RedisError) -> String {
@@ -204,7 +205,7 @@ fn said(e: &redis::RedisError) -> String {
     if text.contains("certificate") {
         return format!(
             "TLS: the server's certificate is not trusted ({}); pass its CA with --tls-ca",
-            log::scrub(&text)
+            text
         );
     }
     if text.contains("WRONGTYPE") || text.contains("LOCKRUN the key exists") {
@@ -214,14 +215,14 @@ fn said(e: &redis::RedisError) -> String {
     }
     // A server error reads as the server said it ("LOADING Redis is loading…").
     if let (Some(code), Some(detail)) = (e.code(), e.detail()) {
-        return log::scrub(&format!("{code} {detail}"));
+        return format!("{code} {detail}");
     }
     // A failure that lockrun or the client put into words: the words alone,
     // without the kind and category it was filed under.
     if let Some(detail) = e.detail() {
-        return log::scrub(detail);
+        return detail.to_string();
     }
-    log::scrub(&text)
+    text
 }
 
 #[cfg(test)]
