@@ -180,3 +180,32 @@ fn a_name_longer_than_1_kib_is_refused_on_every_engine() {
     on(&redis).args([at.as_str(), "true"]).succeeds();
     on(&local).args([at.as_str(), "true"]).succeeds();
 }
+
+/// A secret in a Redis or etcd URL's query (`?password=`, as some clients
+/// take it) or a lone user name (which some clients read as the password)
+/// is never echoed, whether the URL is refused or the server unreachable.
+#[test]
+fn a_secret_in_a_query_or_a_lone_user_is_never_echoed() {
+    for url in [
+        "redis://127.0.0.1:9?password=S3CR",
+        "redis+sentinel://127.0.0.1:9/m?sentinel_password=S3CR",
+        "redis+sentinel://127.0.0.1:9?password=S3CR",
+        "redis+cluster://127.0.0.1:9?password=S3CR",
+        "etcd://127.0.0.1:9?password=S3CR",
+        "etcd://u:S3CR@127.0.0.1:9?password=S3CR",
+        "etcd://127.0.0.1:9/S3CR",
+        "redis://S3CR@127.0.0.1:9",
+        "redis+cluster://S3CR@127.0.0.1:9",
+        "etcd://S3CR@127.0.0.1:9",
+    ] {
+        for args in [vec!["-n", "x", "true"], vec!["status", "x"], vec!["doctor"]] {
+            let out = on(url).args(&args).output();
+            let all = format!("{}{}", out.stdout(), out.stderr());
+            assert!(!all.contains("S3CR"), "{url} {args:?}: {all}");
+            assert!(
+                matches!(out.out.status.code(), Some(64 | 69)),
+                "{url} {args:?}: {all}"
+            );
+        }
+    }
+}

@@ -118,9 +118,10 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
             None => (Some(decode(u)), None),
         },
     };
+    // A lone user name may be a password (some clients read it so).
     let shown_user = match (&user, &password) {
         (Some(u), Some(_)) => format!("{u}:***@"),
-        (Some(u), None) => format!("{u}@"),
+        (Some(_), None) => "***@".to_string(),
         _ => String::new(),
     };
     // `#insecure` is the one fragment, as on Redis: only with TLS.
@@ -130,8 +131,10 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
     };
     let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
     let fragment = if insecure { "#insecure" } else { "" };
+    // Never a path or query, which may hold a secret (`?password=`).
+    let shown_hosts = hosts.split(['/', '?']).next().unwrap_or_default();
     let display = format!(
-        "{}://{shown_user}{hosts}{fragment}",
+        "{}://{shown_user}{shown_hosts}{fragment}",
         scheme.to_ascii_lowercase()
     );
     let bad = |why: String| {

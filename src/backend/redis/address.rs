@@ -222,10 +222,15 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
     let raw = &userinfo_encoded(raw);
     // Never echo the raw URL: it may hold a password.
     let url = url::Url::parse(raw).map_err(|e| usage(format!("invalid --url: {e}; {expected}")))?;
+    // Shown without its query (a `?password=` is a secret to some clients)
+    // and without a lone user name (some clients read it as the password).
     let mut shown = url.clone();
     if url.password().is_some() {
         let _ = shown.set_password(Some("***"));
+    } else if !url.username().is_empty() {
+        let _ = shown.set_username("***");
     }
+    shown.set_query(None);
     let display = shown.to_string();
     if url.host_str().is_none_or(str::is_empty) {
         return Err(usage(format!(
@@ -361,17 +366,19 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
             None => u.username().to_string(),
         }
     };
+    // A lone user name may be a password (some clients read it so), and a
+    // query may hold one: neither is shown.
     let shown_user = match (user.is_empty(), password.is_some()) {
         (true, false) => String::new(),
         (_, true) => format!("{user}:***@"),
-        (false, false) => format!("{user}@"),
+        (false, false) => "***@".to_string(),
     };
-    let shown_path = if path.is_empty() {
-        String::new()
-    } else {
-        format!("/{path}")
+    let shown_hosts = hosts.split('?').next().unwrap_or_default();
+    let shown_path = match path.split('?').next().unwrap_or_default() {
+        "" => String::new(),
+        p => format!("/{p}"),
     };
-    let display = format!("{scheme}://{shown_user}{hosts}{shown_path}");
+    let display = format!("{scheme}://{shown_user}{shown_hosts}{shown_path}");
     let usage = |why: &str| Error::Request(format!("invalid --url {display}: {why}; {expected}"));
     if path.contains('?') || hosts.contains('?') {
         return Err(usage("query parameters are not supported"));
