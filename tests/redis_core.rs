@@ -595,3 +595,53 @@ fn a_pause_that_outlives_the_holder_keeps_the_queue_in_order() {
         assert_eq!(got, want, "run {run}: grants out of arrival order");
     }
 }
+
+/// A waiter paused by itself past its place, alone in the queue: once it
+/// runs again and the name is free, it takes the name within a moment (the
+/// queue's regathering is bounded by the 2 s request bound plus 1 s), not
+/// after a third of its ttl.
+#[test]
+fn a_waiter_that_lapsed_alone_takes_a_free_name_soon() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let scratch = Scratch::new();
+    let stop = scratch.path("stop");
+    let mut holder = on(&url)
+        .args(["--ttl", "30s", "alone", "-c"])
+        .arg(format!(
+            "while [ ! -e {} ]; do sleep 0.05; done",
+            stop.display()
+        ))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || {
+        status_json(&url, "alone")["held"] == true
+    }));
+    let mut waiter = on(&url)
+        .args(["--ttl", "30s", "alone", "-c"])
+        .arg(format!("echo ran > {}", scratch.path("ran").display()))
+        .spawn();
+    wait_queued(&url, "alone", 1);
+    signal(waiter.id() as i32, libc::SIGSTOP);
+    // Its place lapses a third of its ttl later.
+    let lapsed = wait_until(Duration::from_secs(30), || {
+        status_json(&url, "alone")["waiters"] == 0
+    });
+    std::fs::write(&stop, "").unwrap();
+    wait_child(&mut holder, Duration::from_secs(20));
+    assert!(wait_until(Duration::from_secs(20), || {
+        status_json(&url, "alone")["held"] == false
+    }));
+    let resumed = Instant::now();
+    signal(waiter.id() as i32, libc::SIGCONT);
+    assert!(lapsed, "the paused waiter's place never lapsed");
+    assert!(
+        wait_until(Duration::from_secs(30), || scratch.exists("ran")),
+        "the waiter never ran"
+    );
+    let took = resumed.elapsed();
+    wait_child(&mut waiter, Duration::from_secs(20));
+    assert!(
+        took < Duration::from_secs(7),
+        "a free name waited {took:?} for its one waiter"
+    );
+}

@@ -61,11 +61,14 @@ local function answer()
   end
   -- When no one else kept a place either, the whole queue lapsed (the
   -- server, or the way to it, stalled): the others come back in no
-  -- particular order, so the queue regathers before it is served, for one
-  -- span plus the longest pause between two tries of a waiter (1 s).
+  -- particular order, so the queue regathers before it is served: for as
+  -- long as a waiter may take to come back once the server answers again
+  -- (its span, at most the 2 s bound on one request) plus the longest
+  -- pause between two tries (1 s). Never longer: a waiter that alone
+  -- lapsed (it was paused itself) must not hold a free name for long.
   if back and not live_place and not gathering() and not disagreeing(mode, limit, hs)
       and #redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. fmt(now_ms()), '+inf', 'LIMIT', 0, 1) == 0 then
-    redis.call('HSET', KEYS[4], '~gather', fmt(now_ms() + tonumber(ARGV[8]) + 1000))
+    redis.call('HSET', KEYS[4], '~gather', fmt(now_ms() + math.min(tonumber(ARGV[8]), 2000) + 1000))
     if redis.call('PTTL', KEYS[4]) < 0 then
       redis.call('PEXPIREAT', KEYS[4], fmt(now_ms() + 2 * tonumber(ARGV[8]) + 1000))
     end
