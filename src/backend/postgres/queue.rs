@@ -219,6 +219,16 @@ mod tests {
             Verdict::Granted { slot: 0 }
         );
         assert!(blocked(verdict(&[], &[X, X], Some(2), X, None)));
+        // Earlier readers that could hold are counted as holding, not waited for.
+        assert_eq!(
+            verdict(&[S], &[S], None, S, None),
+            Verdict::Granted { slot: 1 }
+        );
+        // A request that disagrees with them is refused at once.
+        assert_eq!(
+            verdict(&[], &[X], None, Limit(2), None),
+            Verdict::Disagrees(X)
+        );
         // What lapses soonest of what is in the way wakes the waiter.
         match verdict(&[X], &[X], None, X, None) {
             Verdict::Blocked { lapses_in, holder } => {
