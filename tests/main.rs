@@ -3,6 +3,7 @@
 
 mod support;
 
+mod admit;
 mod cluster;
 mod conformance;
 mod etcd;

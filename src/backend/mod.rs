@@ -3,6 +3,7 @@
 //! beside it. Engines know names, owners, modes, slots and tokens, nothing of
 //! processes; every failure is an `Error` of one kind, which decides the exit code.
 
+pub mod admit;
 mod error;
 pub mod etcd;
 pub mod local;

@@ -6,6 +6,7 @@
 use serde_json::{Value, json};
 
 use super::client::{int, unb64};
+use crate::backend::admit::{self, Place};
 use crate::backend::{Error, Mode, Request};
 
 /// Every key of one name.
@@ -243,26 +244,26 @@ pub fn entries(keys: &Keys, range: &Value, header: &Value) -> Result<(Vec<Entry>
     Ok((out, revision))
 }
 
-/// How many at the front of the queue hold the name: the first request
-/// sets the mode in force; readers hold together up to the first writer;
-/// `--limit N` holds the first N that agree with it.
+/// The queue as the admission rule sees it: etcd keeps no holders apart
+/// from its queue, so every key is a place in arrival order.
+fn places(queue: &[Entry], req: &Request) -> Vec<Place> {
+    queue
+        .iter()
+        .map(|e| Place {
+            mode: e.record.mode,
+            slot: e.record.slot,
+            window: e.record.min_hold,
+            outer: req.is_own_outer_holder(Some(&e.record.label)),
+            ours: false,
+        })
+        .collect()
+}
+
+/// How many at the front of the queue hold the name: those the admission
+/// rule lets in one by one in arrival order.
 pub fn holders(queue: &[Entry]) -> usize {
-    let Some(first) = queue.first() else {
-        return 0;
-    };
-    let head = first.record.mode;
-    match head {
-        Mode::Exclusive => 1,
-        Mode::Shared => queue
-            .iter()
-            .take_while(|e| e.record.mode == Mode::Shared)
-            .count(),
-        Mode::Limit(n) => queue
-            .iter()
-            .take(n as usize)
-            .take_while(|e| e.record.mode == head)
-            .count(),
-    }
+    let places: Vec<Place> = queue.iter().map(|e| Place::new(e.record.mode)).collect();
+    admit::front(&[], &places)
 }
 
 /// What a request at place `me` in the queue may do.
@@ -281,22 +282,13 @@ pub enum Verdict {
 }
 
 pub fn judge(queue: &[Entry], me: usize, req: &Request) -> Verdict {
-    let held = holders(queue);
-    let others = queue[..held].iter().enumerate().filter(|(i, _)| *i != me);
-    for (_, e) in others.clone() {
-        // Run from inside a job holding this name: any wait would be for ourselves.
-        if req.is_own_outer_holder(Some(&e.record.label)) {
-            return Verdict::Nested;
-        }
-    }
-    if me < held {
-        return Verdict::Granted;
-    }
-    if let Some((_, e)) = others
-        .clone()
-        .find(|(_, e)| !req.mode.agrees_with(e.record.mode))
-    {
-        return Verdict::Disagrees(e.record.mode);
+    match admit::admit(&[], &places(queue, req), req.mode, Some(me)) {
+        admit::Verdict::Hold { .. } => return Verdict::Granted,
+        // No holders apart from the queue, so no grant of ours among them.
+        admit::Verdict::Ours(_) => return Verdict::Granted,
+        admit::Verdict::Nested => return Verdict::Nested,
+        admit::Verdict::Disagrees(mode) => return Verdict::Disagrees(mode),
+        admit::Verdict::Wait(_) => {}
     }
     // Watch the keys whose going could let us in: never the whole queue
     // (no herd), never too few (no missed turn).

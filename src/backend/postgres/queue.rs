@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio_postgres::Row;
 
 use super::sql::KEPT;
+use crate::backend::admit::{self, Place};
 use crate::backend::{Error, Mode, Request};
 
 /// One live row of a name.
@@ -90,56 +91,51 @@ pub enum Verdict {
 }
 
 /// Judge a request whose place in the queue is `seq` (None: not queued,
-/// so behind every waiter). Holders first: the mode in force; then first
-/// come, first served: no one is granted while a waiter that came before
-/// it waits; then room: a writer alone, readers beside readers, N with
-/// `--limit N`.
+/// so behind every waiter) by the admission rule: the holders are the live
+/// leases, the waiters ahead of us the places before ours.
 pub fn judge(holders: &[Entry], waiters: &[Entry], seq: Option<i64>, req: &Request) -> Verdict {
     let me = &req.owner.secret;
-    if let Some(h) = holders.iter().find(|h| &h.owner == me) {
-        return Verdict::Ours {
-            slot: h.pos.max(0) as u32,
-        };
-    }
-    if holders
-        .iter()
-        // A row kept by --min-hold is no lockrun's job any more, even if
-        // its label is the outer one's.
-        .any(|h| h.owner != KEPT && req.is_own_outer_holder(Some(&h.label)))
-    {
-        return Verdict::Nested;
-    }
-    if let Some(h) = holders.iter().find(|h| !req.mode.agrees_with(h.mode)) {
-        return Verdict::Disagrees(h.mode);
-    }
+    let place = |e: &Entry| Place {
+        mode: e.mode,
+        slot: matches!(e.mode, Mode::Limit(_)).then_some(e.pos.max(0) as u32),
+        // A row kept by --min-hold is no lockrun's job any more.
+        window: e.owner == KEPT,
+        outer: req.is_own_outer_holder(Some(&e.label)),
+        ours: &e.owner == me,
+    };
     let ahead: Vec<&Entry> = waiters
         .iter()
         .filter(|w| &w.owner != me && seq.is_none_or(|s| w.pos < s))
         .collect();
-    let room = match req.mode {
-        Mode::Exclusive => holders.is_empty(),
-        Mode::Shared => holders.iter().all(|h| h.mode == Mode::Shared),
-        Mode::Limit(n) => holders.len() < n as usize,
-    };
-    if ahead.is_empty() && room {
-        // The lowest slot no holder has: 0 for a writer; with --limit one
-        // of 0…N−1, which there is since fewer than N hold.
-        let slot = (0..)
-            .find(|s| !holders.iter().any(|h| h.pos == i64::from(*s)))
-            .unwrap_or(0);
-        return Verdict::Granted { slot };
-    }
-    let lapses_in = holders
-        .iter()
-        .chain(ahead.iter().copied())
-        .map(|e| e.left)
-        .min();
-    Verdict::Blocked {
-        holder: holders
-            .first()
-            .map(|h| h.label.clone())
-            .or_else(|| ahead.first().map(|w| w.label.clone())),
-        lapses_in,
+    let held: Vec<Place> = holders.iter().map(place).collect();
+    let queued: Vec<Place> = ahead.iter().map(|w| place(w)).collect();
+    match admit::admit(&held, &queued, req.mode, None) {
+        admit::Verdict::Ours(i) => Verdict::Ours {
+            slot: holders[i].pos.max(0) as u32,
+        },
+        admit::Verdict::Nested => Verdict::Nested,
+        admit::Verdict::Disagrees(mode) => Verdict::Disagrees(mode),
+        admit::Verdict::Hold { slot } => Verdict::Granted {
+            // A row's slot is its key, whatever the mode (readers have one
+            // each): without --limit, the lowest no holder has.
+            slot: slot.unwrap_or_else(|| {
+                (0..)
+                    .find(|s| !holders.iter().any(|h| h.pos == i64::from(*s)))
+                    .unwrap_or(0)
+            }),
+        },
+        admit::Verdict::Wait(_) => Verdict::Blocked {
+            holder: holders
+                .first()
+                .map(|h| h.label.clone())
+                .or_else(|| ahead.first().map(|w| w.label.clone())),
+            // What lapses soonest of what stands in our way.
+            lapses_in: holders
+                .iter()
+                .chain(ahead.iter().copied())
+                .map(|e| e.left)
+                .min(),
+        },
     }
 }
 
@@ -223,6 +219,16 @@ mod tests {
             Verdict::Granted { slot: 0 }
         );
         assert!(blocked(verdict(&[], &[X, X], Some(2), X, None)));
+        // Earlier readers that could hold are counted as holding, not waited for.
+        assert_eq!(
+            verdict(&[S], &[S], None, S, None),
+            Verdict::Granted { slot: 1 }
+        );
+        // A request that disagrees with them is refused at once.
+        assert_eq!(
+            verdict(&[], &[X], None, Limit(2), None),
+            Verdict::Disagrees(X)
+        );
         // What lapses soonest of what is in the way wakes the waiter.
         match verdict(&[X], &[X], None, X, None) {
             Verdict::Blocked { lapses_in, holder } => {

@@ -84,10 +84,13 @@ local function answer()
       return {1, r.token, r.slot}
     end
   end
-  -- Run from inside a job holding this name: any wait would be for ourselves.
+  -- Run from inside a job holding this name: any wait would be for
+  -- ourselves. A place kept by --min-hold runs no job to be inside of.
   if ARGV[9] ~= '' then
     for _, r in ipairs(hs) do
-      if r.label == ARGV[9] or string.sub(r.label, 1, #ARGV[9] + 2) == ARGV[9] .. ' (' then
+      local label_is_outer = r.label == ARGV[9] or
+        string.sub(r.label, 1, #ARGV[9] + 2) == ARGV[9] .. ' ('
+      if label_is_outer and kind_code(r.field) ~= 2 then
         dequeue(ARGV[7])
         return {4}
       end

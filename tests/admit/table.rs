@@ -1,0 +1,168 @@
+//! The admission rule as a table: holders, waiters in arrival order and a
+//! request, and what the rule answers. Read by the rule's own unit test and
+//! by the test that runs each row against the Redis acquire script, so the
+//! two copies of the rule are held to one table.
+
+#![allow(dead_code)]
+
+/// A mode as users ask for it: exclusive, shared (`-s`), `--limit N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum M {
+    X,
+    S,
+    N(u32),
+}
+
+/// A holder, or a waiter in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct P {
+    pub mode: M,
+    /// The slot it holds under `--limit` (None: it has none yet).
+    pub slot: Option<u32>,
+    /// Kept by `--min-hold` after its job ended: no job runs under it.
+    pub window: bool,
+    /// The lockrun whose job makes the request.
+    pub outer: bool,
+    /// The request itself, already holding (a grant whose answer was lost).
+    pub ours: bool,
+}
+
+pub fn p(mode: M) -> P {
+    P {
+        mode,
+        slot: None,
+        window: false,
+        outer: false,
+        ours: false,
+    }
+}
+
+impl P {
+    pub fn slot(self, slot: u32) -> P {
+        P {
+            slot: Some(slot),
+            ..self
+        }
+    }
+    pub fn window(self) -> P {
+        P {
+            window: true,
+            ..self
+        }
+    }
+    pub fn outer(self) -> P {
+        P {
+            outer: true,
+            ..self
+        }
+    }
+    pub fn ours(self) -> P {
+        P { ours: true, ..self }
+    }
+}
+
+/// Who is in the way, by index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    Holder(usize),
+    /// An earlier waiter that may not hold yet.
+    Waiter(usize),
+    /// An earlier waiter that disagrees with those in force: it will be
+    /// refused, and until then the line stops at it.
+    Refused(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// May hold now, in this slot (None: no slot without `--limit`).
+    Hold(Option<u32>),
+    /// Holds already: this holder is the request's own grant.
+    Ours(usize),
+    Wait(By),
+    /// Those in force hold it in this other mode.
+    Disagrees(M),
+    /// The outer lockrun holds it: waiting would be for ourselves.
+    Nested,
+}
+
+pub struct Row {
+    pub what: &'static str,
+    pub holders: Vec<P>,
+    pub waiters: Vec<P>,
+    pub mode: M,
+    /// The request's place among the waiters (None: it arrives now, behind them all).
+    pub place: Option<usize>,
+    pub want: Want,
+}
+
+fn row(
+    what: &'static str,
+    holders: &[P],
+    waiters: &[P],
+    mode: M,
+    place: Option<usize>,
+    want: Want,
+) -> Row {
+    Row {
+        what,
+        holders: holders.to_vec(),
+        waiters: waiters.to_vec(),
+        mode,
+        place,
+        want,
+    }
+}
+
+// One row a line: a table reads across.
+#[rustfmt::skip]
+pub fn rows() -> Vec<Row> {
+    use By::*;
+    use M::*;
+    use Want::*;
+    let (x, s, n2, n3) = (p(X), p(S), p(N(2)), p(N(3)));
+    vec![
+        // Exclusive.
+        row("free name", &[], &[], X, None, Hold(None)),
+        row("a writer holds alone", &[x], &[], X, None, Wait(Holder(0))),
+        row("a writer waits for readers", &[s, s], &[], X, None, Wait(Holder(0))),
+        row("the queue's head takes a free name", &[], &[x, x], X, Some(0), Hold(None)),
+        row("the second waits for the first", &[], &[x, x], X, Some(1), Wait(Waiter(0))),
+        row("a newcomer queues behind the line", &[], &[x], X, None, Wait(Waiter(0))),
+        // Shared.
+        row("readers hold together", &[s, s], &[], S, None, Hold(None)),
+        row("a reader waits for a writer", &[x], &[], S, None, Wait(Holder(0))),
+        row("a waiting writer blocks later readers", &[s], &[x], S, None, Wait(Waiter(0))),
+        row("readers behind a waiting writer wait for it", &[s], &[x, s, s], S, Some(2), Wait(Waiter(0))),
+        row("readers ahead that fit do not block", &[s], &[s, s], S, None, Hold(None)),
+        row("a queued reader behind readers that fit", &[], &[s, s], S, Some(1), Hold(None)),
+        row("a writer behind queued readers waits for them", &[], &[s], X, None, Wait(Waiter(0))),
+        // --limit N.
+        row("a limit takes the lowest free slot", &[n3.slot(0), n3.slot(2)], &[], N(3), None, Hold(Some(1))),
+        row("a full limit waits", &[n2.slot(0), n2.slot(1)], &[], N(2), None, Wait(Holder(0))),
+        row("waiters ahead take slots first", &[n3.slot(0)], &[n3], N(3), None, Hold(Some(2))),
+        row("waiters ahead fill the limit", &[n2.slot(1)], &[n2, n2], N(2), Some(1), Wait(Holder(0))),
+        row("a queued limit request takes a freed slot", &[n2.slot(1)], &[n2], N(2), Some(0), Hold(Some(0))),
+        // Min-hold windows hold like any holder.
+        row("a window keeps a writer out", &[x.window()], &[], X, None, Wait(Holder(0))),
+        row("a shared window admits readers", &[s.window()], &[], S, None, Hold(None)),
+        row("a window holds its slot", &[n2.slot(0).window(), n2.slot(1)], &[], N(2), None, Wait(Holder(0))),
+        row("a window beside a free slot", &[n2.slot(0).window()], &[], N(2), None, Hold(Some(1))),
+        // Users of a name agree on its mode and limit.
+        row("exclusive against a limit", &[n2.slot(0)], &[], X, None, Disagrees(N(2))),
+        row("shared against a limit", &[n2.slot(0)], &[], S, None, Disagrees(N(2))),
+        row("another limit", &[n2.slot(0)], &[], N(3), None, Disagrees(N(2))),
+        row("a limit against a writer", &[x], &[], N(2), None, Disagrees(X)),
+        row("a limit against a window", &[s.window()], &[], N(2), None, Disagrees(S)),
+        row("a limit against the waiter that will hold", &[], &[x], N(2), None, Disagrees(X)),
+        row("a queued request that came to disagree", &[x], &[n2], N(2), Some(0), Disagrees(X)),
+        row("the line stops at a waiter that disagrees", &[s], &[n2], S, None, Wait(Refused(0))),
+        row("a full line does not reach a disagreeing waiter", &[x], &[s, n2], S, None, Wait(Waiter(0))),
+        // Nesting and our own grant.
+        row("the outer lockrun holds it", &[x.outer()], &[], X, None, Nested),
+        row("nested even where it could share", &[s.outer()], &[], S, None, Nested),
+        row("nested before disagreeing", &[n2.slot(0).outer()], &[], X, None, Nested),
+        row("a window runs no job to be inside of", &[x.window().outer()], &[], X, None, Wait(Holder(0))),
+        row("our grant whose answer was lost", &[x.ours()], &[x], X, None, Ours(0)),
+        row("our limit grant keeps its slot", &[n2.slot(0), n2.slot(1).ours()], &[], N(2), None, Ours(1)),
+    ]
+}
