@@ -169,10 +169,9 @@ pub trait Address: std::fmt::Debug + Send + Sync {
     fn check_name(&self, _name: &str) -> Result<(), Error> {
         Ok(())
     }
-    /// The engine's own rules for `--prefix`.
-    fn check_prefix(&self, _prefix: &str) -> Result<(), Error> {
-        Ok(())
-    }
+    /// The engine's own rules for `--prefix` (each keeps prefixes apart its
+    /// own way).
+    fn check_prefix(&self, prefix: &str) -> Result<(), Error>;
     /// Open the engine (contacting it, for a server).
     fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error>;
     /// `lockrun doctor`: read-only checks of the engine and its settings,
