@@ -457,9 +457,12 @@ impl Renewer for EtcdRenewer {
         if !ours {
             return Ok(Renewal::Lost);
         }
-        match keepalive(&mut self.client, self.lease)? {
-            Some(ttl) => Ok(Renewal::Renewed { ttl }),
-            None => Ok(Renewal::Lost),
+        match keepalive(&mut self.client, self.lease) {
+            Ok(Some(ttl)) => Ok(Renewal::Renewed { ttl }),
+            Ok(None) => Ok(Renewal::Lost),
+            // Revoked since the key was read: lost, not refused.
+            Err(Error::Refused(m)) if m.contains("lease not found") => Ok(Renewal::Lost),
+            Err(e) => Err(e),
         }
     }
 }
