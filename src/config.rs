@@ -161,8 +161,8 @@ pub fn check_name(name: &str, address: &dyn Address) -> Result<(), Failure> {
 /// engine (a file, an entry every script walks).
 pub const MAX_LIMIT: u32 = 1000;
 
-/// The mode asked for, checked against what the engine can do.
-fn mode(run: &RunArgs, address: &dyn Address) -> Result<Mode, Failure> {
+/// The mode asked for (every engine offers every mode).
+fn mode(run: &RunArgs) -> Result<Mode, Failure> {
     let limit = run
         .limit
         .as_deref()
@@ -183,18 +183,6 @@ fn mode(run: &RunArgs, address: &dyn Address) -> Result<Mode, Failure> {
         (false, Some(n)) => Mode::Limit(n),
         (false, None) => Mode::Exclusive,
     };
-    let caps = address.engine().caps;
-    let missing = match mode {
-        Mode::Shared if !caps.shared => Some("shared locks (-s)"),
-        Mode::Limit(_) if !caps.limit => Some("--limit"),
-        _ => None,
-    };
-    if let Some(what) = missing {
-        return Err(usage(format!(
-            "the {} engine does not offer {what}",
-            address.engine().name
-        )));
-    }
     Ok(mode)
 }
 
@@ -268,7 +256,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         Some(l) => Some(l.to_string()),
     };
 
-    let mode = mode(run, &*common.address)?;
+    let mode = mode(run)?;
     let min_hold = run.min_hold.as_deref().map(parse_min_hold).transpose()?;
 
     let metrics_file = run

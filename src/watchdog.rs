@@ -1,37 +1,20 @@
-//! The watchdog: a thread that renews a lease on its own connection and
-//! tells the supervisor when it is renewed, retried or lost.
+//! The watchdog: a thread that renews a lease as its engine says (on a
+//! connection of its own, or on the one the lease lives on) and tells the
+//! supervisor when it is renewed, retried or lost.
 
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, poll};
 
+use crate::backend::{Error, Fresh, Renewal, Renewer, Renewing};
 use crate::clock::{Boot, BootTimer, backoff};
 use crate::schedule::Timing;
-
-/// What a renewal found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Renewal {
-    /// Renewed for `ttl` from when the request was sent: what the server
-    /// granted, which may differ from what was asked (the deadline counts
-    /// from it).
-    Renewed { ttl: Duration },
-    /// The lease is not ours any more (final).
-    Lost,
-}
-
-/// One backend lease as the watchdog sees it: renew, or learn it is gone.
-pub trait Renewer: Send {
-    fn renew(&mut self) -> anyhow::Result<Renewal>;
-    /// A renewer for the same lease with no connection yet, used when an
-    /// attempt had to be abandoned (it may still be stuck somewhere).
-    fn fresh(&self) -> Box<dyn Renewer>;
-}
 
 /// The lease deadline, shared between the watchdog (writer) and the supervisor.
 #[derive(Debug)]
@@ -101,7 +84,7 @@ impl Watchdog {
     /// Start renewing now (the first renewal is due). `deadline` is None for a
     /// lease that cannot expire (it is only checked, never extended).
     pub fn spawn(
-        renewer: Box<dyn Renewer>,
+        renewing: Renewing,
         timing: Timing,
         deadline: Option<Arc<Deadline>>,
         events: Sender<Event>,
@@ -119,7 +102,7 @@ impl Watchdog {
                     let _ = wake.write(&[1]);
                 };
                 renew_loop(
-                    renewer,
+                    renewing,
                     &timing,
                     deadline.as_deref(),
                     &timer,
@@ -143,48 +126,105 @@ impl Drop for Watchdog {
 
 /// How one renewal attempt ended.
 enum Attempt {
-    Done(anyhow::Result<Renewal>),
+    Done(Result<Renewal, Error>),
     /// It did not finish within its bound; it was left to finish on its own.
     Abandoned,
 }
 
-/// One whole renewal attempt (name resolution, connect, handshake, script
-/// reload, call) on a thread of its own, waited for at most `limit`.
-fn attempt(
-    slot: &mut Option<Box<dyn Renewer>>,
-    template: &dyn Renewer,
-    limit: Duration,
-) -> Attempt {
-    let mut renewer = slot.take().unwrap_or_else(|| template.fresh());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("lockrun-renew".into())
-        .spawn(move || {
-            let r = renewer.renew();
-            let _ = tx.send((r, renewer));
-        });
-    if let Err(e) = spawned {
-        return Attempt::Done(Err(anyhow::anyhow!("cannot start a thread: {e}")));
-    }
-    match rx.recv_timeout(limit) {
-        Ok((r, renewer)) => {
-            *slot = Some(renewer);
-            Attempt::Done(r)
+/// What a renewal thread hands back: its answer and the renewer, with
+/// whatever connection it has, for the next attempt.
+type Answer = (Result<Renewal, Error>, Box<dyn Renewer>);
+
+/// The renewers of one lease, between attempts.
+struct Renewers {
+    /// The renewer the next attempt uses, when the last one came back.
+    idle: Option<Box<dyn Renewer>>,
+    /// An attempt that overran its bound and is still out there.
+    out: Option<Receiver<Answer>>,
+    /// Where a new renewer comes from, for a lease any connection can
+    /// renew; None when only the lease's own connection can.
+    fresh: Option<Fresh>,
+}
+
+impl Renewers {
+    fn new(renewing: Renewing) -> Renewers {
+        let (idle, fresh) = match renewing {
+            Renewing::Anywhere(fresh) => (Some(fresh()), Some(fresh)),
+            Renewing::OnItsConnection(r) => (Some(r), None),
+        };
+        Renewers {
+            idle,
+            out: None,
+            fresh,
         }
-        Err(_) => Attempt::Abandoned,
+    }
+
+    /// One whole renewal attempt (name resolution, connect, handshake,
+    /// script reload, call) on a thread of its own, waited for at most
+    /// `limit`. A lease any connection can renew starts over on a fresh
+    /// renewer after an abandoned attempt; one that lives on its connection
+    /// waits on for the attempt still out, the only one that can renew it.
+    fn attempt(&mut self, limit: Duration) -> Attempt {
+        let rx = match (self.idle.take(), self.out.take(), &self.fresh) {
+            (Some(renewer), _, _) => self.start(renewer),
+            (None, Some(rx), None) => Ok(rx),
+            (None, _, Some(fresh)) => self.start(fresh()),
+            (None, None, None) => Err(Error::Internal(
+                "the renewal on the lease's own connection ended without an answer".into(),
+            )),
+        };
+        let rx = match rx {
+            Ok(rx) => rx,
+            Err(e) => return Attempt::Done(Err(e)),
+        };
+        match rx.recv_timeout(limit) {
+            Ok((r, renewer)) => {
+                self.idle = Some(renewer);
+                Attempt::Done(r)
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                self.out = Some(rx);
+                Attempt::Abandoned
+            }
+            Err(RecvTimeoutError::Disconnected) => Attempt::Done(Err(Error::Internal(
+                "the renewal ended without an answer".into(),
+            ))),
+        }
+    }
+
+    fn start(&self, mut renewer: Box<dyn Renewer>) -> Result<Receiver<Answer>, Error> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("lockrun-renew".into())
+            .spawn(move || {
+                let r = renewer.renew();
+                let _ = tx.send((r, renewer));
+            })
+            .map_err(|e| Error::Internal(format!("cannot start a thread: {e}")))?;
+        Ok(rx)
+    }
+}
+
+/// Why a renewal error ends the lease, when it does: anything but a
+/// transient error is the engine's final answer, and retrying it until the
+/// deadline would only keep the job running on a lease nobody renews.
+fn final_error(e: &Error) -> Option<String> {
+    match e {
+        Error::Transient(_) => None,
+        Error::Refused(m) => Some(format!("the server refused the renewal: {m}")),
+        Error::Request(m) | Error::Internal(m) => Some(format!("the renewal failed: {m}")),
     }
 }
 
 fn renew_loop(
-    renewer: Box<dyn Renewer>,
+    renewing: Renewing,
     timing: &Timing,
     deadline: Option<&Deadline>,
     timer: &BootTimer,
     stop: BorrowedFd<'_>,
     send: &mut dyn FnMut(Event),
 ) {
-    let template = renewer.fresh();
-    let mut slot = Some(renewer);
+    let mut renewers = Renewers::new(renewing);
     let mut failures: u32 = 0;
     loop {
         let current = deadline.map(Deadline::get);
@@ -202,7 +242,7 @@ fn renew_loop(
             None => timing.op,
         };
         let sent_at = Boot::now();
-        let error = match attempt(&mut slot, &*template, limit) {
+        let error = match renewers.attempt(limit) {
             Attempt::Done(Ok(Renewal::Renewed { ttl })) => {
                 failures = 0;
                 // A late success cannot undo "lost": the supervisor also checks
@@ -224,7 +264,13 @@ fn renew_loop(
                 });
                 return;
             }
-            Attempt::Done(Err(e)) => format!("{e:#}"),
+            Attempt::Done(Err(e)) => match final_error(&e) {
+                Some(reason) => {
+                    send(Event::Lost { reason });
+                    return;
+                }
+                None => e.to_string(),
+            },
             Attempt::Abandoned => format!(
                 "no answer within {}",
                 humantime::format_duration(Duration::from_millis(limit.as_millis() as u64))
@@ -251,12 +297,103 @@ mod tests {
     struct Grants(Duration);
 
     impl Renewer for Grants {
-        fn renew(&mut self) -> anyhow::Result<Renewal> {
+        fn renew(&mut self) -> Result<Renewal, Error> {
             Ok(Renewal::Renewed { ttl: self.0 })
         }
-        fn fresh(&self) -> Box<dyn Renewer> {
-            Box::new(Grants(self.0))
+    }
+
+    /// Answers each renewal with the next of `answers`, after `delay`.
+    struct Says {
+        answers: Vec<Result<Renewal, Error>>,
+        delay: Duration,
+        calls: Arc<AtomicU64>,
+    }
+
+    impl Renewer for Says {
+        fn renew(&mut self) -> Result<Renewal, Error> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(self.delay);
+            // The last answer stands for every later renewal.
+            if self.answers.len() > 1 {
+                self.answers.remove(0)
+            } else {
+                self.answers[0].clone()
+            }
         }
+    }
+
+    fn watch(renewing: Renewing, timing: Timing) -> (Watchdog, std::sync::mpsc::Receiver<Event>) {
+        let deadline = Arc::new(Deadline::new(Boot::now().add(timing.ttl)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (_wake_rx, wake_tx) = UnixStream::pair().unwrap();
+        wake_tx.set_nonblocking(true).unwrap();
+        let w = Watchdog::spawn(renewing, timing, Some(deadline), tx, wake_tx).unwrap();
+        (w, rx)
+    }
+
+    #[test]
+    fn a_refused_renewal_ends_the_lease_at_once_and_says_why() {
+        let timing = Timing::new(Duration::from_secs(30), None).unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let mine = Arc::clone(&calls);
+        let (_w, rx) = watch(
+            Renewing::Anywhere(Box::new(move || {
+                Box::new(Says {
+                    answers: vec![Err(Error::Refused("NOPERM no evalsha".into()))],
+                    delay: Duration::ZERO,
+                    calls: Arc::clone(&mine),
+                })
+            })),
+            timing,
+        );
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let Event::Lost { reason } = ev else {
+            panic!("{ev:?}")
+        };
+        assert!(reason.contains("refused the renewal: NOPERM"), "{reason}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "retried a refusal");
+    }
+
+    #[test]
+    fn a_transient_error_is_retried() {
+        let timing = Timing::new(Duration::from_secs(30), None).unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let (_w, rx) = watch(
+            Renewing::OnItsConnection(Box::new(Says {
+                answers: vec![
+                    Err(Error::Transient("connection reset".into())),
+                    Ok(Renewal::Renewed { ttl: timing.ttl }),
+                ],
+                delay: Duration::ZERO,
+                calls: Arc::clone(&calls),
+            })),
+            timing,
+        );
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Retrying { .. }), "{ev:?}");
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
+    }
+
+    #[test]
+    fn a_lease_on_its_own_connection_waits_on_for_a_slow_renewal() {
+        // op is 500 ms here; the one renewer answers after 800 ms. Another
+        // renewer could not renew a session: the same attempt is waited for.
+        let timing = Timing::new(Duration::from_secs(3), None).unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let (_w, rx) = watch(
+            Renewing::OnItsConnection(Box::new(Says {
+                answers: vec![Ok(Renewal::Renewed { ttl: timing.ttl })],
+                delay: timing.op + Duration::from_millis(300),
+                calls: Arc::clone(&calls),
+            })),
+            timing,
+        );
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Retrying { .. }), "{ev:?}");
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -269,7 +406,7 @@ mod tests {
         wake_tx.set_nonblocking(true).unwrap();
         // The server grants 2 s where 3 s were asked: the deadline moves in.
         let _w = Watchdog::spawn(
-            Box::new(Grants(Duration::from_secs(2))),
+            Renewing::Anywhere(Box::new(|| Box::new(Grants(Duration::from_secs(2))))),
             timing,
             Some(Arc::clone(&deadline)),
             tx,

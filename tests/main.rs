@@ -21,6 +21,7 @@ mod outlive;
 mod postgres;
 mod props;
 mod redis_core;
+mod refused;
 mod sentinel;
 mod supervise;
 mod switching;

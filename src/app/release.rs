@@ -18,17 +18,7 @@ pub fn release(
 ) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
     config::check_name(name, &*common.address)?;
-    if !common.address.engine().caps.force_release {
-        return Err(fail(
-            Class::Usage,
-            format!(
-                "release --force is not available on the {} engine: its locks end only \
-                 with their holder; stop the holder's process instead",
-                common.address.engine().name
-            ),
-        ));
-    }
-    if !force && !common.address.engine().caps.expires {
+    if !force && !common.address.engine().expires {
         // A flock lasts as long as its holder: --force only ends a window.
         return Err(fail(
             Class::Usage,

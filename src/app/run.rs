@@ -45,7 +45,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
         quiet: cfg.common.verbosity == 0,
         min_hold: cfg.min_hold,
     };
-    let expires = cfg.common.address.engine().caps.expires;
+    let expires = cfg.common.address.engine().expires;
 
     let mut engine = cfg
         .common

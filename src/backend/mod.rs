@@ -6,12 +6,14 @@
 pub mod admit;
 mod error;
 pub mod etcd;
+mod lease;
 pub mod local;
 pub mod postgres;
 pub mod redis;
 pub mod wait;
 
 pub use error::Error;
+pub use lease::{Fresh, Held, Lease, Pending, Renewal, Renewer, Renewing};
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
@@ -20,7 +22,6 @@ use std::time::Duration;
 
 use crate::clock::Boot;
 use crate::schedule::Timing;
-use crate::watchdog::Renewer;
 
 /// How a name is held (README "Modes"). Exclusive and shared are the two
 /// sides of one readers–writer lock; `Limit(n)` is a counting semaphore.
@@ -102,18 +103,6 @@ impl Mode {
     }
 }
 
-/// What an engine can do, known before anything is contacted.
-#[derive(Debug, Clone, Copy)]
-pub struct Caps {
-    /// A lease ends on its own when not renewed (a flock does not: it lasts
-    /// as long as its holder, with no deadline and no loss by time).
-    pub expires: bool,
-    /// `release --force` can break a holder.
-    pub force_release: bool,
-    pub shared: bool,
-    pub limit: bool,
-}
-
 /// How long a request waits for a name that is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
@@ -181,26 +170,15 @@ pub trait Address: std::fmt::Debug + Send + Sync {
     fn check_name(&self, _name: &str) -> Result<(), Error> {
         Ok(())
     }
-    /// The engine's own rules for `--prefix`.
-    fn check_prefix(&self, _prefix: &str) -> Result<(), Error> {
-        Ok(())
-    }
+    /// The engine's own rules for `--prefix` (each keeps prefixes apart its
+    /// own way).
+    fn check_prefix(&self, prefix: &str) -> Result<(), Error>;
     /// Open the engine (contacting it, for a server).
     fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error>;
     /// `lockrun doctor`: read-only checks of the engine and its settings,
     /// one line each (README "Operate"). They write nothing that outlives
-    /// them. An engine without checks of its own says so in one line.
-    fn doctor(&self, how: &Opening) -> Vec<Check> {
-        let _ = how;
-        vec![Check::warn(
-            "checks",
-            format!(
-                "lockrun doctor has no checks for the {} engine yet; `lockrun status NAME` \
-                 shows whether it answers",
-                self.engine().name
-            ),
-        )]
-    }
+    /// them.
+    fn doctor(&self, how: &Opening) -> Vec<Check>;
 }
 
 /// How a `lockrun doctor` check came out.
@@ -292,7 +270,8 @@ pub struct Opening {
 pub type Parse = fn(&str, &AddressOptions) -> Result<Arc<dyn Address>, Error>;
 
 /// One row of the scheme table: which URL schemes name an engine, how its
-/// addresses are written and parsed, and what it can do.
+/// addresses are written and parsed, and what sets it apart (what every
+/// engine does alike is the seam's contract, not a flag).
 pub struct EngineInfo {
     /// As messages name it.
     pub name: &'static str,
@@ -300,7 +279,9 @@ pub struct EngineInfo {
     /// How an address is written, for messages.
     pub form: &'static str,
     pub parse: Parse,
-    pub caps: Caps,
+    /// A lease ends on its own when not renewed (a flock does not: it lasts
+    /// as long as its holder, with no deadline and no loss by time).
+    pub expires: bool,
     /// The engine grants leases in steps of this (a ttl asked for is rounded
     /// up to it) and no shorter than `ttl_min`: refused before anything is
     /// contacted.
@@ -438,210 +419,6 @@ pub fn inherited_lock_fd() -> Option<RawFd> {
         .filter(|n| *n >= 0)
 }
 
-/// A granted lease. It owns what keeps it (a connection, a locked
-/// descriptor), hands the job what it needs, and is given back by `release`.
-pub struct Lease {
-    pub token: u64,
-    /// With `--limit`: which of the N places this grant holds.
-    pub slot: Option<u32>,
-    /// When the request that started the lease was sent (or earlier): the
-    /// lease deadline counts from here.
-    pub sent_at: Boot,
-    /// The lease's length as the engine granted it (not always the ttl
-    /// asked for); the deadline counts from it.
-    pub ttl: Duration,
-    held: Box<dyn Held>,
-}
-
-/// An engine's side of a granted lease.
-pub trait Held: Send {
-    /// A renewer on a connection of its own (None: nothing to renew).
-    fn renewer(&self) -> Option<Box<dyn Renewer>>;
-    /// A descriptor the job must inherit to keep the lease (a flock).
-    fn inherit_fd(&self) -> Option<RawFd> {
-        None
-    }
-    /// Give the lease up. Ok(false): it was no longer ours.
-    fn release(self: Box<Self>) -> Result<bool, Error>;
-    /// Give the lease up unused, before any job ran under it: with no
-    /// `--min-hold` window left behind.
-    fn give_back(self: Box<Self>) -> Result<bool, Error> {
-        self.release()
-    }
-    /// The release talks to no server (a close and a stat of a local file):
-    /// it needs no thread to bound it.
-    fn releases_locally(&self) -> bool {
-        false
-    }
-}
-
-impl Lease {
-    pub fn new(
-        token: u64,
-        slot: Option<u32>,
-        sent_at: Boot,
-        ttl: Duration,
-        held: Box<dyn Held>,
-    ) -> Lease {
-        Lease {
-            token,
-            slot,
-            sent_at,
-            ttl,
-            held,
-        }
-    }
-
-    pub fn renewer(&self) -> Option<Box<dyn Renewer>> {
-        self.held.renewer()
-    }
-
-    /// What the job gets (README "What the job sees"): variables set over its
-    /// inherited environment, variables removed from it, and the descriptor
-    /// it inherits. An outer lockrun's LOCKRUN_SLOT and LOCKRUN_LOCK_FD never
-    /// pass through to a job that has none of its own.
-    pub fn job_env(&self, req: &Request, remove_url: bool) -> JobEnv {
-        let mut set = vec![
-            ("LOCKRUN_NAME".to_string(), req.name.to_string()),
-            ("LOCKRUN_TOKEN".to_string(), self.token.to_string()),
-            ("LOCKRUN_OWNER".to_string(), req.owner.label.clone()),
-            (
-                "LOCKRUN_TTL_MS".to_string(),
-                self.ttl.as_millis().to_string(),
-            ),
-        ];
-        if let Some(slot) = self.slot {
-            set.push(("LOCKRUN_SLOT".to_string(), slot.to_string()));
-        }
-        let inherit_fd = self.held.inherit_fd();
-        if let Some(fd) = inherit_fd {
-            set.push(("LOCKRUN_LOCK_FD".to_string(), fd.to_string()));
-        }
-        let mut remove = vec!["LOCKRUN_SLOT".to_string(), "LOCKRUN_LOCK_FD".to_string()];
-        if remove_url {
-            remove.push("LOCKRUN_URL".to_string());
-        }
-        remove.retain(|r| !set.iter().any(|(k, _)| k == r));
-        JobEnv {
-            set,
-            remove,
-            inherit_fd,
-        }
-    }
-
-    pub fn release(self) -> Result<bool, Error> {
-        self.held.release()
-    }
-
-    /// Give the lease up before any job ran under it (no `--min-hold`
-    /// window: nothing ran that it would keep from running again).
-    pub fn give_back(self) -> Result<bool, Error> {
-        self.held.give_back()
-    }
-
-    /// Give the lease up within `limit` whatever its server does: on a
-    /// thread that is left behind if it takes longer, unless the release is
-    /// local and so has nothing to wait for.
-    pub fn release_within(self, doing: &str, limit: Duration) -> Result<bool, Error> {
-        if self.held.releases_locally() {
-            return self.release();
-        }
-        bounded(doing, limit, move || self.release())
-    }
-
-    /// A thread that waits, holding the lease, to release it when told:
-    /// started while the job runs, so that the end of the job pays for the
-    /// request alone and not for a thread's start. None for a local release
-    /// (no thread needed) or when no thread can be had; the lease comes back.
-    pub fn release_later(self) -> Result<Releaser, Lease> {
-        if self.held.releases_locally() {
-            return Err(self);
-        }
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        // The lease comes back through this if the thread never starts.
-        let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(self)));
-        let theirs = slot.clone();
-        let started = std::thread::Builder::new()
-            .name("lockrun-release".into())
-            .spawn(move || {
-                // Told to release, or dropped: the lease goes either way.
-                let _ = go_rx.recv();
-                let lease = theirs.lock().unwrap_or_else(|e| e.into_inner()).take();
-                if let Some(lease) = lease {
-                    let _ = done_tx.send(lease.release());
-                }
-            });
-        match started {
-            Ok(_) => Ok(Releaser {
-                go: go_tx,
-                done: done_rx,
-            }),
-            Err(_) => Err(slot
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-                .expect("the thread never started")),
-        }
-    }
-}
-
-/// A granted lease until its release: on this thread, or (once the job
-/// runs) with a thread of its own that waits to release it.
-pub enum Pending {
-    Here(Lease),
-    Thread(Releaser),
-    Moving,
-}
-
-impl Pending {
-    /// Hand the lease to a thread of its own, if it needs one.
-    pub fn start_thread(&mut self) {
-        if let Pending::Here(lease) = std::mem::replace(self, Pending::Moving) {
-            *self = match lease.release_later() {
-                Ok(r) => Pending::Thread(r),
-                Err(lease) => Pending::Here(lease),
-            };
-        }
-    }
-
-    /// Give the lease up within `limit` whatever its server does.
-    pub fn release(self, doing: &str, limit: Duration) -> Result<bool, Error> {
-        match self {
-            Pending::Here(lease) => lease.release_within(doing, limit),
-            Pending::Thread(r) => r.release(doing, limit),
-            Pending::Moving => Err(Error::Internal(format!("{doing}: the lease was lost"))),
-        }
-    }
-}
-
-/// A lease in the hands of a thread of its own, waiting to be released.
-pub struct Releaser {
-    go: std::sync::mpsc::Sender<()>,
-    done: std::sync::mpsc::Receiver<Result<bool, Error>>,
-}
-
-impl Releaser {
-    /// Release now, within `limit` whatever the server does (the thread is
-    /// left behind if it takes longer).
-    pub fn release(self, doing: &str, limit: Duration) -> Result<bool, Error> {
-        let _ = self.go.send(());
-        self.done.recv_timeout(limit).unwrap_or_else(|_| {
-            Err(Error::Transient(format!(
-                "{doing}: no answer within {}",
-                humantime::format_duration(limit)
-            )))
-        })
-    }
-}
-
-/// The job's side of a lease.
-pub struct JobEnv {
-    pub set: Vec<(String, String)>,
-    pub remove: Vec<String>,
-    pub inherit_fd: Option<RawFd>,
-}
-
 pub enum Acquired {
     Granted(Lease),
     /// Not acquired (-n, or --wait ran out): who holds it, if known.
@@ -723,23 +500,11 @@ pub trait Engine: Send {
     fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error>;
     /// Every holder of `name` and the number of waiters.
     fn status(&mut self, name: &str) -> Result<Status, Error>;
-    /// Break `name`'s holders. Only engines whose caps say so are asked;
-    /// for the others the refusal is said once, before anything is opened.
-    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
-        let _ = (name, force);
-        Err(Error::Internal(
-            "release --force asked of an engine that cannot break a lease".into(),
-        ))
-    }
+    /// Break `name`'s holders (README "Operate" says what that means per engine).
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error>;
     /// Every name under the prefix and its state, sorted, read within
-    /// `bound` and without disturbing any lock. An engine that cannot list
-    /// yet refuses in one line.
-    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
-        let _ = bound;
-        Err(Error::Request(
-            "this engine cannot list its names yet; ask for one name: lockrun status NAME".into(),
-        ))
-    }
+    /// `bound` and without disturbing any lock.
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error>;
 }
 
 /// Run `f` on a thread of its own and wait for it at most `limit`: a server

@@ -16,13 +16,14 @@ use rustix::event::{PollFd, PollFlags, poll};
 use signal_hook::iterator::backend::SignalDelivery;
 use signal_hook::iterator::exfiltrator::WithRawSiginfo;
 
+use crate::backend::Renewing;
 use crate::clock::{Boot, BootTimer};
 use crate::exit::{Class, Failure, ResultExt, fail};
 use crate::log;
 use crate::schedule::Timing;
 use crate::spawn::{Prepared, SpawnError};
 use crate::sys;
-use crate::watchdog::{Deadline, Event as LeaseEvent, Renewer, Watchdog};
+use crate::watchdog::{Deadline, Event as LeaseEvent, Watchdog};
 use guard::{Guard, Report};
 pub use policy::Outcome;
 use policy::{Action, Event, FORWARDED, JOB_CONTROL, Policy, Walk};
@@ -114,7 +115,7 @@ fn first_report(guard: &mut Guard) -> Result<i32, SpawnError> {
 pub fn supervise_job(
     job: Job,
     deadline: Option<Arc<Deadline>>,
-    renewer: Option<Box<dyn Renewer>>,
+    renewer: Renewing,
     started: impl FnOnce(),
 ) -> Result<Outcome, Failure> {
     // Orphans of the job come to the guard; if the guard itself dies, to us.
@@ -163,7 +164,7 @@ pub fn supervise_job(
         policy: Policy::new(job.timing, shares_group),
         timing: job.timing,
         deadline,
-        renewer,
+        renewer: Some(renewer),
         watchdog: None,
         first_renew: job.sent_at.add(job.timing.renew_every),
         main,
@@ -294,7 +295,8 @@ struct Supervisor {
     policy: Policy,
     timing: Timing,
     deadline: Option<Arc<Deadline>>,
-    renewer: Option<Box<dyn Renewer>>,
+    /// How the lease is renewed, until the watchdog takes it.
+    renewer: Option<Renewing>,
     watchdog: Option<Watchdog>,
     first_renew: Boot,
     main: i32,

@@ -21,7 +21,6 @@ mod take;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::anyhow;
 use serde_json::{Value, json};
 
 pub use address::{EtcdUrl, parse};
@@ -29,12 +28,12 @@ use client::{Client, Setup, b64, int, unb64};
 use queue::{Entry, Keys, Record, entries, holders};
 
 use super::{
-    Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing,
-    Opening, Request, Status, Wait,
+    Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening,
+    Request, Status, Wait,
 };
+use super::{Renewal, Renewer, Renewing};
 use crate::clock::Boot;
 use crate::log;
-use crate::watchdog::{Renewal, Renewer};
 
 /// etcd's row of the scheme table.
 pub const ENGINE: EngineInfo = EngineInfo {
@@ -47,12 +46,7 @@ pub const ENGINE: EngineInfo = EngineInfo {
     // (README "etcd").
     ttl_step: Duration::from_secs(1),
     ttl_min: Duration::from_secs(2),
-    caps: Caps {
-        expires: true,
-        force_release: true,
-        shared: true,
-        limit: true,
-    },
+    expires: true,
 };
 
 pub struct Etcd {
@@ -402,12 +396,22 @@ impl EtcdHeld {
 }
 
 impl Held for EtcdHeld {
-    fn renewer(&self) -> Option<Box<dyn Renewer>> {
-        Some(Box::new(EtcdRenewer {
-            client: self.client.fresh(),
-            key: self.key.clone(),
-            lease: self.lease,
-            value: self.value.clone(),
+    fn renewer(&self) -> Renewing {
+        // Any connection can keep the lease alive: each renewer gets
+        // connections of its own (a renewal must not wait behind a stuck one).
+        let (client, key, lease, value) = (
+            self.client.fresh(),
+            self.key.clone(),
+            self.lease,
+            self.value.clone(),
+        );
+        Renewing::Anywhere(Box::new(move || {
+            Box::new(EtcdRenewer {
+                client: client.fresh(),
+                key: key.clone(),
+                lease,
+                value: value.clone(),
+            })
         }))
     }
 
@@ -441,21 +445,11 @@ struct EtcdRenewer {
 }
 
 impl Renewer for EtcdRenewer {
-    fn fresh(&self) -> Box<dyn Renewer> {
-        Box::new(EtcdRenewer {
-            client: self.client.fresh(),
-            key: self.key.clone(),
-            lease: self.lease,
-            value: self.value.clone(),
-        })
-    }
-
-    fn renew(&mut self) -> anyhow::Result<Renewal> {
+    fn renew(&mut self) -> Result<Renewal, Error> {
         // Ownership first: a revoked key must not get one more ttl from us.
         let v = self
             .client
-            .call("/v3/kv/range", &json!({"key": b64(&self.key)}))
-            .map_err(|e| anyhow!("{e}"))?;
+            .call("/v3/kv/range", &json!({"key": b64(&self.key)}))?;
         let kv = &v["kvs"][0];
         let ours = client::unb64(kv.get("value").unwrap_or(&json!(""))).as_deref()
             == Some(self.value.as_str())
@@ -463,9 +457,12 @@ impl Renewer for EtcdRenewer {
         if !ours {
             return Ok(Renewal::Lost);
         }
-        match keepalive(&mut self.client, self.lease).map_err(|e| anyhow!("{e}"))? {
-            Some(ttl) => Ok(Renewal::Renewed { ttl }),
-            None => Ok(Renewal::Lost),
+        match keepalive(&mut self.client, self.lease) {
+            Ok(Some(ttl)) => Ok(Renewal::Renewed { ttl }),
+            Ok(None) => Ok(Renewal::Lost),
+            // Revoked since the key was read: lost, not refused.
+            Err(Error::Refused(m)) if m.contains("lease not found") => Ok(Renewal::Lost),
+            Err(e) => Err(e),
         }
     }
 }

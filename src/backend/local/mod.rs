@@ -23,7 +23,7 @@ use rustix::io::Errno;
 use std::sync::Arc;
 
 use super::{
-    Acquired, Address, AddressOptions, Broken, Caps, Check, Engine, EngineInfo, Error, Force, Held,
+    Acquired, Address, AddressOptions, Broken, Check, Engine, EngineInfo, Error, Force, Held,
     Holder, Lease, ListBound, Listing, Mode, Opening, Request, Status, Wait,
 };
 mod files;
@@ -47,10 +47,10 @@ use record::{
     write_record,
 };
 
+use super::{Renewal, Renewer, Renewing};
 use crate::backend::wait::Patience;
 use crate::clock::Boot;
 use crate::log;
-use crate::watchdog::{Renewal, Renewer};
 
 /// A lock taken: the descriptor the job inherits and its file's identity;
 /// with `--limit`, also the main file's shared lock and the slot number.
@@ -105,14 +105,7 @@ pub const ENGINE: EngineInfo = EngineInfo {
     // Leases are asked for in milliseconds (PX / the boot clock).
     ttl_step: Duration::from_millis(1),
     ttl_min: Duration::ZERO,
-    caps: Caps {
-        expires: false,
-        // Only a --min-hold window, which runs no job: a flock ends with
-        // its holder alone.
-        force_release: true,
-        shared: true,
-        limit: true,
-    },
+    expires: false,
 };
 
 /// A lock directory (README "Local (the default)"); None is the per-user default.
@@ -1237,11 +1230,12 @@ struct LocalHeld {
 }
 
 impl Held for LocalHeld {
-    fn renewer(&self) -> Option<Box<dyn Renewer>> {
-        Some(Box::new(LocalRenewer {
+    fn renewer(&self) -> Renewing {
+        let renewer = LocalRenewer {
             path: self.path.clone(),
             id: self.id,
-        }))
+        };
+        Renewing::Anywhere(Box::new(move || Box::new(renewer.clone())))
     }
 
     fn inherit_fd(&self) -> Option<RawFd> {
@@ -1282,17 +1276,13 @@ struct LocalRenewer {
 }
 
 impl Renewer for LocalRenewer {
-    fn renew(&mut self) -> anyhow::Result<Renewal> {
+    fn renew(&mut self) -> Result<Renewal, Error> {
         // The flock cannot expire; the lease is lost only if the path stops
         // naming our file, since a new file there would admit a second holder.
         Ok(match stat(&self.path) {
             Ok(st) if identity(&st) == self.id => Renewal::Renewed { ttl: Duration::MAX },
             _ => Renewal::Lost,
         })
-    }
-
-    fn fresh(&self) -> Box<dyn Renewer> {
-        Box::new(self.clone())
     }
 }
 

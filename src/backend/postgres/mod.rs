@@ -22,7 +22,6 @@ mod tls;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::anyhow;
 use tokio_postgres::types::{ToSql, Type};
 
 pub use address::{PgUrl, parse};
@@ -32,12 +31,12 @@ use sql::Tables;
 use take::missing;
 
 use super::{
-    Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening,
-    Request, Status, Wait,
+    Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening, Request,
+    Status, Wait,
 };
+use super::{Renewal, Renewer, Renewing};
 use crate::clock::Boot;
 use crate::log;
-use crate::watchdog::{Renewal, Renewer};
 
 /// PostgreSQL's row of the scheme table.
 pub const ENGINE: EngineInfo = EngineInfo {
@@ -47,12 +46,7 @@ pub const ENGINE: EngineInfo = EngineInfo {
     parse,
     ttl_step: Duration::from_millis(1),
     ttl_min: Duration::ZERO,
-    caps: Caps {
-        expires: true,
-        force_release: true,
-        shared: true,
-        limit: true,
-    },
+    expires: true,
 };
 
 pub struct Postgres {
@@ -293,10 +287,14 @@ impl PgHeld {
 }
 
 impl Held for PgHeld {
-    fn renewer(&self) -> Option<Box<dyn Renewer>> {
-        Some(Box::new(PgRenewer {
-            client: self.client.fresh(),
-            row: self.row.clone(),
+    fn renewer(&self) -> Renewing {
+        // Any connection can extend the row: each renewer opens its own.
+        let (client, row) = (self.client.fresh(), self.row.clone());
+        Renewing::Anywhere(Box::new(move || {
+            Box::new(PgRenewer {
+                client: client.fresh(),
+                row: row.clone(),
+            })
         }))
     }
 
@@ -347,14 +345,7 @@ struct PgRenewer {
 }
 
 impl Renewer for PgRenewer {
-    fn fresh(&self) -> Box<dyn Renewer> {
-        Box::new(PgRenewer {
-            client: self.client.fresh(),
-            row: self.row.clone(),
-        })
-    }
-
-    fn renew(&mut self) -> anyhow::Result<Renewal> {
+    fn renew(&mut self) -> Result<Renewal, Error> {
         let r = &self.row;
         // One statement: extended only while the row is still ours and
         // unexpired on the server's clock; no row back means lost.
@@ -370,7 +361,7 @@ impl Renewer for PgRenewer {
             Ok(rows) => rows,
             // The table (or schema) is gone, and our row with it.
             Err(_) if missing(self.client.last_code.as_deref()) => return Ok(Renewal::Lost),
-            Err(e) => return Err(anyhow!("{e}")),
+            Err(e) => return Err(e),
         };
         if rows.is_empty() {
             return Ok(Renewal::Lost);

@@ -20,7 +20,6 @@ mod scripts;
 
 use std::time::Duration;
 
-use anyhow::anyhow;
 use redis::Value;
 
 use address::Node;
@@ -30,13 +29,13 @@ use link::{Link, describe, is_auth_error};
 use scripts::{FORCE_SCRIPT, INSPECT_SCRIPT, Keys, RENEW_SCRIPT};
 
 use super::{
-    Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, ListBound, Listing, Opening,
-    Request, Status, Wait,
+    Acquired, Broken, Engine, EngineInfo, Error, Force, Held, ListBound, Listing, Opening, Request,
+    Status, Wait,
 };
+use super::{Renewal, Renewer, Renewing};
 use crate::clock::Boot;
 use crate::log;
 use crate::schedule::Timing;
-use crate::watchdog::{Renewal, Renewer};
 
 /// Redis's row of the scheme table.
 pub const ENGINE: EngineInfo = EngineInfo {
@@ -54,12 +53,7 @@ pub const ENGINE: EngineInfo = EngineInfo {
     // Leases are asked for in milliseconds (PX / the boot clock).
     ttl_step: Duration::from_millis(1),
     ttl_min: Duration::ZERO,
-    caps: Caps {
-        expires: true,
-        force_release: true,
-        shared: true,
-        limit: true,
-    },
+    expires: true,
 };
 
 pub struct Redis {
@@ -422,15 +416,25 @@ struct RedisHeld {
 }
 
 impl Held for RedisHeld {
-    fn renewer(&self) -> Option<Box<dyn Renewer>> {
-        Some(Box::new(RedisRenewer {
-            replicas: self.replicas,
-            connector: self.link.connector.clone(),
-            conn: None,
-            node: None,
-            lock: self.keys.lock.clone(),
-            owner: self.owner.clone(),
-            timing: self.timing,
+    fn renewer(&self) -> Renewing {
+        // Any connection to the master can renew the key.
+        let (connector, replicas, lock, owner, timing) = (
+            self.link.connector.clone(),
+            self.replicas,
+            self.keys.lock.clone(),
+            self.owner.clone(),
+            self.timing,
+        );
+        Renewing::Anywhere(Box::new(move || {
+            Box::new(RedisRenewer {
+                connector: connector.clone(),
+                replicas,
+                conn: None,
+                node: None,
+                lock: lock.clone(),
+                owner: owner.clone(),
+                timing,
+            })
         }))
     }
 
@@ -475,6 +479,16 @@ impl Held for RedisHeld {
     }
 }
 
+/// A renewal's error in lockrun's kinds: the server's refusals (an ACL
+/// denial, a wrong password, a script error) are final.
+fn kind(e: &redis::RedisError) -> Error {
+    if link::is_transient(e) {
+        Error::Transient(describe(e))
+    } else {
+        Error::Refused(describe(e))
+    }
+}
+
 struct RedisRenewer {
     connector: Connector,
     replicas: u32,
@@ -487,19 +501,7 @@ struct RedisRenewer {
 }
 
 impl Renewer for RedisRenewer {
-    fn fresh(&self) -> Box<dyn Renewer> {
-        Box::new(RedisRenewer {
-            replicas: self.replicas,
-            connector: self.connector.clone(),
-            conn: None,
-            node: None,
-            lock: self.lock.clone(),
-            owner: self.owner.clone(),
-            timing: self.timing,
-        })
-    }
-
-    fn renew(&mut self) -> anyhow::Result<Renewal> {
+    fn renew(&mut self) -> Result<Renewal, Error> {
         // Behind sentinels, every renewal asks where the master is: a
         // master demoted by a failover still accepts the renewal for a
         // while, and a lease kept there is kept nowhere.
@@ -512,14 +514,14 @@ impl Renewer for RedisRenewer {
                 Ok(false) => self.conn = None,
                 // No majority of the sentinels names a master: nothing says
                 // ours still is (a partition's minority side): a failed renewal.
-                Err(e) => return Err(anyhow!(describe(&e))),
+                Err(e) => return Err(Error::Transient(describe(&e))),
             }
         }
         if self.conn.is_none() {
             let linked = self
                 .connector
                 .connect(self.timing.op)
-                .map_err(|e| anyhow!(describe(&e)))?;
+                .map_err(|e| kind(&e))?;
             self.conn = Some(linked.conn);
             self.node = linked.node;
         }
@@ -556,7 +558,7 @@ impl Renewer for RedisRenewer {
             Err(e) => {
                 // Unknown state after a timeout: start over on a new connection.
                 self.conn = None;
-                Err(anyhow!(describe(&e)))
+                Err(kind(&e))
             }
         }
     }
