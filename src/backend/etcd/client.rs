@@ -342,6 +342,13 @@ impl Client {
         };
         let Ok(v) = serde_json::from_str::<Value>(&text) else {
             self.replied = true;
+            // A proxy in front of etcd answers 502 or 503 while etcd
+            // restarts: that passes, as a lost connection does.
+            if status >= 500 {
+                return Try::Failed(Error::Transient(format!(
+                    "{base} answered HTTP {status} without etcd's JSON"
+                )));
+            }
             return Try::Failed(Error::Refused(format!(
                 "{base} answered HTTP {status} with something other than etcd's v3 JSON \
                  gateway (etcd 3.4 or later is needed)"
