@@ -317,8 +317,10 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
         Some(ms) if ms > 0 && ms < op_ms => Check::warn(
             "statement_timeout",
             format!(
-                "{timeout}, below the bound on one request ({}): a slow renewal or release \
-                 is cancelled by the server before lockrun gives up on it; ALTER ROLE … SET \
+                "{timeout}, below the bound on one request ({}): renewals and releases run \
+                 under it as single statements, and the server cancels any slower than it \
+                 (at a few ms, nearly all: a job longer than its ttl loses its lease, and \
+                 every release leaves the lease to expire); ALTER ROLE … SET \
                  statement_timeout = 0 (or at least {}) for lockrun's role",
                 shown(how.op),
                 shown(how.op)
