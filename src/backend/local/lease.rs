@@ -1,0 +1,72 @@
+//! The lease a local grant hands to the supervisor: the locked descriptor
+//! the job inherits, released by closing it, "renewed" by checking that the
+//! path still names the locked file.
+
+use super::*;
+
+/// A local lease: the locked descriptor (inherited by the job), and with
+/// `--limit` the main file's shared lock beside the slot's.
+pub(super) struct LocalHeld {
+    pub(super) fd: OwnedFd,
+    pub(super) main: Option<OwnedFd>,
+    pub(super) path: PathBuf,
+    pub(super) id: (u64, u64),
+    pub(super) name: String,
+}
+
+impl Held for LocalHeld {
+    fn renewer(&self) -> Renewing {
+        let renewer = LocalRenewer {
+            path: self.path.clone(),
+            id: self.id,
+        };
+        Renewing::Anywhere(Box::new(move || Box::new(renewer.clone())))
+    }
+
+    fn inherit_fd(&self) -> Option<RawFd> {
+        Some(self.fd.as_raw_fd())
+    }
+
+    fn release(self: Box<Self>) -> Result<bool, Error> {
+        // Closing (not LOCK_UN) releases only when no process of the job still
+        // holds the inherited descriptor: the safe side if one escaped.
+        let still_ours = matches!(stat(&self.path), Ok(st) if identity(&st) == self.id);
+        drop(self.fd);
+        drop(self.main);
+        log::info(format!("released {}", self.name));
+        Ok(still_ours)
+    }
+
+    fn releases_locally(&self) -> bool {
+        true
+    }
+
+    fn give_back(self: Box<Self>) -> Result<bool, Error> {
+        // The window went into the record with the grant: out again, while
+        // the lock is still ours (a shared record's window may be another
+        // holder's too: it stays).
+        if let Some(r) = read_record(&self.fd).filter(|r| r.window.is_some())
+            && r.mode != Mode::Shared
+        {
+            let _ = end_window(&self.fd, &r);
+        }
+        self.release()
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct LocalRenewer {
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl Renewer for LocalRenewer {
+    fn renew(&mut self) -> Result<Renewal, Error> {
+        // The flock cannot expire; the lease is lost only if the path stops
+        // naming our file, since a new file there would admit a second holder.
+        Ok(match stat(&self.path) {
+            Ok(st) if identity(&st) == self.id => Renewal::Renewed { ttl: Duration::MAX },
+            _ => Renewal::Lost,
+        })
+    }
+}

@@ -1,0 +1,414 @@
+//! Taking a name: the queue of places, the wait for our turn, and the
+//! grant that hands a name on in arrival order.
+
+use super::*;
+
+/// The holder label in the name's record, for waiting lines.
+pub(super) fn recorded_holder(files: &Files) -> Option<String> {
+    let f = std::fs::File::open(&files.main).ok()?;
+    let r = read_record(&f)?;
+    let st = fstat(&f).ok()?;
+    // No one holds the lock but a --min-hold window: say so.
+    if r.window.as_ref().and_then(Window::left).is_some()
+        && lockers(st.st_dev, st.st_ino).is_empty()
+    {
+        return Some(format!("the min-hold window of {}", r.label));
+    }
+    Some(r.label).filter(|l| !l.is_empty())
+}
+
+/// The places kept in a name's queue, but ours (`except`): held (the flock
+/// of a waiter that died is gone) and refreshed (the `until` of one that was
+/// stopped passes).
+pub(super) fn live_places(files: &Files, except: Option<u32>) -> Vec<Seen> {
+    let now = mono_ns();
+    let mut held: Option<Vec<u64>> = None;
+    let mut out = Vec::new();
+    for k in 0..MAX_PLACES {
+        if except == Some(k) {
+            continue;
+        }
+        let file = match open(
+            files.place(k),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            FileMode::empty(),
+        ) {
+            Ok(f) => f,
+            // Places are taken lowest first: the first missing ends the queue.
+            Err(Errno::NOENT) => break,
+            Err(_) => continue,
+        };
+        let Ok(st) = fstat(&file) else { continue };
+        let held = held.get_or_insert_with(|| {
+            flocks(st.st_dev)
+                .into_iter()
+                .filter(|l| l.exclusive)
+                .map(|l| l.ino)
+                .collect()
+        });
+        if !held.contains(&st.st_ino) {
+            continue;
+        }
+        if let Some((arrived, until, pid)) = read_place(&file)
+            && until > now
+        {
+            out.push(Seen {
+                file,
+                arrived,
+                until,
+                pid,
+            });
+        }
+    }
+    out
+}
+
+impl Local {
+    /// True when nobody is queued for the name: nobody holds a share of the
+    /// gate. The look takes the gate for an instant and lets it go.
+    pub(super) fn nobody_queued(&self, files: &Files) -> Result<bool, Error> {
+        let Some((gate, _)) = open_lock_file(&files.gate)
+            .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
+        else {
+            return Ok(false);
+        };
+        match flock(&gate, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(true),
+            Err(Errno::WOULDBLOCK) => Ok(false),
+            Err(e) => Err(self.unavailable("cannot lock", &files.gate, e)),
+        }
+    }
+
+    /// Take the request's lock: at once when nobody is queued, else through
+    /// the queue, first come, first served across modes.
+    pub(super) fn take(&self, w: &mut Waiter, req: &Request, files: &Files) -> Result<Try, Error> {
+        if w.queued.is_none() {
+            let open = self.nobody_queued(files)?;
+            if !open && w.wait == Wait::No && !live_places(files, None).is_empty() {
+                return Ok(Try::Busy(recorded_holder(files)));
+            }
+            // With only lapsed places in the queue, `-n` may try too.
+            if open || w.wait == Wait::No {
+                match self.lock(w, req, files, false)? {
+                    Try::Busy(h) if w.wait == Wait::No => return Ok(Try::Busy(h)),
+                    Try::Busy(_) => {}
+                    other => return Ok(other),
+                }
+            }
+            // A request that disagrees with the holders is refused, not queued.
+            self.refuse_disagreement(req, files)?;
+            if !self.join_queue(w, files, req.timing.ttl)? {
+                return Ok(Try::Retry);
+            }
+        }
+        loop {
+            if !self.wait_turn(w, files)? {
+                return Ok(Try::Busy(recorded_holder(files)));
+            }
+            // Nobody ahead of us: wait for the lock itself.
+            self.refuse_disagreement(req, files)?;
+            match self.lock(w, req, files, true)? {
+                // Our place lapsed while we waited: queued again at the back.
+                Try::Busy(_) if std::mem::take(&mut w.lapsed) => continue,
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// The request's lock: at once, or (`block`) waiting as the request allows.
+    pub(super) fn lock(
+        &self,
+        w: &mut Waiter,
+        req: &Request,
+        files: &Files,
+        block: bool,
+    ) -> Result<Try, Error> {
+        match req.mode {
+            Mode::Exclusive => self.lock_path(w, &files.main, FlockOperation::LockExclusive, block),
+            Mode::Shared => self.lock_path(w, &files.main, FlockOperation::LockShared, block),
+            Mode::Limit(n) => self.lock_slot(w, files, n, block),
+        }
+    }
+
+    pub(super) fn refuse_disagreement(&self, req: &Request, files: &Files) -> Result<(), Error> {
+        match Self::mode_in_force(files) {
+            Some(in_force) if !req.mode.agrees_with(in_force) => {
+                Err(req.mode.disagreement(req.name, in_force))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Join the back of the queue: a share of the gate, then the first free
+    /// place file, with a record saying when we came. False: the gate
+    /// vanished meanwhile; start over.
+    pub(super) fn join_queue(
+        &self,
+        w: &mut Waiter,
+        files: &Files,
+        ttl: Duration,
+    ) -> Result<bool, Error> {
+        let Some((gate, _)) = open_lock_file(&files.gate)
+            .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
+        else {
+            return Ok(false);
+        };
+        let shared = share_gate(&gate, 20);
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        for k in 0..MAX_PLACES {
+            let path = files.place(k);
+            let Some((fd, created)) = open_lock_file(&path)
+                .map_err(|e| self.unavailable("cannot open lock file", &path, e))?
+            else {
+                continue;
+            };
+            match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {}
+                Err(Errno::WOULDBLOCK) => continue,
+                Err(e) => return Err(self.unavailable("cannot lock", &path, e)),
+            }
+            // Another request may have put a fresh file at the path meanwhile.
+            match (fstat(&fd), stat(&path)) {
+                (Ok(ours), Ok(now)) if identity(&ours) == identity(&now) => {}
+                _ => continue,
+            }
+            // A place left is taken again in a file of its own: a waiter
+            // still blocked on the old one waits for the request it saw,
+            // never for us, who came after it.
+            let fd = if created {
+                fd
+            } else {
+                fresh_place(&path).map_err(|e| self.unavailable("cannot replace", &path, e))?
+            };
+            let now = mono_ns();
+            let place = Place {
+                fd,
+                index: k,
+                arrived: now,
+                until: now.saturating_add(nanos(ttl / 3)),
+                keep: nanos(ttl / 3),
+                every: nanos(ttl / 5),
+                refresh_at: now.saturating_add(nanos(ttl / 5)),
+            };
+            write_place(&place.fd, place.arrived, place.until)
+                .map_err(|e| self.unavailable("writing", &path, e))?;
+            w.queued = Some(Queued {
+                place,
+                gate,
+                shared,
+            });
+            return Ok(true);
+        }
+        Err(w.unavailable(
+            &format!("more than {MAX_PLACES} requests are queued for"),
+            "give up some",
+        ))
+    }
+
+    /// Wait until no place ahead of ours is kept: each predecessor in turn
+    /// until it lets its place go (granted, gave up or died: its flock
+    /// goes) or stops refreshing it. False: the wait ran out.
+    pub(super) fn wait_turn(&self, w: &mut Waiter, files: &Files) -> Result<bool, Error> {
+        let holder = recorded_holder(files);
+        loop {
+            let Some(q) = &w.queued else { return Ok(true) };
+            let (mine, rank) = (q.place.index, q.place.rank());
+            let Some(ahead) = live_places(files, Some(mine))
+                .into_iter()
+                .filter(|p| p.rank() < rank)
+                .max_by_key(Seen::rank)
+            else {
+                return Ok(true);
+            };
+            // A helper blocks for a share of its place file: that comes when
+            // its holder lets it go, and goes with the helper at once.
+            let watch = ahead
+                .file
+                .try_clone()
+                .map_err(|e| w.unavailable("dup", e))?;
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .spawn(move || {
+                    let _ = tx.send(flock_blocking(&watch, FlockOperation::LockShared));
+                })
+                .map_err(|e| w.unavailable("cannot start a thread to wait for", e))?;
+            let mut until = ahead.until;
+            loop {
+                match w.hear(&rx, holder.as_deref(), Some(until)) {
+                    Heard::Got(Ok(())) => break,
+                    Heard::Got(Err(e)) => return Err(w.unavailable("waiting in the queue of", e)),
+                    // Taken again at the back: look again who is ahead.
+                    Heard::Over if std::mem::take(&mut w.lapsed) => break,
+                    Heard::Over => return Ok(false),
+                    // Its refresh was due: it either kept its place or lost it.
+                    Heard::Woke => match read_place(&ahead.file) {
+                        Some((arrived, next, _))
+                            if arrived == ahead.arrived && next > mono_ns() =>
+                        {
+                            until = next;
+                        }
+                        _ => break,
+                    },
+                }
+            }
+        }
+    }
+
+    /// Hold the grant lock, as the wait allows. None: gave up, or our place
+    /// lapsed meanwhile (`lapsed` is set).
+    pub(super) fn lock_grant(
+        &self,
+        w: &mut Waiter,
+        files: &Files,
+    ) -> Result<Option<OwnedFd>, Error> {
+        for _ in 0..100 {
+            let Some((fd, _)) = open_lock_file(&files.grant)
+                .map_err(|e| self.unavailable("cannot open lock file", &files.grant, e))?
+            else {
+                continue;
+            };
+            let mut locked = false;
+            // Held only while another grant writes its record: `-n` waits for
+            // that briefly too.
+            for _ in 0..20 {
+                match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                    Ok(()) => {
+                        locked = true;
+                        break;
+                    }
+                    Err(Errno::WOULDBLOCK) if w.wait == Wait::No => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(Errno::WOULDBLOCK) => break,
+                    Err(e) => return Err(self.unavailable("cannot lock", &files.grant, e)),
+                }
+            }
+            if !locked && !w.block(&fd, FlockOperation::LockExclusive, None)? {
+                return Ok(None);
+            }
+            // A replaced file would let two grants write at once.
+            let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", &files.grant, e))?;
+            if matches!(stat(&files.grant), Ok(now) if identity(&now) == identity(&ours)) {
+                return Ok(Some(fd));
+            }
+        }
+        Err(Error::Refused(format!(
+            "lock file {} keeps changing under us",
+            files.grant.display()
+        )))
+    }
+
+    /// Make a lock taken a grant: check it against the holders, write its
+    /// token and record, leave the queue. None: our place lapsed before
+    /// (we were stopped), so we queue again at the back.
+    pub(super) fn grant(
+        &self,
+        w: &mut Waiter,
+        req: &Request,
+        files: &Files,
+        got: Got,
+    ) -> Result<Option<Acquired>, Error> {
+        if std::mem::take(&mut w.lapsed) || w.queued.as_mut().is_some_and(|q| !q.tend()) {
+            return Ok(None);
+        }
+        // Shared and `--limit` holders hold the name's lock together, so
+        // their grants take turns at the grant lock to read and write the
+        // record; an exclusive lock keeps every other grant out by itself.
+        let turn = match req.mode {
+            Mode::Exclusive => None,
+            _ => match self.lock_grant(w, files)? {
+                Some(fd) => Some(fd),
+                None if std::mem::take(&mut w.lapsed) => return Ok(None),
+                None => {
+                    return Ok(Some(Acquired::Busy {
+                        holder: recorded_holder(files),
+                    }));
+                }
+            },
+        };
+        if req.mode != Mode::Exclusive {
+            self.refuse_disagreement(req, files)?;
+        }
+        let Got { fd, id, main, slot } = got;
+        let sent_at = Boot::now();
+        let store = main.as_ref().unwrap_or(&fd);
+        let token = next_token(store);
+        let label = &req.owner.shown;
+        // --min-hold: the window is in the record from the grant on, so it
+        // holds however lockrun ends. Shared and `--limit` grants share the
+        // main record: it keeps the latest window of them all (which keeps
+        // out other kinds of request), and a slot keeps its own.
+        let window = req
+            .min_hold
+            .map(|hold| Window::new(sent_at, now_since_epoch(), hold));
+        let main_window = match req.mode {
+            Mode::Exclusive => window.clone(),
+            _ => Window::later(read_record(store).and_then(|r| r.window), window.clone()),
+        };
+        let written =
+            write_record(store, token, label, req.mode, main_window.as_ref()).and_then(|()| {
+                if slot.is_some() {
+                    write_record(&fd, token, label, req.mode, window.as_ref())?;
+                }
+                if req.mode == Mode::Shared {
+                    self.add_reader(files, id, token, label)?;
+                }
+                Ok(())
+            });
+        written.map_err(|e| self.unavailable("writing the token to", &files.main, e))?;
+        drop(turn);
+        // Out of the queue: the next waiter's turn.
+        w.queued = None;
+        log::info(format!(
+            "acquired {} with token {token} after {:.1?}",
+            req.name,
+            Boot::now().since(w.patience.started())
+        ));
+        let path = slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
+        let held = LocalHeld {
+            fd,
+            main,
+            path,
+            id,
+            name: req.name.to_string(),
+        };
+        Ok(Some(Acquired::Granted(Lease::new(
+            token,
+            slot,
+            sent_at,
+            // A flock has no end of its own; the job is told the ttl asked.
+            req.timing.ttl,
+            Box::new(held),
+        ))))
+    }
+
+    /// List a shared holder in the readers file (replaced whole, under the
+    /// grant lock), dropping those no longer holding the main file.
+    pub(super) fn add_reader(
+        &self,
+        files: &Files,
+        id: (u64, u64),
+        token: u64,
+        label: &str,
+    ) -> std::io::Result<()> {
+        let lockers = lockers(id.0, id.1);
+        let me = std::process::id();
+        let mut text = String::new();
+        for r in read_readers(&files.readers) {
+            if r.pid != me && lockers.iter().any(|(pid, _)| *pid == r.pid) {
+                text.push_str(&format!(
+                    "{} {} {} {}\n",
+                    r.pid, r.token, r.granted_ms, r.label
+                ));
+            }
+        }
+        let label: String = label.chars().filter(|c| !c.is_control()).collect();
+        text.push_str(&format!(
+            "{me} {token} {} {label}\n",
+            now_since_epoch().as_millis()
+        ));
+        let tmp = suffixed(&files.readers, ".new");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &files.readers)
+    }
+}
