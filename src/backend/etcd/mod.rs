@@ -32,6 +32,7 @@ use super::{
     Acquired, Broken, Caps, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing,
     Opening, Request, Status, Wait,
 };
+use crate::backend::drive::Transport;
 use crate::clock::Boot;
 use crate::log;
 use crate::watchdog::{Renewal, Renewer};

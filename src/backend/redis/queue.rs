@@ -1,7 +1,7 @@
 //! Taking a name on Redis: one try of the acquire script, and between tries
 //! a blocking pop on our own wake-up list, which a release serving the queue
 //! pushes to. The give-up clock, the waiting line and the retry budget are
-//! the seam's (`backend::wait`).
+//! the driver's (`backend::drive`).
 
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use super::link::Link;
 use super::reply::Acquire;
 use super::scripts::{ACQUIRE_SCRIPT, Keys, RELEASE_SCRIPT};
 use super::{Redis, RedisHeld};
+use crate::backend::drive::{Step, Take, Transport, drive};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
@@ -135,168 +136,241 @@ impl Redis {
         let keys = Keys::new(&self.prefix, req.name);
         let id = waiter_id();
         let wake_key = format!("{}{id}", keys.wake);
-        let timing = req.timing;
-        let ttl_ms = timing.ttl.as_millis() as u64;
         // A queued waiter keeps its place for a third of its ttl, so one
         // killed in the queue is dropped from it within that; it renews its
         // place `op` (the bound on one request) before the place would lapse.
-        let alive = (timing.ttl / 3).max(Duration::from_millis(100));
-        let refresh = alive.saturating_sub(timing.op).max(alive / 2);
-        let queue = if wait == Wait::No { "0" } else { "1" };
-        let outer = req.outer.clone().unwrap_or_default();
-        let doing = format!("acquiring {}", req.name);
-        let mut patience = Patience::new(req, wait);
-        let mut retry = Retry::new(outage_budget(req));
-        let mut unconfirmed = Retry::new(outage_budget(req));
-        let mut holder: Option<String> = None;
-        // When the soonest holder's lease runs out on its own, as last heard
-        // at the head of the queue, and whether the next call only keeps our
-        // place.
-        let mut holder_end: Option<Boot> = None;
-        let mut keep_only = false;
-        // Our arrival number once queued: a place that lapsed while we
-        // lived (a server paused past ttl/3) is taken back at it.
-        let mut place: Option<i64> = None;
-        loop {
-            let script = &*ACQUIRE_SCRIPT;
-            let sent_at = Boot::now();
-            let reply = self.link.call(|c| {
-                keys.on(script)
-                    .arg(&req.owner.secret)
-                    .arg(&req.owner.shown)
-                    .arg(ttl_ms)
-                    .arg(req.mode.code())
-                    .arg(req.mode.limit())
-                    .arg(queue)
-                    .arg(&id)
-                    .arg(alive.as_millis() as u64)
-                    .arg(&outer)
-                    .arg(if keep_only { "1" } else { "0" })
-                    .arg(place.map(|n| n.to_string()).unwrap_or_default())
-                    .invoke::<Vec<Value>>(c)
-            });
-            let reply = match reply {
-                Ok(v) => {
-                    retry.succeeded();
-                    Acquire::read(&v, req.mode)?
+        let alive = (req.timing.ttl / 3).max(Duration::from_millis(100));
+        let mut taking = Taking {
+            redis: self,
+            req,
+            keys,
+            id,
+            wake_key,
+            alive,
+            refresh: alive.saturating_sub(req.timing.op).max(alive / 2),
+            queue: if wait == Wait::No { "0" } else { "1" },
+            outer: req.outer.clone().unwrap_or_default(),
+            unconfirmed: Retry::new(outage_budget(req)),
+            holder: None,
+            holder_end: None,
+            keep_only: false,
+            place: None,
+            queued: false,
+            placed: false,
+        };
+        drive(&mut taking, req, wait)
+    }
+}
+
+/// One request for a name on Redis, as the driver steps it.
+struct Taking<'a> {
+    redis: &'a mut Redis,
+    req: &'a Request<'a>,
+    keys: Keys,
+    /// Our place's id in the queue, and the wake-up list a grant pushes to.
+    id: String,
+    wake_key: String,
+    /// How long a place lasts unless kept, and how often it is kept.
+    alive: Duration,
+    refresh: Duration,
+    /// "1" when the request may queue (not `-n`).
+    queue: &'static str,
+    outer: String,
+    /// The budget of grants given back unconfirmed (a script that answers
+    /// does not renew it).
+    unconfirmed: Retry,
+    holder: Option<String>,
+    /// When the soonest holder's lease runs out on its own, as last heard
+    /// at the head of the queue.
+    holder_end: Option<Boot>,
+    /// The next call only keeps our place.
+    keep_only: bool,
+    /// Our arrival number once queued: a place that lapsed while we lived
+    /// (a server paused past ttl/3) is taken back at it.
+    place: Option<i64>,
+    /// The last call queued us: the next step waits for a wake-up first.
+    queued: bool,
+    /// The server may hold a place or a grant of ours (a call that queued
+    /// us, or one whose reply was lost): leaving must give it back.
+    placed: bool,
+}
+
+impl Take for Taking<'_> {
+    type Transport = Link;
+
+    fn step(&mut self, patience: &mut Patience, retry: &mut Retry) -> Result<Step, Error> {
+        if self.queued {
+            self.queued = false;
+            if let Some(over) = self.wait(patience, retry) {
+                return Ok(Step::Over(over));
+            }
+        }
+        let req = self.req;
+        let script = &*ACQUIRE_SCRIPT;
+        let sent_at = Boot::now();
+        let (keys, id, outer) = (&self.keys, &self.id, &self.outer);
+        let (alive, queue, keep_only, place) = (self.alive, self.queue, self.keep_only, self.place);
+        let reply = self.redis.link.call(|c| {
+            keys.on(script)
+                .arg(&req.owner.secret)
+                .arg(&req.owner.shown)
+                .arg(req.timing.ttl.as_millis() as u64)
+                .arg(req.mode.code())
+                .arg(req.mode.limit())
+                .arg(queue)
+                .arg(id)
+                .arg(alive.as_millis() as u64)
+                .arg(outer)
+                .arg(if keep_only { "1" } else { "0" })
+                .arg(place.map(|n| n.to_string()).unwrap_or_default())
+                .invoke::<Vec<Value>>(c)
+        });
+        let reply = match reply {
+            Ok(v) => match Acquire::read(&v, req.mode) {
+                Ok(r) => r,
+                Err(e) => return Ok(Step::Over(e)),
+            },
+            Err(e) => {
+                // A reply may have been lost after the server granted it.
+                self.placed |= e.is_transient() && self.redis.link.replied;
+                return Err(e);
+            }
+        };
+        let holder_ends_in = match reply {
+            Acquire::Granted { token, slot } => {
+                return self.granted(token, slot, sent_at, patience);
+            }
+            Acquire::Disagrees(in_force) => {
+                return Ok(Step::Over(req.mode.disagreement(req.name, in_force)));
+            }
+            Acquire::Nested => return Ok(Step::Over(crate::backend::nested(req.name))),
+            Acquire::Busy { holder: h } => {
+                return Ok(Step::Done(Acquired::Busy {
+                    holder: h.or(self.holder.take()),
+                }));
+            }
+            Acquire::Queued {
+                holder: h,
+                holder_ends_in,
+                arrival,
+            } => {
+                self.placed = true;
+                self.place = arrival.or(self.place);
+                // A waiter keeping its place hears no holder: keep the last one heard.
+                self.holder = h.or(self.holder.take());
+                holder_ends_in
+            }
+        };
+        if patience.over() {
+            // Out of the queue; a grant handed over meanwhile goes to the next.
+            self.leave();
+            return Ok(Step::Done(Acquired::Busy {
+                holder: self.holder.take(),
+            }));
+        }
+        patience.tick(self.holder.as_deref());
+        if let Some(left) = holder_ends_in {
+            self.holder_end = Some(sent_at.add(left + Duration::from_millis(1)));
+        }
+        self.queued = true;
+        Ok(Step::Again)
+    }
+
+    fn leave(&mut self) {
+        if std::mem::take(&mut self.placed) {
+            let _ = leave(
+                &mut self.redis.link,
+                &self.keys,
+                &self.req.owner.secret,
+                &self.id,
+            );
+        }
+    }
+
+    fn transport(&self) -> &Link {
+        &self.redis.link
+    }
+}
+
+impl Taking<'_> {
+    /// A grant: confirmed, the lease; unconfirmed, given back and tried
+    /// again on a budget of its own.
+    fn granted(
+        &mut self,
+        token: u64,
+        slot: Option<u32>,
+        sent_at: Boot,
+        patience: &Patience,
+    ) -> Result<Step, Error> {
+        // A grant from a master that a failover demoted, or one too few
+        // replicas have, is no grant.
+        self.placed = true;
+        if let Err((e, elsewhere)) = self.redis.confirm_grant() {
+            self.leave();
+            if elsewhere {
+                // The next call goes to the master of the moment.
+                self.redis.link.conn = None;
+            }
+            return match self.unconfirmed.failed(patience) {
+                Some(pause) if e.is_transient() => {
+                    log::info(format!("{e}; retrying"));
+                    std::thread::sleep(pause);
+                    Ok(Step::Again)
                 }
-                // Final, or a server that never answered: misconfiguration,
-                // not an outage to wait out.
-                Err(e) if !e.is_transient() || !self.link.replied => {
-                    return Err(self.link.failed(&doing, e));
+                _ => {
+                    let doing = format!("acquiring {}", self.req.name);
+                    Ok(Step::Over(self.redis.link.failed(&doing, e)))
                 }
-                Err(e) => match retry.failed(&patience) {
-                    Some(pause) => {
-                        log::info(format!("acquire failed: {e}; retrying"));
-                        std::thread::sleep(pause);
-                        continue;
-                    }
-                    None => {
-                        // A reply may have been lost after the server granted
-                        // it; this gives back only what is ours.
-                        let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                        return Err(self.link.failed(&doing, e));
-                    }
-                },
             };
-            let holder_ends_in = match reply {
-                Acquire::Granted { token, slot } => {
-                    // A grant from a master that a failover demoted, or one
-                    // too few replicas have, is no grant: give it back and
-                    // try again, on a budget of its own (a script that
-                    // answers does not renew it).
-                    if let Err((e, elsewhere)) = self.confirm_grant() {
-                        let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                        if elsewhere {
-                            // The next call goes to the master of the moment.
-                            self.link.conn = None;
-                        }
-                        match unconfirmed.failed(&patience) {
-                            Some(pause) if e.is_transient() => {
-                                log::info(format!("{e}; retrying"));
-                                std::thread::sleep(pause);
-                                continue;
-                            }
-                            _ => return Err(self.link.failed(&doing, e)),
-                        }
-                    }
-                    log::info(format!(
-                        "acquired {} with token {token} after {:.1?}",
-                        req.name,
-                        Boot::now().since(patience.started())
-                    ));
-                    let held = RedisHeld {
-                        link: self.link.hand_over(),
-                        replicas: self.replicas,
-                        keys,
-                        owner: req.owner.secret.clone(),
-                        id,
-                        name: req.name.to_string(),
-                        timing,
-                        min_hold: req.min_hold,
-                    };
-                    // PEXPIREAT with the ttl asked: Redis grants what it is asked.
-                    let lease = Lease::new(token, slot, sent_at, timing.ttl, Box::new(held));
-                    return Ok(Acquired::Granted(lease));
-                }
-                Acquire::Disagrees(in_force) => {
-                    return Err(req.mode.disagreement(req.name, in_force));
-                }
-                Acquire::Nested => return Err(crate::backend::nested(req.name)),
-                Acquire::Busy { holder: h } => {
-                    return Ok(Acquired::Busy {
-                        holder: h.or(holder),
-                    });
-                }
-                Acquire::Queued {
-                    holder: h,
-                    holder_ends_in,
-                    arrival,
-                } => {
-                    place = arrival.or(place);
-                    // A waiter keeping its place hears no holder: keep the last one heard.
-                    holder = h.or(holder);
-                    holder_ends_in
-                }
-            };
-            if patience.over() {
-                // Out of the queue; a grant handed over meanwhile goes to the next.
-                let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                return Ok(Acquired::Busy { holder });
+        }
+        self.placed = false;
+        let req = self.req;
+        let held = RedisHeld {
+            link: self.redis.link.hand_over(),
+            replicas: self.redis.replicas,
+            keys: std::mem::take(&mut self.keys),
+            owner: req.owner.secret.clone(),
+            id: std::mem::take(&mut self.id),
+            name: req.name.to_string(),
+            timing: req.timing,
+            min_hold: req.min_hold,
+        };
+        // PEXPIREAT with the ttl asked: Redis grants what it is asked.
+        let lease = Lease::new(token, slot, sent_at, req.timing.ttl, Box::new(held));
+        Ok(Step::Done(Acquired::Granted(lease)))
+    }
+
+    /// Block until a release hands us the lease, but come back to keep our
+    /// place, when a holder's lease runs out on its own, to say we wait,
+    /// and when --wait runs out. Some: the request ends with this error.
+    fn wait(&mut self, patience: &Patience, retry: &mut Retry) -> Option<Error> {
+        let now = Boot::now();
+        let mut timeout = self.refresh;
+        match self.holder_end {
+            Some(end) if end > now => timeout = timeout.min(end.since(now)),
+            // Passed: the head looks at the holders when it comes; the
+            // others do not need to.
+            _ => self.holder_end = None,
+        }
+        let timeout = patience.cap(timeout).max(Duration::from_millis(1));
+        let woken = wait_for_wakeup(&mut self.redis.link, &self.wake_key, timeout);
+        // Woken, the next call confirms the grant (with a full ttl counted
+        // from its own sending) or looks again; otherwise it only keeps our
+        // place (and at the head, checks the holders).
+        self.keep_only = matches!(woken, Ok(None));
+        match woken {
+            Ok(_) => None,
+            Err(e) if !e.is_transient() => {
+                // BLPOP refused (an ACL without it, a foreign value at the
+                // wake-up key): final, never a retry loop.
+                self.leave();
+                let doing = format!("waiting for {}", self.req.name);
+                Some(self.redis.link.failed(&doing, e))
             }
-            patience.tick(holder.as_deref());
-            // Block until a release hands us the lease, but come back to keep
-            // our place, when a holder's lease runs out on its own, to say we
-            // wait, and when --wait runs out.
-            if let Some(left) = holder_ends_in {
-                holder_end = Some(sent_at.add(left + Duration::from_millis(1)));
-            }
-            let now = Boot::now();
-            let mut timeout = refresh;
-            match holder_end {
-                Some(end) if end > now => timeout = timeout.min(end.since(now)),
-                // Passed: the head looks at the holders when it comes; the
-                // others do not need to.
-                _ => holder_end = None,
-            }
-            let timeout = patience.cap(timeout).max(Duration::from_millis(1));
-            let woken = wait_for_wakeup(&mut self.link, &wake_key, timeout);
-            // Woken, the next call confirms the grant (with a full ttl
-            // counted from its own sending) or looks again; otherwise it
-            // only keeps our place (and at the head, checks the holders).
-            keep_only = matches!(woken, Ok(None));
-            match woken {
-                Ok(_) => {}
-                Err(e) if !e.is_transient() => {
-                    // BLPOP refused (an ACL without it, a foreign value at the
-                    // wake-up key): final, never a retry loop.
-                    let _ = leave(&mut self.link, &keys, &req.owner.secret, &id);
-                    return Err(self.link.failed(&format!("waiting for {}", req.name), e));
-                }
-                Err(e) => {
-                    log::info(format!("waiting failed: {e}; retrying"));
-                    std::thread::sleep(retry.pause());
-                }
+            Err(e) => {
+                log::info(format!("waiting failed: {e}; retrying"));
+                std::thread::sleep(retry.pause());
+                None
             }
         }
     }
