@@ -14,9 +14,9 @@ mod address;
 mod connector;
 mod doctor;
 mod link;
-mod queue;
 mod reply;
 mod scripts;
+mod take;
 
 use std::time::Duration;
 
@@ -446,7 +446,7 @@ impl Held for RedisHeld {
         // The connection sat idle while the job ran; one retry on a fresh
         // connection covers a server that dropped it.
         for _ in 0..2 {
-            match queue::release(
+            match take::release(
                 &mut self.link,
                 &self.keys,
                 &self.owner,
