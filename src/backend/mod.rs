@@ -4,6 +4,8 @@
 //! processes; every failure is an `Error` of one kind, which decides the exit code.
 
 pub mod admit;
+mod doctor;
+mod drive;
 mod error;
 pub mod etcd;
 mod lease;
@@ -224,32 +226,6 @@ impl Check {
     }
     pub fn fail(topic: &'static str, said: impl Into<String>) -> Check {
         Check::new(Verdict::Fail, topic, said)
-    }
-}
-
-/// The verdict on a round trip measured against the bound on one request
-/// (the op budget): ok well within it, a warning when it eats a good part
-/// of it, a failure past it.
-pub fn round_trip_check(rtt: Duration, op: Duration) -> Check {
-    let shown =
-        |d: Duration| humantime::format_duration(Duration::from_micros(d.as_micros() as u64));
-    let said = format!(
-        "{} (the bound on one request with the default ttl of 30s is {})",
-        shown(rtt),
-        shown(op)
-    );
-    if rtt > op {
-        Check::fail(
-            "round trip",
-            format!("{said}: every renewal would time out; bring lockrun closer to the server"),
-        )
-    } else if rtt > op / 4 {
-        Check::warn(
-            "round trip",
-            format!("{said}: little room for a slow moment; use a longer --ttl or a closer server"),
-        )
-    } else {
-        Check::ok("round trip", said)
     }
 }
 

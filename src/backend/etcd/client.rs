@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::address::EtcdUrl;
 use crate::backend::Error;
+use crate::backend::drive::Transport;
 use crate::clock::Boot;
 use crate::log;
 
@@ -191,9 +192,18 @@ pub struct Client {
     token: Option<String>,
     /// Bounds one call, connecting and authenticating included.
     pub op: Duration,
-    /// etcd has answered at least once: later transport errors may be a
-    /// restart worth waiting out, earlier ones are misconfiguration.
+    /// etcd has answered at least once (`Transport::replied`).
     pub replied: bool,
+}
+
+impl Transport for Client {
+    fn replied(&self) -> bool {
+        self.replied
+    }
+
+    fn shown(&self) -> &str {
+        &self.setup.display
+    }
 }
 
 impl Client {
@@ -228,11 +238,6 @@ impl Client {
             op: self.op,
             replied: true,
         }
-    }
-
-    /// A failure of `doing`, saying which cluster it was.
-    pub fn failed(&self, doing: &str, e: Error) -> Error {
-        e.doing(format_args!("{doing} on {}", self.setup.display))
     }
 
     /// POST `body` to `path` (`/v3/kv/range`, …) and return etcd's reply,

@@ -10,7 +10,8 @@ use serde_json::json;
 
 use super::address::EtcdUrl;
 use super::client::{Client, Setup, b64};
-use crate::backend::{Check, Error, Opening, round_trip_check};
+use crate::backend::doctor::{round_trip_check, shown};
+use crate::backend::{Check, Error, Opening};
 use crate::clock::Boot;
 
 pub fn doctor(url: &EtcdUrl, how: &Opening) -> Vec<Check> {
@@ -171,8 +172,4 @@ fn permission_failure(user: &str, prefix: &str, what: &str, e: Error) -> Check {
     } else {
         Check::fail("permissions", format!("{what} under {prefix:?}: {text}"))
     }
-}
-
-fn shown(d: Duration) -> String {
-    humantime::format_duration(Duration::from_micros(d.as_micros() as u64)).to_string()
 }

@@ -32,6 +32,7 @@ use super::{
     Request, Status, Wait,
 };
 use super::{Renewal, Renewer, Renewing};
+use crate::backend::drive::Transport;
 use crate::clock::Boot;
 use crate::log;
 

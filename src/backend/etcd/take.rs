@@ -2,16 +2,18 @@
 //! full ttl, so an uncontended grant is two calls), judge the queue, and
 //! while blocked sit on a short lease and watch the keys whose going could
 //! let us in. The give-up clock, the waiting line and the retry budget are
-//! the seam's (`backend::wait`).
+//! the driver's (`backend::drive`).
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use serde_json::json;
 
+use super::client::Client;
 use super::client::{b64, int};
 use super::queue::{Entry, Keys, Record, Verdict, entries, holders, judge};
 use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
+use crate::backend::drive::{Step, Take, drive};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
@@ -108,56 +110,48 @@ impl Mine {
     }
 }
 
-/// What one look at the queue led to.
-enum Step {
-    Done(Acquired),
-    /// Look again.
-    Again,
+/// One request for a name on etcd, as the driver steps it.
+struct Taking<'a> {
+    etcd: &'a mut Etcd,
+    req: &'a Request<'a>,
+    keys: Keys,
+    mine: Option<Mine>,
+    holder: Option<String>,
+}
+
+impl Take for Taking<'_> {
+    type Transport = Client;
+
+    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+        let Taking {
+            etcd,
+            req,
+            keys,
+            mine,
+            holder,
+        } = self;
+        etcd.step(req, keys, mine, patience, holder)
+    }
+
+    fn leave(&mut self) {
+        self.etcd.leave(&mut self.mine);
+    }
+
+    fn transport(&self) -> &Client {
+        &self.etcd.client
+    }
 }
 
 impl Etcd {
     pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
-        let keys = Keys::new(&self.prefix, req.name);
-        let doing = format!("acquiring {}", req.name);
-        let mut patience = Patience::new(req, wait);
-        let mut retry = Retry::new(req.timing.ttl.max(Duration::from_secs(5)));
-        let mut mine: Option<Mine> = None;
-        let mut holder: Option<String> = None;
-        loop {
-            match self.step(req, &keys, &mut mine, &mut patience, &mut holder) {
-                Ok(Step::Done(acquired)) => {
-                    if let Acquired::Granted(l) = &acquired {
-                        log::info(format!(
-                            "acquired {} with token {} after {:.1?}",
-                            req.name,
-                            l.token,
-                            Boot::now().since(patience.started())
-                        ));
-                    }
-                    return Ok(acquired);
-                }
-                Ok(Step::Again) => retry.succeeded(),
-                // Final, or a cluster that never answered: misconfiguration,
-                // not an outage to wait out.
-                Err(e) if !e.is_transient() || !self.client.replied => {
-                    self.leave(&mut mine);
-                    return Err(match e {
-                        Error::Request(_) => e,
-                        e => self.client.failed(&doing, e),
-                    });
-                }
-                Err(e) => match retry.failed(&patience) {
-                    Some(pause) => {
-                        log::info(format!("acquire failed: {e}; retrying"));
-                        std::thread::sleep(pause);
-                    }
-                    None => {
-                        self.leave(&mut mine);
-                        return Err(self.client.failed(&doing, e));
-                    }
-                },
-            }
-        }
+        let mut taking = Taking {
+            keys: Keys::new(&self.prefix, req.name),
+            etcd: self,
+            req,
+            mine: None,
+            holder: None,
+        };
+        drive(&mut taking, req, wait)
     }
 
     /// Give up our place (and any grant): the lease goes, and our key with it.

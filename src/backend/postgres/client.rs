@@ -17,6 +17,7 @@ use tokio_postgres::{AsyncMessage, NoTls, Row, Socket};
 use super::address::{PgUrl, SslMode};
 use super::tls;
 use crate::backend::Error;
+use crate::backend::drive::Transport;
 use crate::clock::Boot;
 use crate::log;
 
@@ -79,13 +80,22 @@ pub struct Client {
     conn: Option<Conn>,
     /// Bounds one call, connecting included.
     pub op: Duration,
-    /// The server has answered at least once: later failures to reach it
-    /// may be a restart worth waiting out, earlier ones are misconfiguration.
+    /// The server has answered at least once (`Transport::replied`).
     pub replied: bool,
     /// The channel this connection listens on, once it does.
     listening: Option<String>,
     /// The SQLSTATE of the last call's failure, if the server gave one.
     pub last_code: Option<String>,
+}
+
+impl Transport for Client {
+    fn replied(&self) -> bool {
+        self.replied
+    }
+
+    fn shown(&self) -> &str {
+        &self.url.display
+    }
 }
 
 impl Client {
@@ -107,11 +117,6 @@ impl Client {
             replied: self.replied,
             ..Client::new(Arc::clone(&self.url), self.op)
         }
-    }
-
-    /// A failure of `doing`, saying which database it was.
-    pub fn failed(&self, doing: &str, e: Error) -> Error {
-        e.doing(format_args!("{doing} on {}", self.url.display))
     }
 
     /// Forget the connection: the next call opens a new one (after an

@@ -6,7 +6,7 @@
 //! nothing is created, not even the schema (README "PostgreSQL").
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
@@ -14,7 +14,8 @@ use tokio_postgres::types::Type;
 use super::address::{PgUrl, schema_of};
 use super::client::{Call, Client, Params};
 use super::sql::{Tables, bounded};
-use crate::backend::{Check, Error, Opening, round_trip_check};
+use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
+use crate::backend::{Check, Error, Opening};
 use crate::clock::Boot;
 
 /// The oldest server lockrun's tables work on (identity columns, `CREATE
@@ -94,7 +95,7 @@ pub fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
     match round_trips(&mut client, &mut pids) {
         Ok((worst, offset)) => {
             out.push(round_trip_check(worst, how.op));
-            out.push(clock_check(offset));
+            out.push(clock(offset));
         }
         Err(e) => {
             out.push(Check::fail("round trip", e.to_string()));
@@ -146,59 +147,38 @@ fn ask(client: &mut Client, sql: &str, params: &Params) -> Result<Vec<Row>, Erro
 }
 
 /// Five round trips that read the server's clock and its backend: the
-/// slowest, and the server's clock minus ours (from the quickest, when
-/// the reading sits closest to the middle of its round trip).
+/// slowest, and the server's clock minus ours.
 fn round_trips(client: &mut Client, pids: &mut Vec<i32>) -> Result<(Duration, f64), Error> {
-    let mut worst = Duration::ZERO;
-    let mut best: Option<(Duration, f64)> = None;
-    for _ in 0..5 {
-        let sent = Boot::now();
-        let wall_sent = wall();
+    let (timed, failed) = time_round_trips(|| {
         let rows = ask(
             client,
             "SELECT extract(epoch FROM clock_timestamp())::float8, pg_backend_pid()",
             &[],
         )?;
-        let rtt = Boot::now().since(sent);
         let row = rows
             .first()
             .ok_or_else(|| Error::Refused("the server answered with no row".into()))?;
-        let server: f64 = row.get(0);
         pids.push(row.get(1));
-        let offset = server - (wall_sent + rtt.as_secs_f64() / 2.0);
-        worst = worst.max(rtt);
-        if best.is_none_or(|(b, _)| rtt < b) {
-            best = Some((rtt, offset));
-        }
+        Ok(row.get::<_, f64>(0))
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok((
+            timed.worst.unwrap_or_default(),
+            timed.offset.unwrap_or_default(),
+        )),
     }
-    Ok((worst, best.map_or(0.0, |(_, o)| o)))
 }
 
-fn wall() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64()
-}
-
-fn clock_check(offset: f64) -> Check {
-    let size = shown(Duration::from_secs_f64(offset.abs().min(1e9)));
-    let side = if offset >= 0.0 { "ahead of" } else { "behind" };
-    let said = format!(
-        "the server's clock is {size} {side} this host's (leases, --min-hold windows and \
-         tokens count on the server's clock alone)"
-    );
-    if offset.abs() >= 1.0 {
-        Check::warn(
-            "clock",
-            format!(
-                "{said}; a clock that far off is likely not kept by NTP, and a step of the \
-                 server's clock shortens or lengthens every lease by the step: keep NTP on"
-            ),
-        )
-    } else {
-        Check::ok("clock", said)
-    }
+/// Leases, windows and tokens count on the server's clock alone.
+fn clock(offset: f64) -> Check {
+    clock_check(
+        offset,
+        "leases, --min-hold windows and tokens count on the server's clock alone",
+        "leases, --min-hold windows and tokens count on the server's clock alone; a clock that \
+         far off is likely not kept by NTP, and a step of the server's clock shortens or \
+         lengthens every lease by the step: keep NTP on",
+    )
 }
 
 fn version_check(version: String, num: i32) -> Check {
@@ -564,8 +544,4 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
         });
     }
     Ok(out)
-}
-
-fn shown(d: Duration) -> String {
-    humantime::format_duration(Duration::from_micros(d.as_micros() as u64)).to_string()
 }

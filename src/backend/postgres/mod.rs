@@ -35,6 +35,7 @@ use super::{
     Status, Wait,
 };
 use super::{Renewal, Renewer, Renewing};
+use crate::backend::drive::Transport;
 use crate::clock::Boot;
 use crate::log;
 

@@ -3,7 +3,7 @@
 //! a free slot (the grant), or take or keep a place in the queue. Between
 //! looks a waiter sleeps until a notification, the lapse of what stands in
 //! its way, or the time to keep its place. The give-up clock, the waiting
-//! line and the retry budget are the seam's (`backend::wait`).
+//! line and the retry budget are the driver's (`backend::drive`).
 
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use super::client::{Call, Client, Params};
 use super::queue::{Verdict, entries, judge};
 use super::sql::Tables;
 use super::{PgHeld, Postgres};
+use crate::backend::drive::{Step, Take, Transport, drive};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
@@ -48,64 +49,57 @@ enum Outcome {
     Again,
 }
 
-/// What one step led to.
-enum Step {
-    Done(Acquired),
-    Again,
-}
-
 /// SQLSTATEs of a table or schema that is not there yet.
 pub(super) fn missing(code: Option<&str>) -> bool {
     matches!(code, Some("42P01" | "3F000"))
 }
 
-impl Postgres {
-    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
-        let doing = format!("acquiring {}", req.name);
-        let mut patience = Patience::new(req, wait);
-        let mut retry = Retry::new(req.timing.ttl.max(Duration::from_secs(5)));
-        let mut place = Place::default();
-        let mut created = false;
+/// One request for a name on PostgreSQL, as the driver steps it.
+struct Taking<'a> {
+    pg: &'a mut Postgres,
+    req: &'a Request<'a>,
+    place: Place,
+    /// Lockrun's tables were created by this request (once at most).
+    created: bool,
+}
+
+impl Take for Taking<'_> {
+    type Transport = Client;
+
+    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
         loop {
-            match self.step(req, &mut place, &mut patience) {
-                Ok(Step::Done(acquired)) => {
-                    if let Acquired::Granted(l) = &acquired {
-                        log::info(format!(
-                            "acquired {} with token {} after {:.1?}",
-                            req.name,
-                            l.token,
-                            Boot::now().since(patience.started())
-                        ));
-                    }
-                    return Ok(acquired);
-                }
-                Ok(Step::Again) => retry.succeeded(),
-                Err(_) if !created && missing(self.client.last_code.as_deref()) => {
+            match self.pg.step(self.req, &mut self.place, patience) {
+                Err(_) if !self.created && missing(self.pg.client.last_code.as_deref()) => {
                     // First use of this schema: create the tables, look again.
-                    created = true;
-                    self.create().map_err(|e| self.client.failed(&doing, e))?;
-                }
-                // Final, or a server that never answered: misconfiguration,
-                // not an outage to wait out.
-                Err(e) if !e.is_transient() || !self.client.replied => {
-                    self.leave(req, &mut place);
-                    return Err(match e {
-                        Error::Request(_) => e,
-                        e => self.client.failed(&doing, e),
-                    });
-                }
-                Err(e) => match retry.failed(&patience) {
-                    Some(pause) => {
-                        log::info(format!("acquire failed: {e}; retrying"));
-                        std::thread::sleep(pause);
+                    self.created = true;
+                    if let Err(e) = self.pg.create() {
+                        let doing = format!("acquiring {}", self.req.name);
+                        return Ok(Step::Over(self.pg.client.failed(&doing, e)));
                     }
-                    None => {
-                        self.leave(req, &mut place);
-                        return Err(self.client.failed(&doing, e));
-                    }
-                },
+                }
+                done => return done,
             }
         }
+    }
+
+    fn leave(&mut self) {
+        self.pg.leave(self.req, &mut self.place);
+    }
+
+    fn transport(&self) -> &Client {
+        &self.pg.client
+    }
+}
+
+impl Postgres {
+    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        let mut taking = Taking {
+            pg: self,
+            req,
+            place: Place::default(),
+            created: false,
+        };
+        drive(&mut taking, req, wait)
     }
 
     /// Create lockrun's tables in the schema (README "PostgreSQL").

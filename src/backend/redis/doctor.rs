@@ -3,14 +3,15 @@
 //! runs: INFO, CONFIG GET, TIME, ACL DRYRUN, and where the user may not
 //! dry-run, a read-only script that asks `redis.acl_check_cmd`.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::{Cmd, Connection, ErrorKind, RedisError, RedisResult, Script, Value};
 
 use super::address::{Node, RedisUrl, Topology};
 use super::connector::{Conn, Connector, connect};
 use super::link::{describe, is_auth_error};
-use crate::backend::{Check, Opening, Verdict, round_trip_check};
+use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
+use crate::backend::{Check, Opening, Verdict};
 use crate::clock::Boot;
 
 /// Every command lockrun sends or its scripts run, with arguments shaped as
@@ -326,7 +327,7 @@ fn one_server(
         }
     }
     if let Some(offset) = timed.offset {
-        out.push(clock_check(offset));
+        out.push(clock(offset));
     }
     out.extend(settings(a, url, prefix));
     out
@@ -379,89 +380,42 @@ fn settings(a: &mut Asker, url: &RedisUrl, prefix: &str) -> Vec<Check> {
     out
 }
 
-fn shown(d: Duration) -> String {
-    humantime::format_duration(Duration::from_micros(d.as_micros() as u64)).to_string()
-}
-
 /// What five TIME round trips found.
 struct Timed {
-    /// How many were answered.
     answered: u32,
-    /// The slowest (what a renewal must live with).
     worst: Option<Duration>,
-    /// The server's clock minus this host's, from the fastest (the least
-    /// uncertain).
     offset: Option<f64>,
     /// The server's refusal (an ACL without +time).
     refused: Option<RedisError>,
 }
 
 fn time_samples(a: &mut Asker) -> Timed {
-    let mut t = Timed {
-        answered: 0,
-        worst: None,
-        offset: None,
-        refused: None,
-    };
-    let mut best: Option<Duration> = None;
-    for _ in 0..5 {
-        let before = wall();
-        let sent = Boot::now();
-        let reply = a
+    let (t, failed) = time_round_trips(|| {
+        let (secs, micros) = a
             .send(&redis::cmd("TIME"))
-            .and_then(|v| Ok(redis::from_redis_value::<(u64, u64)>(v)?));
-        let (secs, micros) = match reply {
-            Ok(v) => v,
-            Err(e) => {
-                if e.code().is_some() {
-                    t.answered += 1;
-                    t.refused = Some(e);
-                }
-                break;
-            }
-        };
-        t.answered += 1;
-        let rtt = Boot::now().since(sent);
-        let server = secs as f64 + micros as f64 / 1e6;
-        let offset = server - (before + rtt.as_secs_f64() / 2.0);
-        t.worst = Some(t.worst.map_or(rtt, |w| w.max(rtt)));
-        if best.is_none_or(|r| rtt < r) {
-            best = Some(rtt);
-            t.offset = Some(offset);
-        }
+            .and_then(|v| Ok(redis::from_redis_value::<(u64, u64)>(v)?))?;
+        Ok::<_, RedisError>(secs as f64 + micros as f64 / 1e6)
+    });
+    // An error reply is an answer too (a connection that broke is not).
+    let refused = failed.filter(|e| e.code().is_some());
+    Timed {
+        answered: t.answered + u32::from(refused.is_some()),
+        worst: t.worst,
+        offset: t.offset,
+        refused,
     }
-    t
 }
 
-fn wall() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-fn clock_check(offset: f64) -> Check {
-    let why = "tokens are floored by the server's clock (TIME): after a failover that lost \
-               the token counter, a new master whose clock is behind the old one's by more \
-               than the failover took can hand out a lower token";
-    let ahead = if offset >= 0.0 { "ahead of" } else { "behind" };
-    let said = format!(
-        "the server's clock is {} {ahead} this host's",
-        shown(Duration::from_secs_f64(offset.abs()))
-    );
-    if offset.abs() < 1.0 {
-        Check::ok(
-            "clock",
-            format!("{said} (tokens are floored by the server's clock: keep NTP on every server)"),
-        )
-    } else {
-        Check::warn(
-            "clock",
-            format!(
-                "{said}: {why}; run NTP (chrony, systemd-timesyncd) on this host and every Redis server"
-            ),
-        )
-    }
+/// Tokens are floored by the server's clock.
+fn clock(offset: f64) -> Check {
+    clock_check(
+        offset,
+        "tokens are floored by the server's clock: keep NTP on every server",
+        "tokens are floored by the server's clock (TIME): after a failover that lost the \
+         token counter, a new master whose clock is behind the old one's by more than the \
+         failover took can hand out a lower token; run NTP (chrony, systemd-timesyncd) on \
+         this host and every Redis server",
+    )
 }
 
 fn version_check(version: Option<&str>) -> Check {
@@ -758,7 +712,7 @@ mod tests {
 
     #[test]
     fn clocks_apart_by_a_second_warn() {
-        assert_eq!(clock_check(0.004).verdict, Verdict::Ok);
-        assert_eq!(clock_check(-2.5).verdict, Verdict::Warn);
+        assert_eq!(clock(0.004).verdict, Verdict::Ok);
+        assert_eq!(clock(-2.5).verdict, Verdict::Warn);
     }
 }

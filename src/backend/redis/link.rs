@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::address::Node;
 use super::connector::{Conn, Connector, Linked};
 use crate::backend::Error;
+use crate::backend::drive::Transport;
 use crate::log;
 
 /// Server error codes that a restart, a failover or a cluster change produce
@@ -56,9 +57,18 @@ pub struct Link {
     pub display: String,
     /// Bounds one request, connect included.
     pub op: Duration,
-    /// The server has answered at least once: later transport errors may be
-    /// a restart worth waiting out, earlier ones are misconfiguration.
+    /// The server has answered at least once (`Transport::replied`).
     pub replied: bool,
+}
+
+impl Transport for Link {
+    fn replied(&self) -> bool {
+        self.replied
+    }
+
+    fn shown(&self) -> &str {
+        &self.display
+    }
 }
 
 impl Link {
@@ -129,11 +139,6 @@ impl Link {
         self.connector
             .still_master(self.node.as_ref(), self.op)
             .map_err(|e| Error::Transient(describe(&e)))
-    }
-
-    /// A failure of `doing`, saying which server it was.
-    pub fn failed(&self, doing: &str, e: Error) -> Error {
-        e.doing(format_args!("{doing} on {}", self.display))
     }
 }
 

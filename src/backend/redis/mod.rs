@@ -14,9 +14,9 @@ mod address;
 mod connector;
 mod doctor;
 mod link;
-mod queue;
 mod reply;
 mod scripts;
+mod take;
 
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ use super::{
     Status, Wait,
 };
 use super::{Renewal, Renewer, Renewing};
+use crate::backend::drive::Transport;
 use crate::clock::Boot;
 use crate::log;
 use crate::schedule::Timing;
@@ -449,7 +450,7 @@ impl Held for RedisHeld {
         // The connection sat idle while the job ran; one retry on a fresh
         // connection covers a server that dropped it.
         for _ in 0..2 {
-            match queue::release(
+            match take::release(
                 &mut self.link,
                 &self.keys,
                 &self.owner,

@@ -69,7 +69,7 @@ pub static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(INSPECT));
 pub static FORCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| script(FORCE));
 
 /// Every key of one name, all under one hash tag (one Cluster slot).
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Keys {
     pub lock: String,
     fence: String,

@@ -1,0 +1,377 @@
+//! Taking a name on Redis: one try of the acquire script, and between tries
+//! a blocking pop on our own wake-up list, which a release serving the queue
+//! pushes to. The give-up clock, the waiting line and the retry budget are
+//! the driver's (`backend::drive`).
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::link::Link;
+use super::reply::Acquire;
+use super::scripts::{ACQUIRE_SCRIPT, Keys, RELEASE_SCRIPT};
+use super::{Redis, RedisHeld};
+use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::wait::{Patience, Retry};
+use crate::backend::{Acquired, Error, Lease, Request, Wait};
+use crate::clock::Boot;
+use crate::log;
+
+/// Random hex for a waiter's place in the queue (public, unlike the owner value).
+fn waiter_id() -> String {
+    let mut bytes = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
+    let pid = std::process::id();
+    let mut id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    id.push_str(&format!("{pid:x}"));
+    id
+}
+
+/// Give up a lease or a place in the queue (and a grant handed over
+/// meanwhile, which goes to the next). Ok(false): none was ours.
+pub fn leave(link: &mut Link, keys: &Keys, owner: &str, id: &str) -> Result<bool, Error> {
+    release(link, keys, owner, id, None)
+}
+
+/// Give up a lease as `leave` does; with `min_hold`, a lease still within
+/// that long of its grant (on the server's clock) stays held, by no one,
+/// until then.
+pub fn release(
+    link: &mut Link,
+    keys: &Keys,
+    owner: &str,
+    id: &str,
+    min_hold: Option<Duration>,
+) -> Result<bool, Error> {
+    let script = &*RELEASE_SCRIPT;
+    // Whole milliseconds, rounded up: the window is never shorter than asked.
+    let hold = min_hold.map_or(0, |d| {
+        u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    });
+    link.call(|c| {
+        keys.on(script)
+            .arg(owner)
+            .arg(id)
+            .arg(hold)
+            .invoke::<i64>(c)
+    })
+    .map(|n| n == 1)
+}
+
+/// Block on our wake-up list for at most `timeout`.
+/// Some(true): woken by a grant; Some(false): by a refusal; None: timed out.
+fn wait_for_wakeup(link: &mut Link, key: &str, timeout: Duration) -> Result<Option<bool>, Error> {
+    let op = link.op;
+    let mut cut = false;
+    let woken = link.call(|c| {
+        if c.is_cluster() {
+            // A cluster connection retries a read that timed out: the
+            // server's own timeout ends the wait (up to 1/hz late).
+            c.set_read_timeout(Some(timeout + op))?;
+            let popped: Option<(String, String)> = redis::cmd("BLPOP")
+                .arg(key)
+                .arg(format!("{:.3}", timeout.as_secs_f64()))
+                .query(c)?;
+            c.set_read_timeout(Some(op))?;
+            return Ok(popped.map(|(_, v)| v != "refused"));
+        }
+        // Redis ends a BLPOP's timeout only when it next looks at its
+        // blocked clients, up to 1/hz (100 ms) late: `--wait`, a place
+        // in the queue and a holder's end must not wait for that. Our
+        // read timeout ends the wait at its time; the server's, later,
+        // only cleans up after us.
+        c.set_read_timeout(Some(timeout))?;
+        let popped: Option<(String, String)> = match redis::cmd("BLPOP")
+            .arg(key)
+            .arg(format!("{:.3}", (timeout + op).as_secs_f64()))
+            .query(c)
+        {
+            Ok(p) => p,
+            Err(e) if e.is_timeout() => {
+                cut = true;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        c.set_read_timeout(Some(op))?;
+        Ok(popped.map(|(_, v)| v != "refused"))
+    });
+    if cut {
+        // The BLPOP still stands on the server: a new connection for
+        // the next call. A wake-up it takes from our list is not lost
+        // news: the grant or refusal is in the queue's state, which
+        // the next call reads.
+        link.conn = None;
+    }
+    woken
+}
+
+/// Keep trying after transport errors for this long before giving up with 69.
+fn outage_budget(req: &Request) -> Duration {
+    req.timing.ttl.max(Duration::from_secs(5))
+}
+
+impl Redis {
+    /// Whether a grant just made counts: behind sentinels, it was made on
+    /// the master a majority names now; with `--replicas`, enough replicas
+    /// have it. The flag with an error: the master may be elsewhere now.
+    fn confirm_grant(&mut self) -> Result<(), (Error, bool)> {
+        match self.link.on_master() {
+            Ok(true) => {}
+            Ok(false) => {
+                let moved = "the grant came from a master the sentinels no longer name";
+                return Err((Error::Transient(moved.into()), true));
+            }
+            Err(e) => return Err((e, true)),
+        }
+        if self.replicas > 0 {
+            self.link
+                .acknowledged(self.replicas, "grant")
+                .map_err(|e| (e, false))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        let keys = Keys::new(&self.prefix, req.name);
+        let id = waiter_id();
+        let wake_key = format!("{}{id}", keys.wake);
+        // A queued waiter keeps its place for a third of its ttl, so one
+        // killed in the queue is dropped from it within that; it renews its
+        // place `op` (the bound on one request) before the place would lapse.
+        let alive = (req.timing.ttl / 3).max(Duration::from_millis(100));
+        let mut taking = Taking {
+            redis: self,
+            req,
+            keys,
+            id,
+            wake_key,
+            alive,
+            refresh: alive.saturating_sub(req.timing.op).max(alive / 2),
+            queue: if wait == Wait::No { "0" } else { "1" },
+            outer: req.outer.clone().unwrap_or_default(),
+            unconfirmed: Retry::new(outage_budget(req)),
+            holder: None,
+            holder_end: None,
+            keep_only: false,
+            place: None,
+            queued: false,
+            placed: false,
+        };
+        drive(&mut taking, req, wait)
+    }
+}
+
+/// One request for a name on Redis, as the driver steps it.
+struct Taking<'a> {
+    redis: &'a mut Redis,
+    req: &'a Request<'a>,
+    keys: Keys,
+    /// Our place's id in the queue, and the wake-up list a grant pushes to.
+    id: String,
+    wake_key: String,
+    /// How long a place lasts unless kept, and how often it is kept.
+    alive: Duration,
+    refresh: Duration,
+    /// "1" when the request may queue (not `-n`).
+    queue: &'static str,
+    outer: String,
+    /// The budget of grants given back unconfirmed (a script that answers
+    /// does not renew it).
+    unconfirmed: Retry,
+    holder: Option<String>,
+    /// When the soonest holder's lease runs out on its own, as last heard
+    /// at the head of the queue.
+    holder_end: Option<Boot>,
+    /// The next call only keeps our place.
+    keep_only: bool,
+    /// Our arrival number once queued: a place that lapsed while we lived
+    /// (a server paused past ttl/3) is taken back at it.
+    place: Option<i64>,
+    /// The last call queued us: the next step waits for a wake-up first.
+    queued: bool,
+    /// The server may hold a place or a grant of ours (a call that queued
+    /// us, or one whose reply was lost): leaving must give it back.
+    placed: bool,
+}
+
+impl Take for Taking<'_> {
+    type Transport = Link;
+
+    fn step(&mut self, patience: &mut Patience, retry: &mut Retry) -> Result<Step, Error> {
+        if self.queued {
+            self.queued = false;
+            if let Some(over) = self.wait(patience, retry) {
+                return Ok(Step::Over(over));
+            }
+        }
+        let req = self.req;
+        let script = &*ACQUIRE_SCRIPT;
+        let sent_at = Boot::now();
+        let (keys, id, outer) = (&self.keys, &self.id, &self.outer);
+        let (alive, queue, keep_only, place) = (self.alive, self.queue, self.keep_only, self.place);
+        let reply = self.redis.link.call(|c| {
+            keys.on(script)
+                .arg(&req.owner.secret)
+                .arg(&req.owner.shown)
+                .arg(req.timing.ttl.as_millis() as u64)
+                .arg(req.mode.code())
+                .arg(req.mode.limit())
+                .arg(queue)
+                .arg(id)
+                .arg(alive.as_millis() as u64)
+                .arg(outer)
+                .arg(if keep_only { "1" } else { "0" })
+                .arg(place.map(|n| n.to_string()).unwrap_or_default())
+                .invoke::<Vec<Value>>(c)
+        });
+        let reply = match reply {
+            Ok(v) => match Acquire::read(&v, req.mode) {
+                Ok(r) => r,
+                Err(e) => return Ok(Step::Over(e)),
+            },
+            Err(e) => {
+                // A reply may have been lost after the server granted it.
+                self.placed |= e.is_transient() && self.redis.link.replied;
+                return Err(e);
+            }
+        };
+        let holder_ends_in = match reply {
+            Acquire::Granted { token, slot } => {
+                return self.granted(token, slot, sent_at, patience);
+            }
+            Acquire::Disagrees(in_force) => {
+                return Ok(Step::Over(req.mode.disagreement(req.name, in_force)));
+            }
+            Acquire::Nested => return Ok(Step::Over(crate::backend::nested(req.name))),
+            Acquire::Busy { holder: h } => {
+                return Ok(Step::Done(Acquired::Busy {
+                    holder: h.or(self.holder.take()),
+                }));
+            }
+            Acquire::Queued {
+                holder: h,
+                holder_ends_in,
+                arrival,
+            } => {
+                self.placed = true;
+                self.place = arrival.or(self.place);
+                // A waiter keeping its place hears no holder: keep the last one heard.
+                self.holder = h.or(self.holder.take());
+                holder_ends_in
+            }
+        };
+        if patience.over() {
+            // Out of the queue; a grant handed over meanwhile goes to the next.
+            self.leave();
+            return Ok(Step::Done(Acquired::Busy {
+                holder: self.holder.take(),
+            }));
+        }
+        patience.tick(self.holder.as_deref());
+        if let Some(left) = holder_ends_in {
+            self.holder_end = Some(sent_at.add(left + Duration::from_millis(1)));
+        }
+        self.queued = true;
+        Ok(Step::Again)
+    }
+
+    fn leave(&mut self) {
+        if std::mem::take(&mut self.placed) {
+            let _ = leave(
+                &mut self.redis.link,
+                &self.keys,
+                &self.req.owner.secret,
+                &self.id,
+            );
+        }
+    }
+
+    fn transport(&self) -> &Link {
+        &self.redis.link
+    }
+}
+
+impl Taking<'_> {
+    /// A grant: confirmed, the lease; unconfirmed, given back and tried
+    /// again on a budget of its own.
+    fn granted(
+        &mut self,
+        token: u64,
+        slot: Option<u32>,
+        sent_at: Boot,
+        patience: &Patience,
+    ) -> Result<Step, Error> {
+        // A grant from a master that a failover demoted, or one too few
+        // replicas have, is no grant.
+        self.placed = true;
+        if let Err((e, elsewhere)) = self.redis.confirm_grant() {
+            self.leave();
+            if elsewhere {
+                // The next call goes to the master of the moment.
+                self.redis.link.conn = None;
+            }
+            return match self.unconfirmed.failed(patience) {
+                Some(pause) if e.is_transient() => {
+                    log::info(format!("{e}; retrying"));
+                    std::thread::sleep(pause);
+                    Ok(Step::Again)
+                }
+                _ => {
+                    let doing = format!("acquiring {}", self.req.name);
+                    Ok(Step::Over(self.redis.link.failed(&doing, e)))
+                }
+            };
+        }
+        self.placed = false;
+        let req = self.req;
+        let held = RedisHeld {
+            link: self.redis.link.hand_over(),
+            replicas: self.redis.replicas,
+            keys: std::mem::take(&mut self.keys),
+            owner: req.owner.secret.clone(),
+            id: std::mem::take(&mut self.id),
+            name: req.name.to_string(),
+            timing: req.timing,
+            min_hold: req.min_hold,
+        };
+        // PEXPIREAT with the ttl asked: Redis grants what it is asked.
+        let lease = Lease::new(token, slot, sent_at, req.timing.ttl, Box::new(held));
+        Ok(Step::Done(Acquired::Granted(lease)))
+    }
+
+    /// Block until a release hands us the lease, but come back to keep our
+    /// place, when a holder's lease runs out on its own, to say we wait,
+    /// and when --wait runs out. Some: the request ends with this error.
+    fn wait(&mut self, patience: &Patience, retry: &mut Retry) -> Option<Error> {
+        let now = Boot::now();
+        let mut timeout = self.refresh;
+        match self.holder_end {
+            Some(end) if end > now => timeout = timeout.min(end.since(now)),
+            // Passed: the head looks at the holders when it comes; the
+            // others do not need to.
+            _ => self.holder_end = None,
+        }
+        let timeout = patience.cap(timeout).max(Duration::from_millis(1));
+        let woken = wait_for_wakeup(&mut self.redis.link, &self.wake_key, timeout);
+        // Woken, the next call confirms the grant (with a full ttl counted
+        // from its own sending) or looks again; otherwise it only keeps our
+        // place (and at the head, checks the holders).
+        self.keep_only = matches!(woken, Ok(None));
+        match woken {
+            Ok(_) => None,
+            Err(e) if !e.is_transient() => {
+                // BLPOP refused (an ACL without it, a foreign value at the
+                // wake-up key): final, never a retry loop.
+                self.leave();
+                let doing = format!("waiting for {}", self.req.name);
+                Some(self.redis.link.failed(&doing, e))
+            }
+            Err(e) => {
+                log::info(format!("waiting failed: {e}; retrying"));
+                std::thread::sleep(retry.pause());
+                None
+            }
+        }
+    }
+}
