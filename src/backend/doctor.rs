@@ -4,8 +4,53 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::Check;
 use crate::clock::Boot;
+
+/// How a `lockrun doctor` check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "fail",
+        }
+    }
+}
+
+/// One line of `lockrun doctor`: what was checked, how it came out, and
+/// (unless ok) what to do. Never carries a secret.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub verdict: Verdict,
+    pub topic: &'static str,
+    pub said: String,
+}
+
+impl Check {
+    pub fn new(verdict: Verdict, topic: &'static str, said: impl Into<String>) -> Check {
+        Check {
+            verdict,
+            topic,
+            said: said.into(),
+        }
+    }
+    pub fn ok(topic: &'static str, said: impl Into<String>) -> Check {
+        Check::new(Verdict::Ok, topic, said)
+    }
+    pub fn warn(topic: &'static str, said: impl Into<String>) -> Check {
+        Check::new(Verdict::Warn, topic, said)
+    }
+    pub fn fail(topic: &'static str, said: impl Into<String>) -> Check {
+        Check::new(Verdict::Fail, topic, said)
+    }
+}
 
 /// How many round trips a server is timed by.
 const SAMPLES: usize = 5;
