@@ -15,6 +15,7 @@
 mod address;
 mod client;
 mod doctor;
+mod promote;
 mod queue;
 mod take;
 

@@ -2,7 +2,8 @@
 //! full ttl, so an uncontended grant is two calls), judge the queue, and
 //! while blocked sit on a short lease and watch the keys whose going could
 //! let us in. The give-up clock, the waiting line and the retry budget are
-//! the driver's (`backend::drive`).
+//! the driver's (`backend::drive`); the promotion when our turn comes is
+//! `promote.rs`'s.
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
@@ -10,12 +11,12 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::client::Client;
-use super::client::{b64, int};
-use super::queue::{Entry, Keys, Record, Verdict, entries, holders, judge};
+use super::client::b64;
+use super::queue::{Keys, Record, Verdict, entries, judge};
 use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
 use crate::backend::drive::{Step, Take, drive};
 use crate::backend::wait::{Patience, Retry};
-use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
+use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
 
@@ -26,7 +27,7 @@ const WATCH_LIFE: Duration = Duration::from_secs(30);
 
 /// Compares a `--limit` promotion makes one per other holder up to this
 /// (etcd allows 128 operations in a transaction by default).
-const MAX_COMPARES: usize = 100;
+pub(super) const MAX_COMPARES: usize = 100;
 
 /// A waiter's key lives on a lease of a third of the ttl (whole seconds, at
 /// least etcd's smallest), so one killed in the queue holds up the others
@@ -36,56 +37,56 @@ fn waiter_ttl(ttl: Duration) -> Duration {
 }
 
 /// Our request in the queue.
-struct Mine {
-    key: String,
+pub(super) struct Mine {
+    pub(super) key: String,
     /// The key's create revision, once read.
-    create_rev: u64,
-    lease: i64,
-    lease_ttl: Duration,
+    pub(super) create_rev: u64,
+    pub(super) lease: i64,
+    pub(super) lease_ttl: Duration,
     /// When the request that started (or last renewed) the lease was sent.
-    lease_sent: Boot,
+    pub(super) lease_sent: Boot,
     /// On the short waiter lease rather than a full one.
-    waiting: bool,
+    pub(super) waiting: bool,
     /// Our record exactly as stored.
-    value: String,
+    pub(super) value: String,
     /// The create transaction went through (a retry finds the key there).
-    created: bool,
-    next_keepalive: Boot,
+    pub(super) created: bool,
+    pub(super) next_keepalive: Boot,
     /// While waiting, the full lease the key was created on, kept alive
     /// with nothing on it: the key moves back onto it when our turn comes,
     /// with no new lease to grant at hand-off.
-    spare: Option<Spare>,
+    pub(super) spare: Option<Spare>,
     /// A promotion sent whose reply may have been lost.
-    promoting: Option<Promotion>,
+    pub(super) promoting: Option<Promotion>,
     /// A move onto a waiter lease sent whose reply may have been lost: the
     /// next look tells from the lease our key is on whether it went through.
-    moving: Option<Spare>,
+    pub(super) moving: Option<Spare>,
     /// Watches in a row that ended without an event soon after they opened.
-    watch_failures: u32,
+    pub(super) watch_failures: u32,
 }
 
 #[derive(Clone, Copy)]
-struct Spare {
-    lease: i64,
-    ttl: Duration,
+pub(super) struct Spare {
+    pub(super) lease: i64,
+    pub(super) ttl: Duration,
     /// When its last keepalive (or its grant) was sent.
-    sent: Boot,
-    next_keepalive: Boot,
+    pub(super) sent: Boot,
+    pub(super) next_keepalive: Boot,
 }
 
 /// What our key becomes when our turn comes.
-struct Promotion {
-    value: String,
-    lease: i64,
-    lease_ttl: Duration,
-    lease_sent: Boot,
-    slot: Option<u32>,
+pub(super) struct Promotion {
+    pub(super) value: String,
+    pub(super) lease: i64,
+    pub(super) lease_ttl: Duration,
+    pub(super) lease_sent: Boot,
+    pub(super) slot: Option<u32>,
 }
 
 impl Mine {
     /// Our key is now on the waiter lease `w`; the full lease, with nothing
     /// on it any more, waits (kept alive) for our turn.
-    fn onto_waiter(&mut self, w: Spare) {
+    pub(super) fn onto_waiter(&mut self, w: Spare) {
         self.spare = Some(Spare {
             lease: self.lease,
             ttl: self.lease_ttl,
@@ -99,7 +100,7 @@ impl Mine {
         self.next_keepalive = w.next_keepalive;
     }
 
-    fn promoted(&mut self, p: Promotion) {
+    pub(super) fn promoted(&mut self, p: Promotion) {
         // A waiter lease left behind has nothing on it and lapses on its own.
         self.value = p.value;
         self.lease = p.lease;
@@ -341,186 +342,13 @@ impl Etcd {
         Ok(true)
     }
 
-    /// Our turn has come: a waiter moves its key to a lease of the full ttl
-    /// (the deadline counts from that grant), a `--limit` holder takes a
-    /// free slot. Both in one transaction that holds only if nothing in
-    /// the queue changed since it was read (two new holders never take the
-    /// same slot).
-    fn promote(
+    pub(super) fn granted(
         &mut self,
+        m: &Mine,
         req: &Request,
-        keys: &Keys,
-        mine: &mut Option<Mine>,
-        queue: &[Entry],
-        revision: u64,
-        created_now: bool,
-    ) -> Result<Step, Error> {
-        let m = mine.as_mut().expect("in the queue");
-        let limit = matches!(req.mode, Mode::Limit(_));
-        // With no transaction only when the key was granted by its own
-        // create: after any other look (a retry, a move onto a waiter
-        // lease whose reply was lost) the key may not be on the lease we
-        // believe, so it is put on a known full lease, with a new value
-        // that a write of ours landing late no longer matches.
-        if created_now && !m.waiting && !limit {
-            // Granted at its create, whose revision is higher than that of
-            // every earlier grant: each had its key gone, or granted, by then.
-            return Ok(Step::Done(self.granted(m, req, None, m.create_rev)));
-        }
-        let (lease, ttl, sent) = if let (true, Some(sp)) = (m.waiting, m.spare) {
-            // The deadline counts from the spare's last keepalive.
-            (sp.lease, sp.ttl, sp.sent)
-        } else if m.waiting {
-            let sent = Boot::now();
-            let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
-            (lease, ttl, sent)
-        } else {
-            (m.lease, m.lease_ttl, m.lease_sent)
-        };
-        let mut record = Record::decode(&m.value).expect("our own record");
-        // Never the value it had: the transaction must change it.
-        record.granted_ms = wall_ms().max(record.granted_ms + 1);
-        if limit {
-            let used: Vec<u32> = queue[..holders(queue)]
-                .iter()
-                .filter(|e| e.key != m.key)
-                .filter_map(|e| e.record.slot)
-                .collect();
-            record.slot = (0..req.mode.limit()).find(|s| !used.contains(s));
-        }
-        let value = record.encode();
-        let mut compare = vec![
-            holds(&m.key, &m.value),
-            json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.create_rev.to_string()}),
-        ];
-        if limit {
-            // No other holder written (a slot taken) or gone (the holders
-            // changed) since the queue was read. With every slot's holder
-            // in the queue, a request that arrives meanwhile queues behind
-            // them and cannot take a slot without one of them going first,
-            // so it does not abort ours: a stream of arrivals cannot starve
-            // a promotion. With fewer, an arrival is a holder too: no key
-            // may have come since the read.
-            let held = holders(queue);
-            let others: Vec<&Entry> = queue[..held].iter().filter(|e| e.key != m.key).collect();
-            if others.len() <= MAX_COMPARES {
-                compare.extend(others.iter().map(|e| {
-                    json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()})
-                }));
-                if held < req.mode.limit() as usize {
-                    compare.push(json!({
-                        "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
-                        "target": "CREATE", "result": "LESS",
-                        "create_revision": (revision + 1).to_string(),
-                    }));
-                }
-            } else {
-                // More than a transaction may hold: no key of the queue
-                // written since it was read.
-                compare.push(json!({
-                    "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
-                    "target": "MOD", "result": "LESS",
-                    "mod_revision": (revision + 1).to_string(),
-                }));
-            }
-        }
-        let promotion = Promotion {
-            value,
-            lease,
-            lease_ttl: ttl,
-            lease_sent: sent,
-            slot: record.slot,
-        };
-        self.send_promotion(m, req, compare, promotion)
-    }
-
-    /// Put our key on `p`'s lease with `p`'s value if `compare` holds: our
-    /// turn. Remembered before it is sent (a lost reply is found out by the
-    /// next look); a spare that lapsed meanwhile means looking again.
-    fn send_promotion(
-        &mut self,
-        m: &mut Mine,
-        req: &Request,
-        compare: Vec<serde_json::Value>,
-        p: Promotion,
-    ) -> Result<Step, Error> {
-        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&p.value), "lease": p.lease.to_string()}});
-        m.promoting = Some(p);
-        let v = match txn(&mut self.client, compare, vec![put], vec![]) {
-            Ok(v) => v,
-            // The spare lapsed (its keepalives failed for a ttl): look
-            // again, and grant a new one.
-            Err(Error::Refused(e)) if e.contains("lease not found") => {
-                m.promoting = None;
-                m.spare = None;
-                return Ok(Step::Again);
-            }
-            Err(e) => return Err(e),
-        };
-        let p = m.promoting.take().expect("set above");
-        if !succeeded(&v) {
-            if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
-                let _ = revoke(&mut self.client, p.lease);
-            }
-            return Ok(Step::Again);
-        }
-        let slot = p.slot;
-        m.promoted(p);
-        // The revision of the write that granted us: higher than every
-        // earlier grant's (of this slot and of the name), whichever of the
-        // holders arrived first.
-        let token = int(&v["header"]["revision"])
-            .filter(|r| *r > 0)
-            .ok_or_else(|| Error::Internal(format!("etcd's reply has no revision: {v}")))?;
-        Ok(Step::Done(self.granted(m, req, slot, token as u64)))
-    }
-
-    /// The key an exclusive waiter watched has gone: take the name in one
-    /// transaction that holds only if no key of the queue is older than
-    /// ours (our own is in it, so the range is never empty), with no read
-    /// before it. A hand-off then costs the release and this one write.
-    /// Anything else, or a compare that fails, looks at the queue as usual.
-    fn first_in_line(
-        &mut self,
-        req: &Request,
-        keys: &Keys,
-        mine: &mut Option<Mine>,
-    ) -> Result<Step, Error> {
-        let m = mine.as_mut().expect("in the queue");
-        let (Mode::Exclusive, true, Some(sp), None, None, 1..) = (
-            req.mode,
-            m.waiting,
-            m.spare,
-            &m.moving,
-            &m.promoting,
-            m.create_rev,
-        ) else {
-            return Ok(Step::Again);
-        };
-        let mut record = Record::decode(&m.value).expect("our own record");
-        record.granted_ms = wall_ms().max(record.granted_ms + 1);
-        let value = record.encode();
-        let compare = vec![
-            holds(&m.key, &m.value),
-            json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.create_rev.to_string()}),
-            json!({
-                "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
-                "target": "CREATE", "result": "GREATER",
-                "create_revision": (m.create_rev - 1).to_string(),
-            }),
-        ];
-        // The deadline counts from the spare's last keepalive, as in `promote`.
-        let promotion = Promotion {
-            value,
-            lease: sp.lease,
-            lease_ttl: sp.ttl,
-            lease_sent: sp.sent,
-            slot: None,
-        };
-        self.send_promotion(m, req, compare, promotion)
-    }
-
-    fn granted(&mut self, m: &Mine, req: &Request, slot: Option<u32>, token: u64) -> Acquired {
+        slot: Option<u32>,
+        token: u64,
+    ) -> Acquired {
         let held = EtcdHeld {
             client: self.client.hand_over(),
             key: m.key.clone(),
