@@ -17,6 +17,7 @@ mod link;
 mod reply;
 mod scripts;
 mod take;
+mod verdicts;
 
 use std::time::Duration;
 
