@@ -3,7 +3,6 @@
 //! runs: INFO, CONFIG GET, TIME, ACL DRYRUN, and where the user may not
 //! dry-run, a read-only script that asks `redis.acl_check_cmd`.
 
-use super::verdicts::{eviction_check, persistence_check, replication_check, version_check};
 use std::time::Duration;
 
 use redis::{Cmd, Connection, ErrorKind, RedisError, RedisResult, Script, Value};
@@ -11,6 +10,7 @@ use redis::{Cmd, Connection, ErrorKind, RedisError, RedisResult, Script, Value};
 use super::address::{Node, RedisUrl, Topology};
 use super::connector::{Conn, Connector, connect};
 use super::link::{describe, is_auth_error};
+use super::verdicts::{eviction_check, persistence_check, replication_check, version_check};
 use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
 use crate::backend::{Check, Opening, Verdict};
 use crate::clock::Boot;
