@@ -231,8 +231,7 @@ impl Prepared {
         };
         let mut args = ChildArgs {
             p: self,
-            // SAFETY: getpid has no preconditions.
-            parent: unsafe { libc::getpid() },
+            parent: rustix::process::getpid().as_raw_nonzero().get(),
             errno: 0,
         };
         // SAFETY: the stack grows down from its 16-byte-aligned top; all signals

@@ -39,8 +39,12 @@ pub fn open_std_fds() {
 /// Keep other processes of the same user (the job among them) from reading
 /// lockrun's memory, `/proc/PID/environ` or `/proc/PID/fd` (or let them again).
 pub fn set_dumpable(on: bool) {
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, libc::c_ulong::from(on)) };
+    use rustix::process::{DumpableBehavior, set_dumpable_behavior};
+    let _ = set_dumpable_behavior(if on {
+        DumpableBehavior::Dumpable
+    } else {
+        DumpableBehavior::NotDumpable
+    });
 }
 
 /// Whether `sig` is ignored right now (a query, no change).
@@ -92,17 +96,25 @@ pub fn set_mask(mask: &libc::sigset_t) {
 
 /// Send `sig` to a process, never to pid ≤ 1 (which would mean "everyone").
 pub fn signal_pid(pid: i32, sig: i32) {
-    if pid > 1 {
-        // SAFETY: kill(2) has no memory effects.
-        unsafe { libc::kill(pid, sig) };
+    if pid > 1
+        && let (Some(p), Some(s)) = (
+            rustix::process::Pid::from_raw(pid),
+            rustix::process::Signal::from_named_raw(sig),
+        )
+    {
+        let _ = rustix::process::kill_process(p, s);
     }
 }
 
 /// Send `sig` to a process group, never to pgid ≤ 1.
 fn signal_group(pgid: i32, sig: i32) {
-    if pgid > 1 {
-        // SAFETY: as above.
-        unsafe { libc::kill(-pgid, sig) };
+    if pgid > 1
+        && let (Some(p), Some(s)) = (
+            rustix::process::Pid::from_raw(pgid),
+            rustix::process::Signal::from_named_raw(sig),
+        )
+    {
+        let _ = rustix::process::kill_process_group(p, s);
     }
 }
 
