@@ -8,7 +8,7 @@
 //! By layer: `files.rs` is the directory (and why it is safe to trust), file
 //! names and flocking; `record.rs` the text a lock file holds; `proclocks.rs`
 //! what /proc/locks says and the search for a deleted file's holder;
-//! `queue.rs` the places in the queue and one request's wait; `lockfile.rs`
+//! `places.rs` the places in the queue and one request's wait; `lockfile.rs`
 //! taking one lock file; `take.rs` taking and granting a name; `status.rs` a
 //! name's holders and waiters; `windows.rs` ending `--min-hold` windows;
 //! `lease.rs` the lease held. This file holds the engine's row and address,
@@ -31,8 +31,8 @@ use super::{
 mod files;
 mod lease;
 mod lockfile;
+mod places;
 mod proclocks;
-mod queue;
 mod record;
 mod status;
 mod take;
@@ -45,11 +45,11 @@ use files::{
     file_name, flock_blocking, identity, name_of_file, nonblocking, open_lock_file, prepare_dir,
     suffixed,
 };
-use proclocks::{find_orphan_holder, flocks, lockers};
-use queue::{
+use places::{
     Heard, MAX_PLACES, Place, Queued, Seen, Waiter, fresh_place, mono_ns, read_place, share_gate,
     write_place,
 };
+use proclocks::{find_orphan_holder, flocks, lockers};
 #[cfg(test)]
 use record::write_token;
 use record::{
