@@ -226,20 +226,7 @@ fn a_waiter_killed_in_the_queue_holds_up_the_next_by_a_third_of_the_ttl() {
 #[test]
 fn a_user_s_password_opens_etcd_and_reaches_no_line_and_no_job() {
     let etcd = Etcd::start();
-    etcd.ctl(&["user", "add", "root:rootpw"]);
-    etcd.ctl(&["user", "add", "locker:s3cretpw"]);
-    etcd.ctl(&["role", "add", "locking"]);
-    etcd.ctl(&[
-        "role",
-        "grant-permission",
-        "locking",
-        "--prefix=true",
-        "readwrite",
-        "lockrun:",
-    ]);
-    etcd.ctl(&["user", "grant-role", "locker", "locking"]);
-    etcd.ctl(&["auth", "enable"]);
-    let url = format!("etcd://locker:s3cretpw@127.0.0.1:{}", etcd.port);
+    let url = etcd.with_locker("s3cretpw");
     let out = lockrun()
         .env("LOCKRUN_URL", &url)
         .args(["-v", "--ttl", "3s", "auth", "-c"])

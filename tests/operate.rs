@@ -619,20 +619,7 @@ fn behind_sentinels_doctor_reads_the_master() {
 #[test]
 fn doctor_on_etcd_checks_the_user_s_permissions_on_the_prefix() {
     let etcd = Etcd::start();
-    etcd.ctl(&["user", "add", "root:rootpw"]);
-    etcd.ctl(&["user", "add", "locker:s3cretpw-e"]);
-    etcd.ctl(&["role", "add", "locking"]);
-    etcd.ctl(&[
-        "role",
-        "grant-permission",
-        "locking",
-        "--prefix=true",
-        "readwrite",
-        "lockrun:",
-    ]);
-    etcd.ctl(&["user", "grant-role", "locker", "locking"]);
-    etcd.ctl(&["auth", "enable"]);
-    let url = format!("etcd://locker:s3cretpw-e@127.0.0.1:{}", etcd.port);
+    let url = etcd.with_locker("s3cretpw-e");
     let ran = on(&url).arg("doctor").output();
     let out = ran.stdout();
     assert!(!format!("{out}{}", ran.stderr()).contains("s3cretpw-e"));

@@ -86,20 +86,7 @@ fn postgres_rights_revoked_from_the_role_stop_the_job_at_the_next_renewal() {
 #[test]
 fn etcd_a_permission_removed_from_the_role_stops_the_job_at_the_next_renewal() {
     let etcd = Etcd::start();
-    etcd.ctl(&["user", "add", "root:rootpw"]);
-    etcd.ctl(&["user", "add", "locker:s3cretpw"]);
-    etcd.ctl(&["role", "add", "locking"]);
-    etcd.ctl(&[
-        "role",
-        "grant-permission",
-        "locking",
-        "--prefix=true",
-        "readwrite",
-        "lockrun:",
-    ]);
-    etcd.ctl(&["user", "grant-role", "locker", "locking"]);
-    etcd.ctl(&["auth", "enable"]);
-    let url = format!("etcd://locker:s3cretpw@127.0.0.1:{}", etcd.port);
+    let url = etcd.with_locker("s3cretpw");
     let scratch = Scratch::new();
     let (child, job) = holder(&url, &scratch);
     etcd.ctl(&[

@@ -817,6 +817,26 @@ pub struct Etcd {
 }
 
 impl Etcd {
+    /// Turn on authentication: a root user and a user `locker` (password
+    /// `password`) whose role may read and write under `lockrun:`; returns
+    /// the URL that logs in as `locker`.
+    pub fn with_locker(&self, password: &str) -> String {
+        self.ctl(&["user", "add", "root:rootpw"]);
+        self.ctl(&["user", "add", &format!("locker:{password}")]);
+        self.ctl(&["role", "add", "locking"]);
+        self.ctl(&[
+            "role",
+            "grant-permission",
+            "locking",
+            "--prefix=true",
+            "readwrite",
+            "lockrun:",
+        ]);
+        self.ctl(&["user", "grant-role", "locker", "locking"]);
+        self.ctl(&["auth", "enable"]);
+        format!("etcd://locker:{password}@127.0.0.1:{}", self.port)
+    }
+
     pub fn start() -> Etcd {
         Etcd::start_with(None)
     }
