@@ -33,7 +33,10 @@ pub struct Row {
     pub code: &'static str,
     /// A few words, for `--help`.
     pub short: &'static str,
+    /// What happened.
     pub meaning: &'static str,
+    /// What shows what went on (the man page; README keeps it short).
+    pub check: &'static str,
     /// What an operator does about it.
     pub action: &'static str,
 }
@@ -43,6 +46,7 @@ pub const TABLE: &[Row] = &[
         code: "the job's code",
         short: "the job's own code",
         meaning: "the job ran and exited on its own",
+        check: "the job's own output and logs",
         action: "nothing of lockrun's: the code is the job's own",
     },
     Row {
@@ -51,6 +55,8 @@ pub const TABLE: &[Row] = &[
         meaning: "the job died of signal N. For SIGINT lockrun releases the lock and then kills \
                   itself with SIGINT, so a calling shell loop stops as it would without lockrun \
                   (`$?` is still 130)",
+        check: "`dmesg` or the system journal for the OOM killer, the CI system's log for a \
+                cancelled run",
         action: "find who sent the signal (a cancelled CI run, `kill`, the OOM killer: 137)",
     },
     Row {
@@ -58,20 +64,26 @@ pub const TABLE: &[Row] = &[
         short: "75 not acquired (-E)",
         meaning: "lock not acquired: held elsewhere with `-n`, or `--wait` ran out; the job did \
                   not run",
-        action: "nothing if skipping was meant (`-n -E 0` in cron); `lockrun status NAME` names \
-                 the holder",
+        check: "`lockrun status NAME` names the holder and the requests waiting; `-v` prints \
+                who a waiter waits for",
+        action: "nothing if skipping was meant (`-n -E 0` in cron); else a longer `--wait`, or \
+                 find out why the holder runs so long",
     },
     Row {
         code: "76",
         short: "76 lease lost, job stopped",
         meaning: "the lease was lost while a process of the job was alive; lockrun stopped the job",
-        action: "read the line on stderr (revoked, engine unreachable, a failover, a pause); the \
-                 job may have stopped half-way: let it fence on `LOCKRUN_TOKEN`, then run it again",
+        check: "the line lockrun printed on stderr names the cause (revoked, the engine \
+                unreachable, a failover, lockrun paused); `lockrun doctor` shows whether the \
+                engine is healthy now, `-vv` every renewal",
+        action: "the job may have stopped half-way: let it fence on `LOCKRUN_TOKEN`, then run it \
+                 again; a longer `--ttl` rides out longer outages of the engine",
     },
     Row {
         code: "64",
         short: "64 usage",
         meaning: "usage or configuration error; nothing was contacted, no job started",
+        check: "the one line on stderr names the option or variable",
         action: "fix the option or `LOCKRUN_*` variable the line names",
     },
     Row {
@@ -79,7 +91,9 @@ pub const TABLE: &[Row] = &[
         short: "69 engine unreachable or refused",
         meaning: "the engine was unreachable or refused lockrun before the job started (connect, \
                   auth, TLS, a foreign key at the lock's name)",
-        action: "`lockrun doctor` with the same URL says what is wrong; run again once it is fixed",
+        check: "`lockrun doctor` with the same URL and prefix names the failing check",
+        action: "fix what the line or `lockrun doctor` names (address, credentials, CA, the \
+                 user's rights), then run again: nothing ran and nothing is held",
     },
     Row {
         code: "70",
@@ -87,6 +101,8 @@ pub const TABLE: &[Row] = &[
         meaning: "internal error, or a kernel or sandbox without the calls lockrun needs to stop \
                   a job (no job started); after the job started, only once every process of the \
                   job is gone and the lease released",
+        check: "the line on stderr; `uname -r`; the sandbox's system call filter; `ulimit -n` \
+                and `ulimit -u`",
         action: "read the line: Linux 5.3 or later and a sandbox that allows pidfds, or a file, \
                  thread or descriptor limit; otherwise a bug to report",
     },
@@ -94,6 +110,7 @@ pub const TABLE: &[Row] = &[
         code: "126 / 127",
         short: "126 not executable; 127 not found",
         meaning: "command found but not executable / command not found",
+        check: "`command -v` of the command with the job's `PATH`",
         action: "check the command and `PATH` (cron's is `/usr/bin:/bin`)",
     },
 ];
@@ -117,15 +134,17 @@ pub fn markdown() -> String {
     out
 }
 
-/// The man page's EXIT STATUS section, in roff.
+/// The man page's EXIT STATUS section, in roff: for each code what
+/// happened, what to look at and what to do.
 pub fn roff() -> String {
     let mut out = String::from(".SH EXIT STATUS\n");
     for r in TABLE {
         out.push_str(&format!(
-            ".TP\n\\fB{}\\fR\n{}.\n{}.\n",
+            ".TP\n\\fB{}\\fR\n{}.\n.br\n\\fICheck:\\fR {}.\n.br\n\\fIDo:\\fR {}.\n",
             roff_text(r.code),
             roff_text(&upper_first(r.meaning)),
-            roff_text(&upper_first(r.action))
+            roff_text(r.check),
+            roff_text(r.action)
         ));
     }
     out

@@ -37,29 +37,95 @@ fn completions_and_man_page_are_up_to_date() {
     );
 }
 
-/// The man page renders without a single groff warning, and has the
-/// sections a man page reader looks for.
+/// The manual's pages under `man/`.
+fn pages() -> Vec<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("man");
+    let mut pages: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "1" || x == "7"))
+        .collect();
+    pages.sort();
+    pages
+}
+
+/// Every page renders without a single groff warning, carries this build's
+/// version, and has the sections a reader looks for; `apropos lockrun`
+/// finds each by its NAME line.
 #[test]
-fn the_man_page_is_clean_groff() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("groff")
-        .args(["-ww", "-z", "-man"])
-        .arg(root.join("man/lockrun.1"))
-        .output()
-        .unwrap_or_else(|_| {
-            panic!("groff not found: this test needs it (apt-get install -y groff-base)")
-        });
-    assert!(
-        out.status.success() && out.stderr.is_empty(),
-        "{}",
-        text(&out.stderr)
-    );
-    let page = std::fs::read_to_string(root.join("man/lockrun.1")).unwrap();
-    for section in [".SH EXIT STATUS", ".SH ENVIRONMENT", ".SH COMMANDS"] {
-        assert!(page.contains(section), "no {section}");
+fn every_page_is_clean_groff() {
+    let pages = pages();
+    let names: Vec<String> = pages
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for want in ["lockrun.1", "lockrun-engines.7", "lockrun-safety.7"] {
+        assert!(names.iter().any(|n| n == want), "man/{want} is missing");
     }
-    assert!(
-        !page.contains("lockrun-status(1)"),
-        "refers to a page that is not shipped"
-    );
+    for page in &pages {
+        let shown = page.display();
+        let out = std::process::Command::new("groff")
+            .args(["-t", "-ww", "-z", "-man", "-Tutf8"])
+            .arg(page)
+            .output()
+            .unwrap_or_else(|_| {
+                panic!("groff not found: this test needs it (apt-get install -y groff-base)")
+            });
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{shown}: {}",
+            text(&out.stderr)
+        );
+        let src = std::fs::read_to_string(page).unwrap();
+        let th = src.lines().find(|l| l.starts_with(".TH ")).expect(".TH");
+        assert!(
+            th.contains(&format!("\"lockrun {}\"", env!("CARGO_PKG_VERSION"))),
+            "{shown}: {th} does not name this version"
+        );
+        for section in [".SH NAME", ".SH DESCRIPTION", ".SH SEE ALSO"] {
+            assert!(src.contains(section), "{shown}: no {section}");
+        }
+        let name = src
+            .lines()
+            .skip_while(|l| *l != ".SH NAME")
+            .nth(1)
+            .unwrap_or("");
+        assert!(
+            name.starts_with("lockrun") && name.contains(" \\- "),
+            "{shown}: NAME line {name:?} is not `lockrun… \\- what`"
+        );
+        // Every page this one refers to is shipped.
+        for (at, _) in src.match_indices("lockrun\\-") {
+            let rest = &src[at + "lockrun\\-".len()..];
+            let Some(end) = rest.find(|c: char| !c.is_ascii_lowercase()) else {
+                continue;
+            };
+            let (word, after) = rest.split_at(end);
+            let section = after
+                .strip_prefix("\\fR(")
+                .or_else(|| after.strip_prefix(" ("))
+                .or_else(|| after.strip_prefix('('));
+            if let Some(sec) = section.and_then(|s| s.chars().next()) {
+                let file = format!("lockrun-{word}.{sec}");
+                assert!(
+                    names.contains(&file),
+                    "{shown} refers to {file}, which is not shipped"
+                );
+            }
+        }
+    }
+    let main = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("man/lockrun.1"))
+        .unwrap();
+    for section in [
+        ".SH SYNOPSIS",
+        ".SH OPTIONS",
+        ".SH COMMANDS",
+        ".SH EXIT STATUS",
+        ".SH TROUBLESHOOTING",
+        ".SH ENVIRONMENT",
+        ".SH FILES",
+        ".SH EXAMPLES",
+    ] {
+        assert!(main.contains(section), "lockrun.1: no {section}");
+    }
 }

@@ -6,6 +6,7 @@ mod support;
 mod admit;
 mod cluster;
 mod conformance;
+mod docs;
 mod etcd;
 mod faults;
 mod generated;

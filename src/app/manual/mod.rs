@@ -1,0 +1,46 @@
+//! lockrun(1) and the shell completions, generated from the command line's
+//! definition and the written page beside this file (`--generate`),
+//! committed under `man/` and `completions/`.
+
+use std::io::Write;
+
+use clap::CommandFactory;
+
+use crate::cli::{Cli, Generate};
+use crate::exit::{Class, Failure, ResultExt};
+
+/// lockrun(1): the written page, with the synopsis and options rendered
+/// from the command line's definition (as clap shows them in `--help`) and
+/// the exit status from its table, so neither can drift from the binary.
+fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
+    let man = clap_mangen::Man::new(cmd);
+    let mut synopsis = Vec::new();
+    man.render_synopsis_section(&mut synopsis)?;
+    let mut options = Vec::new();
+    man.render_options_section(&mut options)?;
+    let page = PAGE
+        .replace("@VERSION@", env!("CARGO_PKG_VERSION"))
+        .replace("@SYNOPSIS@\n", &String::from_utf8_lossy(&synopsis))
+        .replace("@OPTIONS@\n", &String::from_utf8_lossy(&options))
+        .replace("@EXIT_STATUS@\n", &crate::exit::roff());
+    out.write_all(page.as_bytes())
+}
+
+/// Everything of lockrun(1) that is written rather than generated.
+const PAGE: &str = include_str!("lockrun.1.in");
+
+pub fn generate(kind: Generate) -> Result<(), Failure> {
+    use clap_complete::Shell;
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout().lock();
+    let shell = match kind {
+        Generate::Man => return man_page(cmd, &mut out).exit_as(Class::Internal),
+        Generate::Bash => Shell::Bash,
+        Generate::Zsh => Shell::Zsh,
+        Generate::Fish => Shell::Fish,
+        Generate::Elvish => Shell::Elvish,
+        Generate::Powershell => Shell::PowerShell,
+    };
+    clap_complete::generate(shell, &mut cmd, "lockrun", &mut out);
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! README and the manual say nothing the binary contradicts: every option
+//! they name is one lockrun has (or one of another tool they quote, listed
+//! here), every `LOCKRUN_` variable is one lockrun reads or sets, and every
+//! flock option lockrun refuses is refused as they say.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use crate::support::*;
+
+/// Long options of the other programs the docs quote (etcdctl, redis-cli,
+/// psql, node_exporter, cargo, dpkg…), which lockrun does not have.
+const OTHERS: &[&str] = &[
+    // cargo and the test harness
+    "nocapture",
+    "path",
+    "release",
+    "target",
+    // node_exporter
+    "collector",
+    // unshare(1), systemd-run(1)
+    "pid",
+    "scope",
+];
+
+/// flock's options that lockrun refuses with a line saying what to do.
+const REFUSED: &[&str] = &["close", "no-fork", "unlock"];
+
+/// The documents a user reads: README and every page under man/.
+fn documents() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![(
+        "README.md".to_string(),
+        std::fs::read_to_string(root.join("README.md")).unwrap(),
+    )];
+    for entry in std::fs::read_dir(root.join("man")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = format!("man/{}", path.file_name().unwrap().to_string_lossy());
+        // roff writes a dash as `\-`.
+        let body = std::fs::read_to_string(&path).unwrap().replace("\\-", "-");
+        docs.push((name, body));
+    }
+    docs
+}
+
+/// `--word` as written in `text` (not the bare `--` separator).
+fn long_options(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (at, _) in text.match_indices("--") {
+        if at > 0 && text.as_bytes()[at - 1] == b'-' {
+            continue;
+        }
+        let rest = &text[at + 2..];
+        let word: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+            .collect();
+        let word = word.trim_end_matches('-');
+        if word.starts_with(|c: char| c.is_ascii_lowercase()) {
+            found.insert(word.to_string());
+        }
+    }
+    found
+}
+
+/// Every long option of lockrun and its commands, from their `--help`.
+fn lockrun_options() -> BTreeSet<String> {
+    let mut all = BTreeSet::new();
+    for args in [
+        &["--help"][..],
+        &["status", "--help"],
+        &["list", "--help"],
+        &["release", "--help"],
+        &["doctor", "--help"],
+    ] {
+        let out = run(lockrun().args(args));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        all.extend(long_options(&text(&out.stdout)));
+    }
+    // Hidden from `--help`, documented for packagers (tests/generated.rs runs it).
+    all.insert("generate".to_string());
+    all
+}
+
+#[test]
+fn every_option_the_docs_name_exists() {
+    let ours = lockrun_options();
+    let mut unknown = Vec::new();
+    for (doc, body) in documents() {
+        for opt in long_options(&body) {
+            let known = ours.contains(&opt)
+                || OTHERS.contains(&opt.as_str())
+                || REFUSED.contains(&opt.as_str());
+            if !known {
+                unknown.push(format!("{doc}: --{opt}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "options lockrun does not have (add another tool's to OTHERS):\n{}",
+        unknown.join("\n")
+    );
+}
+
+#[test]
+fn the_flock_options_the_docs_call_refused_are() {
+    for opt in REFUSED {
+        let out = run(lockrun().args([&format!("--{opt}"), "name", "true"]));
+        assert_eq!(out.status.code(), Some(64), "--{opt}");
+        assert_eq!(
+            text(&out.stderr).lines().count(),
+            1,
+            "--{opt}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn every_variable_the_docs_name_exists() {
+    // The variables the source reads or sets, and those of the tests and
+    // the benchmark that README tells developers about.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut known = BTreeSet::new();
+    let mut dirs = vec![root.join("src"), root.join("tests")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") && !path.ends_with("docs.rs") {
+                known.extend(variables(&std::fs::read_to_string(&path).unwrap()));
+            }
+        }
+    }
+    let mut unknown = Vec::new();
+    for (doc, body) in documents() {
+        for var in variables(&body) {
+            if !known.contains(&var) {
+                unknown.push(format!("{doc}: {var}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "variables lockrun never reads or sets:\n{}",
+        unknown.join("\n")
+    );
+}
+
+/// `LOCKRUN_WORD` as written (not the `LOCKRUN_*` family).
+fn variables(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (at, _) in text.match_indices("LOCKRUN_") {
+        let word: String = text[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        let word = word.trim_end_matches('_');
+        if word.len() > "LOCKRUN".len() {
+            found.insert(word.to_string());
+        }
+    }
+    found
+}
