@@ -122,8 +122,8 @@ pub fn inherited_url_has_password() -> bool {
     })
 }
 
-/// The longest lock name, in bytes of UTF-8, on every engine (README
-/// "Options"): it becomes part of a key or a file name and one line of
+/// The longest lock name, in bytes of UTF-8, on every engine (lockrun(1)
+/// "Input"): it becomes part of a key or a file name and one line of
 /// `status`.
 pub const MAX_NAME: usize = 1024;
 

@@ -1,6 +1,6 @@
 //! `--metrics-file`: at the end of every run, a Prometheus text file for
 //! node_exporter's textfile collector, replaced in one rename so that the
-//! collector never reads half of one (README "Metrics for cron").
+//! collector never reads half of one (lockrun(1) "Metrics").
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;

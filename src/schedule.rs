@@ -1,11 +1,11 @@
-//! The lease schedule of README "Lease timing": from a ttl and a kill grace,
+//! The lease schedule of lockrun-safety(7) "LEASE TIMING": from a ttl and a kill grace,
 //! when to renew, when a lease counts as lost, and how long one request may take.
 
 use std::time::Duration;
 
 use crate::clock::Boot;
 
-/// The lease schedule of README "Lease timing", derived from the ttl and the kill grace.
+/// The lease schedule of lockrun-safety(7) "LEASE TIMING", derived from the ttl and the kill grace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
     pub ttl: Duration,
@@ -62,8 +62,8 @@ impl Timing {
     }
 
     /// Smallest ttl, with this schedule's kill grace, that can stop a job
-    /// whose kill takes `cost` before its lease ends (README "How lockrun
-    /// treats your job").
+    /// whose kill takes `cost` before its lease ends (lockrun-safety(7)
+    /// "HOW LOCKRUN TREATS THE JOB").
     pub fn ttl_for_kill(&self, cost: Duration) -> Duration {
         let kill_after = (self.grace != self.ttl / 10).then_some(self.grace);
         let ms = Timing::smallest_ttl(kill_after, |t| t.fits() && t.kill_fits(cost));

@@ -1,4 +1,4 @@
-//! Redis Cluster (README "High availability"): a name's slot moved to
+//! Redis Cluster (lockrun-engines(7) "REDIS SENTINEL and REDIS CLUSTER"): a name's slot moved to
 //! another node while it is held. The behaviour every engine shares runs in
 //! the conformance suite.
 

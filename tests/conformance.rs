@@ -1,4 +1,4 @@
-//! The behaviour every engine promises (README "Backends"), tested once and
+//! The behaviour every engine promises (lockrun-engines(7)), tested once and
 //! run on each engine the machine has: one line per engine at the bottom.
 //! What an engine cannot do (say, `release --force` on the local engine) is
 //! checked as its one-line refusal.
@@ -836,7 +836,7 @@ pub fn nested_requests_are_refused_in_every_mode(e: &dyn Fixture) {
     }
 }
 
-/// `status` without a name, `doctor` and `--metrics-file` (README "Operate",
+/// `status` without a name, `doctor` and `--metrics-file` (lockrun(1) "COMMANDS",
 /// "Metrics for cron"): the held names listed, each as `status --json NAME`
 /// shows it, exit 0 while any is held and 1 once none is; doctor's lines
 /// and exit code agree, and it leaves nothing behind; the metrics file of a
@@ -920,7 +920,7 @@ pub fn operators_see_every_name_doctor_and_metrics(e: &dyn Fixture) {
     }));
 }
 
-// --min-hold (README "Once per window").
+// --min-hold (lockrun(1) "Once per window").
 
 /// What `status --json` says of a name kept by a `--min-hold` window:
 /// held, by no running job, until when, and why.

@@ -1,4 +1,4 @@
-//! Operators and cron (README "Operate", "Metrics for cron"): `status`
+//! Operators and cron (lockrun(1) "COMMANDS", "Metrics for cron"): `status`
 //! without a name on every engine, `doctor` against healthy and broken
 //! servers, and `--metrics-file` read back by a real Prometheus parser.
 
@@ -260,7 +260,7 @@ fn doctor_fails_a_redis_that_evicts() {
 #[test]
 fn doctor_fails_a_user_without_blpop() {
     let redis = Redis::start_with(&["--appendonly", "yes"]);
-    // README "Redis permissions", less +blpop.
+    // lockrun-engines(7) "REDIS", less +blpop.
     let rules = "on >pw-no-blpop resetchannels -@all +evalsha +script|load +rpush +pexpire \
                  +pexpireat +hget +hset +hdel +hgetall +pttl +time +incr +set +del +zadd +zrange \
                  +zrangebyscore +zrem +zscore +zcard +zcount +scan ~lockrun:*";

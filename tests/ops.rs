@@ -297,7 +297,7 @@ fn tls_with_a_ca_file_a_wrong_ca_and_insecure() {
     drop(redis);
 }
 
-/// The commands lockrun needs, and only its keys (documented in README).
+/// The commands lockrun needs, and only its keys (lockrun-engines(7) lists them).
 const LEAST_PRIVILEGE: &str = "-@all +evalsha +script|load +blpop +rpush +pexpire +pexpireat +hget +hset +hdel +hgetall +pttl +time +incr +set +del +zadd +zrange +zrangebyscore +zrem +zscore +zcard +zcount ~lockrun:*";
 
 fn acl_user(redis: &Redis, user: &str, pass: &str, rules: &str) {
@@ -357,7 +357,7 @@ fn a_password_never_reaches_output_or_the_job() {
     let url = format!("redis://:pa55-w0rd-xyz@127.0.0.1:{}", redis.port);
     let scratch = Scratch::new();
     let mut outputs = Vec::new();
-    // From the environment, as README recommends (keeps it out of ps).
+    // From the environment, as lockrun(1) recommends (keeps it out of ps).
     let out = run(lockrun().env("LOCKRUN_URL", &url).args([
         "-vv",
         "--ttl",

@@ -187,7 +187,7 @@ fn a_role_without_rights_is_refused_with_one_line() {
     on(&pg.url_as("norights", "nr-pw"))
         .args(["x", "-c", &job])
         .code(69)
-        .says(&["permission denied", "README"]);
+        .says(&["permission denied", "lockrun-engines(7)"]);
     // Once they exist: it may not use them.
     on(&pg.url()).args(["x", "true"]).succeeds();
     let out = on(&pg.url_as("norights", "nr-pw"))
@@ -209,7 +209,7 @@ fn a_role_without_rights_is_refused_with_one_line() {
 #[test]
 fn the_grants_the_readme_lists_are_enough() {
     let pg = Postgres::start();
-    // As README "PostgreSQL" says, the owner creates, the job's role uses.
+    // As lockrun-engines(7) "POSTGRESQL" says, the owner creates, the job's role uses.
     on(&pg.url()).args(["x", "true"]).succeeds();
     pg.sql(
         "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
@@ -633,7 +633,7 @@ fn now_ns() -> u128 {
         .as_nanos()
 }
 
-// ---- doctor, status without a name, --min-hold (README "Operate", "Once per window") ----
+// ---- doctor, status without a name, --min-hold (lockrun(1) "COMMANDS", "Once per window") ----
 
 /// `lockrun doctor`'s lines as (verdict, topic, text).
 fn doctor_lines(out: &str) -> Vec<(String, String, String)> {
@@ -699,7 +699,7 @@ fn doctor_checks_the_server_the_tables_and_the_role_s_rights_creating_nothing() 
     assert_eq!(verdict_of(&lines, "leases table"), "fail", "{out}");
     assert!(out.contains("GRANT"), "{out}");
 
-    // The README's grants are enough for every check.
+    // The grants lockrun-engines(7) lists are enough for every check.
     pg.sql(
         "GRANT USAGE ON SCHEMA lockrun TO norights; \
          GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO norights; \
@@ -743,7 +743,7 @@ fn doctor_sees_a_transaction_pooling_pgbouncer() {
 fn a_min_hold_window_works_on_tables_made_before_it_and_with_the_readme_s_grants() {
     let pg = Postgres::start();
     // The tables as the version before --min-hold made them, then a role
-    // with the README's grants only.
+    // with the grants lockrun-engines(7) lists only.
     pg.sql(
         "CREATE SCHEMA lockrun; \
          CREATE SEQUENCE lockrun.lockrun_tokens AS bigint CACHE 1; \

@@ -1,7 +1,7 @@
 //! Random command lines and environments: lockrun never panics and always
-//! ends with an exit code from its table (README "Exit codes"). Random
+//! ends with an exit code from its table (lockrun(1) "EXIT STATUS"). Random
 //! histories of lockrun processes on one Redis name: no key but the token
-//! counter is ever left without an expiry (README "Redis").
+//! counter is ever left without an expiry (lockrun-engines(7) "REDIS").
 
 use std::time::Duration;
 
@@ -351,7 +351,7 @@ impl Drop for History<'_> {
 /// Random histories of acquire, renewal (time passing), release, kill -9,
 /// SIGSTOP and SIGCONT of real lockrun processes, with `-n` and
 /// `release --force` from outside: after every step no key of the name but
-/// its token counter is without an expiry (README "Redis"). Bounded: a few
+/// its token counter is without an expiry (lockrun-engines(7) "REDIS"). Bounded: a few
 /// dozen short histories, well under a minute.
 #[test]
 fn every_key_but_the_token_counter_expires_whatever_happens() {

@@ -353,7 +353,7 @@ fn waiters(redis: &Redis, name: &str) -> u64 {
 /// next script to look (here a `-n` that finds the name taken) hands the
 /// stopped waiter its grant. That grant, and every key of the name but the
 /// token counter, must still expire on its own: a third of the waiter's
-/// ttl, the longest a handed grant lasts unconfirmed (README "Redis").
+/// ttl, the longest a handed grant lasts unconfirmed (lockrun-engines(7) "REDIS").
 #[test]
 fn a_grant_handed_to_a_stopped_waiter_still_expires() {
     let redis = Redis::start();
@@ -484,7 +484,7 @@ fn wait_gives_up_within_milliseconds_of_the_time_asked() {
 
 /// A server paused past the waiters' ttl/3 sees every place in the queue
 /// lapse at once. Each waiter takes its own place back when it returns, so
-/// the jobs still run in the order the waiters came (README "Redis").
+/// the jobs still run in the order the waiters came (lockrun-engines(7) "REDIS").
 #[test]
 fn waiters_keep_their_order_across_a_server_pause() {
     const N: u64 = 10;

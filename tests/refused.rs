@@ -69,7 +69,7 @@ fn redis_an_acl_that_loses_evalsha_stops_the_job_at_the_next_renewal() {
 #[test]
 fn postgres_rights_revoked_from_the_role_stop_the_job_at_the_next_renewal() {
     let pg = Postgres::start();
-    // The owner creates the tables; the role gets the grants README lists.
+    // The owner creates the tables; the role gets the grants lockrun-engines(7) lists.
     on(&pg.url()).args(["x", "true"]).succeeds();
     pg.sql(
         "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \

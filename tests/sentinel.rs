@@ -1,4 +1,4 @@
-//! Redis behind Sentinel (README "High availability"): failovers and a
+//! Redis behind Sentinel (lockrun-engines(7) "REDIS SENTINEL and REDIS CLUSTER"): failovers and a
 //! master's death while a job holds, tokens across them, and the errors a
 //! wrong address gives. The behaviour every engine shares runs in the
 //! conformance suite.

@@ -4,7 +4,7 @@
 //! with SIGKILL, restarts and pauses Redis, trickles its replies through a
 //! proxy, breaks leases and makes a holder's job fork thousands of processes
 //! that ignore SIGTERM; some runs get a tiny descriptor limit. A checker
-//! then verifies the history against the promises of README "Safety".
+//! then verifies the history against the promises of lockrun-safety(7) "GUARANTEES".
 //! Three worker sets share the server: exclusive holders of one name, a
 //! `--limit 3` semaphore (fenced per slot), and readers and writers (`-s`
 //! and exclusive) of a third name. The checker holds each to its mode: one
@@ -38,7 +38,7 @@ my $t = $ENV{LOCKRUN_TOKEN};
 my $w = $ENV{WORKER};
 my $mode = $ENV{MODE};
 my $slot = $ENV{LOCKRUN_SLOT} // '-';
-# Fenced per (name, slot), as README "Safety" says for --limit.
+# Fenced per (name, slot), as lockrun-safety(7) "GUARANTEES" says for --limit.
 my $fence = "$dir/fence-$name-$slot";
 sub now { sprintf("%.0f", time() * 1e6) }
 sub logl {
@@ -437,7 +437,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                     // It comes back empty, and a master until it is told to
                     // follow the new one: a sentinel that has not heard of
                     // the failover yet may still name it. A restart without
-                    // persistence breaks leases (README "Safety").
+                    // persistence breaks leases (lockrun-safety(7) "GUARANTEES").
                     log.push(Chaos::Break {
                         kind: "master restart",
                         name: None,
@@ -658,7 +658,7 @@ fn read_history(dir: &Path) -> History {
     }
 }
 
-/// The bound of README "Safety" for a lease broken on the server:
+/// The bound of lockrun-safety(7) "GUARANTEES" for a lease broken on the server:
 /// ttl/3 + op + grace, plus a margin for scheduling on a loaded machine.
 fn break_bound_us() -> u64 {
     (TTL_MS / 3 + TTL_MS / 6 + TTL_MS / 10 + 1000) * 1000

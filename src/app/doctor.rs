@@ -1,5 +1,5 @@
 //! `doctor`: read-only checks of an engine, one line each, bounded as a
-//! whole (README "A preflight check").
+//! whole (lockrun(1) "COMMANDS").
 
 use std::io::Write;
 use std::time::Duration;

@@ -51,7 +51,7 @@ fn setup_logging(common: &Common) {
     log::set_level(common.verbosity);
     // The job runs as the same user: it must not read a password from our
     // memory or /proc/PID/environ, nor reopen our descriptors through
-    // /proc/PID/fd, whatever the URL (README "How lockrun treats your job").
+    // /proc/PID/fd, whatever the URL (lockrun-safety(7) "HOW LOCKRUN TREATS THE JOB").
     crate::sys::set_dumpable(false);
     if let Some(p) = common.address.secret() {
         log::add_secret(p);

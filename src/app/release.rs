@@ -1,4 +1,4 @@
-//! `release --force`: an operator breaks a lease (README "Operate").
+//! `release --force`: an operator breaks a lease (lockrun(1) "COMMANDS").
 
 use std::io::Write;
 

@@ -1,5 +1,5 @@
 //! A job under a lease: acquire, supervise, release, and the metrics file
-//! written at the end of every run (README "Metrics for cron").
+//! written at the end of every run (lockrun(1) "Metrics").
 
 use std::sync::Arc;
 

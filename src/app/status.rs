@@ -1,4 +1,4 @@
-//! `status` of one name or of every name (README "Operate"): text for an
+//! `status` of one name or of every name (lockrun(1) "COMMANDS"): text for an
 //! operator, JSON for a script; whatever a server holds is shown escaped.
 
 use std::io::Write;

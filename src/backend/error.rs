@@ -1,6 +1,6 @@
 //! The one error every engine returns, named by what went wrong rather than
 //! by exit code; `From<Error> for Failure` below is the only place an
-//! engine's failure becomes an exit class (README "Exit codes").
+//! engine's failure becomes an exit class (lockrun(1) "EXIT STATUS").
 
 use std::fmt;
 

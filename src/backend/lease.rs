@@ -100,7 +100,7 @@ impl Lease {
         self.held.renewer()
     }
 
-    /// What the job gets (README "What the job sees"): variables set over its
+    /// What the job gets (lockrun(1) "ENVIRONMENT"): variables set over its
     /// inherited environment, variables removed from it, and the descriptor
     /// it inherits. An outer lockrun's LOCKRUN_SLOT and LOCKRUN_LOCK_FD never
     /// pass through to a job that has none of its own.

@@ -37,7 +37,7 @@ pub trait Engine: Send {
     fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error>;
     /// Every holder of `name` and the number of waiters.
     fn status(&mut self, name: &str) -> Result<Status, Error>;
-    /// Break `name`'s holders (README "Operate" says what that means per engine).
+    /// Break `name`'s holders (lockrun(1) "COMMANDS" says what that means per engine).
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error>;
     /// Every name under the prefix and its state, sorted, read within
     /// `bound` and without disturbing any lock.

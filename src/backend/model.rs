@@ -9,7 +9,7 @@ use super::{Error, Lease};
 use crate::clock::Boot;
 use crate::schedule::Timing;
 
-/// How a name is held (README "Modes"). Exclusive and shared are the two
+/// How a name is held (lockrun(1) "Modes"). Exclusive and shared are the two
 /// sides of one readers–writer lock; `Limit(n)` is a counting semaphore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -148,7 +148,7 @@ pub struct Request<'a> {
     /// `-q`: no line about waiting (and no waking up to print one).
     pub quiet: bool,
     /// `--min-hold`: the lease stays held at least this long after its
-    /// grant, on the engine's clock, also once the job ended (README "Once per window").
+    /// grant, on the engine's clock, also once the job ended (lockrun(1) "Once per window").
     pub min_hold: Option<Duration>,
 }
 

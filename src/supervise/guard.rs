@@ -89,8 +89,8 @@ impl Guard {
                 // lockrun holds a password: it keeps the local lock's
                 // descriptor for as long as the job runs, and a request that
                 // finds the lock file deleted looks for such a descriptor
-                // through /proc to wait on (README "How lockrun treats your
-                // job").
+                // through /proc to wait on (lockrun-safety(7) "HOW LOCKRUN
+                // TREATS THE JOB").
                 if dumpable {
                     sys::set_dumpable(true);
                 }

@@ -308,8 +308,8 @@ struct Supervisor {
     reserve: Vec<std::os::fd::OwnedFd>,
     /// The main process's pidfd, opened when first needed (a short job never
     /// pays for it): the job's group is signalled through it, never by a
-    /// number that may have been recycled (README "How lockrun treats your
-    /// job"). Some(None): it could not be had.
+    /// number that may have been recycled (lockrun-safety(7) "HOW LOCKRUN TREATS
+    /// THE JOB"). Some(None): it could not be had.
     main_fd: Option<Option<std::os::fd::OwnedFd>>,
     /// Pidfds of other processes of the job that lead a process group (a
     /// session of their own among them), so that the kill reaches each of

@@ -138,7 +138,7 @@ pub struct Policy {
     warned_unkillable: bool,
     /// What killing the job is expected to take, from the last walk: its own
     /// length and the teardown of what it found. The kill schedule starts
-    /// earlier by that much (README "How lockrun treats your job").
+    /// earlier by that much (lockrun-safety(7) "HOW LOCKRUN TREATS THE JOB").
     kill_cost: Duration,
     /// How many processes the last walk found.
     found: usize,

@@ -151,8 +151,8 @@ impl Redis {
     }
 
     /// The keys matching `pattern` that would never go away on their own
-    /// (PTTL −1; every key but a name's token counter must expire: README
-    /// "Redis"), read in one script, so at one instant between two of
+    /// (PTTL −1; every key but a name's token counter must expire: lockrun-engines(7)
+    /// "REDIS"), read in one script, so at one instant between two of
     /// lockrun's. (Inside a script a key expiring this very millisecond has
     /// PTTL 0: it is going.)
     pub fn keys_without_expiry(&self, conn: &mut redis::Connection, pattern: &str) -> Vec<String> {

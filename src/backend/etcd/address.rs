@@ -10,7 +10,7 @@ use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, 
 /// etcd's client port when a URL names none.
 const DEFAULT_PORT: u16 = 2379;
 
-/// A cluster's address (README "etcd").
+/// A cluster's address (lockrun-engines(7) "ETCD").
 #[derive(Debug, Clone)]
 pub struct EtcdUrl {
     /// `http://host:port` (or `https://`) for each endpoint, in the order given.

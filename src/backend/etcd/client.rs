@@ -138,7 +138,7 @@ fn classify(code: i64, message: &str, display: &str) -> Error {
     {
         return Error::Refused(format!(
             "etcd at {display} refused lockrun: {message}; check the user and password in the \
-             URL and the role's permissions (README \"etcd\")"
+             URL and the role's permissions (lockrun-engines(7) \"ETCD\")"
         ));
     }
     Error::Refused(format!("etcd at {display}: {message}"))

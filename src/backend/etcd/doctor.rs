@@ -1,7 +1,7 @@
 //! `lockrun doctor` on etcd: reachable, its version and leader, the round
 //! trip, and whether the URL's user may read and write keys under the
 //! prefix, asked with a transaction whose condition can never hold, so
-//! that nothing is written (README "etcd").
+//! that nothing is written (lockrun-engines(7) "ETCD").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,7 +166,7 @@ fn permission_failure(user: &str, prefix: &str, what: &str, e: Error) -> Check {
             "permissions",
             format!(
                 "{user} may not {what} keys under {prefix:?}: etcdctl role grant-permission \
-                 ROLE --prefix=true readwrite {prefix:?} for a role of that user (README \"etcd\")"
+                 ROLE --prefix=true readwrite {prefix:?} for a role of that user (lockrun-engines(7) \"ETCD\")"
             ),
         )
     } else {

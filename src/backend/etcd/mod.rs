@@ -45,7 +45,7 @@ pub const ENGINE: EngineInfo = EngineInfo {
     parse,
     // etcd leases are whole seconds, and etcd grants none shorter than
     // 1.5 election timeouts, rounded up: 2 s with the default 1 s timeout
-    // (README "etcd").
+    // (lockrun-engines(7) "ETCD").
     ttl_step: Duration::from_secs(1),
     ttl_min: Duration::from_secs(2),
     expires: true,

@@ -53,7 +53,7 @@ impl Keys {
 /// A name as a key holds it. A `/` would let one name's range hold
 /// another's (`a` and `a/q`): it is written `%2F`, and `%` as `%25`. So a
 /// name's part never holds a `/`, which is what keeps the prefixes apart
-/// (README "etcd").
+/// (lockrun-engines(7) "ETCD").
 fn encode(name: &str) -> String {
     name.replace('%', "%25").replace('/', "%2F")
 }
@@ -85,7 +85,7 @@ pub fn name_of_key(prefix: &str, key: &str) -> Option<String> {
 /// prefix's: it ends with `/`, which no name's part holds, or with `:`
 /// and holds no other `:` or `/` (the default `lockrun:`). Then no key is
 /// written under two (prefix, name) pairs, and no name's range yields
-/// another pair's key (README "etcd").
+/// another pair's key (lockrun-engines(7) "ETCD").
 pub fn prefix_is_apart(prefix: &str) -> bool {
     match prefix.strip_suffix(':') {
         Some(head) => !head.contains([':', '/']),

@@ -102,7 +102,7 @@ pub const ENGINE: EngineInfo = EngineInfo {
     expires: false,
 };
 
-/// A lock directory (README "Local (the default)"); None is the per-user default.
+/// A lock directory (lockrun-engines(7) "LOCAL"); None is the per-user default.
 #[derive(Debug, Clone)]
 pub struct LocalDir {
     pub dir: Option<PathBuf>,

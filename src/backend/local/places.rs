@@ -50,7 +50,7 @@ pub(super) const PLACE_RECORD: usize = 80;
 /// Most places a name's queue has (one file each).
 pub(super) const MAX_PLACES: u32 = 10_000;
 
-/// A queued request's place (README "Local (the default)"): a place file it
+/// A queued request's place (lockrun-engines(7) "LOCAL"): a place file it
 /// holds LOCK_EX, so the place goes with the process, and a record of when
 /// it came (its rank in the queue) and until when it keeps the place.
 pub(super) struct Place {

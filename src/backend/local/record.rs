@@ -27,7 +27,7 @@ pub(super) struct Record {
     pub(super) window: Option<Window>,
 }
 
-/// A `--min-hold` window (README "Once per window"): until when on
+/// A `--min-hold` window (lockrun(1) "Once per window"): until when on
 /// the boot clock of the boot that wrote it and on the wall clock, and how
 /// long it was. A flock ends with its holder, so the window lives here, and
 /// every request that gets the lock honours it.

@@ -16,7 +16,7 @@ const DEFAULT_PORT: u16 = 5432;
 const SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 
 /// How the connection is protected (libpq's `sslmode`, with libpq's
-/// meaning: README "PostgreSQL").
+/// meaning: lockrun-engines(7) "POSTGRESQL").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SslMode {
     Disable,
@@ -39,7 +39,7 @@ pub struct Server {
     pub port: u16,
 }
 
-/// A database's address (README "PostgreSQL").
+/// A database's address (lockrun-engines(7) "POSTGRESQL").
 #[derive(Clone)]
 pub struct PgUrl {
     /// Tried in the order given, as libpq does.

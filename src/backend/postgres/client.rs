@@ -380,7 +380,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
     log::scrub(&text)
 }
 
-/// The server's errors in lockrun's kinds (README "PostgreSQL").
+/// The server's errors in lockrun's kinds (lockrun-engines(7) "POSTGRESQL").
 pub fn classify(e: &tokio_postgres::Error, url: &PgUrl) -> Error {
     let text = describe(e);
     let Some(code) = e.code() else {
@@ -421,7 +421,7 @@ fn kind(code: &SqlState, text: String, url: &PgUrl) -> Error {
             format!("; check the user {:?} and its password", url.user)
         }
         SqlState::INSUFFICIENT_PRIVILEGE => {
-            "; the role needs the grants README \"PostgreSQL\" lists".into()
+            "; the role needs the grants lockrun-engines(7) \"POSTGRESQL\" lists".into()
         }
         SqlState::UNDEFINED_COLUMN
         | SqlState::DATATYPE_MISMATCH

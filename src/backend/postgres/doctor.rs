@@ -3,7 +3,7 @@
 //! that bear on lockrun's statements, a transaction-pooling proxy if one
 //! shows, and lockrun's tables with the current role's rights on them (or
 //! to create them). Only reads: catalogs, settings and `has_*_privilege`;
-//! nothing is created, not even the schema (README "PostgreSQL").
+//! nothing is created, not even the schema (lockrun-engines(7) "POSTGRESQL").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -218,7 +218,7 @@ fn pooler_check(client: &mut Client, url: &Arc<PgUrl>, how: &Opening, pids: &[i3
             "statements of one connection ran on several server connections, or two \
              connections on one: a transaction-pooling proxy (PgBouncer pool_mode = \
              transaction) is between. Leases work through it, but LISTEN does not, so a \
-             waiter's hand-off costs up to ttl/9 (README \"PostgreSQL\"); point lockrun at \
+             waiter's hand-off costs up to ttl/9 (lockrun-engines(7) \"POSTGRESQL\"); point lockrun at \
              the server or a session pool for prompt hand-offs",
         )
     } else {
@@ -324,7 +324,7 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
             format!(
                 "{standbys} asynchronous (synchronous_standby_names {sync_names:?}, \
                  synchronous_commit {sync_commit}): a failover can lose the last grants and \
-                 hand a name out twice (README \"PostgreSQL\", Guarantees); set \
+                 hand a name out twice (lockrun-safety(7) \"GUARANTEES\"); set \
                  synchronous_standby_names and synchronous_commit = on"
             ),
         )
@@ -378,7 +378,7 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
                 format!(
                     "schema {schema} does not exist and role {role} may not create it: \
                      create it and lockrun's tables once as a role that may, then grant \
-                     this one what README \"PostgreSQL\" lists"
+                     this one what lockrun-engines(7) \"POSTGRESQL\" lists"
                 ),
             )
         }]);
@@ -390,7 +390,7 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
             "schema",
             format!(
                 "role {role} may not use schema {schema}: GRANT USAGE ON SCHEMA {schema} TO \
-                 {role} (README \"PostgreSQL\")"
+                 {role} (lockrun-engines(7) \"POSTGRESQL\")"
             ),
         ));
     }
@@ -467,8 +467,8 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
                     topic,
                     format!(
                         "{full} does not exist and role {role} may not create it in schema \
-                         {schema}: create lockrun's tables once as a role that may (README \
-                         \"PostgreSQL\")"
+                         {schema}: create lockrun's tables once as a role that may (lockrun-engines(7) \
+                         \"POSTGRESQL\")"
                     ),
                 )
             });
@@ -519,7 +519,7 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
                     "{full}: role {role} lacks UPDATE on it: its tokens are floored by the \
                      server's clock all the same, but the sequence is not moved up to them, so \
                      an older lockrun, which takes nextval alone, may hand out lower ones; \
-                     {grant} (README \"PostgreSQL\")"
+                     {grant} (lockrun-engines(7) \"POSTGRESQL\")"
                 ),
             )
         } else if missing.is_empty() && usage {
@@ -537,7 +537,7 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
                 topic,
                 format!(
                     "{full}: role {role} lacks {} on it: every run would fail with 69; {grant} \
-                     (README \"PostgreSQL\")",
+                     (lockrun-engines(7) \"POSTGRESQL\")",
                     missing.join(", ")
                 ),
             )

@@ -1,13 +1,13 @@
 //! lockrun's tables in one schema, and every statement it sends: the
 //! tables are created on first use, every time is the server's
 //! `clock_timestamp()`, and a name's decisions are taken one at a time
-//! under a transaction-scoped advisory lock (README "PostgreSQL").
+//! under a transaction-scoped advisory lock (lockrun-engines(7) "POSTGRESQL").
 
 use std::time::Duration;
 
 /// The owner value of a row kept by `--min-hold` after its job ended:
 /// never an owner secret (those are 32 hex digits), so no renewal, release
-/// or grant retry takes it for its own (README "Once per window").
+/// or grant retry takes it for its own (lockrun(1) "Once per window").
 pub const KEPT: &str = "min-hold";
 
 /// Milliseconds from `from` to `to`, whatever a hand-written row holds:

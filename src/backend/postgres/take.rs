@@ -102,7 +102,7 @@ impl Postgres {
         drive(&mut taking, req, wait)
     }
 
-    /// Create lockrun's tables in the schema (README "PostgreSQL").
+    /// Create lockrun's tables in the schema (lockrun-engines(7) "POSTGRESQL").
     fn create(&mut self) -> Result<(), Error> {
         log::info(format!(
             "creating lockrun's tables in schema {}",
@@ -120,7 +120,7 @@ impl Postgres {
                         let why = m.split("; ").next().unwrap_or(&m);
                         Error::Refused(format!(
                             "cannot create lockrun's tables in schema {}: {why}; create them \
-                             once as a role that may (README \"PostgreSQL\")",
+                             once as a role that may (lockrun-engines(7) \"POSTGRESQL\")",
                             self.tables.schema
                         ))
                     }

@@ -2,7 +2,7 @@
 //! `sslmode`: `prefer` and `require` encrypt without checking the
 //! certificate (unless a CA is given, which `require` then checks, as libpq
 //! does with a root file), `verify-ca` checks the chain, `verify-full` the
-//! chain and the host name (README "PostgreSQL").
+//! chain and the host name (lockrun-engines(7) "POSTGRESQL").
 
 use std::sync::Arc;
 

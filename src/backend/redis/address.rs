@@ -14,7 +14,7 @@ use redis::{Client, IntoConnectionInfo};
 use super::{ENGINE, Redis};
 use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
 
-/// A Redis server's address (README "Redis").
+/// A Redis server's address (lockrun-engines(7) "REDIS").
 #[derive(Debug, Clone)]
 pub struct RedisUrl {
     /// The URL as given, handed to the redis crate; holds the password, never printed.

@@ -1,6 +1,6 @@
 //! Where a connection goes: one server, the master that the sentinels name
 //! at the moment of connecting, or a cluster, which routes each command to
-//! the node of its key (README "High availability"). Every step is bounded
+//! the node of its key (lockrun-engines(7) "REDIS SENTINEL and REDIS CLUSTER"). Every step is bounded
 //! by the time given, all steps together included.
 
 use std::sync::Arc;

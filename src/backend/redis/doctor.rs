@@ -1,5 +1,5 @@
 //! `lockrun doctor` on Redis: what would break a lease, read from the
-//! server before the first incident (README "Operate"). Only reads and dry
+//! server before the first incident (lockrun(1) "COMMANDS"). Only reads and dry
 //! runs: INFO, CONFIG GET, TIME, ACL DRYRUN, and where the user may not
 //! dry-run, a read-only script that asks `redis.acl_check_cmd`.
 
@@ -442,7 +442,7 @@ fn acl_checks(a: &mut Asker, url: &RedisUrl, prefix: &str, version: Option<&str>
             "permissions",
             format!(
                 "cannot check what user {user} may run ({why}): make sure it has the commands \
-                 README \"Redis permissions\" lists"
+                 lockrun-engines(7) \"REDIS\" lists"
             ),
         )];
     };
@@ -473,8 +473,8 @@ fn acl_checks(a: &mut Asker, url: &RedisUrl, prefix: &str, version: Option<&str>
             "permissions",
             format!(
                 "user {user} may not run {} on keys under {prefix:?}: its runs would fail with \
-                 69 (or a waiter at its first wait); ACL SETUSER {user} {} (README \"Redis \
-                 permissions\")",
+                 69 (or a waiter at its first wait); ACL SETUSER {user} {} (lockrun-engines(7) \
+                 \"REDIS\")",
                 missing.join(" "),
                 missing.join(" ")
             ),

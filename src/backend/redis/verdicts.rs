@@ -60,7 +60,7 @@ pub(super) fn persistence_check(
 ) -> Check {
     let loses = "a restart loses the leases, so the next holder may start while an old job \
                  still runs (for up to ttl/3 + the bound on one request + --kill-after), and \
-                 token counters fall back on the server's clock (README \"Safety\")";
+                 token counters fall back on the server's clock (lockrun-safety(7) \"GUARANTEES\")";
     match (aof, save) {
         (Some("1"), _) => Check::ok(
             "persistence",
