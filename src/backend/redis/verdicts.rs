@@ -25,7 +25,10 @@ pub(super) fn version_check(version: Option<&str>) -> Check {
     } else if major < 7 {
         Check::warn(
             "version",
-            format!("Redis {v}: works, but the permission check below needs Redis 7 or later"),
+            format!(
+                "Redis {v}: lockrun's scripts use nothing newer than Redis 5, but lockrun is \
+                 tested on Redis 7, and the permission check below needs 7 or later"
+            ),
         )
     } else {
         Check::ok("version", format!("Redis {v}"))

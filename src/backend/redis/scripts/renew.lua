@@ -7,11 +7,12 @@ local r = parse(v)
 if not r or r.exp <= now_ms() then return 0 end
 r.exp = now_ms() + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], field, encode(r))
--- The key lives as long as its longest holder (GT: never shortened). GT
--- leaves a key without expiry as it is (one an older lockrun left, say):
--- that one gets its longest holder's.
-if redis.call('PEXPIREAT', KEYS[1], fmt(r.exp), 'GT') == 0
-    and redis.call('PTTL', KEYS[1]) == -1 then
+-- The key lives as long as its longest holder: its expiry is only ever
+-- moved later (what PEXPIREAT's GT does, spelled out so Redis 5 and 6 run
+-- it too). A key without expiry (one an older lockrun left, say) gets its
+-- longest holder's.
+local left = redis.call('PTTL', KEYS[1])
+if left == -1 then
   local far = r.exp
   local all = redis.call('HGETALL', KEYS[1])
   for i = 2, #all, 2 do
@@ -19,5 +20,7 @@ if redis.call('PEXPIREAT', KEYS[1], fmt(r.exp), 'GT') == 0
     if o and o.exp > far then far = o.exp end
   end
   redis.call('PEXPIREAT', KEYS[1], fmt(far))
+elseif left >= 0 and now_ms() + left < r.exp then
+  redis.call('PEXPIREAT', KEYS[1], fmt(r.exp))
 end
 return 1
