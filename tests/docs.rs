@@ -169,3 +169,44 @@ fn variables(text: &str) -> BTreeSet<String> {
     }
     found
 }
+
+/// lockrun-engines(7) as plain text: roff's dashes and quotes resolved.
+fn engines_page() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("man/lockrun-engines.7");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .replace("\\-", "-")
+        .replace("\\(aq", "'")
+}
+
+/// The rules of the Redis user lockrun-engines(7) tells operators to make
+/// (its `ACL SETUSER locker on '>PASSWORD' resetchannels …` line, from the
+/// first rule on), so the ACL tests run exactly what the page says.
+pub fn documented_redis_acl() -> String {
+    let page = engines_page();
+    let line = page
+        .lines()
+        .find(|l| l.contains("ACL SETUSER locker on"))
+        .expect("lockrun-engines(7) gives the Redis ACL");
+    let rules = line
+        .split_once("resetchannels ")
+        .expect("the ACL line resets channels")
+        .1;
+    rules.replace('\'', "")
+}
+
+/// The GRANT statements lockrun-engines(7) gives for a role that may only
+/// lock, for `role`, so the tests grant exactly what the page says.
+pub fn documented_postgres_grants(role: &str) -> String {
+    let page = engines_page();
+    let grants: Vec<String> = page
+        .lines()
+        .filter(|l| l.starts_with("GRANT ") && l.ends_with(" TO ci;"))
+        .map(|l| l.replace(" TO ci;", &format!(" TO {role}")))
+        .collect();
+    assert!(
+        grants.len() >= 3,
+        "lockrun-engines(7) gives the PostgreSQL grants: {grants:?}"
+    );
+    grants.join("; ")
+}

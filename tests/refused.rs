@@ -71,12 +71,10 @@ fn postgres_rights_revoked_from_the_role_stop_the_job_at_the_next_renewal() {
     let pg = Postgres::start();
     // The owner creates the tables; the role gets the grants lockrun-engines(7) lists.
     on(&pg.url()).args(["x", "true"]).succeeds();
-    pg.sql(
-        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
-         GRANT USAGE ON SCHEMA lockrun TO ci; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
-         GRANT USAGE, UPDATE ON SEQUENCE lockrun.lockrun_tokens TO ci",
-    );
+    pg.sql(&format!(
+        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; {}",
+        crate::docs::documented_postgres_grants("ci")
+    ));
     let scratch = Scratch::new();
     let (child, job) = holder(&pg.url_as("ci", "ci-pw"), &scratch);
     pg.sql("REVOKE ALL ON lockrun.lockrun_leases, lockrun.lockrun_waiters FROM ci");
