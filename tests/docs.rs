@@ -11,13 +11,16 @@ use crate::support::*;
 /// Long options of the other programs the docs quote (etcdctl, redis-cli,
 /// psql, node_exporter, cargo, dpkg…), which lockrun does not have.
 const OTHERS: &[&str] = &[
-    // cargo and the test harness
+    // cargo, rustfmt and the test harness
+    "check",
     "nocapture",
     "path",
     "release",
     "target",
     // node_exporter
     "collector",
+    // rsync(1)
+    "delete",
     // unshare(1), systemd-run(1)
     "pid",
     "scope",
