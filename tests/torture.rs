@@ -11,7 +11,8 @@
 //! holder at a time, at most 3 at once, never a writer beside a reader.
 //!
 //! LOCKRUN_TORTURE_SECS sets the duration (default 40), LOCKRUN_TORTURE_SEED
-//! replays a run, LOCKRUN_TORTURE_WORKERS sets the number of workers (9: three of each set).
+//! replays a run, LOCKRUN_TORTURE_WORKERS sets the number of workers (9: three exclusive,
+//! four on the semaphore, two readers and writers; the sets repeat past nine).
 //! Run a long one with
 //! `LOCKRUN_TORTURE_SECS=900 cargo test --release torture -- --nocapture`.
 
