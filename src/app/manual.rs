@@ -12,7 +12,9 @@ use crate::exit::{Class, Failure, ResultExt};
 /// The man page: clap's sections, then the subcommands, exit status and
 /// environment written here (one page; there are no lockrun-status(1) pages).
 fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
-    let man = clap_mangen::Man::new(cmd);
+    // VERSION is the version alone: the engines `--version` lists after it
+    // are the build's, not the page's.
+    let man = clap_mangen::Man::new(cmd.long_version(None));
     man.render_title(out)?;
     man.render_name_section(out)?;
     man.render_synopsis_section(out)?;
