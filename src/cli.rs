@@ -359,6 +359,22 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// `--version` names every engine of the scheme table, each with all
+    /// its schemes, one line each.
+    #[test]
+    fn long_version_names_every_engine() {
+        let text = long_version();
+        assert!(text.starts_with(concat!(env!("CARGO_PKG_VERSION"), "\nengines:\n")));
+        let lines: Vec<&str> = text.lines().skip(2).collect();
+        assert_eq!(lines.len(), crate::backend::ENGINES.len(), "{text}");
+        for (engine, line) in crate::backend::ENGINES.iter().zip(lines) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(words[0], engine.name, "{text}");
+            let schemes: Vec<String> = engine.schemes.iter().map(|s| format!("{s}://")).collect();
+            assert_eq!(words[1..=schemes.len()], schemes, "{text}");
+        }
+    }
+
     fn parse(args: &[&str]) -> Cli {
         Cli::try_parse_from(args).unwrap()
     }

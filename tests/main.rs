@@ -18,6 +18,7 @@ mod modes;
 mod operate;
 mod ops;
 mod outlive;
+mod package;
 mod postgres;
 mod props;
 mod redis_core;
