@@ -8,6 +8,25 @@ use clap::{Args, Parser, Subcommand};
 /// `--prefix` when none is given.
 pub const DEFAULT_PREFIX: &str = "lockrun:";
 
+/// `--version`: the version, then the engines this build has, one a line
+/// with its URL schemes (`-V` prints the version alone).
+pub fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let mut text = format!("{}\nengines:", env!("CARGO_PKG_VERSION"));
+        for (i, engine) in crate::backend::ENGINES.iter().enumerate() {
+            let schemes: Vec<String> = engine.schemes.iter().map(|s| format!("{s}://")).collect();
+            let default = if i == 0 { " (the default)" } else { "" };
+            text.push_str(&format!(
+                "\n  {:<10}  {}{default}",
+                engine.name,
+                schemes.join(" ")
+            ));
+        }
+        text
+    })
+}
+
 /// Run a command while holding a named lease, so that only one copy runs at a
 /// time across many machines.
 ///
@@ -23,6 +42,7 @@ pub const DEFAULT_PREFIX: &str = "lockrun:";
 #[command(
     name = "lockrun",
     version,
+    long_version = long_version(),
     subcommand_negates_reqs = true,
     override_usage = "lockrun [OPTIONS] <NAME> [--] <COMMAND> [ARGS]...\n       \
 lockrun [OPTIONS] <NAME> -c <SHELL_COMMAND>\n       \
@@ -337,6 +357,22 @@ mod tests {
     #[test]
     fn definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// `--version` names every engine of the scheme table, each with all
+    /// its schemes, one line each.
+    #[test]
+    fn long_version_names_every_engine() {
+        let text = long_version();
+        assert!(text.starts_with(concat!(env!("CARGO_PKG_VERSION"), "\nengines:\n")));
+        let lines: Vec<&str> = text.lines().skip(2).collect();
+        assert_eq!(lines.len(), crate::backend::ENGINES.len(), "{text}");
+        for (engine, line) in crate::backend::ENGINES.iter().zip(lines) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(words[0], engine.name, "{text}");
+            let schemes: Vec<String> = engine.schemes.iter().map(|s| format!("{s}://")).collect();
+            assert_eq!(words[1..=schemes.len()], schemes, "{text}");
+        }
     }
 
     fn parse(args: &[&str]) -> Cli {

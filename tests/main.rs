@@ -19,6 +19,7 @@ mod modes;
 mod operate;
 mod ops;
 mod outlive;
+mod package;
 mod postgres;
 mod props;
 mod redis_core;

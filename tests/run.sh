@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
 # need (redis-server, etcd, postgresql, pgbouncer, alembic, openssl, perl,
-# bash, util-linux, Python's prometheus_client) when it is missing, then
-# run `cargo test` with any arguments given.
+# bash, util-linux, man-db, Python's prometheus_client, cargo-deb) when it is
+# missing, then run `cargo test` with any arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +15,8 @@ command -v perl >/dev/null 2>&1 || missing+=(perl)
 command -v bash >/dev/null 2>&1 || missing+=(bash)
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 command -v groff >/dev/null 2>&1 || missing+=(groff-base)
+# The Debian package's man pages are read back with man -l.
+command -v man >/dev/null 2>&1 || missing+=(man-db)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 # The metrics file is read back with a real Prometheus text parser.
@@ -46,5 +48,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
   "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
+
+# The Debian package is built with cargo-deb (a cargo subcommand, not an apt
+# package).
+cargo deb --version >/dev/null 2>&1 || cargo install cargo-deb --locked
 
 exec cargo test "$@"
