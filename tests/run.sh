@@ -51,6 +51,6 @@ fi
 
 # The Debian package is built with cargo-deb (a cargo subcommand, not an apt
 # package).
-cargo deb --version >/dev/null 2>&1 || cargo install cargo-deb --locked
+cargo deb --version >/dev/null 2>&1 || cargo install cargo-deb --version 3.8.0 --locked
 
 exec cargo test "$@"
