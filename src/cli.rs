@@ -223,6 +223,29 @@ pub struct RunArgs {
     /// hosts then runs once per window. A longer job releases at its end.
     #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub min_hold: Option<String>,
+
+    /// Wait only while fewer than N requests of this name wait; otherwise
+    /// give up at once with the conflict code (-E). --max-waiters 1
+    /// coalesces: the running job plus one queued run.
+    #[arg(long, env = "LOCKRUN_MAX_WAITERS", value_name = "N")]
+    pub max_waiters: Option<String>,
+
+    /// --max-waiters came from LOCKRUN_MAX_WAITERS: a default for every run,
+    /// which a `-n` run (it never waits) ignores rather than refusing.
+    #[arg(skip)]
+    pub max_waiters_from_env: bool,
+
+    /// Replace the waiting requests of this name that asked for
+    /// --supersede too (newest wins); each replaced one gives up with the
+    /// conflict code. Holders and other waiters are never touched.
+    #[arg(long)]
+    pub supersede: bool,
+
+    /// Ask the holders of this name to stop: each stops its job at its next
+    /// renewal (TERM, grace, KILL) and exits 76; then wait our turn, so the
+    /// job starts only once every process of theirs is gone.
+    #[arg(long)]
+    pub preempt: bool,
 }
 
 #[derive(Debug, Subcommand)]

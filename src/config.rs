@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use crate::backend::{Address, AddressOptions, Mode, Wait};
+use crate::backend::{Address, AddressOptions, Group, Mode, Wait};
 use crate::cli::{BackendArgs, RunArgs};
 use crate::exit::{Class, Failure, fail};
 use crate::schedule::Timing;
@@ -34,6 +34,8 @@ pub struct RunConfig {
     pub metrics_file: Option<std::path::PathBuf>,
     /// `--min-hold`, checked: above zero, at most `MAX_MIN_HOLD`.
     pub min_hold: Option<Duration>,
+    /// `--max-waiters`, `--supersede`, `--preempt`, checked against `-n`.
+    pub group: Group,
 }
 
 fn usage(msg: impl std::fmt::Display) -> Failure {
@@ -258,6 +260,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
 
     let mode = mode(run)?;
     let min_hold = run.min_hold.as_deref().map(parse_min_hold).transpose()?;
+    let group = group(run, wait)?;
 
     let metrics_file = run
         .metrics_file
@@ -283,6 +286,46 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         label,
         metrics_file,
         min_hold,
+        group,
+    })
+}
+
+/// The most `--max-waiters` allows: far beyond any queue, and a count every
+/// engine keeps exactly.
+const MAX_WAITERS: u32 = 1_000_000;
+
+/// `--max-waiters`, `--supersede` and `--preempt` speak of waiting: with
+/// `-n`, which never waits, each is a mistake said at once.
+fn group(run: &RunArgs, wait: Wait) -> Result<Group, Failure> {
+    let max_waiters = run
+        .max_waiters
+        .as_deref()
+        .filter(|_| !(wait == Wait::No && run.max_waiters_from_env))
+        .map(|s| match s.trim().parse::<u32>() {
+            Ok(n) if (1..=MAX_WAITERS).contains(&n) => Ok(n),
+            _ => Err(usage(format!(
+                "invalid --max-waiters {s:?}: expected a number of waiting requests from 1 to \
+                 {MAX_WAITERS} (to never wait, use -n)"
+            ))),
+        })
+        .transpose()?;
+    if wait == Wait::No {
+        let asked = [
+            (max_waiters.is_some(), "--max-waiters"),
+            (run.supersede, "--supersede"),
+            (run.preempt, "--preempt"),
+        ];
+        if let Some((_, flag)) = asked.iter().find(|(on, _)| *on) {
+            return Err(usage(format!(
+                "-n/--no-wait and {flag} exclude each other: {flag} is about waiting, and -n \
+                 never waits"
+            )));
+        }
+    }
+    Ok(Group {
+        max_waiters,
+        supersede: run.supersede,
+        preempt: run.preempt,
     })
 }
 

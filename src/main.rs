@@ -81,6 +81,8 @@ fn parse() -> Result<cli::Cli, clap::Error> {
     cli.backend.replicas_from_env =
         matches.value_source("replicas") == Some(ValueSource::EnvVariable);
     cli.backend.prefix_from_env = matches.value_source("prefix") == Some(ValueSource::EnvVariable);
+    cli.run.max_waiters_from_env =
+        matches.value_source("max_waiters") == Some(ValueSource::EnvVariable);
     Ok(cli)
 }
 

@@ -32,6 +32,17 @@ impl Timing {
         }
     }
 
+    /// The schedule of a lease that cannot lapse (a flock), renewed, that
+    /// is looked at, at least every `every`: a `--preempt` request is seen
+    /// within that, whatever the ttl. Looking sooner only moves the
+    /// deadline-free checks; nothing else changes.
+    pub fn looking_every(self, every: Duration) -> Timing {
+        Timing {
+            renew_every: self.renew_every.min(every),
+            ..self
+        }
+    }
+
     fn fits(&self) -> bool {
         !self.ttl.is_zero()
             && self.renew_every + self.op + self.grace + self.slack + self.drift <= self.ttl

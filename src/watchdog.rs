@@ -258,6 +258,12 @@ fn renew_loop(
                 }
                 continue;
             }
+            Attempt::Done(Ok(Renewal::Preempted { by })) => {
+                send(Event::Lost {
+                    reason: format!("preempted by {by} (--preempt)"),
+                });
+                return;
+            }
             Attempt::Done(Ok(Renewal::Lost)) => {
                 send(Event::Lost {
                     reason: "the lease is no longer ours (deleted, expired or taken over)".into(),

@@ -2,6 +2,7 @@
 //! written at the end of every run (lockrun(1) "Metrics").
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{Ending, human, opening, setup_logging};
 use crate::backend::{self, Acquired, Owner, Request, Wait};
@@ -44,6 +45,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
         inherited_fd: backend::inherited_lock_fd(),
         quiet: cfg.common.verbosity == 0,
         min_hold: cfg.min_hold,
+        group: cfg.group,
     };
     let expires = cfg.common.address.engine().expires;
 
@@ -87,6 +89,23 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
                 }
                 return Ok(Ending::Exit(cfg.conflict_code));
             }
+            // Coalesced, as a skip with -n is: silent but under -v.
+            Acquired::QueueFull { waiting } => {
+                log::info(format!(
+                    "not acquired: {waiting} requests already wait for {} (--max-waiters {})",
+                    cfg.name,
+                    cfg.group.max_waiters.unwrap_or_default()
+                ));
+                return Ok(Ending::Exit(cfg.conflict_code));
+            }
+            Acquired::Replaced { by } => {
+                log::warn(format!(
+                    "gave up waiting for {}: replaced by the newer request of {} (--supersede)",
+                    cfg.name,
+                    crate::text::printable(&by)
+                ));
+                return Ok(Ending::Exit(cfg.conflict_code));
+            }
         }
     };
     drop(engine);
@@ -113,7 +132,13 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
         env: env.set,
         env_remove,
         inherit_fd: env.inherit_fd,
-        timing: cfg.timing,
+        // A flock has no deadline to renew before; its holder looks every
+        // second whether a --preempt request asked it to stop.
+        timing: if expires {
+            cfg.timing
+        } else {
+            cfg.timing.looking_every(Duration::from_secs(1))
+        },
         sent_at: lease.sent_at,
         secret,
     };

@@ -57,6 +57,12 @@ pub(super) fn describe_holder(h: &Holder) -> String {
     if h.revoked {
         parts.push("revoked by release --force".into());
     }
+    if let Some(by) = &h.preempted_by {
+        parts.push(format!(
+            "preempted by {} (its job stops at its next renewal)",
+            printable(by)
+        ));
+    }
     if let Some(pid) = h.label.as_deref().and_then(backend::gone_holder) {
         // A lockrun killed outright leaves a server's lease until it expires.
         parts.push(format!(
@@ -79,6 +85,7 @@ fn holder_json(h: &Holder) -> serde_json::Value {
         "holder_gone": !h.min_hold && h.label.as_deref().and_then(backend::gone_holder).is_some(),
         "min_hold": h.min_hold,
         "held_until": h.min_hold.then(|| h.ttl_left.map(until)).flatten(),
+        "preempted_by": h.preempted_by,
     })
 }
 
@@ -121,8 +128,10 @@ fn status_object(name: &str, st: &backend::Status) -> serde_json::Value {
             .is_some(),
         "min_hold": first.is_some_and(|h| h.min_hold),
         "held_until": first.filter(|h| h.min_hold).and_then(|h| h.ttl_left).map(until),
+        "preempted_by": first.and_then(|h| h.preempted_by.clone()),
         "holders": st.holders.iter().map(holder_json).collect::<Vec<_>>(),
         "waiters": st.waiters,
+        "superseding": st.superseding,
     })
 }
 
@@ -155,8 +164,11 @@ fn show_status(out: &mut dyn Write, name: &str, st: &backend::Status, json: bool
         let _ = writeln!(out, "{}", json_text(&status_object(name, st)));
     } else {
         let name = printable(name);
-        let waiting = match st.waiters {
-            Some(n) if n > 0 => format!("; {n} waiting"),
+        let waiting = match (st.waiters, st.superseding) {
+            (Some(n), Some(s)) if n > 0 && s > 0 => {
+                format!("; {n} waiting ({s} with --supersede)")
+            }
+            (Some(n), _) if n > 0 => format!("; {n} waiting"),
             _ => String::new(),
         };
         match st.holders.as_slice() {

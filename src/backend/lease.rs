@@ -9,7 +9,7 @@ use super::{Error, Request, bounded};
 use crate::clock::Boot;
 
 /// What a renewal found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Renewal {
     /// Renewed for `ttl` from when the request was sent: what the server
     /// granted, which may differ from what was asked (the deadline counts
@@ -17,6 +17,10 @@ pub enum Renewal {
     Renewed { ttl: Duration },
     /// The lease is not ours any more (final).
     Lost,
+    /// A `--preempt` request, shown as `host:pid (label)`, asked this
+    /// holder to stop (final): the lease is still ours, to release once
+    /// the job is dead.
+    Preempted { by: String },
 }
 
 /// One renewal of one lease, as its engine does it. A transient error is

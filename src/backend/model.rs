@@ -132,6 +132,26 @@ impl Owner {
     }
 }
 
+/// What a request asks of the others of its name (lockrun(1) "Concurrency
+/// groups"); all off by default, and none with `-n`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Group {
+    /// `--max-waiters N`: join the queue only while fewer than N requests
+    /// wait in it (counted in the step that would join it; waiters this
+    /// request replaces do not count); otherwise `Acquired::QueueFull`.
+    pub max_waiters: Option<u32>,
+    /// `--supersede`: joining the queue removes every earlier waiter that
+    /// asked for it too; each of those ends with `Acquired::Replaced`,
+    /// naming this request. A waiter without it is never removed.
+    pub supersede: bool,
+    /// `--preempt`: finding the name held, mark every holder of that
+    /// moment preempted by this request (its owner stays: it releases once
+    /// its job is dead, or its lease runs out); a holder's next renewal
+    /// answers `Renewal::Preempted`. A `--min-hold` window, which runs no
+    /// job, is ended at once. Then wait as usual.
+    pub preempt: bool,
+}
+
 /// What a run asks an engine for.
 pub struct Request<'a> {
     pub name: &'a str,
@@ -150,6 +170,7 @@ pub struct Request<'a> {
     /// `--min-hold`: the lease stays held at least this long after its
     /// grant, on the engine's clock, also once the job ended (lockrun(1) "Once per window").
     pub min_hold: Option<Duration>,
+    pub group: Group,
 }
 
 impl Request<'_> {
@@ -184,6 +205,11 @@ pub enum Acquired {
     Busy {
         holder: Option<String>,
     },
+    /// Not queued (`--max-waiters`): this many requests waited already.
+    QueueFull { waiting: u64 },
+    /// Taken out of the queue by a newer `--supersede` request, shown as
+    /// `host:pid (label)`.
+    Replaced { by: String },
 }
 
 /// One holder as `status` shows it; never includes the owner value.
@@ -201,6 +227,9 @@ pub struct Holder {
     /// Kept by `--min-hold` after its job ended: no one runs, the place is
     /// held until `ttl_left` runs out (or `release --force` ends it).
     pub min_hold: bool,
+    /// Asked to stop by a `--preempt` request, shown as `host:pid (label)`:
+    /// its job stops at its next renewal.
+    pub preempted_by: Option<String>,
 }
 
 /// A name's state for `status`.
@@ -209,6 +238,8 @@ pub struct Status {
     pub holders: Vec<Holder>,
     /// Requests queued for the name (None: the engine cannot tell).
     pub waiters: Option<u64>,
+    /// Of those, the ones that asked for `--supersede`.
+    pub superseding: Option<u64>,
 }
 
 /// Every name under the prefix with its state, for `status` without a

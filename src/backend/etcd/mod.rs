@@ -181,6 +181,7 @@ impl Etcd {
                 .then(|| Duration::from_millis(wall_ms().saturating_sub(r.granted_ms))),
             revoked: r.revoked,
             min_hold: r.min_hold,
+            preempted_by: None,
         })
     }
 }
@@ -210,6 +211,7 @@ impl Engine for Etcd {
         Ok(Status {
             holders: out,
             waiters: Some((queue.len() - held) as u64),
+            superseding: None,
         })
     }
 

@@ -42,6 +42,7 @@ impl Local {
             held_for: held_for(r.granted_ms),
             revoked: false,
             min_hold: false,
+            preempted_by: None,
         };
         let lockers = lockers(st.st_dev, st.st_ino);
         let rec = read_record(&file);
@@ -72,6 +73,7 @@ impl Local {
                             held_for: held_for(r.granted_ms),
                             revoked: false,
                             min_hold: false,
+                            preempted_by: None,
                         });
                     }
                 }
@@ -89,6 +91,7 @@ impl Local {
                         held_for: None,
                         revoked: false,
                         min_hold: false,
+                        preempted_by: None,
                     });
                 }
             }
@@ -98,6 +101,7 @@ impl Local {
             r.window.as_ref().and_then(Window::left).map(|left| Holder {
                 ttl_left: Some(left),
                 min_hold: true,
+                preempted_by: None,
                 ..holder(r, mode, slot)
             })
         };
@@ -129,6 +133,7 @@ impl Local {
         Ok(Status {
             holders,
             waiters: Some(waiters),
+            superseding: None,
         })
     }
 }

@@ -98,6 +98,7 @@ fn holder_of(r: &tokio_postgres::Row, at: usize) -> Result<Holder, Error> {
         held_for: Some(ms(r.get(at + 7))),
         revoked: r.get::<_, Option<bool>>(at + 5).unwrap_or(false),
         min_hold: r.get::<_, Option<bool>>(at + 8).unwrap_or(false),
+        preempted_by: None,
     })
 }
 
@@ -122,6 +123,7 @@ impl Engine for Postgres {
         Ok(Status {
             holders,
             waiters: Some(waiters),
+            superseding: None,
         })
     }
 
@@ -155,6 +157,7 @@ impl Engine for Postgres {
                     Status {
                         holders: Vec::new(),
                         waiters: Some(waiting),
+                        superseding: None,
                     },
                 ));
             }

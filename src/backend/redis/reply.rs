@@ -98,6 +98,7 @@ fn holders_from(v: &[Value], at: usize) -> Vec<Holder> {
             held_for: int_at(v, i + 6).map(|ms| Duration::from_millis(ms.max(0) as u64)),
             revoked: int_at(v, i + 7) == Some(1),
             min_hold: int_at(v, i + 7) == Some(2),
+            preempted_by: None,
         });
         i += 8;
     }
@@ -109,6 +110,7 @@ pub fn status(v: &[Value]) -> Status {
     Status {
         holders: holders_from(v, 2),
         waiters: int_at(v, 1).map(|n| n.max(0) as u64),
+        superseding: None,
     }
 }
 
