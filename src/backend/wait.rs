@@ -139,6 +139,7 @@ mod tests {
             inherited_fd: None,
             quiet,
             min_hold: None,
+            group: Default::default(),
         }
     }
 

@@ -466,6 +466,7 @@ mod tests {
             inherited_fd: None,
             quiet: true,
             min_hold: None,
+            group: Default::default(),
         };
         let q: Vec<Entry> = modes
             .iter()

@@ -176,6 +176,7 @@ mod tests {
             inherited_fd: None,
             quiet: true,
             min_hold: None,
+            group: Default::default(),
         };
         let h: Vec<Entry> = holders
             .iter()
