@@ -1094,6 +1094,248 @@ pub fn min_hold_keeps_each_place_with_limit_and_shared(e: &dyn Fixture) {
 
 // End of --min-hold.
 
+// ---- concurrency groups: --max-waiters, --supersede, --preempt ----
+
+/// A waiting request with a piped stderr, its job marking `tag` once it runs.
+fn waiter(e: &dyn Fixture, scratch: &Scratch, name: &str, tag: &str, args: &[&str]) -> Child {
+    on(&e.url())
+        .args(args)
+        .args(["--label", tag, name, "-c"])
+        .arg(format!(
+            "echo $LOCKRUN_TOKEN > {}",
+            scratch.path(tag).display()
+        ))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+}
+
+fn stderr_of(child: Child) -> (Option<i32>, String) {
+    let mut child = child;
+    let status = wait_child(&mut child, Duration::from_secs(60));
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    (status.code(), err)
+}
+
+/// `--max-waiters 1` coalesces: the holder runs, one request waits, a third
+/// gives up at once with the conflict code (silently, as `-n` does), and the
+/// queued one runs once the holder is done.
+pub fn max_waiters_coalesces(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(e, &scratch, "h", &["co"]);
+    let queued = waiter(e, &scratch, "co", "w1", &["--max-waiters", "1"]);
+    assert!(wait_until(Duration::from_secs(20), || waiters(e, "co") == 1));
+    let started = Instant::now();
+    let out = on(&e.url())
+        .args(["--max-waiters", "1", "co", "true"])
+        .code(75);
+    assert_eq!(out.stderr(), "", "a coalesced request is silent without -v");
+    assert!(started.elapsed() < Duration::from_secs(10), "it waited");
+    on(&e.url())
+        .args(["--max-waiters", "1", "-E", "0", "co", "true"])
+        .code(0);
+    // Under -v it says why.
+    let out = on(&e.url())
+        .args(["-v", "--max-waiters", "1", "co", "true"])
+        .code(75);
+    assert!(out.stderr().contains("--max-waiters"), "{}", out.stderr());
+    // A request without --max-waiters still queues behind them.
+    assert_eq!(waiters(e, "co"), 1);
+    assert!(
+        !scratch.exists("w1"),
+        "the queued run started beside the holder"
+    );
+    stop(&mut h);
+    let (code, err) = stderr_of(queued);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(scratch.exists("w1"));
+}
+
+/// Twenty requests fired at once with `--max-waiters 2` leave exactly two
+/// queued: the count is read in the step that joins the queue.
+pub fn max_waiters_counts_in_the_joining_step(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(e, &scratch, "h", &["burst"]);
+    let children: Vec<Child> = (0..20)
+        .map(|i| {
+            waiter(
+                e,
+                &scratch,
+                "burst",
+                &format!("b{i}"),
+                &["--max-waiters", "2"],
+            )
+        })
+        .collect();
+    // The refused ones end at once; the queued ones wait for the holder.
+    let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
+    let mut refused = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused < 18 && Instant::now() < deadline {
+        for slot in children.iter_mut() {
+            if let Some(c) = slot
+                && let Some(st) = c.try_wait().unwrap()
+            {
+                assert_eq!(st.code(), Some(75), "a request beyond the two ended so");
+                refused += 1;
+                *slot = None;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let queued: Vec<Child> = children.into_iter().flatten().collect();
+    assert_eq!(queued.len(), 2, "{refused} refused");
+    assert_eq!(waiters(e, "burst"), 2);
+    stop(&mut h);
+    for c in queued {
+        let (code, err) = stderr_of(c);
+        assert_eq!(code, Some(0), "{err}");
+    }
+    let ran = (0..20).filter(|i| scratch.exists(&format!("b{i}"))).count();
+    assert_eq!(ran, 2);
+}
+
+/// Three `--supersede` waiters arriving in turn leave only the newest; each
+/// replaced one gives up with the conflict code and a line naming its
+/// replacement; a plain waiter beside them is kept, and the holder is never
+/// touched.
+pub fn supersede_keeps_only_the_newest(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(e, &scratch, "h", &["sup"]);
+    let plain = waiter(e, &scratch, "sup", "plain", &[]);
+    assert!(wait_until(Duration::from_secs(20), || waiters(e, "sup") == 1));
+    let mut older: Option<(Child, String)> = None;
+    for tag in ["s1", "s2", "s3"] {
+        let c = waiter(e, &scratch, "sup", tag, &["--supersede"]);
+        if let Some((old, old_tag)) = older.take() {
+            let (code, err) = stderr_of(old);
+            assert_eq!(code, Some(75), "{old_tag}: {err}");
+            assert_eq!(err.lines().count(), 1, "{old_tag}: {err}");
+            assert!(
+                err.contains("replaced") && err.contains(tag),
+                "{old_tag}: {err}"
+            );
+            assert!(!scratch.exists(&old_tag));
+        }
+        assert!(wait_until(Duration::from_secs(20), || waiters(e, "sup") == 2));
+        older = Some((c, tag.to_string()));
+    }
+    let st = status(e, "sup");
+    assert_eq!(st["waiters"], 2, "{st}");
+    assert_eq!(st["superseding"], 1, "{st}");
+    // The holder was never disturbed.
+    assert!(h.try_wait().unwrap().is_none(), "the holder was stopped");
+    stop(&mut h);
+    let (code, err) = stderr_of(plain);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = stderr_of(older.unwrap().0);
+    assert_eq!(code, Some(0), "{err}");
+    let plain: u64 = scratch.read("plain").trim().parse().unwrap();
+    let newest: u64 = scratch.read("s3").trim().parse().unwrap();
+    assert!(plain < newest, "served out of arrival order");
+}
+
+/// `--preempt` stops a holder whose job ignores SIGTERM (76, one line
+/// naming the request), and its own job starts only once every process of
+/// the old job is dead, with a higher token.
+pub fn preempt_stops_the_holder_first(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let old = on(&e.url())
+        .args(["--ttl", "3s", "--label", "old", "pre", "-c"])
+        .arg(format!(
+            "trap '' TERM; echo $LOCKRUN_TOKEN > {}; echo $$ > {}; while :; do sleep 0.1; done",
+            scratch.path("old-token").display(),
+            scratch.path("old-pid").display()
+        ))
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let old_pid = scratch.pid_in("old-pid");
+    let started = Instant::now();
+    let new = on(&e.url())
+        .args(["--preempt", "--label", "new", "pre", "-c"])
+        .arg(format!(
+            "if kill -0 -- -{old_pid} 2>/dev/null; then echo overlap > {}; fi; echo $LOCKRUN_TOKEN > {}",
+            scratch.path("overlap").display(),
+            scratch.path("new-token").display()
+        ))
+        .spawn();
+    let (code, err) = stderr_of(old);
+    assert_eq!(code, Some(76), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("preempted by") && err.contains("new"), "{err}");
+    let mut new = new;
+    assert_eq!(
+        wait_child(&mut new, Duration::from_secs(60)).code(),
+        Some(0)
+    );
+    assert!(
+        !scratch.exists("overlap"),
+        "the new job ran beside the old one"
+    );
+    let old_token: u64 = scratch.read("old-token").trim().parse().unwrap();
+    let new_token: u64 = scratch.read("new-token").trim().parse().unwrap();
+    assert!(new_token > old_token);
+    // Seen at the next renewal (every second on the local engine), not a
+    // lease later.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Nothing a request does without `--preempt` disturbs a holder.
+pub fn only_preempt_disturbs_a_holder(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(e, &scratch, "h", &["--ttl", "2s", "calm"]);
+    on(&e.url()).args(["-w", "1s", "calm", "true"]).code(75);
+    on(&e.url())
+        .args([
+            "--max-waiters",
+            "1",
+            "-w",
+            "1s",
+            "--supersede",
+            "calm",
+            "true",
+        ])
+        .code(75);
+    on(&e.url()).args(["-n", "calm", "true"]).code(75);
+    // Two renewals later it still runs, and is not marked.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(h.try_wait().unwrap().is_none(), "the holder was stopped");
+    assert!(status(e, "calm")["preempted_by"].is_null());
+    assert_eq!(stop(&mut h), Some(143));
+}
+
+/// Combinations that make no sense are refused before anything is contacted.
+pub fn group_words_refused_with_no_wait(e: &dyn Fixture) {
+    for args in [
+        &["-n", "--max-waiters", "1"][..],
+        &["-n", "--supersede"],
+        &["-n", "--preempt"],
+        &["--max-waiters", "0"],
+        &["--max-waiters", "x"],
+    ] {
+        on(&e.url())
+            .args(args)
+            .args(["g", "true"])
+            .code(64)
+            .says(&[]);
+    }
+    assert!(e.untouched(), "something was stored");
+    // From the environment, --max-waiters is a default that -n ignores.
+    on(&e.url())
+        .env("LOCKRUN_MAX_WAITERS", "1")
+        .args(["-n", "g", "true"])
+        .code(0);
+}
+
+// End of concurrency groups.
+
 /// Every test above, on each engine: one line per engine.
 macro_rules! conformance {
     ($($engine:ident: $fixture:expr;)*) => {$(
@@ -1118,6 +1360,12 @@ macro_rules! conformance {
             #[test] fn release_force_ends_a_min_hold_window() { super::release_force_ends_a_min_hold_window(&$fixture) }
             #[test] fn a_waiter_starts_when_the_min_hold_window_ends() { super::a_waiter_starts_when_the_min_hold_window_ends(&$fixture) }
             #[test] fn min_hold_keeps_each_place_with_limit_and_shared() { super::min_hold_keeps_each_place_with_limit_and_shared(&$fixture) }
+            #[test] fn max_waiters_coalesces() { super::max_waiters_coalesces(&$fixture) }
+            #[test] fn max_waiters_counts_in_the_joining_step() { super::max_waiters_counts_in_the_joining_step(&$fixture) }
+            #[test] fn supersede_keeps_only_the_newest() { super::supersede_keeps_only_the_newest(&$fixture) }
+            #[test] fn preempt_stops_the_holder_first() { super::preempt_stops_the_holder_first(&$fixture) }
+            #[test] fn only_preempt_disturbs_a_holder() { super::only_preempt_disturbs_a_holder(&$fixture) }
+            #[test] fn group_words_refused_with_no_wait() { super::group_words_refused_with_no_wait(&$fixture) }
         }
     )*};
 }

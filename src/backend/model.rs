@@ -206,10 +206,14 @@ pub enum Acquired {
         holder: Option<String>,
     },
     /// Not queued (`--max-waiters`): this many requests waited already.
-    QueueFull { waiting: u64 },
+    QueueFull {
+        waiting: u64,
+    },
     /// Taken out of the queue by a newer `--supersede` request, shown as
     /// `host:pid (label)`.
-    Replaced { by: String },
+    Replaced {
+        by: String,
+    },
 }
 
 /// One holder as `status` shows it; never includes the owner value.
