@@ -50,7 +50,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --replicas --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --metrics-file --kill-after --min-hold --generate --help --version status list release doctor help"
+            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --replicas --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --metrics-file --kill-after --min-hold --max-waiters --supersede --preempt --generate --help --version status list release doctor help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -129,6 +129,10 @@ _lockrun() {
                     return 0
                     ;;
                 --min-hold)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-waiters)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

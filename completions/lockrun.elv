@@ -37,6 +37,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --metrics-file 'At the end of every run (skipped, ran, lost, failed) replace PATH, atomically, with Prometheus text for node_exporter''s textfile collector: end time, acquired, wait and hold seconds, exit code, lease lost, token. A PATH that cannot be written costs one warning, never the job or its exit code'
             cand --kill-after 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)'
             cand --min-hold 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine''s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end'
+            cand --max-waiters 'Wait only while fewer than N requests of this name wait; otherwise give up at once with the conflict code (-E). --max-waiters 1 coalesces: the running job plus one queued run'
             cand --generate 'Print a shell completion script or the man page to stdout'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
@@ -50,13 +51,15 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --exclusive 'An exclusive lock, the default (as flock''s -x and -e)'
             cand -s 'A shared (reader) lock, as flock''s -s: shared holders run together, never beside an exclusive one'
             cand --shared 'A shared (reader) lock, as flock''s -s: shared holders run together, never beside an exclusive one'
+            cand --supersede 'Replace the waiting requests of this name that asked for --supersede too (newest wins); each replaced one gives up with the conflict code. Holders and other waiters are never touched'
+            cand --preempt 'Ask the holders of this name to stop: each stops its job at its next renewal (TERM, grace, KILL) and exits 76; then wait our turn, so the job starts only once every process of theirs is gone'
             cand -h 'Print help (see more with ''--help'')'
             cand --help 'Print help (see more with ''--help'')'
             cand -V 'Print version'
             cand --version 'Print version'
-            cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
-            cand list 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
-            cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
+            cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted (read name by name, not as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
+            cand list 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted (read name by name, not as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
+            cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 64 on the local engine for anything but a --min-hold window, 69 backend unreachable'
             cand doctor 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -118,8 +121,8 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;help'= {
-            cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted, read name by name (not a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
-            cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable'
+            cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted (read name by name, not as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
+            cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 64 on the local engine for anything but a --min-hold window, 69 backend unreachable'
             cand doctor 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
             cand help 'Print this message or the help of the given subcommand(s)'
         }

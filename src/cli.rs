@@ -252,9 +252,9 @@ pub struct RunArgs {
 pub enum OperatorCommand {
     /// Show whether NAME is held: every holder (who, token, slot, mode, time
     /// left) and the number of waiters. Without NAME (or as `list`): every
-    /// name under the prefix, one line each, sorted, read name by name (not
-    /// a snapshot). Exit 0 held (any held), 1 free (none held), 69 backend
-    /// unreachable.
+    /// name under the prefix, one line each, sorted (read name by name, not
+    /// as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free
+    /// (none held), 69 backend unreachable.
     #[command(visible_alias = "list")]
     Status {
         /// Print one JSON object (without NAME: an array of them) instead of text.
@@ -266,7 +266,8 @@ pub enum OperatorCommand {
     /// Break a lock (operators). By default the holder is revoked: its job is
     /// stopped at its next renewal and new grants wait until the old lease would
     /// have expired, so no two jobs overlap.
-    /// Exit 0 broken, 1 not held (or token mismatch), 69 backend unreachable.
+    /// Exit 0 broken, 1 not held (or token mismatch), 64 on the local engine
+    /// for anything but a --min-hold window, 69 backend unreachable.
     Release {
         /// Required: breaking a lock someone holds is deliberate.
         #[arg(long)]

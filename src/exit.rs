@@ -73,17 +73,20 @@ pub const TABLE: &[Row] = &[
         code: "76",
         short: "76 lease lost, job stopped",
         meaning: "the lease was lost while a process of the job was alive; lockrun stopped the job",
-        check: "the line lockrun printed on stderr names the cause (revoked, the engine \
-                unreachable, a failover, lockrun paused); `lockrun doctor` shows whether the \
-                engine is healthy now, `-vv` every renewal",
+        check: "the line lockrun printed on stderr says which of: the lease no longer ours \
+                (revoked, deleted, a failover), not renewed in time (the engine unreachable or \
+                lockrun paused), preempted by another request, or refused by the engine \
+                (TROUBLESHOOTING); `lockrun doctor` shows whether the engine is healthy now",
         action: "the job may have stopped half-way: let it fence on `LOCKRUN_TOKEN`, then run it \
                  again; a longer `--ttl` rides out longer outages of the engine",
     },
     Row {
         code: "64",
         short: "64 usage",
-        meaning: "usage or configuration error; nothing was contacted, no job started",
-        check: "the one line on stderr names the option or variable",
+        meaning: "usage or configuration error; no job started. Most are found before anything \
+                  is contacted; the engine finds two: the name held in another mode or `--limit`, \
+                  and a job inside a lockrun that holds the same name",
+        check: "the one line on stderr names the option, variable or mode at fault",
         action: "fix the option or `LOCKRUN_*` variable the line names",
     },
     Row {
