@@ -62,8 +62,9 @@ pub const TABLE: &[Row] = &[
     Row {
         code: "75 (or -E)",
         short: "75 not acquired (-E)",
-        meaning: "lock not acquired: held elsewhere with `-n`, or `--wait` ran out; the job did \
-                  not run",
+        meaning: "lock not acquired: held elsewhere with `-n`, `--wait` ran out, the queue was \
+                  full (`--max-waiters`) or a newer request replaced this one (`--supersede`); \
+                  the job did not run",
         check: "`lockrun status NAME` names the holder and the requests waiting; `-v` prints \
                 who a waiter waits for",
         action: "nothing if skipping was meant (`-n -E 0` in cron); else a longer `--wait`, or \
@@ -72,7 +73,8 @@ pub const TABLE: &[Row] = &[
     Row {
         code: "76",
         short: "76 lease lost, job stopped",
-        meaning: "the lease was lost while a process of the job was alive; lockrun stopped the job",
+        meaning: "the lease was lost, or a `--preempt` request asked for the name, while a \
+                  process of the job was alive; lockrun stopped the job",
         check: "the line lockrun printed on stderr says which of: the lease no longer ours \
                 (revoked, deleted, a failover), not renewed in time (the engine unreachable or \
                 lockrun paused), preempted by another request, or refused by the engine \
