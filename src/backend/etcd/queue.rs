@@ -421,6 +421,7 @@ pub fn judge(queue: &[Entry], me: usize, req: &Request) -> Verdict {
 
 #[cfg(test)]
 mod tests {
+    use super::super::client::b64;
     use super::*;
     use crate::backend::Owner;
     use crate::schedule::Timing;
@@ -631,6 +632,69 @@ mod tests {
         assert!(revoked.revoked && revoked.token == Some(7));
         assert_eq!(Record::decode("hello"), None);
         assert_eq!(Record::decode("{\"mode\":\"q\"}"), None);
+    }
+
+    /// Marks sit beside a request's key in its name's range. A reader that
+    /// knows no marks (every earlier lockrun: `Keys::holds` and
+    /// `name_of_key` are what it parses) takes none for a request or a
+    /// name; this one reads them only in exactly the form it writes.
+    #[test]
+    fn marks_are_no_requests_and_belong_to_their_key_alone() {
+        let keys = Keys::new("lockrun:", "job");
+        let key = keys.entry(0x7);
+        for kind in [Mark::Preempted, Mark::Replaced] {
+            let mark = Keys::mark(&key, kind);
+            assert!(mark.starts_with(&keys.queue) && mark < keys.queue_end);
+            assert!(!keys.holds(&mark), "{mark}");
+            assert_eq!(name_of_key("lockrun:", &mark), None, "{mark}");
+            assert!(is_mark_key("lockrun:", &mark));
+            assert_eq!(keys.mark_of(&mark), Some((key.clone(), kind)));
+            // Another prefix running through the range has none of them.
+            let longer = Keys::new("lockrun:job/q/", "0000000000000007");
+            assert_eq!(longer.mark_of(&mark), None);
+        }
+        for foreign in [
+            format!("{key}/preempted/x"),
+            format!("{key}/other"),
+            format!("{}1/preempted", keys.queue),
+            format!("{key}preempted"),
+        ] {
+            assert_eq!(keys.mark_of(&foreign), None, "{foreign}");
+            assert!(!is_mark_key("lockrun:", &foreign), "{foreign}");
+        }
+        // A range holding a holder, its mark and a waiter's replaced mark.
+        let holder = entry(1, X);
+        let kv = |k: &str, v: &str, lease: i64, rev: u64| {
+            json!({"key": b64(k), "value": b64(v), "lease": lease.to_string(),
+                   "create_revision": rev.to_string(), "mod_revision": rev.to_string()})
+        };
+        let hk = keys.entry(1);
+        let wk = keys.entry(2);
+        let range = json!({"kvs": [
+            kv(&hk, &holder.value, 1, 1),
+            kv(&Keys::mark(&hk, Mark::Preempted), &Mark::encode("h:9 (new)"), 1, 3),
+            kv(&Keys::mark(&wk, Mark::Replaced), &Mark::encode("h:8"), 5, 4),
+        ]});
+        let (q, _) = entries(&keys, &range, &json!({"revision": "4"})).unwrap();
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].preempted_by.as_deref(), Some("h:9 (new)"));
+        assert_eq!(replaced_by(&keys, &range, &wk).as_deref(), Some("h:8"));
+        assert_eq!(replaced_by(&keys, &range, &hk), None);
+        // A mark on a lease the key is no longer on is not its.
+        let moved = json!({"kvs": [
+            kv(&hk, &holder.value, 2, 1),
+            kv(&Keys::mark(&hk, Mark::Preempted), &Mark::encode("h:9"), 1, 3),
+        ]});
+        let (q, _) = entries(&keys, &moved, &json!({})).unwrap();
+        assert_eq!(q[0].preempted_by, None);
+    }
+
+    #[test]
+    fn supersede_is_stored_only_when_asked_for() {
+        let mut r = entry(1, X).record;
+        assert!(!r.encode().contains("supersede"));
+        r.supersede = true;
+        assert_eq!(Record::decode(&r.encode()), Some(r));
     }
 
     #[test]
