@@ -3,7 +3,11 @@
 //! one transaction; the holders are the front of the queue in create-revision
 //! order; a waiter watches the key just ahead of it; the token is the
 //! revision of the write that granted the key (raft-committed, so it never
-//! goes back, and a later grant's is higher).
+//! goes back, and a later grant's is higher). The concurrency group words
+//! leave marks beside a request's key, on that request's own lease
+//! (`queue::Mark`): `KEY/preempted` on a holder a `--preempt` request asked
+//! to stop, `KEY/replaced` where a `--supersede` request took a waiter's
+//! place. They end with the lease they speak of.
 //!
 //! By layer: `address.rs` reads the URL; `client.rs` is the transport (the
 //! v3 JSON gateway, bounded calls, endpoints in turn, the error table);

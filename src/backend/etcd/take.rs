@@ -380,6 +380,15 @@ impl Etcd {
                     Ok(v) if succeeded(&v) => {
                         if e.record.min_hold {
                             let _ = revoke(&mut self.client, e.lease);
+                            log::info(format!(
+                                "ended {} (--preempt)",
+                                crate::text::printable(&e.record.shown())
+                            ));
+                        } else {
+                            log::info(format!(
+                                "asked the holder {} to stop (--preempt)",
+                                crate::text::printable(&e.record.label)
+                            ));
                         }
                     }
                     Ok(_) => again = true,
@@ -400,7 +409,13 @@ impl Etcd {
                     json!({"request_put": {"key": b64(mark), "value": b64(Mark::encode(&req.owner.shown)), "lease": e.lease.to_string()}}),
                 ];
                 match txn(&mut self.client, vec![unchanged(e)], ops, vec![]) {
-                    Ok(v) if succeeded(&v) => replaced += 1,
+                    Ok(v) if succeeded(&v) => {
+                        replaced += 1;
+                        log::info(format!(
+                            "took the place of the waiting request of {} (--supersede)",
+                            crate::text::printable(&e.record.label)
+                        ));
+                    }
                     Ok(_) => again = true,
                     Err(Error::Refused(m)) if m.contains("lease not found") => again = true,
                     Err(err) => return Err(err),
