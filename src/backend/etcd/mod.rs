@@ -3,7 +3,11 @@
 //! one transaction; the holders are the front of the queue in create-revision
 //! order; a waiter watches the key just ahead of it; the token is the
 //! revision of the write that granted the key (raft-committed, so it never
-//! goes back, and a later grant's is higher).
+//! goes back, and a later grant's is higher). The concurrency group words
+//! leave marks beside a request's key, on that request's own lease
+//! (`queue::Mark`): `KEY/preempted` on a holder a `--preempt` request asked
+//! to stop, `KEY/replaced` where a `--supersede` request took a waiter's
+//! place. They end with the lease they speak of.
 //!
 //! By layer: `address.rs` reads the URL; `client.rs` is the transport (the
 //! v3 JSON gateway, bounded calls, endpoints in turn, the error table);
@@ -26,7 +30,7 @@ use serde_json::{Value, json};
 
 pub use address::{EtcdUrl, parse};
 use client::{Client, Setup, b64, int, unb64};
-use queue::{Entry, Keys, Record, entries, holders};
+use queue::{Entry, Keys, Mark, Record, entries, holders};
 
 use super::{
     Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening,
@@ -181,7 +185,7 @@ impl Etcd {
                 .then(|| Duration::from_millis(wall_ms().saturating_sub(r.granted_ms))),
             revoked: r.revoked,
             min_hold: r.min_hold,
-            preempted_by: None,
+            preempted_by: e.preempted_by.clone(),
         })
     }
 }
@@ -211,7 +215,7 @@ impl Engine for Etcd {
         Ok(Status {
             holders: out,
             waiters: Some((queue.len() - held) as u64),
-            superseding: None,
+            superseding: Some(queue[held..].iter().filter(|e| e.record.supersede).count() as u64),
         })
     }
 
@@ -243,6 +247,8 @@ impl Engine for Etcd {
                 Some(name) => {
                     names.insert(name);
                 }
+                // A mark beside a request names no lock of its own.
+                None if queue::is_mark_key(&self.prefix, &key) => {}
                 None => {
                     others += 1;
                     example.get_or_insert(key);
@@ -383,12 +389,24 @@ impl EtcdHeld {
             .kept(self.token)
             .encode();
         let put = json!({"request_put": {"key": b64(&self.key), "value": b64(&kept), "lease": lease.to_string()}});
-        let v = txn(c, vec![holds(&self.key, &self.value)], vec![put], vec![])
-            .map_err(|e| c.failed(&doing, e))?;
+        // A holder a --preempt request asked to stop keeps no window for it.
+        let mark = Keys::mark(&self.key, Mark::Preempted);
+        let unmarked = json!({"key": b64(&mark), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
+        let v = txn(
+            c,
+            vec![holds(&self.key, &self.value), unmarked],
+            vec![put],
+            vec![json!({"request_range": {"key": b64(&mark)}})],
+        )
+        .map_err(|e| c.failed(&doing, e))?;
         if !succeeded(&v) {
-            // Not ours any more (revoked): the new lease holds nothing.
+            // Not ours any more (revoked), or preempted: the new lease
+            // holds nothing.
             let _ = revoke(c, lease);
-            return Ok(false);
+            let marked = v["responses"][0]["response_range"]["kvs"]
+                .as_array()
+                .is_some_and(|kvs| !kvs.is_empty());
+            return Ok(marked && self.delete()?);
         }
         log::info(format!(
             "released {}; kept by --min-hold for {}",
@@ -423,21 +441,36 @@ impl Held for EtcdHeld {
         if let Some(left) = self.window_left() {
             return self.keep_for(left);
         }
+        self.delete()
+    }
+
+    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+        self.min_hold = None;
+        self.release()
+    }
+}
+
+impl EtcdHeld {
+    /// Delete our key, with any --preempt mark beside it: the name is free
+    /// at once. Ok(false): it was no longer ours.
+    fn delete(&mut self) -> Result<bool, Error> {
         let c = &mut self.client;
         // Deleted only while it is still ours: a revoked key stays until its
         // lease ends, as `release --force` promised. The lease itself, with
         // nothing on it any more, ends on its own within the ttl: revoking
         // it too would cost every run another round trip.
         let delete = json!({"request_delete_range": {"key": b64(&self.key)}});
-        let v = txn(c, vec![holds(&self.key, &self.value)], vec![delete], vec![])
-            .map_err(|e| c.failed(&format!("releasing {}", self.name), e))?;
+        let mark =
+            json!({"request_delete_range": {"key": b64(Keys::mark(&self.key, Mark::Preempted))}});
+        let v = txn(
+            c,
+            vec![holds(&self.key, &self.value)],
+            vec![delete, mark],
+            vec![],
+        )
+        .map_err(|e| c.failed(&format!("releasing {}", self.name), e))?;
         log::info(format!("released {}", self.name));
         Ok(succeeded(&v))
-    }
-
-    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
-        self.min_hold = None;
-        self.release()
     }
 }
 
@@ -450,18 +483,37 @@ struct EtcdRenewer {
 
 impl Renewer for EtcdRenewer {
     fn renew(&mut self) -> Result<Renewal, Error> {
-        // Ownership first: a revoked key must not get one more ttl from us.
-        let v = self
-            .client
-            .call("/v3/kv/range", &json!({"key": b64(&self.key)}))?;
-        let kv = &v["kvs"][0];
-        let ours = client::unb64(kv.get("value").unwrap_or(&json!(""))).as_deref()
-            == Some(self.value.as_str())
-            && int(&kv["lease"]) == Some(self.lease);
-        if !ours {
+        // Ownership first: a revoked key must not get one more ttl from
+        // us. Our key and the mark a --preempt request may have left
+        // beside it, read together.
+        let read = |key: String| json!({"request_range": {"key": b64(key)}});
+        let v = txn(
+            &mut self.client,
+            vec![],
+            vec![
+                read(self.key.clone()),
+                read(Keys::mark(&self.key, Mark::Preempted)),
+            ],
+            vec![],
+        )?;
+        let value = |at: usize| {
+            let kv = &v["responses"][at]["response_range"]["kvs"][0];
+            let text = client::unb64(kv.get("value").unwrap_or(&json!("")));
+            (text, int(&kv["lease"]))
+        };
+        let (text, lease) = value(0);
+        if text.as_deref() != Some(self.value.as_str()) || lease != Some(self.lease) {
             return Ok(Renewal::Lost);
         }
+        // Only a mark on our own lease is ours (it ends with it).
+        let preempted = match value(1) {
+            (Some(text), Some(on)) if on == self.lease => Mark::decode(&text),
+            _ => None,
+        };
         match keepalive(&mut self.client, self.lease) {
+            // Kept alive first: the lease is still ours, and lasts while
+            // the job is stopped and released.
+            Ok(Some(_)) if let Some(by) = preempted => Ok(Renewal::Preempted { by }),
             Ok(Some(ttl)) => Ok(Renewal::Renewed { ttl }),
             Ok(None) => Ok(Renewal::Lost),
             // Revoked since the key was read: lost, not refused.

@@ -31,6 +31,22 @@ impl Keys {
         format!("{}{lease:016x}", self.queue)
     }
 
+    /// The mark of kind `kind` beside the request key `key`.
+    pub fn mark(key: &str, kind: Mark) -> String {
+        format!("{key}{}", kind.suffix())
+    }
+
+    /// `key` is a mark beside one of this name's requests: that request's
+    /// key and the kind of mark. Only exactly the form `mark` writes.
+    pub fn mark_of(&self, key: &str) -> Option<(String, Mark)> {
+        [Mark::Preempted, Mark::Replaced]
+            .into_iter()
+            .find_map(|kind| {
+                let request = key.strip_suffix(kind.suffix())?;
+                self.holds(request).then(|| (request.to_string(), kind))
+            })
+    }
+
     /// `key` is one of this name's requests: the queue's path followed by
     /// a lease id exactly as `entry` writes it. The range holds more when
     /// a longer prefix runs through it (`lockrun:foo/q/` under the name
@@ -47,6 +63,36 @@ impl Keys {
             "sort_target": "CREATE",
             "sort_order": "ASCEND",
         })
+    }
+}
+
+/// A mark lockrun leaves beside a request's key, on that request's own
+/// etcd lease (so it ends with it): `KEY/preempted` on a holder's,
+/// `KEY/replaced` on a waiter's whose key a `--supersede` request deleted.
+/// Its value is `{"by": "host:pid (label)"}`. A lockrun that knows no
+/// marks reads past them: its queue keys are `…/q/` and a lease id alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    Preempted,
+    Replaced,
+}
+
+impl Mark {
+    fn suffix(self) -> &'static str {
+        match self {
+            Mark::Preempted => "/preempted",
+            Mark::Replaced => "/replaced",
+        }
+    }
+
+    pub fn encode(by: &str) -> String {
+        json!({ "by": by }).to_string()
+    }
+
+    /// Who a mark's value names; None for anything lockrun does not write.
+    pub fn decode(text: &str) -> Option<String> {
+        let v: Value = serde_json::from_str(text).ok()?;
+        v["by"].as_str().map(String::from)
     }
 }
 
@@ -81,6 +127,15 @@ pub fn name_of_key(prefix: &str, key: &str) -> Option<String> {
     decode(part)
 }
 
+/// Whether `key` is a mark beside one of lockrun's request keys under
+/// `prefix` (it names no lock of its own).
+pub fn is_mark_key(prefix: &str, key: &str) -> bool {
+    [Mark::Preempted, Mark::Replaced].into_iter().any(|kind| {
+        key.strip_suffix(kind.suffix())
+            .is_some_and(|request| name_of_key(prefix, request).is_some())
+    })
+}
+
 /// Whether `prefix` keeps its names apart from every other accepted
 /// prefix's: it ends with `/`, which no name's part holds, or with `:`
 /// and holds no other `:` or `/` (the default `lockrun:`). Then no key is
@@ -113,6 +168,9 @@ pub struct Record {
     /// write that changed it moved the key's mod revision, which was the
     /// token.
     pub token: Option<u64>,
+    /// Asked for `--supersede`: a later request that asks for it too
+    /// takes this one's place while it waits.
+    pub supersede: bool,
 }
 
 impl Record {
@@ -126,11 +184,12 @@ impl Record {
             revoked: false,
             min_hold: false,
             token: None,
+            supersede: req.group.supersede,
         }
     }
 
     pub fn encode(&self) -> String {
-        json!({
+        let mut v = json!({
             "owner": self.owner,
             "label": self.label,
             "mode": self.mode.code(),
@@ -140,8 +199,13 @@ impl Record {
             "revoked": self.revoked,
             "min_hold": self.min_hold,
             "token": self.token,
-        })
-        .to_string()
+        });
+        // Written only when asked for: a record of a request that uses
+        // none of the group words reads as every lockrun wrote it.
+        if self.supersede {
+            v["supersede"] = json!(true);
+        }
+        v.to_string()
     }
 
     pub fn decode(text: &str) -> Option<Record> {
@@ -162,6 +226,7 @@ impl Record {
             revoked: v["revoked"].as_bool().unwrap_or(false),
             min_hold: v["min_hold"].as_bool().unwrap_or(false),
             token: v["token"].as_u64(),
+            supersede: v["supersede"].as_bool().unwrap_or(false),
         })
     }
 
@@ -210,14 +275,28 @@ pub struct Entry {
     /// The value exactly as stored (ownership is checked against it).
     pub value: String,
     pub record: Record,
+    /// Marked by a `--preempt` request, shown as `host:pid (label)`: the
+    /// mark beside this key, on this key's lease.
+    pub preempted_by: Option<String>,
 }
 
 /// A range reply (or a txn's range response) over `keys` read into the
 /// queue, in arrival order, with the revision it was read at.
 pub fn entries(keys: &Keys, range: &Value, header: &Value) -> Result<(Vec<Entry>, u64), Error> {
     let revision = int(&header["revision"]).unwrap_or(0).max(0) as u64;
+    let kvs = range["kvs"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let mut preempted = std::collections::HashMap::new();
+    for kv in kvs {
+        let key = unb64(&kv["key"]).unwrap_or_default();
+        if let Some((request, Mark::Preempted)) = keys.mark_of(&key) {
+            let value = unb64(kv.get("value").unwrap_or(&json!(""))).unwrap_or_default();
+            if let Some(by) = Mark::decode(&value) {
+                preempted.insert(request, (by, int(&kv["lease"]).unwrap_or(0)));
+            }
+        }
+    }
     let mut out = Vec::new();
-    for kv in range["kvs"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+    for kv in kvs {
         let key = unb64(&kv["key"]).unwrap_or_default();
         if !keys.holds(&key) {
             continue;
@@ -230,18 +309,41 @@ pub fn entries(keys: &Keys, range: &Value, header: &Value) -> Result<(Vec<Entry>
             ))
         })?;
         let mod_rev = int(&kv["mod_revision"]).unwrap_or(0).max(0) as u64;
+        let lease = int(&kv["lease"]).unwrap_or(0);
+        // A mark counts only on the lease the key is on now: one left on
+        // a lease the key moved off (a --min-hold window's) is not its.
+        let preempted_by = preempted
+            .remove(&key)
+            .filter(|(_, on)| *on == lease && lease != 0)
+            .map(|(by, _)| by);
         out.push(Entry {
             key,
             created: int(&kv["create_revision"]).unwrap_or(0).max(0) as u64,
             token: record.token.unwrap_or(mod_rev),
             mod_rev,
-            lease: int(&kv["lease"]).unwrap_or(0),
+            lease,
             value,
             record,
+            preempted_by,
         });
     }
     out.sort_by_key(|e| e.created);
     Ok((out, revision))
+}
+
+/// Who replaced the request whose key was `key`, by the mark a
+/// `--supersede` request left in its place (in a range reply over `keys`).
+pub fn replaced_by(keys: &Keys, range: &Value, key: &str) -> Option<String> {
+    let kvs = range["kvs"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    kvs.iter().find_map(|kv| {
+        let k = unb64(&kv["key"]).unwrap_or_default();
+        match keys.mark_of(&k) {
+            Some((request, Mark::Replaced)) if request == key => {
+                Mark::decode(&unb64(kv.get("value").unwrap_or(&json!(""))).unwrap_or_default())
+            }
+            _ => None,
+        }
+    })
 }
 
 /// The queue as the admission rule sees it: etcd keeps no holders apart
@@ -319,6 +421,7 @@ pub fn judge(queue: &[Entry], me: usize, req: &Request) -> Verdict {
 
 #[cfg(test)]
 mod tests {
+    use super::super::client::b64;
     use super::*;
     use crate::backend::Owner;
     use crate::schedule::Timing;
@@ -443,6 +546,7 @@ mod tests {
             revoked: false,
             min_hold: false,
             token: None,
+            supersede: false,
         };
         Entry {
             key: format!("k{i}"),
@@ -452,6 +556,7 @@ mod tests {
             lease: i as i64,
             value: record.encode(),
             record,
+            preempted_by: None,
         }
     }
 
@@ -527,6 +632,69 @@ mod tests {
         assert!(revoked.revoked && revoked.token == Some(7));
         assert_eq!(Record::decode("hello"), None);
         assert_eq!(Record::decode("{\"mode\":\"q\"}"), None);
+    }
+
+    /// Marks sit beside a request's key in its name's range. A reader that
+    /// knows no marks (every earlier lockrun: `Keys::holds` and
+    /// `name_of_key` are what it parses) takes none for a request or a
+    /// name; this one reads them only in exactly the form it writes.
+    #[test]
+    fn marks_are_no_requests_and_belong_to_their_key_alone() {
+        let keys = Keys::new("lockrun:", "job");
+        let key = keys.entry(0x7);
+        for kind in [Mark::Preempted, Mark::Replaced] {
+            let mark = Keys::mark(&key, kind);
+            assert!(mark.starts_with(&keys.queue) && mark < keys.queue_end);
+            assert!(!keys.holds(&mark), "{mark}");
+            assert_eq!(name_of_key("lockrun:", &mark), None, "{mark}");
+            assert!(is_mark_key("lockrun:", &mark));
+            assert_eq!(keys.mark_of(&mark), Some((key.clone(), kind)));
+            // Another prefix running through the range has none of them.
+            let longer = Keys::new("lockrun:job/q/", "0000000000000007");
+            assert_eq!(longer.mark_of(&mark), None);
+        }
+        for foreign in [
+            format!("{key}/preempted/x"),
+            format!("{key}/other"),
+            format!("{}1/preempted", keys.queue),
+            format!("{key}preempted"),
+        ] {
+            assert_eq!(keys.mark_of(&foreign), None, "{foreign}");
+            assert!(!is_mark_key("lockrun:", &foreign), "{foreign}");
+        }
+        // A range holding a holder, its mark and a waiter's replaced mark.
+        let holder = entry(1, X);
+        let kv = |k: &str, v: &str, lease: i64, rev: u64| {
+            json!({"key": b64(k), "value": b64(v), "lease": lease.to_string(),
+                   "create_revision": rev.to_string(), "mod_revision": rev.to_string()})
+        };
+        let hk = keys.entry(1);
+        let wk = keys.entry(2);
+        let range = json!({"kvs": [
+            kv(&hk, &holder.value, 1, 1),
+            kv(&Keys::mark(&hk, Mark::Preempted), &Mark::encode("h:9 (new)"), 1, 3),
+            kv(&Keys::mark(&wk, Mark::Replaced), &Mark::encode("h:8"), 5, 4),
+        ]});
+        let (q, _) = entries(&keys, &range, &json!({"revision": "4"})).unwrap();
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].preempted_by.as_deref(), Some("h:9 (new)"));
+        assert_eq!(replaced_by(&keys, &range, &wk).as_deref(), Some("h:8"));
+        assert_eq!(replaced_by(&keys, &range, &hk), None);
+        // A mark on a lease the key is no longer on is not its.
+        let moved = json!({"kvs": [
+            kv(&hk, &holder.value, 2, 1),
+            kv(&Keys::mark(&hk, Mark::Preempted), &Mark::encode("h:9"), 1, 3),
+        ]});
+        let (q, _) = entries(&keys, &moved, &json!({})).unwrap();
+        assert_eq!(q[0].preempted_by, None);
+    }
+
+    #[test]
+    fn supersede_is_stored_only_when_asked_for() {
+        let mut r = entry(1, X).record;
+        assert!(!r.encode().contains("supersede"));
+        r.supersede = true;
+        assert_eq!(Record::decode(&r.encode()), Some(r));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::client::Client;
 use super::client::b64;
-use super::queue::{Keys, Record, Verdict, entries, judge};
+use super::queue::{Entry, Keys, Mark, Record, Verdict, entries, holders, judge, replaced_by};
 use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
 use crate::backend::drive::{Step, Take, drive};
 use crate::backend::wait::{Patience, Retry};
@@ -34,6 +34,11 @@ pub(super) const MAX_COMPARES: usize = 100;
 /// by no more than that.
 fn waiter_ttl(ttl: Duration) -> Duration {
     Duration::from_secs((ttl / 3).as_secs().max(super::ENGINE.ttl_min.as_secs()))
+}
+
+/// The compare "`e`'s key is as it was read".
+fn unchanged(e: &Entry) -> serde_json::Value {
+    json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()})
 }
 
 /// Our request in the queue.
@@ -118,6 +123,9 @@ struct Taking<'a> {
     keys: Keys,
     mine: Option<Mine>,
     holder: Option<String>,
+    /// The concurrency group words were applied (once, as the request
+    /// first found itself waiting): a request queued is never judged again.
+    joined: bool,
 }
 
 impl Take for Taking<'_> {
@@ -130,8 +138,9 @@ impl Take for Taking<'_> {
             keys,
             mine,
             holder,
+            joined,
         } = self;
-        etcd.step(req, keys, mine, patience, holder)
+        etcd.step(req, keys, mine, patience, holder, joined)
     }
 
     fn leave(&mut self) {
@@ -151,6 +160,7 @@ impl Etcd {
             req,
             mine: None,
             holder: None,
+            joined: false,
         };
         drive(&mut taking, req, wait)
     }
@@ -172,6 +182,7 @@ impl Etcd {
         mine: &mut Option<Mine>,
         patience: &mut Patience,
         holder: &mut Option<String>,
+        joined: &mut bool,
     ) -> Result<Step, Error> {
         if mine.is_none() {
             let sent = Boot::now();
@@ -200,7 +211,7 @@ impl Etcd {
         // Only a look that is our own create's reply may grant with no
         // transaction of ours after it (`promote`).
         let mut created_now = false;
-        let (queue, revision) = if m.created {
+        let (v, at) = if m.created {
             // Served by the member we talk to, without a round of the
             // cluster: a stale read can only show keys ahead of ours that
             // are gone since (keys never appear ahead of an existing one),
@@ -208,8 +219,7 @@ impl Etcd {
             // a transaction that checks what it relies on.
             let mut range = keys.range();
             range["serializable"] = json!(true);
-            let v = self.client.call("/v3/kv/range", &range)?;
-            entries(keys, &v, &v["header"])?
+            (self.client.call("/v3/kv/range", &range)?, None)
         } else {
             // Created only if absent: a retry after a lost reply finds it.
             let absent = json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
@@ -224,9 +234,20 @@ impl Etcd {
             m.created = true;
             created_now = succeeded(&v);
             let at = if created_now { 1 } else { 0 };
-            entries(keys, &v["responses"][at]["response_range"], &v["header"])?
+            (v, Some(at))
         };
+        let range = match at {
+            Some(at) => &v["responses"][at]["response_range"],
+            None => &v,
+        };
+        let (queue, revision) = entries(keys, range, &v["header"])?;
         let Some(me) = queue.iter().position(|e| e.key == m.key) else {
+            if let Some(by) = replaced_by(keys, range, &m.key) {
+                // A newer --supersede request took our place: the mark it
+                // left is on our lease, and goes with it.
+                self.leave(mine);
+                return Ok(Step::Done(Acquired::Replaced { by }));
+            }
             // Our key went with its lease (lockrun or etcd paused past it):
             // queue again, at the back.
             log::info(format!(
@@ -298,6 +319,13 @@ impl Etcd {
             Verdict::Granted => self.promote(req, keys, mine, &queue, revision, created_now),
             Verdict::Blocked { watch, holder: h } => {
                 *holder = h.or(holder.take());
+                if !*joined {
+                    if let Some(step) = self.join(req, mine, &queue, me)? {
+                        return Ok(step);
+                    }
+                    *joined = true;
+                }
+                let m = mine.as_mut().expect("in the queue");
                 if patience.over() {
                     self.leave(mine);
                     return Ok(Step::Done(Acquired::Busy {
@@ -311,6 +339,105 @@ impl Etcd {
                 self.wait_turn(req, keys, mine, &watch, revision, patience, holder)
             }
         }
+    }
+
+    /// The first time our request finds itself waiting: `--preempt` marks
+    /// the holders, `--supersede` takes the places of the earlier waiters
+    /// that asked for it too, then `--max-waiters` counts the waiters still
+    /// ahead of ours, by create revision: with N or more, ours leaves.
+    /// Each request that stays saw fewer than N ahead when it joined, and
+    /// those stay ahead of it, so no more than N ever wait. Some(step):
+    /// the request ends here, or looks again (something changed under a
+    /// transaction); None: it waits.
+    fn join(
+        &mut self,
+        req: &Request,
+        mine: &mut Option<Mine>,
+        queue: &[Entry],
+        me: usize,
+    ) -> Result<Option<Step>, Error> {
+        let g = req.group;
+        let held = holders(queue).min(me);
+        let m = mine.as_ref().expect("in the queue");
+        let mut again = false;
+        if g.preempt {
+            for e in queue[..held].iter().filter(|e| e.key != m.key) {
+                // A revoked one runs no job; a marked one stops already.
+                if e.record.revoked || (e.preempted_by.is_some() && !e.record.min_hold) {
+                    continue;
+                }
+                let change = if e.record.min_hold {
+                    // A --min-hold window runs no job: it ends at once,
+                    // as `release --force` ends it.
+                    json!({"request_delete_range": {"key": b64(&e.key)}})
+                } else {
+                    // Beside the holder's key, on the holder's lease: it
+                    // cannot outlive the lease it speaks of.
+                    let mark = Keys::mark(&e.key, Mark::Preempted);
+                    json!({"request_put": {"key": b64(mark), "value": b64(Mark::encode(&req.owner.shown)), "lease": e.lease.to_string()}})
+                };
+                match txn(&mut self.client, vec![unchanged(e)], vec![change], vec![]) {
+                    Ok(v) if succeeded(&v) => {
+                        if e.record.min_hold {
+                            let _ = revoke(&mut self.client, e.lease);
+                            log::info(format!(
+                                "ended {} (--preempt)",
+                                crate::text::printable(&e.record.shown())
+                            ));
+                        } else {
+                            log::info(format!(
+                                "asked the holder {} to stop (--preempt)",
+                                crate::text::printable(&e.record.label)
+                            ));
+                        }
+                    }
+                    Ok(_) => again = true,
+                    Err(Error::Refused(m)) if m.contains("lease not found") => again = true,
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        let mut replaced = 0;
+        if g.supersede {
+            for e in queue[held..me].iter().filter(|e| e.record.supersede) {
+                // Out of the queue, with a mark in its place on its own
+                // lease, naming us: it wakes (it watches its own key),
+                // finds the mark and gives up; the mark goes with it.
+                let mark = Keys::mark(&e.key, Mark::Replaced);
+                let ops = vec![
+                    json!({"request_delete_range": {"key": b64(&e.key)}}),
+                    json!({"request_put": {"key": b64(mark), "value": b64(Mark::encode(&req.owner.shown)), "lease": e.lease.to_string()}}),
+                ];
+                match txn(&mut self.client, vec![unchanged(e)], ops, vec![]) {
+                    Ok(v) if succeeded(&v) => {
+                        replaced += 1;
+                        log::info(format!(
+                            "took the place of the waiting request of {} (--supersede)",
+                            crate::text::printable(&e.record.label)
+                        ));
+                    }
+                    Ok(_) => again = true,
+                    Err(Error::Refused(m)) if m.contains("lease not found") => again = true,
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        if again {
+            // Something we judged changed (a holder went, a waiter moved
+            // onto its waiter lease): look again, and judge again.
+            return Ok(Some(Step::Again));
+        }
+        if let Some(n) = g.max_waiters {
+            let waiting = (me - held - replaced) as u64;
+            if waiting >= u64::from(n) {
+                // Gone before we answer: a revoke that fails is retried,
+                // our key counted by the others until it goes.
+                revoke(&mut self.client, m.lease)?;
+                self.leave(mine);
+                return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
+            }
+        }
+        Ok(None)
     }
 
     /// Move our key to a lease of a third of the ttl while it waits.
@@ -384,8 +511,15 @@ impl Etcd {
     ) -> Result<Step, Error> {
         // Only deletions matter, from just after the queue was read: one
         // that happened since is not missed.
+        // A --supersede waiter watches its own key too: a newer one that
+        // takes its place deletes it, and it gives up at once.
+        let own = mine
+            .as_ref()
+            .filter(|_| req.group.supersede)
+            .map(|m| m.key.clone());
         let creates: String = watch
             .iter()
+            .chain(own.iter())
             .map(|k| {
                 json!({"create_request": {
                     "key": b64(k),
