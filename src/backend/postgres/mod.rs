@@ -91,6 +91,7 @@ fn holder_of(r: &tokio_postgres::Row, at: usize) -> Result<Holder, Error> {
     let ms = |v: Option<i64>| Duration::from_millis(v.unwrap_or(0).max(0) as u64);
     let stored = r.get::<_, Option<String>>(at + 1).unwrap_or_default();
     let (label, preempted_by) = split_label(&stored);
+    let min_hold = r.get::<_, Option<bool>>(at + 8).unwrap_or(false);
     Ok(Holder {
         label: Some(label.to_string()).filter(|l| !l.is_empty()),
         token: r.get::<_, Option<i64>>(at + 2).map(|t| t.max(0) as u64),
@@ -99,8 +100,10 @@ fn holder_of(r: &tokio_postgres::Row, at: usize) -> Result<Holder, Error> {
         ttl_left: Some(ms(r.get(at + 6))),
         held_for: Some(ms(r.get(at + 7))),
         revoked: r.get::<_, Option<bool>>(at + 5).unwrap_or(false),
-        min_hold: r.get::<_, Option<bool>>(at + 8).unwrap_or(false),
-        preempted_by: preempted_by.map(String::from),
+        min_hold,
+        // A window runs no job: nothing to stop (an older lockrun keeps
+        // the label of a marked lease in its window).
+        preempted_by: preempted_by.filter(|_| !min_hold).map(String::from),
     })
 }
 

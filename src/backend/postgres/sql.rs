@@ -408,6 +408,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_preemption_mark_is_told_from_any_label() {
+        let marked = format!("h:1 (a preempted by b){PREEMPTED}h:2 (c)");
+        assert_eq!(
+            split_label(&marked),
+            ("h:1 (a preempted by b)", Some("h:2 (c)"))
+        );
+        assert_eq!(split_label("h:1 (x)"), ("h:1 (x)", None));
+        // An older lockrun takes the first word of a label for its host:pid.
+        assert_eq!(marked.split(' ').next(), Some("h:1"));
+    }
+
+    #[test]
     fn names_get_their_own_lock_and_channel() {
         let t = Tables::new("lockrun");
         assert_ne!(t.channel("a"), t.channel("b"));
