@@ -3,7 +3,10 @@
 //! lose it. One row per (name, slot) with its owner, token and expiry;
 //! every time is the server's `clock_timestamp()`; tokens come from a
 //! sequence; waiters queue in a second table and sleep until a
-//! notification or the lapse of what is in their way.
+//! notification or the lapse of what is in their way. The concurrency
+//! groups (`--max-waiters`, `--supersede`, `--preempt`) add no column:
+//! their marks live in the owner and label columns (`sql.rs` says how), so
+//! tables made by an older lockrun serve them with the documented grants.
 //!
 //! By layer: `address.rs` reads the URL and the `PG*` variables;
 //! `client.rs` is the transport (bounded calls, notifications, the error
