@@ -21,6 +21,7 @@ mod ops;
 mod outlive;
 mod package;
 mod postgres;
+mod postgres_groups;
 mod props;
 mod redis_core;
 mod refused;

@@ -3,7 +3,10 @@
 //! lose it. One row per (name, slot) with its owner, token and expiry;
 //! every time is the server's `clock_timestamp()`; tokens come from a
 //! sequence; waiters queue in a second table and sleep until a
-//! notification or the lapse of what is in their way.
+//! notification or the lapse of what is in their way. The concurrency
+//! groups (`--max-waiters`, `--supersede`, `--preempt`) add no column:
+//! their marks live in the owner and label columns (`sql.rs` says how), so
+//! tables made by an older lockrun serve them with the documented grants.
 //!
 //! By layer: `address.rs` reads the URL and the `PG*` variables;
 //! `client.rs` is the transport (bounded calls, notifications, the error
@@ -27,7 +30,7 @@ use tokio_postgres::types::{ToSql, Type};
 pub use address::{PgUrl, parse};
 use client::{Call, Client};
 use queue::mode;
-use sql::Tables;
+use sql::{Tables, split_label};
 use take::missing;
 
 use super::{
@@ -89,16 +92,21 @@ fn holder_of(r: &tokio_postgres::Row, at: usize) -> Result<Holder, Error> {
         r.get::<_, Option<i32>>(at + 4).unwrap_or(1),
     )?;
     let ms = |v: Option<i64>| Duration::from_millis(v.unwrap_or(0).max(0) as u64);
+    let stored = r.get::<_, Option<String>>(at + 1).unwrap_or_default();
+    let (label, preempted_by) = split_label(&stored);
+    let min_hold = r.get::<_, Option<bool>>(at + 8).unwrap_or(false);
     Ok(Holder {
-        label: r.get::<_, Option<String>>(at + 1).filter(|l| !l.is_empty()),
+        label: Some(label.to_string()).filter(|l| !l.is_empty()),
         token: r.get::<_, Option<i64>>(at + 2).map(|t| t.max(0) as u64),
         mode: m,
         slot: matches!(m, super::Mode::Limit(_)).then(|| r.get::<_, i32>(at).max(0) as u32),
         ttl_left: Some(ms(r.get(at + 6))),
         held_for: Some(ms(r.get(at + 7))),
         revoked: r.get::<_, Option<bool>>(at + 5).unwrap_or(false),
-        min_hold: r.get::<_, Option<bool>>(at + 8).unwrap_or(false),
-        preempted_by: None,
+        min_hold,
+        // A window runs no job: nothing to stop (an older lockrun keeps
+        // the label of a marked lease in its window).
+        preempted_by: preempted_by.filter(|_| !min_hold).map(String::from),
     })
 }
 
@@ -112,18 +120,21 @@ impl Engine for Postgres {
         let holders = self
             .holders(name)
             .map_err(|e| self.client.failed(&doing, e))?;
-        let waiters = match self
+        let (waiters, superseding) = match self
             .client
             .query(&self.tables.waiting(), &[(&name, Type::TEXT)])
         {
-            Ok(rows) => rows.first().map_or(0, |r| r.get::<_, i64>(0).max(0) as u64),
-            Err(_) if missing(self.client.last_code.as_deref()) => 0,
+            Ok(rows) => rows.first().map_or((0, 0), |r| {
+                let n = |i: usize| r.get::<_, i64>(i).max(0) as u64;
+                (n(0), n(1))
+            }),
+            Err(_) if missing(self.client.last_code.as_deref()) => (0, 0),
             Err(e) => return Err(self.client.failed(&doing, e)),
         };
         Ok(Status {
             holders,
             waiters: Some(waiters),
-            superseding: None,
+            superseding: Some(superseding),
         })
     }
 
@@ -151,13 +162,13 @@ impl Engine for Postgres {
         for r in &rows {
             let name: String = r.get(0);
             if names.last().is_none_or(|(n, _)| *n != name) {
-                let waiting = r.get::<_, i64>(10).max(0) as u64;
+                let n = |i: usize| r.get::<_, i64>(i).max(0) as u64;
                 names.push((
                     name,
                     Status {
                         holders: Vec::new(),
-                        waiters: Some(waiting),
-                        superseding: None,
+                        waiters: Some(n(10)),
+                        superseding: Some(n(11)),
                     },
                 ));
             }
@@ -367,8 +378,13 @@ impl Renewer for PgRenewer {
             Err(_) if missing(self.client.last_code.as_deref()) => return Ok(Renewal::Lost),
             Err(e) => return Err(e),
         };
-        if rows.is_empty() {
+        let Some(row) = rows.first() else {
             return Ok(Renewal::Lost);
+        };
+        // Renewed all the same: the lease stays ours while the job stops.
+        let label = row.get::<_, Option<String>>(1).unwrap_or_default();
+        if let (_, Some(by)) = split_label(&label) {
+            return Ok(Renewal::Preempted { by: by.to_string() });
         }
         Ok(Renewal::Renewed {
             ttl: Duration::from_millis(r.ttl_ms as u64),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::Row;
 
-use super::sql::KEPT;
+use super::sql::{KEPT, REPLACED, SUPERSEDE, split_label};
 use crate::backend::admit::{self, Place};
 use crate::backend::{Error, Mode, Request};
 
@@ -16,8 +16,12 @@ pub struct Entry {
     pub holder: bool,
     /// A holder's slot, a waiter's place in the queue.
     pub pos: i64,
+    /// The owner value, without the marks a place's owner column carries.
     pub owner: String,
+    /// Without a preemption mark.
     pub label: String,
+    /// A place that asked for `--supersede`.
+    pub supersede: bool,
     pub token: u64,
     pub mode: Mode,
     /// Until it lapses, on the server's clock.
@@ -41,18 +45,40 @@ pub fn mode(code: &str, lim: i32) -> Result<Mode, Error> {
     }
 }
 
-/// The rows of `Tables::look`, holders by token, waiters by arrival.
-pub fn entries(rows: &[Row]) -> Result<(Vec<Entry>, Vec<Entry>), Error> {
-    let mut holders = Vec::new();
-    let mut waiters = Vec::new();
+/// A name's live rows, read.
+#[derive(Debug, Default)]
+pub struct Rows {
+    /// By token.
+    pub holders: Vec<Entry>,
+    /// By arrival.
+    pub waiters: Vec<Entry>,
+    /// Places a newer `--supersede` request replaced, each with its label.
+    pub replaced: Vec<Entry>,
+}
+
+/// The rows of `Tables::look`.
+pub fn entries(rows: &[Row]) -> Result<Rows, Error> {
+    let mut out = Rows::default();
     for r in rows {
         let kind: String = r.get(0);
+        let holder = kind == "h";
+        // A table made by hand may allow NULLs: read them as empty.
+        let owner = r.get::<_, Option<String>>(2).unwrap_or_default();
+        let label = r.get::<_, Option<String>>(3).unwrap_or_default();
+        let (owner, replaced) = match owner.strip_prefix(REPLACED) {
+            Some(o) if !holder => (o.to_string(), true),
+            _ => (owner, false),
+        };
+        let (owner, supersede) = match owner.strip_prefix(SUPERSEDE) {
+            Some(o) if !holder => (o.to_string(), true),
+            _ => (owner, false),
+        };
         let e = Entry {
-            holder: kind == "h",
+            holder,
             pos: r.get(1),
-            // A table made by hand may allow NULLs: read them as empty.
-            owner: r.get::<_, Option<String>>(2).unwrap_or_default(),
-            label: r.get::<_, Option<String>>(3).unwrap_or_default(),
+            owner,
+            label: split_label(&label).0.to_string(),
+            supersede,
             token: r.get::<_, Option<i64>>(4).unwrap_or(0).max(0) as u64,
             mode: mode(
                 &r.get::<_, Option<String>>(5).unwrap_or_default(),
@@ -61,14 +87,16 @@ pub fn entries(rows: &[Row]) -> Result<(Vec<Entry>, Vec<Entry>), Error> {
             left: ms(r.get::<_, Option<i64>>(7).unwrap_or(0)),
         };
         if e.holder {
-            holders.push(e);
+            out.holders.push(e);
+        } else if replaced {
+            out.replaced.push(e);
         } else {
-            waiters.push(e);
+            out.waiters.push(e);
         }
     }
-    holders.sort_by_key(|e| e.token);
-    waiters.sort_by_key(|e| e.pos);
-    Ok((holders, waiters))
+    out.holders.sort_by_key(|e| e.token);
+    out.waiters.sort_by_key(|e| e.pos);
+    Ok(out)
 }
 
 /// What a request may do.
@@ -153,6 +181,7 @@ mod tests {
             pos,
             owner: format!("o{holder}{pos}"),
             label: format!("h:{pos}"),
+            supersede: false,
             token: pos as u64 + 10,
             mode,
             left: Duration::from_millis(1000 + pos as u64),

@@ -10,6 +10,40 @@ use std::time::Duration;
 /// or grant retry takes it for its own (lockrun(1) "Once per window").
 pub const KEPT: &str = "min-hold";
 
+/// The concurrency groups (lockrun(1) "Concurrency groups") live in the
+/// columns every lockrun's tables have, so tables made by an older lockrun
+/// and the grants lockrun-engines(7) lists serve them unchanged, and an
+/// older lockrun beside a newer one reads every mark safely.
+///
+/// A place in the queue asked for by `--supersede`: its owner column holds
+/// this prefix before the owner value. An older lockrun compares a
+/// waiter's owner with its own value alone, so to it this is anyone's place.
+pub const SUPERSEDE: &str = "supersede:";
+
+/// A place taken out of the queue by a newer `--supersede` request: its
+/// owner column becomes this prefix before what it held, its label the
+/// newer request's, until the waiter reads it (woken at once) or it lapses
+/// as any place does. An older lockrun counts it as a place for that long.
+pub const REPLACED: &str = "replaced:";
+
+/// A holder asked to stop by a `--preempt` request: its label continues
+/// with this, then the request's label. The control character is in no
+/// label (`--label` refuses them), so the two are told apart; an older
+/// lockrun renews the lease as before (its job runs on to its end) and
+/// shows the mark as part of the label.
+pub const PREEMPTED: &str = " \u{1f}preempted by ";
+
+/// A stored label and the request that preempted its holder, if one did.
+pub fn split_label(stored: &str) -> (&str, Option<&str>) {
+    match stored.split_once(PREEMPTED) {
+        Some((label, by)) => (label, Some(by)),
+        None => (stored, None),
+    }
+}
+
+/// True of a label column that holds no preemption mark (NULL neither).
+const UNMARKED: &str = "coalesce(strpos(label, chr(31)), 0) = 0";
+
 /// Milliseconds from `from` to `to`, whatever a hand-written row holds:
 /// an infinite time cannot be subtracted (the server refuses), so each
 /// side is read as seconds and the difference bounded by ±10¹² s (NULL
@@ -168,7 +202,8 @@ impl Tables {
     pub fn grant(&self) -> String {
         format!(
             "WITH gone AS (DELETE FROM {w} WHERE name = $1 \
-               AND (owner = $3 OR NOT expires_at > clock_timestamp() OR expires_at IS NULL) \
+               AND (owner IN ($3, '{SUPERSEDE}' || $3) OR NOT expires_at > clock_timestamp() \
+                 OR expires_at IS NULL) \
                RETURNING 1) \
              INSERT INTO {l} AS l (name, slot, owner, label, token, mode, lim, expires_at, granted_at) \
              VALUES ($1, $2, $3, $4, {token}, $5, $6, \
@@ -186,19 +221,21 @@ impl Tables {
     }
 
     /// Our lease, kept for a full ttl from now while it is still ours:
-    /// the renewal, and a retried grant whose reply was lost.
+    /// the renewal, and a retried grant whose reply was lost. Its label
+    /// comes back: it says whether a `--preempt` request marked it.
     /// $1 name, $2 slot, $3 owner, $4 ttl ms.
     pub fn renew(&self) -> String {
         format!(
             "UPDATE {} SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
              WHERE name = $1 AND slot = $2 AND owner = $3 AND NOT revoked \
                AND expires_at > clock_timestamp() \
-             RETURNING token",
+             RETURNING token, label",
             self.leases
         )
     }
 
-    /// Queue up. $1 name, $2 owner, $3 label, $4 mode, $5 limit, $6 ms.
+    /// Queue up. $1 name, $2 owner (with `SUPERSEDE` before it for a
+    /// `--supersede` request), $3 label, $4 mode, $5 limit, $6 ms.
     pub fn enqueue(&self) -> String {
         format!(
             "INSERT INTO {} (name, owner, label, mode, lim, expires_at) \
@@ -208,28 +245,69 @@ impl Tables {
         )
     }
 
-    /// Keep our place. $1 name, $2 seq, $3 owner, $4 ms.
+    /// Keep our place (not once replaced). $1 name, $2 seq, $3 owner, $4 ms.
     pub fn keep_place(&self) -> String {
         format!(
             "UPDATE {} SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
-             WHERE name = $1 AND seq = $2 AND owner = $3 AND expires_at > clock_timestamp() \
+             WHERE name = $1 AND seq = $2 AND owner IN ($3, '{SUPERSEDE}' || $3) \
+               AND expires_at > clock_timestamp() \
              RETURNING seq",
             self.waiters
         )
     }
 
-    /// Leave the queue. $1 name, $2 owner.
+    /// Leave the queue: our place, or the mark of its replacement.
+    /// $1 name, $2 owner.
     pub fn dequeue(&self) -> String {
         format!(
-            "DELETE FROM {} WHERE name = $1 AND owner = $2",
+            "DELETE FROM {} WHERE name = $1 AND owner IN ($2, '{SUPERSEDE}' || $2, \
+               '{REPLACED}' || $2, '{REPLACED}{SUPERSEDE}' || $2)",
             self.waiters
+        )
+    }
+
+    /// `--supersede` joining the queue: every live place that asked for it
+    /// too is marked replaced by $2 (our label), and kept at least $3 ms
+    /// more so its waiter, woken, reads the mark. $1 name.
+    pub fn replace(&self) -> String {
+        format!(
+            "UPDATE {} SET owner = '{REPLACED}' || owner, label = $2, \
+               expires_at = greatest(expires_at, clock_timestamp() + $3 * interval '1 millisecond') \
+             WHERE name = $1 AND owner LIKE '{SUPERSEDE}%' AND expires_at > clock_timestamp() \
+             RETURNING seq",
+            self.waiters
+        )
+    }
+
+    /// `--preempt` finding the name held: every live holder that runs a
+    /// job (not revoked, not a `--min-hold` window, not ours) and is not
+    /// marked yet is marked with $2 (`PREEMPTED` and our label); its owner
+    /// stays. $1 name, $3 owner.
+    pub fn preempt(&self) -> String {
+        format!(
+            "UPDATE {} SET label = label || $2 \
+             WHERE name = $1 AND expires_at > clock_timestamp() AND NOT revoked \
+               AND owner NOT IN ('{KEPT}', $3) AND {UNMARKED} \
+             RETURNING slot",
+            self.leases
+        )
+    }
+
+    /// `--preempt` finding `--min-hold` windows, which run no job: they
+    /// end at once, as `release --force` ends them. $1 name.
+    pub fn end_windows(&self) -> String {
+        format!(
+            "DELETE FROM {} WHERE name = $1 AND owner = '{KEPT}' AND NOT revoked \
+               AND expires_at > clock_timestamp() \
+             RETURNING slot",
+            self.leases
         )
     }
 
     /// Give our lease back and wake the name's waiters. With a
     /// `--min-hold` window still open on the server's clock, the row stays,
     /// owned by no one (`KEPT`), until the grant plus the window; else it
-    /// goes. One instant decides both sides, so exactly one of them acts.
+    /// goes (at once when a `--preempt` request marked it). One instant decides both sides, so exactly one of them acts.
     /// $1 name, $2 slot, $3 owner, $4 channel, $5 window in µs (0: none).
     pub fn release(&self) -> String {
         format!(
@@ -238,11 +316,12 @@ impl Tables {
                  expires_at = l.granted_at + $5 * interval '1 microsecond' \
                FROM now WHERE l.name = $1 AND l.slot = $2 AND l.owner = $3 \
                  AND l.expires_at > now.t AND l.granted_at + $5 * interval '1 microsecond' > now.t \
+                 AND {UNMARKED} \
                RETURNING 1), \
              gone AS (DELETE FROM {l} AS l USING now \
                WHERE l.name = $1 AND l.slot = $2 AND l.owner = $3 \
                  AND NOT (l.expires_at > now.t \
-                   AND l.granted_at + $5 * interval '1 microsecond' > now.t) \
+                   AND l.granted_at + $5 * interval '1 microsecond' > now.t AND {UNMARKED}) \
                RETURNING 1) \
              SELECT (SELECT count(*) FROM kept) + (SELECT count(*) FROM gone) AS n, \
                (SELECT count(*) FROM kept) AS kept, pg_notify($4, '')::text AS woken",
@@ -268,28 +347,39 @@ impl Tables {
     /// Every name the tables have a trace of, in byte order (as every
     /// engine sorts), at most $1 of them, each with its live holders (one
     /// row each, or one row of NULLs for a free name) and its number of
-    /// live places in the queue: one statement, so one snapshot.
+    /// live places in the queue (and of those, the `--supersede` ones):
+    /// one statement, so one snapshot.
     pub fn list(&self) -> String {
         format!(
             "WITH n AS (SELECT name FROM (SELECT name FROM {l} UNION SELECT name FROM {w}) a \
                ORDER BY name COLLATE \"C\" LIMIT $1) \
-             SELECT n.name, {c}, \
-               (SELECT count(*) FROM {w} w WHERE w.name = n.name \
-                 AND w.expires_at > clock_timestamp()) AS waiting \
-             FROM n LEFT JOIN {l} AS h ON h.name = n.name AND h.expires_at > clock_timestamp() \
+             SELECT n.name, {c}, w.waiting, w.superseding \
+             FROM n CROSS JOIN LATERAL ({counts} w.name = n.name) w \
+             LEFT JOIN {l} AS h ON h.name = n.name AND h.expires_at > clock_timestamp() \
              ORDER BY n.name COLLATE \"C\", token",
             c = holder_columns(),
+            counts = self.counts(),
             l = self.leases,
             w = self.waiters
         )
     }
 
-    /// How many wait. $1 name.
-    pub fn waiting(&self) -> String {
+    /// How many wait, and how many of them asked for `--supersede`: the
+    /// live places, not the marks of replaced ones. The condition on the
+    /// name comes last.
+    fn counts(&self) -> String {
         format!(
-            "SELECT count(*) FROM {} WHERE name = $1 AND expires_at > clock_timestamp()",
+            "SELECT count(*) FILTER (WHERE coalesce(owner, '') NOT LIKE '{REPLACED}%') \
+               AS waiting, \
+               count(*) FILTER (WHERE owner LIKE '{SUPERSEDE}%') AS superseding \
+             FROM {} w WHERE w.expires_at > clock_timestamp() AND",
             self.waiters
         )
+    }
+
+    /// How many wait, and how many of them asked for `--supersede`. $1 name.
+    pub fn waiting(&self) -> String {
+        format!("{} w.name = $1", self.counts())
     }
 
     /// Revoke a holder: no one owns it any more, and it stays until it
@@ -316,6 +406,18 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_preemption_mark_is_told_from_any_label() {
+        let marked = format!("h:1 (a preempted by b){PREEMPTED}h:2 (c)");
+        assert_eq!(
+            split_label(&marked),
+            ("h:1 (a preempted by b)", Some("h:2 (c)"))
+        );
+        assert_eq!(split_label("h:1 (x)"), ("h:1 (x)", None));
+        // An older lockrun takes the first word of a label for its host:pid.
+        assert_eq!(marked.split(' ').next(), Some("h:1"));
+    }
 
     #[test]
     fn names_get_their_own_lock_and_channel() {

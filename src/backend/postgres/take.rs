@@ -11,8 +11,8 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::client::{Call, Client, Params};
-use super::queue::{Verdict, entries, judge};
-use super::sql::Tables;
+use super::queue::{Rows, Verdict, entries, judge};
+use super::sql::{KEPT, PREEMPTED, SUPERSEDE, Tables};
 use super::{PgHeld, Postgres};
 use crate::backend::drive::{Step, Take, Transport, drive};
 use crate::backend::wait::{Patience, Retry};
@@ -30,6 +30,9 @@ pub fn place_ttl(ttl: Duration) -> Duration {
 #[derive(Default)]
 struct Place {
     seq: Option<i64>,
+    /// It joined the queue once: `--max-waiters` and `--preempt` judged
+    /// it then and never again (a place that lapsed joins again as it is).
+    joined: bool,
     /// The first holder's label, for the waiting line and a give-up.
     holder: Option<String>,
 }
@@ -44,6 +47,14 @@ enum Outcome {
         lapses_in: Option<Duration>,
     },
     Busy,
+    /// Not queued: `--max-waiters` requests wait already.
+    QueueFull {
+        waiting: u64,
+    },
+    /// Taken out of the queue by a newer `--supersede` request.
+    Replaced {
+        by: String,
+    },
     Refused(Error),
     /// Look again at once.
     Again,
@@ -177,6 +188,8 @@ impl Postgres {
             Outcome::Busy => Ok(Step::Done(Acquired::Busy {
                 holder: place.holder.clone(),
             })),
+            Outcome::QueueFull { waiting } => Ok(Step::Done(Acquired::QueueFull { waiting })),
+            Outcome::Replaced { by } => Ok(Step::Done(Acquired::Replaced { by })),
             Outcome::Refused(e) => Err(e),
             Outcome::Again => Ok(Step::Again),
             Outcome::Blocked { lapses_in } => {
@@ -253,11 +266,44 @@ fn look(
 ) -> Result<Outcome, Error> {
     let name = &req.name;
     let owner = &req.owner.secret;
-    let (holders, waiters) = entries(&rows)?;
+    let Rows {
+        holders,
+        mut waiters,
+        replaced,
+    } = entries(&rows)?;
+    let dequeue_sql = tables.dequeue();
+    let who: [(&(dyn ToSql + Sync), Type); 2] = [(name, Type::TEXT), (owner, Type::TEXT)];
+    let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
+    if let Some(mark) = replaced.iter().find(|m| &m.owner == owner) {
+        // A newer --supersede request took our place. Its mark goes, and
+        // an older lockrun that counted it as a place looks again.
+        commit(
+            c,
+            &[
+                Call::Query(&dequeue_sql, &who),
+                Call::Query(tables.notify(), &wake),
+            ],
+        )?;
+        place.seq = None;
+        return Ok(Outcome::Replaced {
+            by: mark.label.clone(),
+        });
+    }
     let mine = waiters.iter().find(|w| &w.owner == owner).map(|w| w.pos);
-    if place.seq.is_some() && mine.is_none() {
-        // Our place lapsed (lockrun or the server paused past it): queue
-        // again, at the back.
+    if let (Some(old), None) = (place.seq, mine) {
+        // Our place lapsed (lockrun or the server paused past it). A
+        // --supersede request that a newer one follows would have been
+        // replaced by it, had it been there: it yields rather than
+        // queueing again and replacing the newer one.
+        if req.group.supersede
+            && let Some(newer) = waiters.iter().find(|w| w.supersede && w.pos > old)
+        {
+            commit(c, &[])?;
+            place.seq = None;
+            return Ok(Outcome::Replaced {
+                by: newer.label.clone(),
+            });
+        }
         log::info(format!(
             "our place in {}'s queue lapsed; queueing again",
             req.name
@@ -265,10 +311,26 @@ fn look(
     }
     place.seq = mine;
     let ttl_ms = req.timing.ttl.as_millis() as i64;
-    let verdict = judge(&holders, &waiters, place.seq, req);
+    let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+    let mut verdict = judge(&holders, &waiters, place.seq, req);
+    // A --supersede request that must wait, joining the queue, replaces
+    // every earlier place that asked for it too: it is judged without them.
+    let replacing = req.group.supersede
+        && place.seq.is_none()
+        && matches!(verdict, Verdict::Blocked { .. })
+        && waiters.iter().any(|w| w.supersede);
+    if replacing {
+        waiters.retain(|w| !w.supersede);
+        verdict = judge(&holders, &waiters, place.seq, req);
+    }
+    let replace_sql = tables.replace();
+    let replace_params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (name, Type::TEXT),
+        (&req.owner.shown, Type::TEXT),
+        (&keep_ms, Type::INT8),
+    ];
+    let replace = || Call::Query(&replace_sql, &replace_params);
     let others_wait = waiters.iter().any(|w| &w.owner != owner);
-    let dequeue_sql = tables.dequeue();
-    let who: [(&(dyn ToSql + Sync), Type); 2] = [(name, Type::TEXT), (owner, Type::TEXT)];
     // Leaving the queue, if we are in it, as part of the end.
     let leave = |place: &mut Place| place.seq.take().map(|_| Call::Query(&dequeue_sql, &who));
     match verdict {
@@ -306,18 +368,22 @@ fn look(
                 (&lim, Type::INT4),
                 (&ttl_ms, Type::INT8),
             ];
-            let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
             let token_lock = tables.token_lock();
-            let mut last = vec![Call::Batch(&token_lock), Call::Query(&grant, &params)];
-            if others_wait {
-                // The next in line may hold beside us (readers, a limit):
-                // it looks again now rather than at its next nap's end.
+            // Granted only once the places it replaces are out of the way.
+            let mut last: Vec<Call> = replacing.then(replace).into_iter().collect();
+            last.push(Call::Batch(&token_lock));
+            let granted = last.len();
+            last.push(Call::Query(&grant, &params));
+            if others_wait || replacing {
+                // The next in line may hold beside us (readers, a limit),
+                // and a replaced waiter learns it: each looks again now
+                // rather than at its next nap's end.
                 last.push(Call::Query(tables.notify(), &wake));
             }
             let rows = commit(c, &last)?;
             // The grant took our place in the queue with it.
             place.seq = None;
-            let Some(r) = rows[1].first() else {
+            let Some(r) = rows[granted].first() else {
                 return Ok(Outcome::Again);
             };
             Ok(Outcome::Granted {
@@ -342,7 +408,33 @@ fn look(
                 commit(c, &last)?;
                 return Ok(Outcome::Busy);
             }
-            let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+            // Joining for the first time: the one step that judges
+            // --max-waiters and --preempt, under the name's lock.
+            let first = place.seq.is_none() && !place.joined;
+            if first && let Some(n) = req.group.max_waiters {
+                // The places left once ours replaced theirs; none of ours.
+                let waiting = waiters.iter().filter(|w| &w.owner != owner).count() as u64;
+                if waiting >= u64::from(n) {
+                    // Not queued, nothing replaced: no trace.
+                    commit(c, &[])?;
+                    return Ok(Outcome::QueueFull { waiting });
+                }
+            }
+            let preempting = first && req.group.preempt && !holders.is_empty();
+            if preempting && holders.iter().any(|h| h.owner == KEPT) {
+                // --min-hold windows run no job: they end at once, and
+                // the name is looked at again.
+                let end = tables.end_windows();
+                let just_name: [(&(dyn ToSql + Sync), Type); 1] = [(name, Type::TEXT)];
+                commit(
+                    c,
+                    &[
+                        Call::Query(&end, &just_name),
+                        Call::Query(tables.notify(), &wake),
+                    ],
+                )?;
+                return Ok(Outcome::Again);
+            }
             let mode = req.mode.code();
             let lim = req.mode.limit() as i32;
             let (keep, enqueue) = (tables.keep_place(), tables.enqueue());
@@ -353,22 +445,43 @@ fn look(
                 (owner, Type::TEXT),
                 (&keep_ms, Type::INT8),
             ];
+            let place_owner = if req.group.supersede {
+                format!("{SUPERSEDE}{owner}")
+            } else {
+                owner.clone()
+            };
             let enqueue_params: [(&(dyn ToSql + Sync), Type); 6] = [
                 (name, Type::TEXT),
-                (owner, Type::TEXT),
+                (&place_owner, Type::TEXT),
                 (&req.owner.shown, Type::TEXT),
                 (&mode, Type::TEXT),
                 (&lim, Type::INT4),
                 (&keep_ms, Type::INT8),
             ];
-            let last = match place.seq {
+            let mark = format!("{PREEMPTED}{}", req.owner.shown);
+            let preempt = tables.preempt();
+            let preempt_params: [(&(dyn ToSql + Sync), Type); 3] =
+                [(name, Type::TEXT), (&mark, Type::TEXT), (owner, Type::TEXT)];
+            let mut last: Vec<Call> = replacing.then(replace).into_iter().collect();
+            if preempting {
+                // Every holder of this moment is asked to stop; its owner
+                // stays, to release once its job is dead.
+                last.push(Call::Query(&preempt, &preempt_params));
+            }
+            let queued = last.len();
+            last.push(match place.seq {
                 Some(_) => Call::Query(&keep, &keep_params),
                 None => Call::Query(&enqueue, &enqueue_params),
-            };
-            let rows = commit(c, &[last])?;
-            if place.seq.is_none() {
-                place.seq = rows[0].first().map(|r| r.get::<_, i64>(0));
+            });
+            if replacing {
+                // The replaced waiters learn it now.
+                last.push(Call::Query(tables.notify(), &wake));
             }
+            let rows = commit(c, &last)?;
+            if place.seq.is_none() {
+                place.seq = rows[queued].first().map(|r| r.get::<_, i64>(0));
+            }
+            place.joined |= place.seq.is_some();
             Ok(Outcome::Blocked { lapses_in })
         }
     }
