@@ -34,6 +34,16 @@ impl Held for LocalHeld {
     }
 
     fn release(self: Box<Self>) -> Result<bool, Error> {
+        // Preempted: a --min-hold window of ours must not keep out the
+        // request that stopped us (a shared record's window may be another
+        // holder's too: it stays).
+        if let Some(r) = read_record(&self.fd).filter(|r| r.window.is_some())
+            && r.mode != Mode::Shared
+            && r.token == self.token
+            && read_preempt(&self.fd).is_some_and(|p| p.stops(self.token, self.got_at))
+        {
+            let _ = end_window(&self.fd, &r);
+        }
         // Closing (not LOCK_UN) releases only when no process of the job still
         // holds the inherited descriptor: the safe side if one escaped.
         let still_ours = matches!(stat(&self.path), Ok(st) if identity(&st) == self.id);

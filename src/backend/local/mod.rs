@@ -394,6 +394,38 @@ mod tests {
     }
 
     #[test]
+    fn a_replacement_mark_outlives_refreshes_and_older_readers_skip_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = scratch_file(&dir, "p");
+        let now = mono_ns();
+        let sec = 1_000_000_000;
+        let mut place = Place {
+            fd: f.into(),
+            index: 0,
+            arrived: now,
+            supersede: true,
+            until: now + 2 * sec,
+            keep: 3 * sec,
+            every: 2 * sec,
+            refresh_at: now - 1,
+        };
+        assert!(place.tend());
+        assert!(reads_supersede(&place.fd) && replaced_by(&place.fd).is_none());
+        mark_replaced(&place.fd, "h:2 (newer)").unwrap();
+        place.refresh_at = 0;
+        assert!(place.tend());
+        assert_eq!(replaced_by(&place.fd).as_deref(), Some("h:2 (newer)"));
+        // The record reads as an older lockrun reads it: its first
+        // PLACE_RECORD bytes, whose fields it knows or skips.
+        let (arrived, _, pid) = read_place(&place.fd).unwrap();
+        assert_eq!((arrived, pid), (now, std::process::id()));
+        let mut old = [0u8; places::PLACE_RECORD];
+        rustix::io::pread(&place.fd, &mut old, 0).unwrap();
+        let text = std::str::from_utf8(&old).unwrap();
+        assert!(text.ends_with('\n') && !text.contains("replaced"), "{text}");
+    }
+
+    #[test]
     fn the_file_name_is_an_os_str() {
         assert_eq!(file_name("a b"), "a%20b.lock");
     }
