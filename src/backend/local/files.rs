@@ -352,6 +352,7 @@ mod tests {
         assert!(shown.ends_with('…') && long.starts_with(shown.trim_end_matches('…')));
         for other in [
             "job.lock.gate",
+            "job.lock.join",
             "job.lock.slot0",
             ".job.lock",
             ".lock",

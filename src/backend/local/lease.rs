@@ -12,6 +12,10 @@ pub(super) struct LocalHeld {
     pub(super) path: PathBuf,
     pub(super) id: (u64, u64),
     pub(super) name: String,
+    /// The grant's token, and when it was made (after its lock was got):
+    /// which preemption marks are meant for it.
+    pub(super) token: u64,
+    pub(super) got_at: Boot,
 }
 
 impl Held for LocalHeld {
@@ -19,6 +23,8 @@ impl Held for LocalHeld {
         let renewer = LocalRenewer {
             path: self.path.clone(),
             id: self.id,
+            token: self.token,
+            got_at: self.got_at,
         };
         Renewing::Anywhere(Box::new(move || Box::new(renewer.clone())))
     }
@@ -28,6 +34,16 @@ impl Held for LocalHeld {
     }
 
     fn release(self: Box<Self>) -> Result<bool, Error> {
+        // Preempted: a --min-hold window of ours must not keep out the
+        // request that stopped us (a shared record's window may be another
+        // holder's too: it stays).
+        if let Some(r) = read_record(&self.fd).filter(|r| r.window.is_some())
+            && r.mode != Mode::Shared
+            && r.token == self.token
+            && read_preempt(&self.fd).is_some_and(|p| p.stops(self.token, self.got_at))
+        {
+            let _ = end_window(&self.fd, &r);
+        }
         // Closing (not LOCK_UN) releases only when no process of the job still
         // holds the inherited descriptor: the safe side if one escaped.
         let still_ours = matches!(stat(&self.path), Ok(st) if identity(&st) == self.id);
@@ -58,15 +74,32 @@ impl Held for LocalHeld {
 pub(super) struct LocalRenewer {
     path: PathBuf,
     id: (u64, u64),
+    token: u64,
+    got_at: Boot,
 }
 
 impl Renewer for LocalRenewer {
     fn renew(&mut self) -> Result<Renewal, Error> {
         // The flock cannot expire; the lease is lost only if the path stops
         // naming our file, since a new file there would admit a second holder.
-        Ok(match stat(&self.path) {
-            Ok(st) if identity(&st) == self.id => Renewal::Renewed { ttl: Duration::MAX },
-            _ => Renewal::Lost,
+        match stat(&self.path) {
+            Ok(st) if identity(&st) == self.id => {}
+            _ => return Ok(Renewal::Lost),
+        }
+        // A --preempt request asked us to stop: its mark is in our file, after
+        // the record. Read on a descriptor of its own, which locks nothing.
+        let mark = open(
+            &self.path,
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+            FileMode::empty(),
+        )
+        .ok()
+        .filter(|fd| matches!(fstat(fd), Ok(st) if identity(&st) == self.id))
+        .and_then(read_preempt)
+        .filter(|p| p.stops(self.token, self.got_at));
+        Ok(match mark {
+            Some(p) => Renewal::Preempted { by: p.by },
+            None => Renewal::Renewed { ttl: Duration::MAX },
         })
     }
 }

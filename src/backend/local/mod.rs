@@ -32,6 +32,7 @@ mod files;
 mod lease;
 mod lockfile;
 mod places;
+mod preempt;
 mod proclocks;
 mod record;
 mod status;
@@ -46,15 +47,15 @@ use files::{
     suffixed,
 };
 use places::{
-    Heard, MAX_PLACES, Place, Queued, Seen, Waiter, fresh_place, mono_ns, read_place, share_gate,
-    write_place,
+    Heard, MAX_PLACES, Place, Queued, Seen, Waiter, fresh_place, mark_replaced, mono_ns,
+    read_place, reads_supersede, replaced_by, share_gate, write_place,
 };
 use proclocks::{find_orphan_holder, flocks, lockers};
 #[cfg(test)]
 use record::write_token;
 use record::{
-    Record, Window, end_window, next_token, now_since_epoch, read_readers, read_record,
-    write_record,
+    Preempt, Record, Window, end_window, next_token, now_since_epoch, read_preempt, read_readers,
+    read_record, write_preempt, write_record,
 };
 
 use super::{Renewal, Renewer, Renewing};
@@ -88,6 +89,8 @@ enum Try {
     Busy(Option<String>),
     /// The file changed under us; start over.
     Retry,
+    /// `--max-waiters`: this many waited already; not queued.
+    Full(u64),
 }
 
 /// The local engine's row of the scheme table: the default, with no URL.
@@ -195,6 +198,11 @@ impl Files {
     fn place(&self, k: u32) -> PathBuf {
         suffixed(&self.main, &format!(".place{k}"))
     }
+
+    /// Held while a request joins the queue and counts who is ahead.
+    fn join(&self) -> PathBuf {
+        suffixed(&self.main, ".join")
+    }
 }
 
 impl Local {
@@ -232,17 +240,29 @@ impl Engine for Local {
             patience: Patience::new(req, wait),
             queued: None,
             lapsed: false,
+            replaced: None,
         };
         // Bounded: each retry means a file was deleted or replaced meanwhile,
         // or our place in the queue lapsed (we were stopped).
         for _ in 0..100 {
             let got = match self.take(&mut w, req, &files)? {
                 Try::Locked(got) => got,
+                // A wait that ended because a later request replaced us.
+                Try::Busy(_) if w.replaced.is_some() => {
+                    let by = w.replaced.take().unwrap_or_default();
+                    return Ok(Acquired::Replaced { by });
+                }
                 Try::Busy(holder) => return Ok(Acquired::Busy { holder }),
+                Try::Full(waiting) => return Ok(Acquired::QueueFull { waiting }),
                 Try::Retry => continue,
             };
-            if let Some(done) = self.grant(&mut w, req, &files, got)? {
-                return Ok(done);
+            match self.grant(&mut w, req, &files, got)? {
+                Some(Acquired::Busy { .. }) if w.replaced.is_some() => {
+                    let by = w.replaced.take().unwrap_or_default();
+                    return Ok(Acquired::Replaced { by });
+                }
+                Some(done) => return Ok(done),
+                None => {}
             }
         }
         Err(Error::Refused(format!(
@@ -356,6 +376,7 @@ mod tests {
             fd: f.into(),
             index: 0,
             arrived: now - 5 * sec,
+            supersede: false,
             until: now + 2 * sec,
             keep: 3 * sec,
             every: 2 * sec,
@@ -370,6 +391,38 @@ mod tests {
         let (arrived, until, _) = read_place(&place.fd).unwrap();
         assert!(arrived > now, "taken again at the back of the queue");
         assert!(until > mono_ns() && place.tend());
+    }
+
+    #[test]
+    fn a_replacement_mark_outlives_refreshes_and_older_readers_skip_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = scratch_file(&dir, "p");
+        let now = mono_ns();
+        let sec = 1_000_000_000;
+        let mut place = Place {
+            fd: f.into(),
+            index: 0,
+            arrived: now,
+            supersede: true,
+            until: now + 2 * sec,
+            keep: 3 * sec,
+            every: 2 * sec,
+            refresh_at: now - 1,
+        };
+        assert!(place.tend());
+        assert!(reads_supersede(&place.fd) && replaced_by(&place.fd).is_none());
+        mark_replaced(&place.fd, "h:2 (newer)").unwrap();
+        place.refresh_at = 0;
+        assert!(place.tend());
+        assert_eq!(replaced_by(&place.fd).as_deref(), Some("h:2 (newer)"));
+        // The record reads as an older lockrun reads it: its first
+        // PLACE_RECORD bytes, whose fields it knows or skips.
+        let (arrived, _, pid) = read_place(&place.fd).unwrap();
+        assert_eq!((arrived, pid), (now, std::process::id()));
+        let mut old = [0u8; places::PLACE_RECORD];
+        rustix::io::pread(&place.fd, &mut old, 0).unwrap();
+        let text = std::str::from_utf8(&old).unwrap();
+        assert!(text.ends_with('\n') && !text.contains("replaced"), "{text}");
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub(super) fn fresh_place(path: &Path) -> Result<OwnedFd, Errno> {
 /// Size of a place's record, written in one `pwrite`.
 pub(super) const PLACE_RECORD: usize = 80;
 
+/// How often a `--supersede` waiter looks whether it was replaced (ns).
+const REPLACED_LOOK: u64 = 50_000_000;
+
 /// Most places a name's queue has (one file each).
 pub(super) const MAX_PLACES: u32 = 10_000;
 
@@ -57,6 +60,9 @@ pub(super) struct Place {
     pub(super) fd: OwnedFd,
     pub(super) index: u32,
     pub(super) arrived: u64,
+    /// `--supersede`: recorded in the place, so a later request with it
+    /// knows it may replace this one.
+    pub(super) supersede: bool,
     pub(super) until: u64,
     /// How long one refresh keeps the place (ttl/3), and how often it is
     /// refreshed (ttl/5), as a Redis waiter keeps its place.
@@ -68,9 +74,14 @@ pub(super) struct Place {
 /// A place as another request sees it: its file, open, and its record.
 pub(super) struct Seen {
     pub(super) file: OwnedFd,
+    pub(super) index: u32,
     pub(super) arrived: u64,
     pub(super) until: u64,
     pub(super) pid: u32,
+    /// It asked for `--supersede`.
+    pub(super) supersede: bool,
+    /// A later `--supersede` request replaced it: it is leaving.
+    pub(super) replaced: bool,
 }
 
 impl Seen {
@@ -79,8 +90,18 @@ impl Seen {
     }
 }
 
-pub(super) fn write_place(fd: impl AsFd, arrived: u64, until: u64) -> std::io::Result<()> {
-    let text = format!("arrived={arrived} until={until} pid={}", std::process::id());
+pub(super) fn write_place(
+    fd: impl AsFd,
+    arrived: u64,
+    until: u64,
+    supersede: bool,
+) -> std::io::Result<()> {
+    // An older lockrun reads the fields it knows and skips `sup=1`.
+    let sup = if supersede { " sup=1" } else { "" };
+    let text = format!(
+        "arrived={arrived} until={until} pid={}{sup}",
+        std::process::id()
+    );
     let mut buf = [b' '; PLACE_RECORD];
     buf[..text.len()].copy_from_slice(text.as_bytes());
     buf[PLACE_RECORD - 1] = b'\n';
@@ -109,6 +130,58 @@ pub(super) fn read_place(fd: impl AsFd) -> Option<(u64, u64, u32)> {
     Some((arrived?, until?, pid?))
 }
 
+/// Whether a place's record says it asked for `--supersede`.
+pub(super) fn reads_supersede(fd: impl AsFd) -> bool {
+    let mut buf = [0u8; PLACE_RECORD];
+    let Ok(n) = rustix::io::pread(fd, &mut buf, 0) else {
+        return false;
+    };
+    std::str::from_utf8(&buf[..n]).is_ok_and(|t| t.split_whitespace().any(|f| f == "sup=1"))
+}
+
+/// Size of the replacement mark written after a place's record.
+const REPLACED_MARK: usize = 256;
+
+/// Mark a place replaced by the request shown as `by`: a line after the
+/// place's record, which its waiter reads while it waits and its own
+/// refreshes (of the record only) leave alone. An older lockrun reads only
+/// the record. The mark goes with the file: a request that takes the place
+/// later does so in a new file.
+pub(super) fn mark_replaced(fd: impl AsFd, by: &str) -> std::io::Result<()> {
+    let by: String = by
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(150)
+        .collect();
+    let mut text = format!("replaced_by={by}");
+    let mut cut = text.len().min(REPLACED_MARK - 1);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    let mut buf = [b' '; REPLACED_MARK];
+    buf[..text.len()].copy_from_slice(text.as_bytes());
+    buf[REPLACED_MARK - 1] = b'\n';
+    let n = rustix::io::pwrite(fd, &buf, PLACE_RECORD as u64)?;
+    if n != REPLACED_MARK {
+        return Err(std::io::Error::other("short write of a replacement mark"));
+    }
+    Ok(())
+}
+
+/// Who replaced the place, if a later `--supersede` request did.
+pub(super) fn replaced_by(fd: impl AsFd) -> Option<String> {
+    let mut buf = [0u8; REPLACED_MARK];
+    let n = rustix::io::pread(fd, &mut buf, PLACE_RECORD as u64).ok()?;
+    // Whole marks only: one being written ends in its newline.
+    if n != REPLACED_MARK || buf[REPLACED_MARK - 1] != b'\n' {
+        return None;
+    }
+    let text = std::str::from_utf8(&buf).ok()?;
+    text.strip_prefix("replaced_by=")
+        .map(|by| by.trim_end().to_string())
+}
+
 impl Place {
     pub(super) fn rank(&self) -> (u64, u32) {
         (self.arrived, std::process::id())
@@ -127,7 +200,7 @@ impl Place {
             self.until = now.saturating_add(self.keep);
             self.refresh_at = now.saturating_add(self.every);
             // A failed write only makes the place lapse, which we notice.
-            let _ = write_place(&self.fd, self.arrived, self.until);
+            let _ = write_place(&self.fd, self.arrived, self.until, self.supersede);
         }
         kept
     }
@@ -143,6 +216,15 @@ pub(super) struct Queued {
 }
 
 impl Queued {
+    /// Who replaced us, if a later `--supersede` request did (only a place
+    /// that asked for it can be).
+    pub(super) fn replaced_by(&self) -> Option<String> {
+        self.place
+            .supersede
+            .then(|| replaced_by(&self.place.fd))
+            .flatten()
+    }
+
     pub(super) fn tend(&mut self) -> bool {
         if !self.shared {
             self.shared = share_gate(&self.gate, 1);
@@ -187,6 +269,8 @@ pub(super) struct Waiter<'a> {
     pub(super) queued: Option<Queued>,
     /// Our place lapsed during a wait and was taken again at the back.
     pub(super) lapsed: bool,
+    /// A later `--supersede` request replaced us (shown as `host:pid (label)`).
+    pub(super) replaced: Option<String>,
 }
 
 impl Waiter<'_> {
@@ -217,6 +301,11 @@ impl Waiter<'_> {
     ) -> Heard<T> {
         use std::sync::mpsc::RecvTimeoutError;
         loop {
+            // Replaced: we leave, whatever else happened meanwhile.
+            if let Some(by) = self.queued.as_ref().and_then(Queued::replaced_by) {
+                self.replaced = Some(by);
+                return Heard::Over;
+            }
             // First, so that a wait resuming after a stop sees its place lapsed.
             if let Some(q) = self.queued.as_mut()
                 && !q.tend()
@@ -232,7 +321,14 @@ impl Waiter<'_> {
             }
             self.patience.tick(holder);
             let mono = mono_ns();
-            let ours = [self.queued.as_ref().map(|q| q.place.refresh_at), wake]
+            // A waiter that may be replaced looks for the mark often: it is
+            // to leave within a fraction of a second.
+            let look = self
+                .queued
+                .as_ref()
+                .filter(|q| q.place.supersede)
+                .map(|_| mono.saturating_add(REPLACED_LOOK));
+            let ours = [self.queued.as_ref().map(|q| q.place.refresh_at), wake, look]
                 .into_iter()
                 .flatten()
                 .map(|at| Duration::from_nanos(at.saturating_sub(mono)))

@@ -40,7 +40,7 @@ pub(super) struct Window {
 }
 
 /// This boot's id, short: which boot a boot-clock time belongs to.
-fn boot_id() -> &'static str {
+pub(super) fn boot_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
         std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
@@ -249,6 +249,113 @@ pub(super) fn write_token(fd: impl AsFd + Copy, label: &str) -> std::io::Result<
     Ok(token)
 }
 
+/// Where a preemption mark starts in a lock file: right after the record,
+/// which an older lockrun reads (and writes) alone.
+const MARK_AT: u64 = RECORD as u64;
+
+/// Size of a preemption mark, written in one `pwrite`.
+const MARK: usize = 256;
+
+/// A `--preempt` request's mark on a lock file (lockrun-engines(7)
+/// "LOCAL"): who asked, and which holders it meant: those that held the
+/// file when it was written. On the boot that wrote it, the boot clock
+/// tells them (a holder that got its lock before `at_ns`); under another
+/// boot, the token (a holder whose token is at most `upto`, the highest
+/// token recorded then). Tokens only grow and a later lock is got later,
+/// so a mark never applies to a later holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Preempt {
+    pub(super) upto: u64,
+    boot: String,
+    at_ns: u64,
+    wall_ms: u64,
+    pub(super) by: String,
+}
+
+impl Preempt {
+    /// A mark made now for holders whose tokens are at most `upto`.
+    pub(super) fn now(upto: u64, by: &str) -> Preempt {
+        Preempt {
+            upto,
+            boot: boot_id().to_string(),
+            at_ns: u64::try_from(Boot::now().0.as_nanos()).unwrap_or(u64::MAX),
+            wall_ms: ms(now_since_epoch()),
+            by: by
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .take(150)
+                .collect(),
+        }
+    }
+
+    /// Whether the mark stops the holder with `token`, granted at `got_at`
+    /// (on the boot clock, after it got its lock).
+    pub(super) fn stops(&self, token: u64, got_at: Boot) -> bool {
+        if !self.boot.is_empty() && self.boot == boot_id() {
+            got_at.0.as_nanos() < u128::from(self.at_ns)
+        } else {
+            token <= self.upto
+        }
+    }
+
+    /// Whether `status` shows a holder with `token`, granted at `granted_ms`
+    /// on the wall clock, as preempted (a display only).
+    pub(super) fn shown_on(&self, token: u64, granted_ms: u64) -> bool {
+        token <= self.upto || (granted_ms > 0 && granted_ms <= self.wall_ms)
+    }
+}
+
+/// Write a preemption mark after the record of a lock file.
+pub(super) fn write_preempt(fd: impl AsFd, p: &Preempt) -> std::io::Result<()> {
+    let mut text = format!(
+        "preempt upto={} boot={} at_ns={} wall_ms={} by={}",
+        p.upto, p.boot, p.at_ns, p.wall_ms, p.by
+    );
+    let mut cut = text.len().min(MARK - 1);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    let mut buf = [b' '; MARK];
+    buf[..text.len()].copy_from_slice(text.as_bytes());
+    buf[MARK - 1] = b'\n';
+    let n = rustix::io::pwrite(fd, &buf, MARK_AT)?;
+    if n != MARK {
+        return Err(std::io::Error::other("short write of a preemption mark"));
+    }
+    Ok(())
+}
+
+/// The preemption mark of a lock file, if it has a whole one.
+pub(super) fn read_preempt(fd: impl AsFd) -> Option<Preempt> {
+    let mut buf = [0u8; MARK];
+    let n = rustix::io::pread(fd, &mut buf, MARK_AT).ok()?;
+    if n != MARK || buf[MARK - 1] != b'\n' {
+        return None;
+    }
+    let text = std::str::from_utf8(&buf).ok()?.strip_prefix("preempt ")?;
+    let (fields, by) = text.split_once(" by=")?;
+    let (mut upto, mut boot, mut at_ns, mut wall_ms) = (None, None, None, None);
+    for field in fields.split(' ') {
+        if let Some(v) = field.strip_prefix("upto=") {
+            upto = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("boot=") {
+            boot = Some(v.to_string());
+        } else if let Some(v) = field.strip_prefix("at_ns=") {
+            at_ns = v.parse().ok();
+        } else if let Some(v) = field.strip_prefix("wall_ms=") {
+            wall_ms = v.parse().ok();
+        }
+    }
+    Some(Preempt {
+        upto: upto?,
+        boot: boot?,
+        at_ns: at_ns?,
+        wall_ms: wall_ms?,
+        by: by.trim_end().to_string(),
+    })
+}
+
 /// A shared holder as the readers file lists it: `pid token granted_ms label`.
 pub(super) struct Reader {
     pub(super) pid: u32,
@@ -314,6 +421,35 @@ mod tests {
             hold,
         );
         assert_eq!(past.left(), None);
+    }
+
+    #[test]
+    fn a_preemption_mark_stops_only_the_holders_of_its_moment() {
+        let (_dir, f) = scratch();
+        write_record(&f, 7, "h:1 (old)", Mode::Exclusive, None).unwrap();
+        let before = Boot::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let mark = Preempt::now(7, "h:2 (new)");
+        write_preempt(&f, &mark).unwrap();
+        // The record beside it reads (and is rewritten) as before.
+        assert_eq!(read_record(&f).unwrap().label, "h:1 (old)");
+        write_record(&f, 8, "h:3 (later)", Mode::Exclusive, None).unwrap();
+        let read = read_preempt(&f).unwrap();
+        assert_eq!(read, mark);
+        assert_eq!(read.by, "h:2 (new)");
+        assert!(read.stops(7, before), "the holder of its moment");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!read.stops(8, Boot::now()), "a later holder");
+        // Under another boot, the token decides.
+        let mut other = read.clone();
+        other.boot = "0".repeat(16);
+        assert!(other.stops(7, Boot::now()) && !other.stops(8, before));
+        // A file with no mark, or half of one, has none.
+        let (_dir, g) = scratch();
+        write_record(&g, 1, "h:1", Mode::Exclusive, None).unwrap();
+        assert_eq!(read_preempt(&g), None);
+        rustix::io::pwrite(&g, b"preempt upto=1 boot=", MARK_AT).unwrap();
+        assert_eq!(read_preempt(&g), None);
     }
 
     #[test]

@@ -33,7 +33,13 @@ impl Local {
             (granted_ms > 0 && granted_ms <= now_ms)
                 .then(|| Duration::from_millis(now_ms - granted_ms))
         };
-        let holder = |r: &Record, mode, slot| Holder {
+        // A --preempt request's mark, shown on the holders it is meant for.
+        let preempted = |mark: Option<&Preempt>, token: u64, granted_ms: u64| {
+            mark.filter(|m| m.shown_on(token, granted_ms))
+                .map(|m| m.by.clone())
+        };
+        let main_mark = read_preempt(&file);
+        let holder = |r: &Record, mode, slot, mark: Option<&Preempt>| Holder {
             label: Some(r.label.clone()).filter(|l| !l.is_empty()),
             token: Some(r.token),
             mode,
@@ -42,7 +48,7 @@ impl Local {
             held_for: held_for(r.granted_ms),
             revoked: false,
             min_hold: false,
-            preempted_by: None,
+            preempted_by: preempted(mark, r.token, r.granted_ms),
         };
         let lockers = lockers(st.st_dev, st.st_ino);
         let rec = read_record(&file);
@@ -57,7 +63,8 @@ impl Local {
                     if let (Ok(s), Some(r)) = (fstat(&slot), read_record(&slot))
                         && !self::lockers(s.st_dev, s.st_ino).is_empty()
                     {
-                        holders.push(holder(&r, Mode::Limit(n), Some(k)));
+                        let mark = read_preempt(&slot);
+                        holders.push(holder(&r, Mode::Limit(n), Some(k), mark.as_ref()));
                     }
                 }
             }
@@ -73,14 +80,14 @@ impl Local {
                             held_for: held_for(r.granted_ms),
                             revoked: false,
                             min_hold: false,
-                            preempted_by: None,
+                            preempted_by: preempted(main_mark.as_ref(), r.token, r.granted_ms),
                         });
                     }
                 }
             }
             _ => {
                 if let Some(r) = &rec {
-                    holders.push(holder(r, Mode::Exclusive, None));
+                    holders.push(holder(r, Mode::Exclusive, None, main_mark.as_ref()));
                 } else {
                     holders.push(Holder {
                         label: None,
@@ -102,7 +109,7 @@ impl Local {
                 ttl_left: Some(left),
                 min_hold: true,
                 preempted_by: None,
-                ..holder(r, mode, slot)
+                ..holder(r, mode, slot, None)
             })
         };
         match rec.as_ref().map(|r| r.mode) {
@@ -128,12 +135,17 @@ impl Local {
             }
             _ => {}
         }
-        // Waiters: the places kept in the queue.
-        let waiters = live_places(files, None).len() as u64;
+        // Waiters: the places kept in the queue, but those replaced by a
+        // later --supersede request (leaving now).
+        let places: Vec<Seen> = live_places(files, None)
+            .into_iter()
+            .filter(|p| !p.replaced)
+            .collect();
+        let superseding = places.iter().filter(|p| p.supersede).count() as u64;
         Ok(Status {
             holders,
-            waiters: Some(waiters),
-            superseding: None,
+            waiters: Some(places.len() as u64),
+            superseding: Some(superseding),
         })
     }
 }

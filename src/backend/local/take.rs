@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// What joining the queue came to.
+pub(super) enum Joined {
+    Queued,
+    /// The gate vanished meanwhile: start over.
+    Again,
+    /// `--max-waiters`: this many wait ahead; not queued.
+    Full(u64),
+}
+
 /// The holder label in the name's record, for waiting lines.
 pub(super) fn recorded_holder(files: &Files) -> Option<String> {
     let f = std::fs::File::open(&files.main).ok()?;
@@ -52,11 +61,16 @@ pub(super) fn live_places(files: &Files, except: Option<u32>) -> Vec<Seen> {
         if let Some((arrived, until, pid)) = read_place(&file)
             && until > now
         {
+            let supersede = reads_supersede(&file);
+            let replaced = supersede && replaced_by(&file).is_some();
             out.push(Seen {
                 file,
+                index: k,
                 arrived,
                 until,
                 pid,
+                supersede,
+                replaced,
             });
         }
     }
@@ -97,8 +111,13 @@ impl Local {
             }
             // A request that disagrees with the holders is refused, not queued.
             self.refuse_disagreement(req, files)?;
-            if !self.join_queue(w, files, req.timing.ttl)? {
-                return Ok(Try::Retry);
+            if req.group.preempt {
+                self.preempt(files, req)?;
+            }
+            match self.join_queue(w, files, req)? {
+                Joined::Queued => {}
+                Joined::Again => return Ok(Try::Retry),
+                Joined::Full(waiting) => return Ok(Try::Full(waiting)),
             }
         }
         loop {
@@ -140,20 +159,25 @@ impl Local {
     }
 
     /// Join the back of the queue: a share of the gate, then the first free
-    /// place file, with a record saying when we came. False: the gate
-    /// vanished meanwhile; start over.
+    /// place file, with a record saying when we came; then, still under the
+    /// join lock, replace the earlier `--supersede` waiters (if we asked for
+    /// it too) and count who waits ahead of us (`--max-waiters`).
     pub(super) fn join_queue(
         &self,
         w: &mut Waiter,
         files: &Files,
-        ttl: Duration,
-    ) -> Result<bool, Error> {
+        req: &Request,
+    ) -> Result<Joined, Error> {
+        // One request at a time joins and counts: arrival order is then the
+        // order of joining, and no two requests miss each other's place.
+        let _joining = self.join_lock(files, req.timing.ttl)?;
         let Some((gate, _)) = open_lock_file(&files.gate)
             .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
         else {
-            return Ok(false);
+            return Ok(Joined::Again);
         };
         let shared = share_gate(&gate, 20);
+        let ttl = req.timing.ttl;
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         for k in 0..MAX_PLACES {
             let path = files.place(k);
@@ -174,7 +198,8 @@ impl Local {
             }
             // A place left is taken again in a file of its own: a waiter
             // still blocked on the old one waits for the request it saw,
-            // never for us, who came after it.
+            // never for us, who came after it. (A mark left in the old one
+            // stays there.)
             let fd = if created {
                 fd
             } else {
@@ -185,24 +210,98 @@ impl Local {
                 fd,
                 index: k,
                 arrived: now,
+                supersede: req.group.supersede,
                 until: now.saturating_add(nanos(ttl / 3)),
                 keep: nanos(ttl / 3),
                 every: nanos(ttl / 5),
                 refresh_at: now.saturating_add(nanos(ttl / 5)),
             };
-            write_place(&place.fd, place.arrived, place.until)
+            write_place(&place.fd, place.arrived, place.until, place.supersede)
                 .map_err(|e| self.unavailable("writing", &path, e))?;
+            if req.group.supersede || req.group.max_waiters.is_some() {
+                let rank = place.rank();
+                let ahead: Vec<Seen> = live_places(files, Some(k))
+                    .into_iter()
+                    .filter(|p| p.rank() < rank && !p.replaced)
+                    .collect();
+                let (replaced, kept): (Vec<Seen>, Vec<Seen>) = ahead
+                    .into_iter()
+                    .partition(|p| req.group.supersede && p.supersede);
+                let waiting = kept.len() as u64;
+                if let Some(n) = req.group.max_waiters
+                    && waiting >= u64::from(n)
+                {
+                    // Not queued: our place goes with its descriptor here,
+                    // and nobody was replaced.
+                    return Ok(Joined::Full(waiting));
+                }
+                for p in &replaced {
+                    self.replace(files, p, &req.owner.shown);
+                }
+            }
             w.queued = Some(Queued {
                 place,
                 gate,
                 shared,
             });
-            return Ok(true);
+            return Ok(Joined::Queued);
         }
         Err(w.unavailable(
             &format!("more than {MAX_PLACES} requests are queued for"),
             "give up some",
         ))
+    }
+
+    /// The join lock, held while a request joins the queue and counts who
+    /// is ahead. Held for an instant only; a holder that stopped there
+    /// (SIGSTOP) holds the others up for a few seconds at most, then they
+    /// join without it.
+    fn join_lock(&self, files: &Files, ttl: Duration) -> Result<Option<OwnedFd>, Error> {
+        let path = files.join();
+        let Some((fd, _)) = open_lock_file(&path)
+            .map_err(|e| self.unavailable("cannot open lock file", &path, e))?
+        else {
+            return Ok(None);
+        };
+        let bound = (ttl / 3).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let start = std::time::Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(Some(fd)),
+                Err(Errno::WOULDBLOCK) if start.elapsed() < bound => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(10));
+                }
+                Err(Errno::WOULDBLOCK) => return Ok(None),
+                Err(e) => return Err(self.unavailable("cannot lock", &path, e)),
+            }
+        }
+    }
+
+    /// Mark the waiter at `p` replaced by `by`; it reads the mark within a
+    /// fraction of a second and leaves the queue. One that left meanwhile
+    /// (its place is another file now, or another request's) is not marked.
+    fn replace(&self, files: &Files, p: &Seen, by: &str) {
+        let path = files.place(p.index);
+        let Ok(fd) = open(
+            &path,
+            OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            FileMode::empty(),
+        ) else {
+            return;
+        };
+        let same = match (fstat(&fd), fstat(&p.file)) {
+            (Ok(a), Ok(b)) => identity(&a) == identity(&b),
+            _ => false,
+        };
+        let still = read_place(&p.file).is_some_and(|(arrived, _, pid)| (arrived, pid) == p.rank());
+        if same
+            && still
+            && let Err(e) = mark_replaced(&fd, by)
+        {
+            log::warn(format!("cannot mark {} replaced: {e}", path.display()));
+        }
     }
 
     /// Wait until no place ahead of ours is kept: each predecessor in turn
@@ -308,6 +407,10 @@ impl Local {
         files: &Files,
         got: Got,
     ) -> Result<Option<Acquired>, Error> {
+        // Replaced while the lock came: it goes to whoever is next.
+        if let Some(by) = w.queued.as_ref().and_then(Queued::replaced_by) {
+            return Ok(Some(Acquired::Replaced { by }));
+        }
         if std::mem::take(&mut w.lapsed) || w.queued.as_mut().is_some_and(|q| !q.tend()) {
             return Ok(None);
         }
@@ -371,6 +474,8 @@ impl Local {
             path,
             id,
             name: req.name.to_string(),
+            token,
+            got_at: sent_at,
         };
         Ok(Some(Acquired::Granted(Lease::new(
             token,

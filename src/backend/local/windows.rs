@@ -32,6 +32,22 @@ impl Local {
                  ended)"
             )));
         }
+        let ended = self.end_held_windows(&files, &matched)?;
+        if ended.is_empty() {
+            // It ended, or was taken, while we looked.
+            return Ok(Broken::NotHeld);
+        }
+        Ok(Broken::Leases(ended))
+    }
+
+    /// End the `--min-hold` windows of `matched` (holders that `status`
+    /// showed kept by a window): each record is rewritten without it, under
+    /// its file's lock. Returns those ended.
+    pub(super) fn end_held_windows(
+        &self,
+        files: &Files,
+        matched: &[&Holder],
+    ) -> Result<Vec<Holder>, Error> {
         let mut ended = Vec::new();
         for h in matched {
             let path = h.slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
@@ -58,21 +74,17 @@ impl Local {
             };
             if Some(r.token) == h.token && r.window.as_ref().and_then(Window::left).is_some() {
                 end_window(&fd, &r).map_err(|e| self.unavailable("writing", &path, e))?;
-                ended.push(h.clone());
+                ended.push((*h).clone());
             }
-        }
-        if ended.is_empty() {
-            // It ended, or was taken, while we looked.
-            return Ok(Broken::NotHeld);
         }
         // `--limit` grants also left their latest window in the main record
         // (it keeps other kinds of request out): once no slot keeps one, it
         // goes too, under the grant lock every such grant writes it under.
         let limited = ended.iter().any(|h| h.slot.is_some());
-        if limited && !self.status(name)?.holders.iter().any(|h| h.min_hold) {
-            self.end_main_window(&files)?;
+        if limited && !self.status_of(files)?.holders.iter().any(|h| h.min_hold) {
+            self.end_main_window(files)?;
         }
-        Ok(Broken::Leases(ended))
+        Ok(ended)
     }
 
     pub(super) fn end_main_window(&self, files: &Files) -> Result<(), Error> {
