@@ -23,6 +23,7 @@ mod package;
 mod postgres;
 mod props;
 mod redis_core;
+mod redis_groups;
 mod refused;
 mod sentinel;
 mod supervise;
