@@ -300,3 +300,180 @@ fn the_group_words_need_only_the_documented_acl() {
         "{st}"
     );
 }
+
+const ACQUIRE: &str = include_str!("../src/backend/redis/scripts/acquire.lua");
+
+/// One call of the acquire script on `name`, as lockrun makes it, for a
+/// waiter `id` (an `s` first for `--supersede`) shown as `label`.
+struct Call<'a> {
+    id: &'a str,
+    label: &'a str,
+    place: Option<i64>,
+    keep_only: bool,
+    max_waiters: Option<u32>,
+    preempt: bool,
+}
+
+impl Call<'_> {
+    fn new(id: &str) -> Call<'_> {
+        Call {
+            id,
+            label: id,
+            place: None,
+            keep_only: false,
+            max_waiters: None,
+            preempt: false,
+        }
+    }
+
+    fn run(&self, c: &mut redis::Connection, name: &str) -> Vec<Value> {
+        let lock = format!("lockrun:{{{name}}}");
+        let script = redis::Script::new(&format!("{PRELUDE}{ACQUIRE}"));
+        let mut call = script.prepare_invoke();
+        for k in [
+            "", ":fence", ":queue", ":waiters", ":wake:", ":alive", ":preempt",
+        ] {
+            call.key(format!("{lock}{k}"));
+        }
+        // The owner value: hex, one per waiter.
+        let owner: String = self.id.bytes().map(|b| format!("{b:02x}")).collect();
+        call.arg(owner)
+            .arg(self.label)
+            .arg(30000)
+            .arg("x")
+            .arg(1)
+            .arg("1")
+            .arg(self.id)
+            .arg(10000)
+            .arg("")
+            .arg(if self.keep_only { "1" } else { "0" })
+            .arg(self.place.map(|p| p.to_string()).unwrap_or_default())
+            .arg(self.max_waiters.map(|n| n.to_string()).unwrap_or_default())
+            .arg(if self.id.starts_with('s') { "1" } else { "0" })
+            .arg(if self.preempt { "1" } else { "0" })
+            .invoke(c)
+            .unwrap()
+    }
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        Value::BulkString(b) => String::from_utf8_lossy(b).parse().unwrap(),
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("not text: {other:?}"),
+    }
+}
+
+/// The name held by someone else for a minute.
+fn held(c: &mut redis::Connection, name: &str) {
+    let t: Vec<u64> = redis::cmd("TIME").query(c).unwrap();
+    let now = t[0] * 1000 + t[1] / 1000;
+    let lock = format!("lockrun:{{{name}}}");
+    let value = format!("100|{}|x|1|-1|{now}|host:1 (holder)", now + 60_000);
+    redis::cmd("HSET")
+        .arg(&lock)
+        .arg("h:ffff")
+        .arg(value)
+        .exec(c)
+        .unwrap();
+    redis::cmd("PEXPIREAT")
+        .arg(&lock)
+        .arg(now + 60_000)
+        .exec(c)
+        .unwrap();
+}
+
+/// A replaced waiter hears it on its next call, whichever way that call
+/// comes (woken, or only keeping its place), once; and when the word was
+/// lost, coming back at its arrival number behind a newer `--supersede`
+/// waiter still ends it.
+#[test]
+fn a_replaced_waiter_hears_on_its_next_call_even_without_its_wake_up() {
+    let redis = Redis::start();
+    let mut c = redis.conn();
+    held(&mut c, "r");
+    let a = Call::new("sa").run(&mut c, "r");
+    assert_eq!(int(&a[0]), 2, "{a:?}");
+    let b = Call::new("sb").run(&mut c, "r");
+    assert_eq!(int(&b[0]), 2, "{b:?}");
+    let wake: Vec<String> = redis.cmd(&["LRANGE", "lockrun:{r}:wake:sa", "0", "-1"]);
+    assert_eq!(wake, ["replaced"]);
+    let again = Call {
+        keep_only: true,
+        place: Some(int(&a[3])),
+        ..Call::new("sa")
+    };
+    let r = again.run(&mut c, "r");
+    assert_eq!((int(&r[0]), text(&r[1])), (5, "sb".to_string()), "{r:?}");
+    let queue: Vec<String> = redis.cmd(&["ZRANGE", "lockrun:{r}:queue", "0", "-1"]);
+    assert_eq!(queue, ["sb"]);
+    let left: Vec<String> = redis.cmd(&["HKEYS", "lockrun:{r}:waiters"]);
+    assert!(!left.iter().any(|f| f.starts_with("~r:")), "{left:?}");
+
+    // The word lost (an older lockrun's script shortened the hash's life):
+    // back at its arrival number, it is still the older one.
+    let c1 = Call::new("sc").run(&mut c, "r");
+    let _: i64 = redis.cmd(&["HDEL", "lockrun:{r}:waiters", "~r:sb"]);
+    let back = Call {
+        place: Some(int(&b[3])),
+        ..Call::new("sb")
+    };
+    let r = back.run(&mut c, "r");
+    assert_eq!(
+        (int(&r[0]), text(&r[1])),
+        (5, "sc".to_string()),
+        "{r:?} after {c1:?}"
+    );
+    let queue: Vec<String> = redis.cmd(&["ZRANGE", "lockrun:{r}:queue", "0", "-1"]);
+    assert_eq!(queue, ["sc"]);
+    let bad = redis.keys_without_expiry(&mut c, "lockrun:*");
+    assert!(bad.is_empty(), "no expiry on {bad:?}");
+}
+
+/// `--max-waiters` counts after `--supersede`, and a request it refuses
+/// changes nothing: the waiters it would have replaced stay.
+#[test]
+fn max_waiters_counts_after_supersede_and_a_refusal_leaves_no_trace() {
+    let redis = Redis::start();
+    let mut c = redis.conn();
+    held(&mut c, "m");
+    assert_eq!(int(&Call::new("plain").run(&mut c, "m")[0]), 2);
+    assert_eq!(int(&Call::new("sold").run(&mut c, "m")[0]), 2);
+    // Two wait; one of them would be replaced: one counts.
+    let r = Call {
+        max_waiters: Some(1),
+        ..Call::new("snew")
+    }
+    .run(&mut c, "m");
+    assert_eq!((int(&r[0]), int(&r[1])), (6, 1), "{r:?}");
+    let queue: Vec<String> = redis.cmd(&["ZRANGE", "lockrun:{m}:queue", "0", "-1"]);
+    assert_eq!(queue, ["plain", "sold"], "the refusal changed the queue");
+    let r = Call {
+        max_waiters: Some(2),
+        ..Call::new("snew")
+    }
+    .run(&mut c, "m");
+    assert_eq!(int(&r[0]), 2, "{r:?}");
+    let queue: Vec<String> = redis.cmd(&["ZRANGE", "lockrun:{m}:queue", "0", "-1"]);
+    assert_eq!(queue, ["plain", "snew"]);
+    // A plain request is never refused while the name can be granted.
+    let _: i64 = redis.cmd(&[
+        "DEL",
+        "lockrun:{m}",
+        "lockrun:{m}:queue",
+        "lockrun:{m}:alive",
+    ]);
+    let r = Call {
+        max_waiters: Some(1),
+        ..Call::new("free")
+    }
+    .run(&mut c, "m");
+    assert_eq!(int(&r[0]), 1, "{r:?}");
+}

@@ -21,11 +21,10 @@ if supersede ~= superseding(ARGV[7]) then
   return redis.error_reply('LOCKRUN invalid waiter id for --supersede')
 end
 -- Replaced by a newer --supersede request: the word left for us, once.
-local replaced_by = redis.call('HGET', KEYS[4], '~r:' .. ARGV[7])
-if replaced_by then
-  redis.call('HDEL', KEYS[4], '~r:' .. ARGV[7])
+local by = replaced_by(ARGV[7])
+if by then
   redis.call('DEL', KEYS[5] .. ARGV[7])
-  return {5, replaced_by}
+  return {5, by}
 end
 local alive = now_ms() + tonumber(ARGV[8])
 local placed = tonumber(redis.call('ZSCORE', KEYS[6], ARGV[7]) or '')
@@ -155,6 +154,7 @@ local function answer()
   -- leave once we join, and do not count for --max-waiters.
   local olds = {}
   if supersede then
+    prune_replaced()
     for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
       if superseding(id) then olds[#olds + 1] = id end
     end

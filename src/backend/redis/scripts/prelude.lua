@@ -210,16 +210,34 @@ end
 -- replaced).
 local function superseding(id) return string.sub(id, 1, 1) == 's' end
 -- Take waiter `id` out of the queue, replaced by the request shown as
--- `by`: the word waits for it in the waiters' hash, '~r:<id>', for a ttl of
--- its own (its next call reads it), and its wake-up list wakes it at once.
+-- `by`: the word waits for it in the waiters' hash, '~r:<id>' = 'until
+-- ms|by', for as long as the waiter may take to come back (its ttl, at
+-- least 5 s: its next call reads it), and its wake-up list wakes it at once.
 local function replace(id, by)
   local w = parse_waiter(redis.call('HGET', KEYS[4], id))
-  local ttl = (w and w.ttl) or 60000
+  local ttl = math.max((w and w.ttl) or 0, 5000)
   dequeue(id)
-  redis.call('HSET', KEYS[4], '~r:' .. id, by)
+  redis.call('HSET', KEYS[4], '~r:' .. id, fmt(now_ms() + ttl) .. '|' .. by)
   local left = redis.call('PTTL', KEYS[4])
   if left < ttl then redis.call('PEXPIRE', KEYS[4], ttl) end
   wake(id, 'replaced', ttl)
+end
+-- The word left for waiter `id`, if any (read once: it goes).
+local function replaced_by(id)
+  local v = redis.call('HGET', KEYS[4], '~r:' .. id)
+  if not v then return nil end
+  redis.call('HDEL', KEYS[4], '~r:' .. id)
+  return string.match(v, '^%d+|(.*)$') or ''
+end
+-- Words never read (their waiter died) go once their time is up.
+local function prune_replaced()
+  local all = redis.call('HGETALL', KEYS[4])
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 3) == '~r:' then
+      local t = tonumber(string.match(all[i + 1], '^(%d+)|') or '')
+      if not t or t <= now_ms() then redis.call('HDEL', KEYS[4], all[i]) end
+    end
+  end
 end
 -- --preempt: the holders asked to stop, a hash of token -> the request
 -- shown as `host:pid (label)` (KEYS[7], absent for scripts given six keys).

@@ -34,6 +34,7 @@ for _, r in ipairs(hs) do
   end
 end
 dequeue(ARGV[2])
+redis.call('HDEL', KEYS[4], '~r:' .. ARGV[2])
 redis.call('DEL', KEYS[5] .. ARGV[2])
 serve(kept)
 -- The head heard when our lease would end; the window may end sooner.
