@@ -373,13 +373,18 @@ fn text(v: &Value) -> String {
 
 /// The name held by someone else for a minute.
 fn held(c: &mut redis::Connection, name: &str) {
+    held_as(c, name, "h:ffff");
+}
+
+/// The name held for a minute under `field` (`m:…`: a `--min-hold` window).
+fn held_as(c: &mut redis::Connection, name: &str, field: &str) {
     let t: Vec<u64> = redis::cmd("TIME").query(c).unwrap();
     let now = t[0] * 1000 + t[1] / 1000;
     let lock = format!("lockrun:{{{name}}}");
     let value = format!("100|{}|x|1|-1|{now}|host:1 (holder)", now + 60_000);
     redis::cmd("HSET")
         .arg(&lock)
-        .arg("h:ffff")
+        .arg(field)
         .arg(value)
         .exec(c)
         .unwrap();
@@ -476,4 +481,43 @@ fn max_waiters_counts_after_supersede_and_a_refusal_leaves_no_trace() {
     }
     .run(&mut c, "m");
     assert_eq!(int(&r[0]), 1, "{r:?}");
+}
+
+/// `--preempt` marks the holders it finds, not a waiter that came before it
+/// and is served as the window it ends goes.
+#[test]
+fn preempt_marks_the_holders_it_finds_and_no_one_served_after() {
+    let redis = Redis::start();
+    let mut c = redis.conn();
+    held_as(&mut c, "p", "m:100");
+    assert_eq!(int(&Call::new("first").run(&mut c, "p")[0]), 2);
+    let r = Call {
+        preempt: true,
+        ..Call::new("pre")
+    }
+    .run(&mut c, "p");
+    assert_eq!(int(&r[0]), 2, "{r:?}");
+    let fields: Vec<String> = redis.cmd(&["HKEYS", "lockrun:{p}"]);
+    assert_eq!(fields.len(), 1, "{fields:?}");
+    assert!(fields[0].starts_with("h:"), "the window stayed: {fields:?}");
+    let marks: Vec<String> = redis.cmd(&["HGETALL", "lockrun:{p}:preempt"]);
+    assert!(marks.is_empty(), "the waiter served was marked: {marks:?}");
+
+    held(&mut c, "q");
+    let r = Call {
+        preempt: true,
+        ..Call::new("pre")
+    }
+    .run(&mut c, "q");
+    assert_eq!(int(&r[0]), 2, "{r:?}");
+    let marks: Vec<String> = redis.cmd(&["HGETALL", "lockrun:{q}:preempt"]);
+    assert_eq!(marks, ["100", "pre"]);
+    let (mark, lease): (i64, i64) = (
+        redis.cmd(&["PTTL", "lockrun:{q}:preempt"]),
+        redis.cmd(&["PTTL", "lockrun:{q}"]),
+    );
+    assert!(
+        mark > 0 && mark >= lease - 50,
+        "mark {mark} ms, lease {lease} ms"
+    );
 }

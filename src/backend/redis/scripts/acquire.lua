@@ -177,15 +177,17 @@ local function answer()
   local ok, slot = can_grant(mode, limit, hs)
   -- --preempt, finding the name held: a --min-hold window, which runs no
   -- job, ends at once; if we must still wait, every holder of the moment
-  -- is asked to stop (a revoked one stops already).
+  -- is asked to stop (a revoked one stops already; a waiter served as a
+  -- window ended came before us and is not disturbed).
   if preempt and ARGV[6] == '1' and not (live == 0 and ok) then
-    local kept, ended = {}, false
+    local kept, running, ended = {}, {}, false
     for _, r in ipairs(hs) do
       if kind_code(r.field) == 2 then
         redis.call('HDEL', KEYS[1], r.field)
         ended = true
       else
         kept[#kept + 1] = r
+        if kind_code(r.field) == 0 then running[#running + 1] = r end
       end
     end
     if ended then
@@ -194,15 +196,13 @@ local function answer()
       live = serve(hs)
       ok, slot = can_grant(mode, limit, hs)
     end
-    if not (live == 0 and ok) and KEYS[7] then
+    if not (live == 0 and ok) and KEYS[7] and #running > 0 then
       local far = 0
-      for _, r in ipairs(hs) do
-        if kind_code(r.field) == 0 then
-          redis.call('HSET', KEYS[7], r.token, ARGV[2])
-          if r.exp > far then far = r.exp end
-        end
+      for _, r in ipairs(running) do
+        redis.call('HSET', KEYS[7], r.token, ARGV[2])
+        if r.exp > far then far = r.exp end
       end
-      if far > 0 then keep_marks_until(far) end
+      keep_marks_until(far)
     end
   end
   if live == 0 and ok then
