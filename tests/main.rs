@@ -24,6 +24,7 @@ mod postgres;
 mod postgres_groups;
 mod props;
 mod redis_core;
+mod redis_groups;
 mod refused;
 mod sentinel;
 mod supervise;

@@ -6,7 +6,7 @@
 //! `link.rs` is one connection, bounded, with the table of errors worth
 //! riding out; `scripts.rs` loads the Lua in `scripts/` and says what each
 //! script takes and returns; `reply.rs` reads those replies into types;
-//! `queue.rs` is the acquire loop (try, then block on a wake-up list). This
+//! `take.rs` is the acquire loop (try, then block on a wake-up list). This
 //! file holds the engine's row, status, `release --force`, the lease and its
 //! renewal.
 
@@ -27,6 +27,7 @@ use address::Node;
 pub use address::{RedisUrl, parse};
 use connector::{Conn, Connector};
 use link::{Link, describe, is_auth_error};
+use reply::Renewed;
 use scripts::{FORCE_SCRIPT, INSPECT_SCRIPT, Keys, RENEW_SCRIPT};
 
 use super::{
@@ -399,8 +400,10 @@ fn name_of_key(prefix: &str, key: &[u8]) -> Option<String> {
     let key = std::str::from_utf8(key).ok()?;
     let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
     let (name, tail) = rest.split_once('}')?;
-    let ours = matches!(tail, "" | ":fence" | ":queue" | ":waiters" | ":alive")
-        || tail.starts_with(":wake:");
+    let ours = matches!(
+        tail,
+        "" | ":fence" | ":queue" | ":waiters" | ":alive" | ":preempt"
+    ) || tail.starts_with(":wake:");
     (ours && !name.is_empty()).then(|| name.to_string())
 }
 
@@ -420,10 +423,10 @@ struct RedisHeld {
 impl Held for RedisHeld {
     fn renewer(&self) -> Renewing {
         // Any connection to the master can renew the key.
-        let (connector, replicas, lock, owner, timing) = (
+        let (connector, replicas, keys, owner, timing) = (
             self.link.connector.clone(),
             self.replicas,
-            self.keys.lock.clone(),
+            self.keys.clone(),
             self.owner.clone(),
             self.timing,
         );
@@ -433,7 +436,7 @@ impl Held for RedisHeld {
                 replicas,
                 conn: None,
                 node: None,
-                lock: lock.clone(),
+                keys: keys.clone(),
                 owner: owner.clone(),
                 timing,
             })
@@ -497,7 +500,7 @@ struct RedisRenewer {
     conn: Option<connector::Conn>,
     /// The data node `conn` reaches, behind sentinels.
     node: Option<Node>,
-    lock: String,
+    keys: Keys,
     owner: String,
     timing: Timing,
 }
@@ -528,17 +531,20 @@ impl Renewer for RedisRenewer {
             self.node = linked.node;
         }
         let conn = self.conn.as_mut().expect("just connected");
-        let r = RENEW_SCRIPT
-            .key(&self.lock)
+        let r = self
+            .keys
+            .on(&RENEW_SCRIPT)
             .arg(&self.owner)
             .arg(self.timing.ttl.as_millis() as u64)
-            .invoke::<i64>(conn);
+            .invoke::<Vec<Value>>(conn)
+            .map(|v| reply::renewed(&v));
         // With --replicas, a renewal counts once enough replicas have it.
+        // A preempted lease is given up whatever they say.
         let r = match r {
-            Ok(1) if self.replicas > 0 => link::wait_replicas(conn, self.replicas, self.timing.op)
-                .and_then(|n| {
+            Ok(Renewed::Yes) if self.replicas > 0 => {
+                link::wait_replicas(conn, self.replicas, self.timing.op).and_then(|n| {
                     if n >= i64::from(self.replicas) {
-                        Ok(1)
+                        Ok(Renewed::Yes)
                     } else {
                         Err(redis::RedisError::from((
                             redis::ErrorKind::Io,
@@ -549,14 +555,16 @@ impl Renewer for RedisRenewer {
                             ),
                         )))
                     }
-                }),
+                })
+            }
             other => other,
         };
         match r {
-            Ok(1) => Ok(Renewal::Renewed {
+            Ok(Renewed::Yes) => Ok(Renewal::Renewed {
                 ttl: self.timing.ttl,
             }),
-            Ok(_) => Ok(Renewal::Lost),
+            Ok(Renewed::Preempted(by)) => Ok(Renewal::Preempted { by }),
+            Ok(Renewed::Lost) => Ok(Renewal::Lost),
             Err(e) => {
                 // Unknown state after a timeout: start over on a new connection.
                 self.conn = None;
@@ -576,6 +584,7 @@ mod listing_tests {
         assert_eq!(n("lockrun:{job}").as_deref(), Some("job"));
         assert_eq!(n("lockrun:{job}:fence").as_deref(), Some("job"));
         assert_eq!(n("lockrun:{a b}:wake:123").as_deref(), Some("a b"));
+        assert_eq!(n("lockrun:{job}:preempt").as_deref(), Some("job"));
         assert_eq!(n("lockrun:{job}:other"), None);
         assert_eq!(n("lockrun:{}"), None);
         assert_eq!(n("other:{job}"), None);

@@ -52,6 +52,10 @@ pub enum Acquire {
     Disagrees(Mode),
     /// The outer lockrun holds the name.
     Nested,
+    /// Out of the queue: a newer `--supersede` request, shown so, replaced us.
+    Replaced { by: String },
+    /// Not queued (`--max-waiters`): this many requests wait already.
+    QueueFull { waiting: u64 },
 }
 
 impl Acquire {
@@ -76,16 +80,25 @@ impl Acquire {
             },
             Some(3) => Acquire::Disagrees(mode_from(text_at(v, 1).as_deref(), int_at(v, 2))),
             Some(4) => Acquire::Nested,
+            Some(5) => Acquire::Replaced {
+                by: text_at(v, 1).unwrap_or_default(),
+            },
+            Some(6) => Acquire::QueueFull {
+                waiting: int_at(v, 1).unwrap_or(0).max(0) as u64,
+            },
             _ => return Err(Error::Internal("acquire script: unexpected reply".into())),
         })
     }
 }
 
-/// Holders from a reply's rows of eight fields, starting at `at`.
+/// The fields of one holder in the inspect and force scripts' replies.
+const ROW: usize = 9;
+
+/// Holders from a reply's rows, starting at `at`.
 fn holders_from(v: &[Value], at: usize) -> Vec<Holder> {
     let mut out = Vec::new();
     let mut i = at;
-    while i + 8 <= v.len() {
+    while i + ROW <= v.len() {
         let mode = mode_from(text_at(v, i + 3).as_deref(), int_at(v, i + 4));
         out.push(Holder {
             label: text_at(v, i).filter(|s| !s.is_empty()),
@@ -98,19 +111,38 @@ fn holders_from(v: &[Value], at: usize) -> Vec<Holder> {
             held_for: int_at(v, i + 6).map(|ms| Duration::from_millis(ms.max(0) as u64)),
             revoked: int_at(v, i + 7) == Some(1),
             min_hold: int_at(v, i + 7) == Some(2),
-            preempted_by: None,
+            preempted_by: text_at(v, i + 8).filter(|s| !s.is_empty()),
         });
-        i += 8;
+        i += ROW;
     }
     out
 }
 
-/// The inspect script's reply: {now ms, waiters, rows…}.
+/// The inspect script's reply: {now ms, waiters, superseding, rows…}.
 pub fn status(v: &[Value]) -> Status {
     Status {
-        holders: holders_from(v, 2),
+        holders: holders_from(v, 3),
         waiters: int_at(v, 1).map(|n| n.max(0) as u64),
-        superseding: None,
+        superseding: int_at(v, 2).map(|n| n.max(0) as u64),
+    }
+}
+
+/// What the renew script answered.
+#[derive(Debug, PartialEq)]
+pub enum Renewed {
+    Yes,
+    /// The lease is no longer ours.
+    Lost,
+    /// Renewed, but a `--preempt` request, shown so, asked it to stop.
+    Preempted(String),
+}
+
+/// The renew script's reply: {1}, {0} or {2, by}.
+pub fn renewed(v: &[Value]) -> Renewed {
+    match int_at(v, 0) {
+        Some(1) => Renewed::Yes,
+        Some(2) => Renewed::Preempted(text_at(v, 1).unwrap_or_default()),
+        _ => Renewed::Lost,
     }
 }
 
@@ -181,6 +213,47 @@ mod tests {
             Acquire::read(&disagrees, Mode::Exclusive).unwrap(),
             Acquire::Disagrees(Mode::Limit(4))
         ));
+        let replaced = [Value::Int(5), bulk("h:2 (new)")];
+        assert!(matches!(
+            Acquire::read(&replaced, Mode::Exclusive).unwrap(),
+            Acquire::Replaced { by } if by == "h:2 (new)"
+        ));
+        let full = [Value::Int(6), Value::Int(3)];
+        assert!(matches!(
+            Acquire::read(&full, Mode::Exclusive).unwrap(),
+            Acquire::QueueFull { waiting: 3 }
+        ));
         assert!(Acquire::read(&[Value::Int(9)], Mode::Exclusive).is_err());
+    }
+
+    #[test]
+    fn status_rows_carry_the_preemption() {
+        let row = |by: &str| {
+            vec![
+                bulk("h:1 (old)"),
+                Value::Int(7),
+                Value::Int(-1),
+                bulk("x"),
+                Value::Int(1),
+                Value::Int(900),
+                Value::Int(100),
+                Value::Int(0),
+                bulk(by),
+            ]
+        };
+        let mut v = vec![Value::Int(1), Value::Int(3), Value::Int(1)];
+        v.extend(row("h:2 (new)"));
+        v.extend(row(""));
+        let st = status(&v);
+        assert_eq!((st.waiters, st.superseding), (Some(3), Some(1)));
+        assert_eq!(st.holders.len(), 2);
+        assert_eq!(st.holders[0].preempted_by.as_deref(), Some("h:2 (new)"));
+        assert_eq!(st.holders[1].preempted_by, None);
+        assert_eq!(renewed(&[Value::Int(1)]), Renewed::Yes);
+        assert_eq!(renewed(&[Value::Int(0)]), Renewed::Lost);
+        assert_eq!(
+            renewed(&[Value::Int(2), bulk("h:2 (new)")]),
+            Renewed::Preempted("h:2 (new)".into())
+        );
     }
 }

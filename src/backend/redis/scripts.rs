@@ -15,25 +15,36 @@ use redis::Script;
 /// keeps its place. Times are the server's `TIME`; expired holders and dead
 /// waiters are purged by whichever script looks first. The waiters' hash
 /// also holds `~gather`, until when the queue regathers after every place
-/// in it lapsed at once (no grant from the queue until then).
-/// KEYS: lock, fence, queue, waiters, wake-up prefix, waiters' liveness.
+/// in it lapsed at once (no grant from the queue until then), and
+/// `~r:<waiter id>`, the request (`host:pid (label)`) that replaced that
+/// waiter by `--supersede`, until the waiter reads it. A waiter that asked
+/// for `--supersede` has an id that starts with `s` (others are hex). A
+/// last hash, by token, names the request that asked each holder to stop
+/// (`--preempt`); it lives as long as the longest lease it marks. The
+/// holder's record is left as it was: an older lockrun reads it unchanged.
+/// KEYS: lock, fence, queue, waiters, wake-up prefix, waiters' liveness,
+/// preemptions.
 const PRELUDE: &str = include_str!("scripts/prelude.lua");
 
 /// ARGV: owner, label, ttl ms, mode (x s n), limit, queue ('1' wait, '0' -n),
 /// waiter id, waiter lifetime ms, the `host:pid` of an outer lockrun holding
 /// this name ('' when not run from inside one), '1' when a queued waiter
 /// only comes to keep its place (nothing woke it), the waiter's arrival
-/// number once it has one ('' before).
+/// number once it has one ('' before), `--max-waiters` ('' none),
+/// `--supersede` ('1'), `--preempt` ('1') (the last three may be absent).
 /// {1, token, slot} granted (idempotent for our owner value: a retried
 /// acquire, or the confirmation of a grant handed over in the queue, gets a
 /// full ttl); {0, holder} busy; {2, holder, ms until a holder ends or the
 /// queue stops regathering, arrival number} queued (a waiter only keeping its place hears no holder and no
 /// number);
 /// {3, mode, limit} the holders disagree with this request; {4} the outer
-/// lockrun holds it (waiting would deadlock).
+/// lockrun holds it (waiting would deadlock); {5, by} replaced by a newer
+/// `--supersede` request (out of the queue); {6, waiting} not queued
+/// (`--max-waiters`: this many wait already).
 const ACQUIRE: &str = include_str!("scripts/acquire.lua");
 
-/// KEYS: lock. ARGV: owner, ttl ms. 1 renewed, 0 not ours.
+/// ARGV: owner, ttl ms. {1} renewed, {0} not ours, {2, by} renewed but
+/// asked to stop by the `--preempt` request `by`.
 const RENEW: &str = include_str!("scripts/renew.lua");
 
 /// ARGV: owner, waiter id, min-hold ms ('0': none). Gives up a lease (or a
@@ -41,12 +52,14 @@ const RENEW: &str = include_str!("scripts/renew.lua");
 /// queue in the same call: the next holder's grant is made here, one round
 /// trip for the hand-off. Within the min-hold window of its grant, the
 /// lease becomes a place kept by no one until the window ends, and the
-/// head of the queue is told to look again. 1 released, 0 not ours.
+/// head of the queue is told to look again (not for a lease a `--preempt`
+/// request asked to stop). 1 released, 0 not ours.
 const RELEASE: &str = include_str!("scripts/release.lua");
 
-/// Never returns an owner value. {now ms, waiters, rows…}, each holder as
-/// eight fields: label, token, slot, mode, limit, ms left, ms held, kind
-/// (0 a holder, 1 revoked, 2 kept by `--min-hold`).
+/// Never returns an owner value. {now ms, waiters, of them superseding,
+/// rows…}, each holder as nine fields: label, token, slot, mode, limit, ms
+/// left, ms held, kind (0 a holder, 1 revoked, 2 kept by `--min-hold`),
+/// the `--preempt` request that asked it to stop ('' none).
 const INSPECT: &str = include_str!("scripts/inspect.lua");
 
 /// ARGV: token ('' = every holder), now ('1'/'0').
@@ -77,6 +90,7 @@ pub struct Keys {
     waiters: String,
     pub wake: String,
     alive: String,
+    preempt: String,
 }
 
 impl Keys {
@@ -88,6 +102,7 @@ impl Keys {
             waiters: format!("{lock}:waiters"),
             wake: format!("{lock}:wake:"),
             alive: format!("{lock}:alive"),
+            preempt: format!("{lock}:preempt"),
             lock,
         }
     }
@@ -99,7 +114,8 @@ impl Keys {
             .key(&self.queue)
             .key(&self.waiters)
             .key(&self.wake)
-            .key(&self.alive);
+            .key(&self.alive)
+            .key(&self.preempt);
         inv
     }
 }

@@ -17,12 +17,14 @@ use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
 
-/// Random hex for a waiter's place in the queue (public, unlike the owner value).
-fn waiter_id() -> String {
+/// Random hex for a waiter's place in the queue (public, unlike the owner
+/// value); with `--supersede`, after an `s` that says so to the scripts.
+fn waiter_id(supersede: bool) -> String {
     let mut bytes = [0u8; 8];
     let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
     let pid = std::process::id();
-    let mut id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut id = String::from(if supersede { "s" } else { "" });
+    id.extend(bytes.iter().map(|b| format!("{b:02x}")));
     id.push_str(&format!("{pid:x}"));
     id
 }
@@ -134,7 +136,7 @@ impl Redis {
 
     pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
         let keys = Keys::new(&self.prefix, req.name);
-        let id = waiter_id();
+        let id = waiter_id(req.group.supersede);
         let wake_key = format!("{}{id}", keys.wake);
         // A queued waiter keeps its place for a third of its ttl, so one
         // killed in the queue is dropped from it within that; it renews its
@@ -223,6 +225,14 @@ impl Take for Taking<'_> {
                 .arg(outer)
                 .arg(if keep_only { "1" } else { "0" })
                 .arg(place.map(|n| n.to_string()).unwrap_or_default())
+                .arg(
+                    req.group
+                        .max_waiters
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                )
+                .arg(if req.group.supersede { "1" } else { "0" })
+                .arg(if req.group.preempt { "1" } else { "0" })
                 .invoke::<Vec<Value>>(c)
         });
         let reply = match reply {
@@ -244,6 +254,15 @@ impl Take for Taking<'_> {
                 return Ok(Step::Over(req.mode.disagreement(req.name, in_force)));
             }
             Acquire::Nested => return Ok(Step::Over(crate::backend::nested(req.name))),
+            // The script took us out of the queue and left no trace.
+            Acquire::Replaced { by } => {
+                self.placed = false;
+                return Ok(Step::Done(Acquired::Replaced { by }));
+            }
+            Acquire::QueueFull { waiting } => {
+                self.leave();
+                return Ok(Step::Done(Acquired::QueueFull { waiting }));
+            }
             Acquire::Busy { holder: h } => {
                 return Ok(Step::Done(Acquired::Busy {
                     holder: h.or(self.holder.take()),

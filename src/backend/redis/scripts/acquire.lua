@@ -8,6 +8,24 @@ end
 if ARGV[11] ~= '' and (not string.match(ARGV[11], '^%d+$') or #ARGV[11] > 16) then
   return redis.error_reply('LOCKRUN invalid arrival number')
 end
+-- The concurrency group; absent (an older call's arguments) is none.
+local max_waiters = nil
+if ARGV[12] ~= nil and ARGV[12] ~= '' then
+  max_waiters = tonumber(ARGV[12])
+  if not string.match(ARGV[12], '^%d+$') or not max_waiters or max_waiters < 1 or max_waiters > 4294967295 then
+    return redis.error_reply('LOCKRUN invalid max-waiters')
+  end
+end
+local supersede, preempt = ARGV[13] == '1', ARGV[14] == '1'
+if supersede ~= superseding(ARGV[7]) then
+  return redis.error_reply('LOCKRUN invalid waiter id for --supersede')
+end
+-- Replaced by a newer --supersede request: the word left for us, once.
+local by = replaced_by(ARGV[7])
+if by then
+  redis.call('DEL', KEYS[5] .. ARGV[7])
+  return {5, by}
+end
 local alive = now_ms() + tonumber(ARGV[8])
 local placed = tonumber(redis.call('ZSCORE', KEYS[6], ARGV[7]) or '')
 local live_place = placed ~= nil and placed > now_ms()
@@ -73,12 +91,37 @@ local function answer()
       redis.call('PEXPIREAT', KEYS[4], fmt(now_ms() + 2 * tonumber(ARGV[8]) + 1000))
     end
   end
-  if back then enqueue(ARGV[11]) end
+  if back then
+    enqueue(ARGV[11])
+    -- Back at our arrival number: of the --supersede waiters, only the
+    -- newest stays, as if we had never lapsed.
+    if supersede then
+      local newer = nil
+      for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+        if id ~= ARGV[7] and superseding(id) then
+          if tonumber(redis.call('ZSCORE', KEYS[3], id)) < tonumber(ARGV[11]) then
+            replace(id, ARGV[2])
+          else
+            newer = id
+          end
+        end
+      end
+      if newer then
+        local w = parse_waiter(redis.call('HGET', KEYS[4], newer))
+        dequeue(ARGV[7])
+        redis.call('DEL', KEYS[5] .. ARGV[7])
+        serve(hs)
+        return {5, w and w.label or ''}
+      end
+    end
+  end
   local live = serve(hs)
   for _, r in ipairs(hs) do
     if r.field == mine then
       r.exp = now_ms() + ttl
       redis.call('HSET', KEYS[1], mine, encode(r))
+      -- Marked while the grant waited for us: the mark lasts as long.
+      if preempted_by(r.token) then keep_marks_until(r.exp) end
       dequeue(ARGV[7])
       redis.call('DEL', KEYS[5] .. ARGV[7])
       return {1, r.token, r.slot}
@@ -107,7 +150,61 @@ local function answer()
     if not back then keep_place(ARGV[7], tonumber(ARGV[8])) end
     return {2, first_label(hs), soonest_end(hs), tonumber(queued)}
   end
+  -- --supersede: the --supersede waiters queued (all before us); they
+  -- leave once we join, and do not count for --max-waiters.
+  local olds = {}
+  if supersede then
+    prune_replaced()
+    for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+      if superseding(id) then olds[#olds + 1] = id end
+    end
+  end
+  -- --max-waiters: live places only. Any left means we must wait (the
+  -- queue was served above), so a request that could be granted is
+  -- never refused here.
+  if max_waiters and ARGV[6] == '1' then
+    local n = redis.call('ZCOUNT', KEYS[6], '(' .. fmt(now_ms()), '+inf')
+    for _, id in ipairs(olds) do
+      local until_ms = tonumber(redis.call('ZSCORE', KEYS[6], id) or '')
+      if until_ms and until_ms > now_ms() then n = n - 1 end
+    end
+    if n >= max_waiters then return {6, n} end
+  end
+  if #olds > 0 and ARGV[6] == '1' then
+    for _, id in ipairs(olds) do replace(id, ARGV[2]) end
+    live = serve(hs)
+  end
   local ok, slot = can_grant(mode, limit, hs)
+  -- --preempt, finding the name held: a --min-hold window, which runs no
+  -- job, ends at once; if we must still wait, every holder of the moment
+  -- is asked to stop (a revoked one stops already; a waiter served as a
+  -- window ended came before us and is not disturbed).
+  if preempt and ARGV[6] == '1' and not (live == 0 and ok) then
+    local kept, running, ended = {}, {}, false
+    for _, r in ipairs(hs) do
+      if kind_code(r.field) == 2 then
+        redis.call('HDEL', KEYS[1], r.field)
+        ended = true
+      else
+        kept[#kept + 1] = r
+        if kind_code(r.field) == 0 then running[#running + 1] = r end
+      end
+    end
+    if ended then
+      for i = #hs, 1, -1 do hs[i] = nil end
+      for i, r in ipairs(kept) do hs[i] = r end
+      live = serve(hs)
+      ok, slot = can_grant(mode, limit, hs)
+    end
+    if not (live == 0 and ok) and KEYS[7] and #running > 0 then
+      local far = 0
+      for _, r in ipairs(running) do
+        redis.call('HSET', KEYS[7], r.token, ARGV[2])
+        if r.exp > far then far = r.exp end
+      end
+      keep_marks_until(far)
+    end
+  end
   if live == 0 and ok then
     local r = grant(hs, ARGV[1], ARGV[2], ttl, mode, limit, slot)
     return {1, r.token, r.slot}

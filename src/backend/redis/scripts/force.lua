@@ -10,13 +10,14 @@ for _, r in ipairs(hs) do
   local kind = kind_code(r.field)
   if hit and (ARGV[2] == '1' or kind ~= 1) then
     for _, v in ipairs({r.label, r.token, r.slot, r.mode, r.limit, r.exp - now_ms(),
-        now_ms() - r.granted, kind}) do
+        now_ms() - r.granted, kind, preempted_by(r.token) or ''}) do
       out[#out + 1] = v
     end
     redis.call('HDEL', KEYS[1], r.field)
     -- A place kept by --min-hold runs no job: it goes at once, --now or not.
     if ARGV[2] == '1' or kind == 2 then
       deleted = true
+      if preempted_by(r.token) then redis.call('HDEL', KEYS[7], r.token) end
     else
       r.field = 'r:' .. r.token
       redis.call('HSET', KEYS[1], r.field, encode(r))

@@ -1,5 +1,5 @@
 local all = redis.call('HGETALL', KEYS[1])
-local out = {now_ms(), 0}
+local out = {now_ms(), 0, 0}
 for i = 1, #all, 2 do
   local r = parse(all[i + 1])
   local kind = string.sub(all[i], 1, 2)
@@ -8,10 +8,15 @@ for i = 1, #all, 2 do
   end
   if r.exp > now_ms() then
     for _, v in ipairs({r.label, r.token, r.slot, r.mode, r.limit, r.exp - now_ms(),
-        now_ms() - r.granted, kind_code(all[i])}) do
+        now_ms() - r.granted, kind_code(all[i]), preempted_by(r.token) or ''}) do
       out[#out + 1] = v
     end
   end
 end
-out[2] = redis.call('ZCOUNT', KEYS[6], '(' .. fmt(now_ms()), '+inf')
+-- Live places only; of those, the ones that asked for --supersede.
+local live = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. fmt(now_ms()), '+inf')
+out[2] = #live
+for _, id in ipairs(live) do
+  if superseding(id) then out[3] = out[3] + 1 end
+end
 return out

@@ -156,7 +156,14 @@ end
 -- less than a place's span `span` is left, they get two.
 local function extend_queue(span)
   if redis.call('PTTL', KEYS[6]) < span then
-    for _, i in ipairs({3, 4, 6}) do redis.call('PEXPIREAT', KEYS[i], fmt(now_ms() + 2 * span)) end
+    local until_ms = now_ms() + 2 * span
+    for _, i in ipairs({3, 6}) do redis.call('PEXPIREAT', KEYS[i], fmt(until_ms)) end
+    -- The waiters' hash may hold word for a replaced waiter that must
+    -- outlast the places: its expiry is only ever moved later.
+    local left = redis.call('PTTL', KEYS[4])
+    if left < 0 or now_ms() + left < until_ms then
+      redis.call('PEXPIREAT', KEYS[4], fmt(until_ms))
+    end
   end
 end
 -- Keep a waiter's place until now + `span`.
@@ -197,4 +204,51 @@ local function soonest_end(hs)
   local g = gathering()
   if g and (soon < 0 or g - now_ms() < soon) then soon = g - now_ms() end
   return soon
+end
+-- --supersede: a waiter that asked for it has an id that starts with 's'
+-- (an older lockrun's ids are hex: it never supersedes, and is never
+-- replaced).
+local function superseding(id) return string.sub(id, 1, 1) == 's' end
+-- Take waiter `id` out of the queue, replaced by the request shown as
+-- `by`: the word waits for it in the waiters' hash, '~r:<id>' = 'until
+-- ms|by', for as long as the waiter may take to come back (its ttl, at
+-- least 5 s: its next call reads it), and its wake-up list wakes it at once.
+local function replace(id, by)
+  local w = parse_waiter(redis.call('HGET', KEYS[4], id))
+  local ttl = math.max((w and w.ttl) or 0, 5000)
+  dequeue(id)
+  redis.call('HSET', KEYS[4], '~r:' .. id, fmt(now_ms() + ttl) .. '|' .. by)
+  local left = redis.call('PTTL', KEYS[4])
+  if left < ttl then redis.call('PEXPIRE', KEYS[4], ttl) end
+  wake(id, 'replaced', ttl)
+end
+-- The word left for waiter `id`, if any (read once: it goes).
+local function replaced_by(id)
+  local v = redis.call('HGET', KEYS[4], '~r:' .. id)
+  if not v then return nil end
+  redis.call('HDEL', KEYS[4], '~r:' .. id)
+  return string.match(v, '^%d+|(.*)$') or ''
+end
+-- Words never read (their waiter died) go once their time is up.
+local function prune_replaced()
+  local all = redis.call('HGETALL', KEYS[4])
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 3) == '~r:' then
+      local t = tonumber(string.match(all[i + 1], '^(%d+)|') or '')
+      if not t or t <= now_ms() then redis.call('HDEL', KEYS[4], all[i]) end
+    end
+  end
+end
+-- --preempt: the holders asked to stop, a hash of token -> the request
+-- shown as `host:pid (label)` (KEYS[7], absent for scripts given six keys).
+-- It lives as long as the longest lease it marks: its expiry is only ever
+-- moved later.
+local function preempted_by(token)
+  if not KEYS[7] then return false end
+  return redis.call('HGET', KEYS[7], token)
+end
+local function keep_marks_until(t)
+  local left = redis.call('PTTL', KEYS[7])
+  if left == -2 then return end
+  if left < 0 or now_ms() + left < t then redis.call('PEXPIREAT', KEYS[7], fmt(t)) end
 end

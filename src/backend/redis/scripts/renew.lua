@@ -2,9 +2,9 @@
 if bad_ms(ARGV[2]) then return redis.error_reply('LOCKRUN invalid expiry ' .. tostring(ARGV[2])) end
 local field = 'h:' .. ARGV[1]
 local v = redis.pcall('HGET', KEYS[1], field)
-if type(v) ~= 'string' then return 0 end
+if type(v) ~= 'string' then return {0} end
 local r = parse(v)
-if not r or r.exp <= now_ms() then return 0 end
+if not r or r.exp <= now_ms() then return {0} end
 r.exp = now_ms() + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], field, encode(r))
 -- The key lives as long as its longest holder: its expiry is only ever
@@ -23,4 +23,11 @@ if left == -1 then
 elseif left >= 0 and now_ms() + left < r.exp then
   redis.call('PEXPIREAT', KEYS[1], fmt(r.exp))
 end
-return 1
+-- Asked to stop by a --preempt request: renewed all the same (the job
+-- is stopped under it), and the mark lasts as long.
+local by = preempted_by(r.token)
+if by then
+  keep_marks_until(r.exp)
+  return {2, by}
+end
+return {1}
