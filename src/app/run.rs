@@ -92,7 +92,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
             // Coalesced, as a skip with -n is: silent but under -v.
             Acquired::QueueFull { waiting } => {
                 log::info(format!(
-                    "not acquired: {waiting} requests already wait for {} (--max-waiters {})",
+                    "not acquired: {waiting} already waiting for {} (--max-waiters {})",
                     cfg.name,
                     cfg.group.max_waiters.unwrap_or_default()
                 ));
