@@ -116,6 +116,9 @@ impl Local {
             }
             match self.join_queue(w, files, req)? {
                 Joined::Queued => {}
+                Joined::Again if w.patience.over() => {
+                    return Ok(Try::Busy(recorded_holder(files)));
+                }
                 Joined::Again => return Ok(Try::Retry),
                 Joined::Full(waiting) => return Ok(Try::Full(waiting)),
             }
@@ -170,7 +173,14 @@ impl Local {
     ) -> Result<Joined, Error> {
         // One request at a time joins and counts: arrival order is then the
         // order of joining, and no two requests miss each other's place.
-        let _joining = self.join_lock(files, req.timing.ttl)?;
+        let joining = self.join_lock(files, req.timing.ttl)?;
+        // Without it a count could miss a request joining beside us, so a
+        // request that counts (or replaces) tries again rather than join
+        // without it; a burst of joiners on a loaded machine can keep it
+        // away for seconds, and its wait's patience still bounds the try.
+        if joining.is_none() && (req.group.supersede || req.group.max_waiters.is_some()) {
+            return Ok(Joined::Again);
+        }
         let Some((gate, _)) = open_lock_file(&files.gate)
             .map_err(|e| self.unavailable("cannot open lock file", &files.gate, e))?
         else {
@@ -255,7 +265,7 @@ impl Local {
     /// The join lock, held while a request joins the queue and counts who
     /// is ahead. Held for an instant only; a holder that stopped there
     /// (SIGSTOP) holds the others up for a few seconds at most, then they
-    /// join without it.
+    /// join without it (but those that count or replace try again).
     fn join_lock(&self, files: &Files, ttl: Duration) -> Result<Option<OwnedFd>, Error> {
         let path = files.join();
         let Some((fd, _)) = open_lock_file(&path)
