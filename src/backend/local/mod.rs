@@ -50,7 +50,7 @@ use places::{
     Heard, MAX_PLACES, Place, Queued, Seen, Waiter, fresh_place, mark_replaced, mono_ns,
     read_place, reads_supersede, replaced_by, share_gate, write_place,
 };
-use proclocks::{find_orphan_holder, flocks, lockers};
+use proclocks::{find_orphan_holder, lockers};
 #[cfg(test)]
 use record::write_token;
 use record::{

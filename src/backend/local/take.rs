@@ -31,7 +31,6 @@ pub(super) fn recorded_holder(files: &Files) -> Option<String> {
 /// stopped passes).
 pub(super) fn live_places(files: &Files, except: Option<u32>) -> Vec<Seen> {
     let now = mono_ns();
-    let mut held: Option<Vec<u64>> = None;
     let mut out = Vec::new();
     for k in 0..MAX_PLACES {
         if except == Some(k) {
@@ -47,16 +46,16 @@ pub(super) fn live_places(files: &Files, except: Option<u32>) -> Vec<Seen> {
             Err(Errno::NOENT) => break,
             Err(_) => continue,
         };
-        let Ok(st) = fstat(&file) else { continue };
-        let held = held.get_or_insert_with(|| {
-            flocks(st.st_dev)
-                .into_iter()
-                .filter(|l| l.exclusive)
-                .map(|l| l.ino)
-                .collect()
-        });
-        if !held.contains(&st.st_ino) {
-            continue;
+        // Kept by a waiter: its exclusive flock refuses us a share. Asked of
+        // the kernel file by file, at the moment of the look: /proc/locks,
+        // read in pieces while locks come and go, can skip a held place.
+        match flock(&file, FlockOperation::NonBlockingLockShared) {
+            Err(Errno::WOULDBLOCK) => {}
+            Ok(()) => {
+                let _ = flock(&file, FlockOperation::Unlock);
+                continue;
+            }
+            Err(_) => continue,
         }
         if let Some((arrived, until, pid)) = read_place(&file)
             && until > now
