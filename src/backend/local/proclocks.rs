@@ -9,6 +9,7 @@ use rustix::fs::{Mode as FileMode, OFlags, fstat, open};
 
 /// One flock in /proc/locks: the inode, the pid that took (or waits for)
 /// it, whether it is exclusive, and whether it is only waited for.
+#[derive(PartialEq, Eq)]
 pub(super) struct Flock {
     pub(super) ino: u64,
     pub(super) pid: u32,
@@ -17,8 +18,21 @@ pub(super) struct Flock {
 }
 
 /// The flocks held on files of device `dev`, and those waited for.
+/// /proc/locks is made in pieces as it is read, and a lock that goes while
+/// it is read can make the next piece skip one that stays: it is read twice
+/// and what either read shows is kept.
 pub(super) fn all_flocks(dev: u64) -> Vec<Flock> {
-    let Ok(text) = std::fs::read_to_string("/proc/locks") else {
+    let mut out = parse_flocks(dev, "/proc/locks");
+    for again in parse_flocks(dev, "/proc/locks") {
+        if !out.contains(&again) {
+            out.push(again);
+        }
+    }
+    out
+}
+
+fn parse_flocks(dev: u64, file: &str) -> Vec<Flock> {
+    let Ok(text) = std::fs::read_to_string(file) else {
         return Vec::new();
     };
     let (maj, min) = (rustix::fs::major(dev), rustix::fs::minor(dev));
