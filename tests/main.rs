@@ -23,6 +23,7 @@ mod package;
 mod postgres;
 mod postgres_groups;
 mod props;
+mod red_groups;
 mod redis_core;
 mod redis_groups;
 mod refused;
