@@ -21,6 +21,9 @@ pub trait Fixture {
     fn untouched(&self) -> bool;
     /// An address of this engine where nothing can be reached.
     fn unreachable(&self) -> String;
+    /// What is stored that will never go on its own, once every lockrun of
+    /// the test has ended (empty: nothing).
+    fn endless(&self) -> Vec<String>;
 }
 
 pub struct LocalEngine {
@@ -58,6 +61,28 @@ impl Fixture for LocalEngine {
     fn unreachable(&self) -> String {
         "file:///proc/lockrun-nowhere/locks".into()
     }
+    fn endless(&self) -> Vec<String> {
+        // Lock files stay by design; one still locked once every lockrun
+        // is gone would be a leftover.
+        let dir = std::fs::read_dir(self.scratch.path("locks"));
+        dir.into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| still_locked(&e.path()))
+            .map(|e| e.path().display().to_string())
+            .collect()
+    }
+}
+
+/// Someone holds a flock on `path`: an exclusive one is refused to us.
+fn still_locked(path: &std::path::Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor this function owns; nothing is passed
+    // but the descriptor and flags.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
 }
 
 pub struct RedisEngine {
@@ -87,6 +112,9 @@ impl Fixture for RedisEngine {
     }
     fn unreachable(&self) -> String {
         format!("redis://127.0.0.1:{}", free_port())
+    }
+    fn endless(&self) -> Vec<String> {
+        self.redis.keys_without_expiry(&mut self.redis.conn(), "*")
     }
 }
 
@@ -122,6 +150,10 @@ impl Fixture for SentinelEngine {
     fn unreachable(&self) -> String {
         format!("redis+sentinel://127.0.0.1:{}/{MASTER}", free_port())
     }
+    fn endless(&self) -> Vec<String> {
+        let master = self.set.master();
+        master.keys_without_expiry(&mut master.conn(), "*")
+    }
 }
 
 /// Three masters of a Redis Cluster.
@@ -153,6 +185,12 @@ impl Fixture for ClusterEngine {
     }
     fn unreachable(&self) -> String {
         format!("redis+cluster://127.0.0.1:{}", free_port())
+    }
+    fn endless(&self) -> Vec<String> {
+        let nodes = self.cluster.nodes.iter();
+        nodes
+            .flat_map(|n| n.keys_without_expiry(&mut n.conn(), "*"))
+            .collect()
     }
 }
 
@@ -186,6 +224,15 @@ impl Fixture for EtcdEngine {
     fn unreachable(&self) -> String {
         format!("etcd://127.0.0.1:{}", free_port())
     }
+    fn endless(&self) -> Vec<String> {
+        // Every key is bound to a lease; with every lockrun gone they go.
+        let mut left = Vec::new();
+        wait_until(Duration::from_secs(40), || {
+            left = self.etcd.keys();
+            left.is_empty()
+        });
+        left
+    }
 }
 
 /// A PostgreSQL server of our own.
@@ -218,6 +265,23 @@ impl Fixture for PostgresEngine {
     }
     fn unreachable(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", free_port())
+    }
+    fn endless(&self) -> Vec<String> {
+        // Rows that are live, or that the next request cleans, are fine: run
+        // one request to clean, then any waiter row, or lease row still
+        // running, is one nobody would end.
+        let _ = on(&self.pg.url())
+            .args(["-n", "cleanup-probe", "true"])
+            .output();
+        let q = self.pg.sql(
+            "SELECT 'waiter '||name||' '||owner FROM lockrun.lockrun_waiters \
+             UNION ALL SELECT 'lease '||name||' '||owner||' '||label FROM lockrun.lockrun_leases \
+             WHERE expires_at > clock_timestamp()",
+        );
+        q.lines()
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()
     }
 }
 

@@ -5,143 +5,24 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::conformance::{Span, spans};
+use crate::conformance::{
+    EtcdEngine, Fixture, LocalEngine, PostgresEngine, RedisEngine, Span, spans,
+};
 use crate::support::*;
-
-/// An engine under test, and what it may leave behind with no end.
-pub trait Eng {
-    fn url(&self) -> String;
-    /// `release --force` can break a holder here.
-    fn breaks(&self) -> bool;
-    /// What is stored that will never go on its own, once every lockrun
-    /// of the test has ended (empty: nothing).
-    fn endless(&self) -> Vec<String>;
-}
-
-pub struct LocalE {
-    scratch: Scratch,
-    url: String,
-}
-impl LocalE {
-    pub fn new() -> LocalE {
-        let scratch = Scratch::new();
-        let url = scratch.file_url();
-        LocalE { scratch, url }
-    }
-}
-impl Eng for LocalE {
-    fn url(&self) -> String {
-        self.url.clone()
-    }
-    fn breaks(&self) -> bool {
-        false
-    }
-    fn endless(&self) -> Vec<String> {
-        // Lock files stay by design; a held one would be a leftover.
-        let _ = &self.scratch;
-        Vec::new()
-    }
-}
-
-pub struct RedisE {
-    redis: Redis,
-}
-impl RedisE {
-    pub fn new() -> RedisE {
-        RedisE {
-            redis: Redis::start(),
-        }
-    }
-}
-impl Eng for RedisE {
-    fn url(&self) -> String {
-        self.redis.url()
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn endless(&self) -> Vec<String> {
-        self.redis.keys_without_expiry(&mut self.redis.conn(), "*")
-    }
-}
-
-pub struct EtcdE {
-    etcd: Etcd,
-}
-impl EtcdE {
-    pub fn new() -> EtcdE {
-        EtcdE {
-            etcd: Etcd::start(),
-        }
-    }
-}
-impl Eng for EtcdE {
-    fn url(&self) -> String {
-        self.etcd.url()
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn endless(&self) -> Vec<String> {
-        // Every key is bound to a lease; with every lockrun gone they go.
-        let mut left = Vec::new();
-        wait_until(Duration::from_secs(40), || {
-            left = self.etcd.keys();
-            left.is_empty()
-        });
-        left
-    }
-}
-
-pub struct PgE {
-    pg: Postgres,
-}
-impl PgE {
-    pub fn new() -> PgE {
-        PgE {
-            pg: Postgres::start(),
-        }
-    }
-}
-impl Eng for PgE {
-    fn url(&self) -> String {
-        self.pg.url()
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn endless(&self) -> Vec<String> {
-        // Rows that are live, or will be cleaned by the next request, are
-        // fine; a waiter row or a lease row whose end has passed long ago
-        // and that nobody would clean is not. Run one request to clean.
-        let _ = on(&self.pg.url())
-            .args(["-n", "cleanup-probe", "true"])
-            .output();
-        let q = self.pg.sql(
-            "SELECT 'waiter '||name||' '||owner FROM lockrun.lockrun_waiters \
-             UNION ALL SELECT 'lease '||name||' '||owner||' '||label FROM lockrun.lockrun_leases \
-             WHERE expires_at > clock_timestamp()",
-        );
-        q.lines()
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect()
-    }
-}
 
 // ---- helpers ----
 
-fn status(e: &dyn Eng, name: &str) -> serde_json::Value {
+fn status(e: &dyn Fixture, name: &str) -> serde_json::Value {
     status_json(&e.url(), name)
 }
 
-fn waiters(e: &dyn Eng, name: &str) -> u64 {
+fn waiters(e: &dyn Fixture, name: &str) -> u64 {
     status(e, name)["waiters"].as_u64().unwrap_or(0)
 }
 
 /// A holder whose job runs until stopped (ignoring nothing); returns once
 /// the job runs.
-fn holder(e: &dyn Eng, scratch: &Scratch, tag: &str, args: &[&str], name: &str) -> Child {
+fn holder(e: &dyn Fixture, scratch: &Scratch, tag: &str, args: &[&str], name: &str) -> Child {
     let child = on(&e.url())
         .args(args)
         .args(["--label", tag, name, "-c"])
@@ -169,7 +50,7 @@ fn span_job(scratch: &Scratch, who: &str, secs: &str) -> String {
 }
 
 fn spawn_span(
-    e: &dyn Eng,
+    e: &dyn Fixture,
     scratch: &Scratch,
     name: &str,
     who: &str,
@@ -221,13 +102,13 @@ fn no_overlap(spans: &[Span]) {
 }
 
 #[track_caller]
-fn nothing_endless(e: &dyn Eng) {
+fn nothing_endless(e: &dyn Fixture) {
     let left = e.endless();
     assert!(left.is_empty(), "left with no end: {left:?}");
 }
 
 /// A request fired in a burst, its job marking `tag` once it runs.
-fn marker(e: &dyn Eng, scratch: &Scratch, name: &str, tag: &str, args: &[&str]) -> Child {
+fn marker(e: &dyn Fixture, scratch: &Scratch, name: &str, tag: &str, args: &[&str]) -> Child {
     on(&e.url())
         .args(args)
         .args(["--label", tag, name, "-c"])
@@ -243,7 +124,7 @@ fn marker(e: &dyn Eng, scratch: &Scratch, name: &str, tag: &str, args: &[&str]) 
 
 /// 30 requests at once with `--max-waiters 2`, three rounds: never more than
 /// two queued (watched all along), never more than two run afterwards.
-pub fn burst_30_never_queues_more_than_n(e: &dyn Eng) {
+pub fn burst_30_never_queues_more_than_n(e: &dyn Fixture) {
     for round in 0..3 {
         let scratch = Scratch::new();
         let name = format!("burst{round}");
@@ -303,7 +184,7 @@ pub fn burst_30_never_queues_more_than_n(e: &dyn Eng) {
 /// 30 `--supersede` requests at once beside 3 plain waiters: one of the 30
 /// stays, every other ends 75 with one line naming its replacement, the
 /// plain ones all run, and nothing is left behind.
-pub fn burst_30_supersede_keeps_one(e: &dyn Eng) {
+pub fn burst_30_supersede_keeps_one(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "sburst";
     let mut h = holder(e, &scratch, "h", &[], name);
@@ -355,7 +236,7 @@ pub fn burst_30_supersede_keeps_one(e: &dyn Eng) {
 }
 
 /// `--supersede --max-waiters 1`, 30 at once, three rounds: one pending.
-pub fn burst_supersede_with_max_waiters_1(e: &dyn Eng) {
+pub fn burst_supersede_with_max_waiters_1(e: &dyn Fixture) {
     for round in 0..3 {
         let scratch = Scratch::new();
         let name = format!("ci{round}");
@@ -413,7 +294,7 @@ pub fn burst_supersede_with_max_waiters_1(e: &dyn Eng) {
 /// newer `--supersede` request arrives: it either runs or is replaced,
 /// never both, never beside another job, and a replaced one leaves no lease
 /// (the newer one is not kept waiting for one).
-pub fn supersede_racing_a_grant(e: &dyn Eng) {
+pub fn supersede_racing_a_grant(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "srace";
     for i in 0..8 {
@@ -473,7 +354,7 @@ pub fn supersede_racing_a_grant(e: &dyn Eng) {
 
 /// A `--supersede` holder (granted at once) is never replaced by a newer
 /// `--supersede` request: it keeps running, undisturbed.
-pub fn supersede_never_touches_a_supersede_holder(e: &dyn Eng) {
+pub fn supersede_never_touches_a_supersede_holder(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "sholder";
     let mut h = holder(e, &scratch, "h", &["--ttl", "2s", "--supersede"], name);
@@ -493,7 +374,7 @@ pub fn supersede_never_touches_a_supersede_holder(e: &dyn Eng) {
 
 /// Two `--preempt` requests at once against a holder: the holder stops
 /// (76), both run in turn, never two jobs at once, tokens grow.
-pub fn two_preempts_at_once(e: &dyn Eng) {
+pub fn two_preempts_at_once(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "pp";
     for round in 0..3 {
@@ -541,7 +422,7 @@ pub fn two_preempts_at_once(e: &dyn Eng) {
 /// `--preempt` with `-s` against three readers, and with `--limit 2`
 /// against two slot holders: every holder stops, the job never overlaps a
 /// holder it must not.
-pub fn preempt_with_shared_and_limit(e: &dyn Eng) {
+pub fn preempt_with_shared_and_limit(e: &dyn Fixture) {
     let scratch = Scratch::new();
     // Three readers, an exclusive preemptor.
     let readers: Vec<Child> = (0..3)
@@ -625,7 +506,7 @@ pub fn preempt_with_shared_and_limit(e: &dyn Eng) {
 
 /// A preempted holder whose lockrun is paused while the preemptor waits:
 /// the preemptor's job must not start while the old job still runs.
-pub fn preempt_a_paused_holder(e: &dyn Eng) {
+pub fn preempt_a_paused_holder(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "ppause";
     let h = on(&e.url())
@@ -674,7 +555,7 @@ pub fn preempt_a_paused_holder(e: &dyn Eng) {
 
 /// A mark a `--preempt` request left (it gave up with -w) must not stop the
 /// next holder, nor one granted after the mark's holder ended on its own.
-pub fn stale_mark_spares_the_next_holder(e: &dyn Eng) {
+pub fn stale_mark_spares_the_next_holder(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "stale";
     // 1: the marked holder ends on its own before its next renewal.
@@ -723,7 +604,7 @@ pub fn stale_mark_spares_the_next_holder(e: &dyn Eng) {
 
 /// `--preempt` aimed at the moment a `--min-hold` holder's job ends (a
 /// running holder turning into a window): never two jobs at once.
-pub fn preempt_racing_min_hold_end(e: &dyn Eng) {
+pub fn preempt_racing_min_hold_end(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "pmh";
     for i in 0..6 {
@@ -759,7 +640,7 @@ pub fn preempt_racing_min_hold_end(e: &dyn Eng) {
 
 /// `--preempt` then `release --force` of the marked holder (and the other
 /// way round): never two jobs at once, the preemptor still runs.
-pub fn preempt_racing_release_force(e: &dyn Eng) {
+pub fn preempt_racing_release_force(e: &dyn Fixture) {
     if !e.breaks() {
         return;
     }
@@ -803,7 +684,7 @@ pub fn preempt_racing_release_force(e: &dyn Eng) {
 
 /// Grants racing `--preempt` and `--supersede` and plain requests, all at
 /// once: jobs never overlap and tokens only grow.
-pub fn mixed_storm_never_overlaps(e: &dyn Eng) {
+pub fn mixed_storm_never_overlaps(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "storm";
     let mut kids = Vec::new();
@@ -827,7 +708,7 @@ pub fn mixed_storm_never_overlaps(e: &dyn Eng) {
 /// `-w` with the three words: a preempting request that gives up still
 /// leaves the holder stopped; a `--supersede` one replaced before its wait
 /// runs out says so; neither waits past -w.
-pub fn wait_limit_with_group_words(e: &dyn Eng) {
+pub fn wait_limit_with_group_words(e: &dyn Fixture) {
     let _scratch = Scratch::new();
     let name = "wl";
     let h = on(&e.url())
@@ -893,8 +774,8 @@ macro_rules! red {
 }
 
 red! {
-    local: LocalE::new();
-    redis: RedisE::new();
-    etcd: EtcdE::new();
-    postgres: PgE::new();
+    local: LocalEngine::new();
+    redis: RedisEngine::new();
+    etcd: EtcdEngine::new();
+    postgres: PostgresEngine::new();
 }
