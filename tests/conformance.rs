@@ -386,14 +386,11 @@ fn all_succeed(children: Vec<Child>) {
 }
 
 /// `status --json NAME` as parsed JSON.
-fn status(e: &dyn Fixture, name: &str) -> serde_json::Value {
-    on(&e.url())
-        .args(["status", "--json", name])
-        .output()
-        .json()
+pub fn status(e: &dyn Fixture, name: &str) -> serde_json::Value {
+    status_json(&e.url(), name)
 }
 
-fn waiters(e: &dyn Fixture, name: &str) -> u64 {
+pub fn waiters(e: &dyn Fixture, name: &str) -> u64 {
     status(e, name)["waiters"].as_u64().unwrap_or(0)
 }
 
@@ -411,9 +408,9 @@ fn holder(e: &dyn Fixture, scratch: &Scratch, tag: &str, args: &[&str]) -> (Chil
     (child, pid)
 }
 
-fn stop(child: &mut Child) -> Option<i32> {
+pub fn stop(child: &mut Child) -> Option<i32> {
     signal(child.id() as i32, libc::SIGTERM);
-    wait_child(child, Duration::from_secs(20)).code()
+    wait_child(child, Duration::from_secs(30)).code()
 }
 
 /// The job's exit code, its death by a signal and an exec failure come back
@@ -1161,7 +1158,7 @@ pub fn min_hold_keeps_each_place_with_limit_and_shared(e: &dyn Fixture) {
 // ---- concurrency groups: --max-waiters, --supersede, --preempt ----
 
 /// A waiting request with a piped stderr, its job marking `tag` once it runs.
-fn waiter(e: &dyn Fixture, scratch: &Scratch, name: &str, tag: &str, args: &[&str]) -> Child {
+pub fn waiter(e: &dyn Fixture, scratch: &Scratch, name: &str, tag: &str, args: &[&str]) -> Child {
     on(&e.url())
         .args(args)
         .args(["--label", tag, name, "-c"])
@@ -1173,9 +1170,11 @@ fn waiter(e: &dyn Fixture, scratch: &Scratch, name: &str, tag: &str, args: &[&st
         .spawn()
 }
 
-fn stderr_of(child: Child) -> (Option<i32>, String) {
+/// Wait for `child` (at most `limit`): its exit code and what it printed
+/// on its piped stderr.
+pub fn finish(child: Child, limit: Duration) -> (Option<i32>, String) {
     let mut child = child;
-    let status = wait_child(&mut child, Duration::from_secs(60));
+    let status = wait_child(&mut child, limit);
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         use std::io::Read;
@@ -1213,7 +1212,7 @@ pub fn max_waiters_coalesces(e: &dyn Fixture) {
         "the queued run started beside the holder"
     );
     stop(&mut h);
-    let (code, err) = stderr_of(queued);
+    let (code, err) = finish(queued, Duration::from_secs(60));
     assert_eq!(code, Some(0), "{err}");
     assert!(scratch.exists("w1"));
 }
@@ -1255,7 +1254,7 @@ pub fn max_waiters_counts_in_the_joining_step(e: &dyn Fixture) {
     assert_eq!(waiters(e, "burst"), 2);
     stop(&mut h);
     for c in queued {
-        let (code, err) = stderr_of(c);
+        let (code, err) = finish(c, Duration::from_secs(60));
         assert_eq!(code, Some(0), "{err}");
     }
     let ran = (0..20).filter(|i| scratch.exists(&format!("b{i}"))).count();
@@ -1275,7 +1274,7 @@ pub fn supersede_keeps_only_the_newest(e: &dyn Fixture) {
     for tag in ["s1", "s2", "s3"] {
         let c = waiter(e, &scratch, "sup", tag, &["--supersede"]);
         if let Some((old, old_tag)) = older.take() {
-            let (code, err) = stderr_of(old);
+            let (code, err) = finish(old, Duration::from_secs(60));
             assert_eq!(code, Some(75), "{old_tag}: {err}");
             assert_eq!(err.lines().count(), 1, "{old_tag}: {err}");
             assert!(
@@ -1293,9 +1292,9 @@ pub fn supersede_keeps_only_the_newest(e: &dyn Fixture) {
     // The holder was never disturbed.
     assert!(h.try_wait().unwrap().is_none(), "the holder was stopped");
     stop(&mut h);
-    let (code, err) = stderr_of(plain);
+    let (code, err) = finish(plain, Duration::from_secs(60));
     assert_eq!(code, Some(0), "{err}");
-    let (code, err) = stderr_of(older.unwrap().0);
+    let (code, err) = finish(older.unwrap().0, Duration::from_secs(60));
     assert_eq!(code, Some(0), "{err}");
     let plain: u64 = scratch.read("plain").trim().parse().unwrap();
     let newest: u64 = scratch.read("s3").trim().parse().unwrap();
@@ -1326,7 +1325,7 @@ pub fn preempt_stops_the_holder_first(e: &dyn Fixture) {
             scratch.path("new-token").display()
         ))
         .spawn();
-    let (code, err) = stderr_of(old);
+    let (code, err) = finish(old, Duration::from_secs(60));
     assert_eq!(code, Some(76), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("preempted by") && err.contains("new"), "{err}");

@@ -6,19 +6,12 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::conformance::{
-    EtcdEngine, Fixture, LocalEngine, PostgresEngine, RedisEngine, Span, spans,
+    EtcdEngine, Fixture, LocalEngine, PostgresEngine, RedisEngine, Span, finish, spans, status,
+    stop, waiter, waiters,
 };
 use crate::support::*;
 
 // ---- helpers ----
-
-fn status(e: &dyn Fixture, name: &str) -> serde_json::Value {
-    status_json(&e.url(), name)
-}
-
-fn waiters(e: &dyn Fixture, name: &str) -> u64 {
-    status(e, name)["waiters"].as_u64().unwrap_or(0)
-}
 
 /// A holder whose job runs until stopped (ignoring nothing); returns once
 /// the job runs.
@@ -65,22 +58,6 @@ fn spawn_span(
         .spawn()
 }
 
-fn finish(child: Child, limit: Duration) -> (Option<i32>, String) {
-    let mut child = child;
-    let status = wait_child(&mut child, limit);
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
-    (status.code(), err)
-}
-
-fn stop(child: &mut Child) -> Option<i32> {
-    signal(child.id() as i32, libc::SIGTERM);
-    wait_child(child, Duration::from_secs(30)).code()
-}
-
 #[track_caller]
 fn no_overlap(spans: &[Span]) {
     for (i, a) in spans.iter().enumerate() {
@@ -107,19 +84,6 @@ fn nothing_endless(e: &dyn Fixture) {
     assert!(left.is_empty(), "left with no end: {left:?}");
 }
 
-/// A request fired in a burst, its job marking `tag` once it runs.
-fn marker(e: &dyn Fixture, scratch: &Scratch, name: &str, tag: &str, args: &[&str]) -> Child {
-    on(&e.url())
-        .args(args)
-        .args(["--label", tag, name, "-c"])
-        .arg(format!(
-            "echo $LOCKRUN_TOKEN > {}",
-            scratch.path(tag).display()
-        ))
-        .stderr(Stdio::piped())
-        .spawn()
-}
-
 // ---- correctness under bursts ----
 
 /// 30 requests at once with `--max-waiters 2`, three rounds: never more than
@@ -131,7 +95,7 @@ pub fn burst_30_never_queues_more_than_n(e: &dyn Fixture) {
         let mut h = holder(e, &scratch, "h", &[], &name);
         let kids: Vec<Child> = (0..30)
             .map(|i| {
-                marker(
+                waiter(
                     e,
                     &scratch,
                     &name,
@@ -189,11 +153,11 @@ pub fn burst_30_supersede_keeps_one(e: &dyn Fixture) {
     let name = "sburst";
     let mut h = holder(e, &scratch, "h", &[], name);
     let plain: Vec<Child> = (0..3)
-        .map(|i| marker(e, &scratch, name, &format!("p{i}"), &[]))
+        .map(|i| waiter(e, &scratch, name, &format!("p{i}"), &[]))
         .collect();
     assert!(wait_until(Duration::from_secs(20), || waiters(e, name) == 3));
     let kids: Vec<Child> = (0..30)
-        .map(|i| marker(e, &scratch, name, &format!("s{i}"), &["--supersede"]))
+        .map(|i| waiter(e, &scratch, name, &format!("s{i}"), &["--supersede"]))
         .collect();
     let mut kids: Vec<Option<Child>> = kids.into_iter().map(Some).collect();
     let mut replaced = 0;
@@ -243,7 +207,7 @@ pub fn burst_supersede_with_max_waiters_1(e: &dyn Fixture) {
         let mut h = holder(e, &scratch, "h", &[], &name);
         let kids: Vec<Child> = (0..30)
             .map(|i| {
-                marker(
+                waiter(
                     e,
                     &scratch,
                     &name,
@@ -358,7 +322,7 @@ pub fn supersede_never_touches_a_supersede_holder(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let name = "sholder";
     let mut h = holder(e, &scratch, "h", &["--ttl", "2s", "--supersede"], name);
-    let w = marker(e, &scratch, name, "w", &["--supersede", "--ttl", "2s"]);
+    let w = waiter(e, &scratch, name, "w", &["--supersede", "--ttl", "2s"]);
     assert!(wait_until(Duration::from_secs(20), || waiters(e, name) == 1));
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
