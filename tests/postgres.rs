@@ -744,21 +744,9 @@ fn a_min_hold_window_works_on_tables_made_before_it_and_with_the_readme_s_grants
     let pg = Postgres::start();
     // The tables as the version before --min-hold made them, then a role
     // with the grants lockrun-engines(7) lists only.
+    pg.create_earlier_tables();
     pg.sql(
-        "CREATE SCHEMA lockrun; \
-         CREATE SEQUENCE lockrun.lockrun_tokens AS bigint CACHE 1; \
-         CREATE TABLE lockrun.lockrun_leases ( \
-           name text NOT NULL, slot integer NOT NULL, owner text NOT NULL, \
-           label text NOT NULL, token bigint NOT NULL, mode text NOT NULL, \
-           lim integer NOT NULL, expires_at timestamptz NOT NULL, \
-           granted_at timestamptz NOT NULL, revoked boolean NOT NULL DEFAULT false, \
-           PRIMARY KEY (name, slot)); \
-         CREATE TABLE lockrun.lockrun_waiters ( \
-           name text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, \
-           owner text NOT NULL, label text NOT NULL, mode text NOT NULL, \
-           lim integer NOT NULL, expires_at timestamptz NOT NULL, \
-           PRIMARY KEY (name, seq)); \
-         CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
+        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
          GRANT USAGE ON SCHEMA lockrun TO ci; \
          GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
          GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO ci",

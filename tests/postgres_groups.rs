@@ -14,25 +14,11 @@ use crate::support::*;
 /// The tables as a lockrun before the concurrency groups made them, and a
 /// role with the grants lockrun-engines(7) lists only: its URL.
 fn old_tables(pg: &Postgres) -> String {
-    pg.sql(
-        "CREATE SCHEMA lockrun; \
-         CREATE SEQUENCE lockrun.lockrun_tokens AS bigint CACHE 1; \
-         CREATE TABLE lockrun.lockrun_leases ( \
-           name text NOT NULL, slot integer NOT NULL, owner text NOT NULL, \
-           label text NOT NULL, token bigint NOT NULL, mode text NOT NULL, \
-           lim integer NOT NULL, expires_at timestamptz NOT NULL, \
-           granted_at timestamptz NOT NULL, revoked boolean NOT NULL DEFAULT false, \
-           PRIMARY KEY (name, slot)); \
-         CREATE TABLE lockrun.lockrun_waiters ( \
-           name text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, \
-           owner text NOT NULL, label text NOT NULL, mode text NOT NULL, \
-           lim integer NOT NULL, expires_at timestamptz NOT NULL, \
-           PRIMARY KEY (name, seq)); \
-         CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
-         GRANT USAGE ON SCHEMA lockrun TO ci; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
-         GRANT USAGE, UPDATE ON SEQUENCE lockrun.lockrun_tokens TO ci",
-    );
+    pg.create_earlier_tables();
+    pg.sql(&format!(
+        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; {}",
+        crate::docs::documented_postgres_grants("ci")
+    ));
     pg.url_as("ci", "ci-pw")
 }
 

@@ -252,6 +252,26 @@ impl Postgres {
         )
     }
 
+    /// lockrun's schema and tables as versions before `--min-hold` and the
+    /// concurrency groups made them (the columns every version has since).
+    pub fn create_earlier_tables(&self) {
+        self.sql(
+            "CREATE SCHEMA lockrun; \
+             CREATE SEQUENCE lockrun.lockrun_tokens AS bigint CACHE 1; \
+             CREATE TABLE lockrun.lockrun_leases ( \
+               name text NOT NULL, slot integer NOT NULL, owner text NOT NULL, \
+               label text NOT NULL, token bigint NOT NULL, mode text NOT NULL, \
+               lim integer NOT NULL, expires_at timestamptz NOT NULL, \
+               granted_at timestamptz NOT NULL, revoked boolean NOT NULL DEFAULT false, \
+               PRIMARY KEY (name, slot)); \
+             CREATE TABLE lockrun.lockrun_waiters ( \
+               name text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, \
+               owner text NOT NULL, label text NOT NULL, mode text NOT NULL, \
+               lim integer NOT NULL, expires_at timestamptz NOT NULL, \
+               PRIMARY KEY (name, seq))",
+        );
+    }
+
     /// A URL for `user` with `password`.
     pub fn url_as(&self, user: &str, password: &str) -> String {
         format!(
