@@ -1170,19 +1170,6 @@ pub fn waiter(e: &dyn Fixture, scratch: &Scratch, name: &str, tag: &str, args: &
         .spawn()
 }
 
-/// Wait for `child` (at most `limit`): its exit code and what it printed
-/// on its piped stderr.
-pub fn finish(child: Child, limit: Duration) -> (Option<i32>, String) {
-    let mut child = child;
-    let status = wait_child(&mut child, limit);
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
-    (status.code(), err)
-}
-
 /// `--max-waiters 1` coalesces: the holder runs, one request waits, a third
 /// gives up at once with the conflict code (silently, as `-n` does), and the
 /// queued one runs once the holder is done.
@@ -1212,7 +1199,7 @@ pub fn max_waiters_coalesces(e: &dyn Fixture) {
         "the queued run started beside the holder"
     );
     stop(&mut h);
-    let (code, err) = finish(queued, Duration::from_secs(60));
+    let (code, err) = exited(queued, Duration::from_secs(60));
     assert_eq!(code, Some(0), "{err}");
     assert!(scratch.exists("w1"));
 }
@@ -1254,7 +1241,7 @@ pub fn max_waiters_counts_in_the_joining_step(e: &dyn Fixture) {
     assert_eq!(waiters(e, "burst"), 2);
     stop(&mut h);
     for c in queued {
-        let (code, err) = finish(c, Duration::from_secs(60));
+        let (code, err) = exited(c, Duration::from_secs(60));
         assert_eq!(code, Some(0), "{err}");
     }
     let ran = (0..20).filter(|i| scratch.exists(&format!("b{i}"))).count();
@@ -1274,7 +1261,7 @@ pub fn supersede_keeps_only_the_newest(e: &dyn Fixture) {
     for tag in ["s1", "s2", "s3"] {
         let c = waiter(e, &scratch, "sup", tag, &["--supersede"]);
         if let Some((old, old_tag)) = older.take() {
-            let (code, err) = finish(old, Duration::from_secs(60));
+            let (code, err) = exited(old, Duration::from_secs(60));
             assert_eq!(code, Some(75), "{old_tag}: {err}");
             assert_eq!(err.lines().count(), 1, "{old_tag}: {err}");
             assert!(
@@ -1292,9 +1279,9 @@ pub fn supersede_keeps_only_the_newest(e: &dyn Fixture) {
     // The holder was never disturbed.
     assert!(h.try_wait().unwrap().is_none(), "the holder was stopped");
     stop(&mut h);
-    let (code, err) = finish(plain, Duration::from_secs(60));
+    let (code, err) = exited(plain, Duration::from_secs(60));
     assert_eq!(code, Some(0), "{err}");
-    let (code, err) = finish(older.unwrap().0, Duration::from_secs(60));
+    let (code, err) = exited(older.unwrap().0, Duration::from_secs(60));
     assert_eq!(code, Some(0), "{err}");
     let plain: u64 = scratch.read("plain").trim().parse().unwrap();
     let newest: u64 = scratch.read("s3").trim().parse().unwrap();
@@ -1325,7 +1312,7 @@ pub fn preempt_stops_the_holder_first(e: &dyn Fixture) {
             scratch.path("new-token").display()
         ))
         .spawn();
-    let (code, err) = finish(old, Duration::from_secs(60));
+    let (code, err) = exited(old, Duration::from_secs(60));
     assert_eq!(code, Some(76), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("preempted by") && err.contains("new"), "{err}");

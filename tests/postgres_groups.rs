@@ -5,7 +5,6 @@
 //! transaction-pooling proxy within its nap), and a preempted lease ends
 //! without a --min-hold window.
 
-use std::io::Read;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -47,15 +46,6 @@ fn waiter(url: &str, name: &str, tag: &str, args: &[&str]) -> Child {
         .spawn()
 }
 
-fn ended(mut child: Child, limit: Duration) -> (Option<i32>, String) {
-    let status = wait_child(&mut child, limit);
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
-    (status.code(), err)
-}
-
 #[test]
 fn the_groups_work_on_tables_made_before_them_with_the_documented_grants() {
     let pg = Postgres::start();
@@ -75,7 +65,7 @@ fn the_groups_work_on_tables_made_before_them_with_the_documented_grants() {
     // keeping of its place (ttl/9, ten seconds here).
     let joined = Instant::now();
     let w2 = waiter(&url, "g", "w2", &["--ttl", "90s", "--supersede"]);
-    let (code, err) = ended(w1, Duration::from_secs(30));
+    let (code, err) = exited(w1, Duration::from_secs(30));
     let took = joined.elapsed();
     assert_eq!(code, Some(75), "{err}");
     assert!(err.contains("replaced") && err.contains("w2"), "{err}");
@@ -93,12 +83,12 @@ fn the_groups_work_on_tables_made_before_them_with_the_documented_grants() {
         .code(75);
     // --preempt: the holder's renewal finds the mark and stops its job.
     let p = waiter(&url, "g", "p", &["--preempt"]);
-    let (code, err) = ended(h, Duration::from_secs(30));
+    let (code, err) = exited(h, Duration::from_secs(30));
     assert_eq!(code, Some(76), "{err}");
     assert!(err.contains("preempted by") && err.contains("(p)"), "{err}");
-    let (code, err) = ended(w2, Duration::from_secs(30));
+    let (code, err) = exited(w2, Duration::from_secs(30));
     assert_eq!(code, Some(0), "{err}");
-    let (code, err) = ended(p, Duration::from_secs(30));
+    let (code, err) = exited(p, Duration::from_secs(30));
     assert_eq!(code, Some(0), "{err}");
     // Nothing is left behind: no mark, no place, no lease.
     assert!(wait_until(Duration::from_secs(10), || pg.rows() == 0));
@@ -143,7 +133,7 @@ fn a_preempt_mark_shows_in_status_and_the_marked_lease_ends_without_its_window()
         "t"
     );
     signal(lockrun_pid, libc::SIGCONT);
-    let (code, err) = ended(h, Duration::from_secs(30));
+    let (code, err) = exited(h, Duration::from_secs(30));
     assert_eq!(code, Some(76), "{err}");
     assert!(
         err.contains("preempted by") && err.contains("(pre)"),
@@ -180,7 +170,7 @@ fn through_pgbouncer_a_replaced_waiter_learns_it_within_its_nap() {
     wait_queued(&url, "pb", 1);
     let joined = Instant::now();
     let w2 = waiter(&url, "pb", "w2", &["--ttl", "3s", "--supersede"]);
-    let (code, err) = ended(w1, Duration::from_secs(30));
+    let (code, err) = exited(w1, Duration::from_secs(30));
     assert_eq!(code, Some(75), "{err}");
     assert!(err.contains("replaced") && err.contains("w2"), "{err}");
     // No notification comes through transaction pooling: a nap is ttl/9.
@@ -190,8 +180,8 @@ fn through_pgbouncer_a_replaced_waiter_learns_it_within_its_nap() {
         joined.elapsed()
     );
     std::fs::write(scratch.path("done"), "").unwrap();
-    assert_eq!(ended(h, Duration::from_secs(30)).0, Some(0));
-    let (code, err) = ended(w2, Duration::from_secs(30));
+    assert_eq!(exited(h, Duration::from_secs(30)).0, Some(0));
+    let (code, err) = exited(w2, Duration::from_secs(30));
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(pg.rows(), 0);
 }

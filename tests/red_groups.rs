@@ -6,8 +6,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::conformance::{
-    EtcdEngine, Fixture, LocalEngine, PostgresEngine, RedisEngine, Span, finish, spans, status,
-    stop, waiter, waiters,
+    EtcdEngine, Fixture, LocalEngine, PostgresEngine, RedisEngine, Span, spans, status, stop,
+    waiter, waiters,
 };
 use crate::support::*;
 
@@ -136,7 +136,7 @@ pub fn burst_30_never_queues_more_than_n(e: &dyn Fixture) {
         assert!(!left.is_empty(), "round {round}: nobody queued at all");
         stop(&mut h);
         for c in left {
-            let (code, err) = finish(c, Duration::from_secs(60));
+            let (code, err) = exited(c, Duration::from_secs(60));
             assert_eq!(code, Some(0), "round {round}: {err}");
         }
         let ran = (0..30).filter(|i| scratch.exists(&format!("b{i}"))).count();
@@ -168,7 +168,7 @@ pub fn burst_30_supersede_keeps_one(e: &dyn Fixture) {
                 .as_mut()
                 .is_some_and(|c| c.try_wait().unwrap().is_some())
             {
-                let (code, err) = finish(slot.take().unwrap(), Duration::from_secs(1));
+                let (code, err) = exited(slot.take().unwrap(), Duration::from_secs(1));
                 assert_eq!(code, Some(75), "{err}");
                 // The waiting line, after a second, may come first.
                 let said: Vec<&str> = err
@@ -191,7 +191,7 @@ pub fn burst_30_supersede_keeps_one(e: &dyn Fixture) {
     assert!(h.try_wait().unwrap().is_none(), "the holder was disturbed");
     stop(&mut h);
     for c in plain.into_iter().chain(left) {
-        let (code, err) = finish(c, Duration::from_secs(60));
+        let (code, err) = exited(c, Duration::from_secs(60));
         assert_eq!(code, Some(0), "{err}");
     }
     let ran = (0..30).filter(|i| scratch.exists(&format!("s{i}"))).count();
@@ -227,7 +227,7 @@ pub fn burst_supersede_with_max_waiters_1(e: &dyn Fixture) {
                     .as_mut()
                     .is_some_and(|c| c.try_wait().unwrap().is_some())
                 {
-                    let (code, err) = finish(slot.take().unwrap(), Duration::from_secs(1));
+                    let (code, err) = exited(slot.take().unwrap(), Duration::from_secs(1));
                     assert_eq!(code, Some(75), "round {round}: {err}");
                     ended += 1;
                 }
@@ -243,7 +243,7 @@ pub fn burst_supersede_with_max_waiters_1(e: &dyn Fixture) {
         assert_eq!(left.len(), 1, "round {round}");
         stop(&mut h);
         for c in left {
-            let (code, err) = finish(c, Duration::from_secs(60));
+            let (code, err) = exited(c, Duration::from_secs(60));
             assert_eq!(code, Some(0), "{err}");
         }
         let ran = (0..30).filter(|i| scratch.exists(&format!("c{i}"))).count();
@@ -289,10 +289,10 @@ pub fn supersede_racing_a_grant(e: &dyn Fixture) {
             "0.1",
             &["--ttl", "6s", "--supersede"],
         );
-        let (c1, e1) = finish(first, Duration::from_secs(60));
+        let (c1, e1) = exited(first, Duration::from_secs(60));
         assert_eq!(c1, Some(0), "{e1}");
-        let (cw, ew) = finish(w, Duration::from_secs(60));
-        let (cs, es) = finish(s, Duration::from_secs(60));
+        let (cw, ew) = exited(w, Duration::from_secs(60));
+        let (cs, es) = exited(s, Duration::from_secs(60));
         assert_eq!(cs, Some(0), "{es}");
         assert!(cw == Some(0) || cw == Some(75), "{ew}");
         if cw == Some(75) {
@@ -330,7 +330,7 @@ pub fn supersede_never_touches_a_supersede_holder(e: &dyn Fixture) {
         "the --supersede holder was stopped"
     );
     assert_eq!(stop(&mut h), Some(143));
-    let (code, err) = finish(w, Duration::from_secs(30));
+    let (code, err) = exited(w, Duration::from_secs(30));
     assert_eq!(code, Some(0), "{err}");
 }
 
@@ -370,10 +370,10 @@ pub fn two_preempts_at_once(e: &dyn Fixture) {
             "0.5",
             &["--ttl", "3s", "--preempt"],
         );
-        let (ch, eh) = finish(h, Duration::from_secs(60));
+        let (ch, eh) = exited(h, Duration::from_secs(60));
         assert_eq!(ch, Some(76), "{eh}");
-        let (ca, ea) = finish(a, Duration::from_secs(60));
-        let (cb, eb) = finish(b, Duration::from_secs(60));
+        let (ca, ea) = exited(a, Duration::from_secs(60));
+        let (cb, eb) = exited(b, Duration::from_secs(60));
         // The later of the two may preempt the earlier: 76 then, else 0.
         assert!(matches!(ca, Some(0) | Some(76)), "{ea}");
         assert!(matches!(cb, Some(0) | Some(76)), "{eb}");
@@ -413,10 +413,10 @@ pub fn preempt_with_shared_and_limit(e: &dyn Fixture) {
         &["--preempt", "--ttl", "3s"],
     );
     for r in readers {
-        let (c, err) = finish(r, Duration::from_secs(60));
+        let (c, err) = exited(r, Duration::from_secs(60));
         assert_eq!(c, Some(76), "{err}");
     }
-    let (c, err) = finish(p, Duration::from_secs(60));
+    let (c, err) = exited(p, Duration::from_secs(60));
     assert_eq!(c, Some(0), "{err}");
     let sp = spans(&scratch);
     let px = sp.iter().find(|s| s.who == "px").unwrap();
@@ -449,10 +449,10 @@ pub fn preempt_with_shared_and_limit(e: &dyn Fixture) {
         &["--limit", "2", "--preempt", "--ttl", "3s"],
     );
     for h in holders {
-        let (c, err) = finish(h, Duration::from_secs(60));
+        let (c, err) = exited(h, Duration::from_secs(60));
         assert_eq!(c, Some(76), "{err}");
     }
-    let (c, err) = finish(p, Duration::from_secs(60));
+    let (c, err) = exited(p, Duration::from_secs(60));
     assert_eq!(c, Some(0), "{err}");
     let sp = spans(&scratch);
     let most = sp
@@ -532,7 +532,7 @@ pub fn stale_mark_spares_the_next_holder(e: &dyn Fixture) {
         .args(["--preempt", "-w", "0.1", "--ttl", "2s", name, "true"])
         .output();
     assert_eq!(out.out.status.code(), Some(75), "{}", out.stderr());
-    let _ = finish(h, Duration::from_secs(60));
+    let _ = exited(h, Duration::from_secs(60));
     // 2: the next holder, short ttl, runs several renewals undisturbed.
     let mut h2 = spawn_span(e, &scratch, name, "h2", "4", &["--ttl", "2s"]);
     let st = wait_child(&mut h2, Duration::from_secs(60));
@@ -556,10 +556,10 @@ pub fn stale_mark_spares_the_next_holder(e: &dyn Fixture) {
         .args(["--preempt", "-w", "0.2", "--ttl", "2s", name, "true"])
         .output();
     assert_eq!(out.out.status.code(), Some(75), "{}", out.stderr());
-    let (c3, e3) = finish(h3, Duration::from_secs(60));
+    let (c3, e3) = exited(h3, Duration::from_secs(60));
     assert_eq!(c3, Some(76), "{e3}");
     let h4 = spawn_span(e, &scratch, name, "h4", "4", &["--ttl", "2s"]);
-    let (c4, e4) = finish(h4, Duration::from_secs(60));
+    let (c4, e4) = exited(h4, Duration::from_secs(60));
     assert_eq!(c4, Some(0), "a later holder was hit by an old mark: {e4}");
     assert!(status(e, name)["preempted_by"].is_null());
     no_overlap(&spans(&scratch));
@@ -593,9 +593,9 @@ pub fn preempt_racing_min_hold_end(e: &dyn Fixture) {
             "0.2",
             &["--ttl", "3s", "--preempt"],
         );
-        let (ch, eh) = finish(h, Duration::from_secs(60));
+        let (ch, eh) = exited(h, Duration::from_secs(60));
         assert!(matches!(ch, Some(0) | Some(76)), "{eh}");
-        let (cp, ep) = finish(p, Duration::from_secs(60));
+        let (cp, ep) = exited(p, Duration::from_secs(60));
         assert_eq!(cp, Some(0), "{ep}");
     }
     no_overlap(&spans(&scratch));
@@ -637,9 +637,9 @@ pub fn preempt_racing_release_force(e: &dyn Fixture) {
             std::thread::sleep(Duration::from_millis(100 * i as u64));
         }
         let _ = on(&e.url()).args(["release", "--force", name]).output();
-        let (ch, eh) = finish(h, Duration::from_secs(60));
+        let (ch, eh) = exited(h, Duration::from_secs(60));
         assert!(matches!(ch, Some(76)), "{eh}");
-        let (cp, ep) = finish(p, Duration::from_secs(60));
+        let (cp, ep) = exited(p, Duration::from_secs(60));
         assert_eq!(cp, Some(0), "{ep}");
     }
     no_overlap(&spans(&scratch));
@@ -662,7 +662,7 @@ pub fn mixed_storm_never_overlaps(e: &dyn Fixture) {
         std::thread::sleep(Duration::from_millis(60));
     }
     for k in kids {
-        let (c, err) = finish(k, Duration::from_secs(120));
+        let (c, err) = exited(k, Duration::from_secs(120));
         assert!(matches!(c, Some(0) | Some(75) | Some(76)), "{c:?}: {err}");
     }
     no_overlap(&spans(&scratch));
@@ -711,7 +711,7 @@ pub fn wait_limit_with_group_words(e: &dyn Fixture) {
         "{:?}",
         started.elapsed()
     );
-    let (ch, eh) = finish(h, Duration::from_secs(60));
+    let (ch, eh) = exited(h, Duration::from_secs(60));
     assert_eq!(ch, Some(76), "{eh}");
     nothing_endless(e);
 }

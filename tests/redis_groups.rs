@@ -56,16 +56,6 @@ fn old_script<T: redis::FromRedisValue>(redis: &Redis, body: &str, name: &str, a
     call.invoke(&mut redis.conn()).unwrap()
 }
 
-fn stderr_of(mut child: std::process::Child, limit: Duration) -> (Option<i32>, String) {
-    let status = wait_child(&mut child, limit);
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
-    (status.code(), err)
-}
-
 /// A replaced waiter hears at once, not at its next look (a third of a
 /// minute here): its wake-up list is pushed to, and the word waits for it
 /// in the waiters' hash. Nothing of it stays behind without an expiry.
@@ -103,7 +93,7 @@ fn a_replaced_waiter_hears_at_once() {
             "true",
         ])
         .spawn();
-    let (code, err) = stderr_of(old, Duration::from_secs(30));
+    let (code, err) = exited(old, Duration::from_secs(30));
     assert_eq!(code, Some(75), "{err}");
     assert!(
         err.contains("replaced") && err.contains("(second)"),
@@ -191,7 +181,7 @@ fn a_preemption_mark_lives_beside_the_lease() {
     assert_eq!(renewed, 1);
     // This lockrun stops its job at its next renewal (76), releases, and
     // the mark goes with the lease.
-    let (code, err) = stderr_of(holder, Duration::from_secs(40));
+    let (code, err) = exited(holder, Duration::from_secs(40));
     assert_eq!(code, Some(76), "{err}");
     assert!(
         err.contains("preempted by") && err.contains("(new)"),
@@ -241,7 +231,7 @@ fn preempt_ends_min_hold_windows_and_keeps_none() {
     on(&url)
         .args(["--preempt", "-w", "20s", "kept", "true"])
         .code(0);
-    let (code, err) = stderr_of(holder, Duration::from_secs(20));
+    let (code, err) = exited(holder, Duration::from_secs(20));
     assert_eq!(code, Some(76), "{err}");
     assert_eq!(status_json(&url, "kept")["held"], false);
 }
@@ -285,13 +275,13 @@ fn the_group_words_need_only_the_documented_acl() {
         ])
         .stderr(std::process::Stdio::piped())
         .spawn();
-    let (code, err) = stderr_of(first, Duration::from_secs(20));
+    let (code, err) = exited(first, Duration::from_secs(20));
     assert_eq!(code, Some(75), "{err}");
     assert!(err.contains("replaced"), "{err}");
-    let (code, err) = stderr_of(holder, Duration::from_secs(20));
+    let (code, err) = exited(holder, Duration::from_secs(20));
     assert_eq!(code, Some(76), "{err}");
     assert!(err.contains("preempted by"), "{err}");
-    let (code, err) = stderr_of(second, Duration::from_secs(20));
+    let (code, err) = exited(second, Duration::from_secs(20));
     assert_eq!(code, Some(0), "{err}");
     let st = status_json(&url, "acl");
     assert_eq!(

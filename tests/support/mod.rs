@@ -468,6 +468,17 @@ impl Drop for Reap {
     }
 }
 
+/// Wait for `child` (at most `limit`): its exit code and what it printed
+/// on its piped stderr.
+pub fn exited(mut child: Child, limit: Duration) -> (Option<i32>, String) {
+    let status = wait_child(&mut child, limit);
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (status.code(), err)
+}
+
 /// Wait (bounded) for a spawned lockrun and return its exit status.
 pub fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
