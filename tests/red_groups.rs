@@ -273,7 +273,7 @@ pub fn supersede_racing_a_grant(e: &dyn Fixture) {
             name,
             &format!("w{i}"),
             "0.1",
-            &["--ttl", "6s", "--supersede"],
+            &["--ttl", "12s", "--supersede"],
         );
         assert!(wait_until(Duration::from_secs(20), || waiters(e, name) == 1));
         // Aim the newer request at the holder's end, a little off each time.
@@ -287,7 +287,7 @@ pub fn supersede_racing_a_grant(e: &dyn Fixture) {
             name,
             &format!("s{i}"),
             "0.1",
-            &["--ttl", "6s", "--supersede"],
+            &["--ttl", "12s", "--supersede"],
         );
         let (c1, e1) = exited(first, Duration::from_secs(60));
         assert_eq!(c1, Some(0), "{e1}");
@@ -654,9 +654,9 @@ pub fn mixed_storm_never_overlaps(e: &dyn Fixture) {
     let mut kids = Vec::new();
     for i in 0..18 {
         let args: &[&str] = match i % 3 {
-            0 => &["--ttl", "6s", "--preempt"],
-            1 => &["--ttl", "6s", "--supersede"],
-            _ => &["--ttl", "6s", "--max-waiters", "3"],
+            0 => &["--ttl", "12s", "--preempt"],
+            1 => &["--ttl", "12s", "--supersede"],
+            _ => &["--ttl", "12s", "--max-waiters", "3"],
         };
         kids.push(spawn_span(e, &scratch, name, &format!("j{i}"), "0.3", args));
         std::thread::sleep(Duration::from_millis(60));
