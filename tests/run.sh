@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
 # need (redis-server, etcd, postgresql, pgbouncer, alembic, openssl, perl,
-# bash, util-linux, man-db, Python's prometheus_client, cargo-deb) when it is
-# missing, then run `cargo test` with any arguments given.
+# bash, util-linux, man-db, Python's prometheus_client, zookeeper (with a Java
+# runtime), mariadb-server, mariadb-client, cargo-deb) when it is missing, then run `cargo test` with any arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +31,12 @@ command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 # README's migration guide runs alembic with Debian's python3.
 /usr/bin/python3 -c 'import alembic' >/dev/null 2>&1 || missing+=(python3-alembic)
 /usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1 || missing+=(python3-psycopg2)
+# The tests start ZooKeeper servers from Debian's jar with the Java runtime it
+# depends on.
+{ [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || missing+=(zookeeper)
+# Debian keeps mariadbd in /usr/sbin, off a user's PATH.
+{ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]; } || missing+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
 
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
