@@ -2,7 +2,8 @@
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
 # need (redis-server, etcd, postgresql, pgbouncer, alembic, openssl, perl,
 # bash, util-linux, man-db, Python's prometheus_client, zookeeper (with a Java
-# runtime), mariadb-server, mariadb-client, cargo-deb) when it is missing, then run `cargo test` with any arguments given.
+# runtime), mariadb-server, mariadb-client, cargo-deb) when it is missing,
+# then run `cargo test` with any arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
