@@ -19,6 +19,7 @@ pub mod etcd;
 mod lease;
 pub mod local;
 mod model;
+pub mod mysql;
 pub mod postgres;
 pub mod redis;
 pub mod wait;
