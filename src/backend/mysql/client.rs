@@ -209,6 +209,12 @@ impl Client {
     /// failure leaves the connection behind (a transaction in the middle
     /// must not go on).
     pub fn flight(&mut self, stmts: &[String]) -> Flight {
+        self.flight_keeping(stmts, &[])
+    }
+
+    /// As `flight`, but a failure with one of the server's numbers in
+    /// `keep` leaves the connection as it is (one outside a transaction).
+    pub fn flight_keeping(&mut self, stmts: &[String], keep: &[u16]) -> Flight {
         self.last_code = None;
         let fresh = self.conn.is_none();
         if fresh {
@@ -258,7 +264,9 @@ impl Client {
                 self.last_code = Some(m.code);
             }
             let at = sets.len().saturating_sub(skip);
-            self.drop_connection();
+            if !matches!(self.last_code, Some(c) if keep.contains(&c)) {
+                self.drop_connection();
+            }
             (at, classify(&e, &self.url))
         });
         if sets.len() >= skip {
@@ -281,6 +289,14 @@ impl Client {
         Ok(self.run(&[stmt])?.remove(0))
     }
 
+    /// Interrupt the waits of these connections (best effort: a user may
+    /// only interrupt its own, and a connection may be gone).
+    pub fn poke(&mut self, conns: &[i64]) {
+        for id in conns {
+            let _ = self.flight_keeping(&[format!("KILL QUERY {id}")], &[1094, 1095]);
+        }
+    }
+
     /// Block until the session of `owner_col`'s lock of `kind` lets it go
     /// (a release, a grant, a connection that ended) or `d` has passed.
     pub fn wait_for(&mut self, kind: char, owner: &str, d: Duration) -> Result<(), Error> {
@@ -288,18 +304,22 @@ impl Client {
         let secs = d.as_secs_f64().max(0.001);
         let stmt = format!("SELECT GET_LOCK({key}, {secs:.3}), RELEASE_LOCK({key})");
         let started = crate::clock::Boot::now();
-        let f = self.flight(&[stmt]);
+        // Interrupted (`KILL QUERY` from a request that changed our place):
+        // woken, the connection as good as before.
+        let f = self.flight_keeping(&[stmt], &[1317]);
         match f.failed {
+            Some(_) if self.last_code == Some(1317) => Ok(()),
             None => {
-                // Not granted before the wait ran out: a server that reads
-                // the timeout in whole seconds may have cut it short.
+                // Timed out (0) before the wait ran out: a server that
+                // reads the timeout in whole seconds cut it short. NULL is
+                // an interrupted wait: woken.
                 let got = f
                     .sets
                     .first()
                     .and_then(|s| s.first())
                     .and_then(|r| int(r, 0));
                 let spent = crate::clock::Boot::now().since(started);
-                if got != Some(1) && spent + Duration::from_millis(20) < d {
+                if got == Some(0) && spent + Duration::from_millis(20) < d {
                     std::thread::sleep(d - spent);
                 }
                 Ok(())

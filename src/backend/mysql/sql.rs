@@ -130,7 +130,7 @@ impl Tables {
                    seq BIGINT NOT NULL AUTO_INCREMENT, name VARBINARY(1024) NOT NULL, \
                    owner VARBINARY(128) NOT NULL, label VARBINARY(2048) NOT NULL, \
                    mode VARBINARY(8) NOT NULL, lim INT NOT NULL, \
-                   expires_at DATETIME(6) NOT NULL, \
+                   expires_at DATETIME(6) NOT NULL, conn BIGINT NOT NULL DEFAULT 0, \
                    PRIMARY KEY (seq), KEY (name, seq)) ENGINE=InnoDB",
                 self.waiters
             ),
@@ -282,8 +282,8 @@ impl Tables {
     ) -> [String; 2] {
         [
             format!(
-                "INSERT INTO {} (name, owner, label, mode, lim, expires_at) \
-                 VALUES ({}, {}, {}, {}, {lim}, {})",
+                "INSERT INTO {} (name, owner, label, mode, lim, expires_at, conn) \
+                 VALUES ({}, {}, {}, {}, {lim}, {}, CONNECTION_ID())",
                 self.waiters,
                 lit(name),
                 lit(place_owner),
@@ -298,7 +298,8 @@ impl Tables {
     /// Keep our place (not once replaced).
     pub fn keep_place(&self, seq: i64, owner: &str, keep_ms: i64) -> String {
         format!(
-            "UPDATE {} SET expires_at = {} WHERE seq = {seq} AND owner IN ({}, {}) \
+            "UPDATE {} SET expires_at = {}, conn = CONNECTION_ID() \
+             WHERE seq = {seq} AND owner IN ({}, {}) \
                AND expires_at > {NOW}",
             self.waiters,
             after_ms(keep_ms),
@@ -317,6 +318,17 @@ impl Tables {
             lit(&format!("{SUPERSEDE}{owner}")),
             lit(&format!("{REPLACED}{owner}")),
             lit(&format!("{REPLACED}{SUPERSEDE}{owner}")),
+        )
+    }
+
+    /// The connections that wait in the places `replace` will mark, to
+    /// wake them.
+    pub fn to_replace(&self, name: &str) -> String {
+        format!(
+            "SELECT conn FROM {} WHERE name = {} AND owner LIKE {} AND expires_at > {NOW}",
+            self.waiters,
+            lit(name),
+            lit(&format!("{SUPERSEDE}%")),
         )
     }
 

@@ -309,7 +309,21 @@ fn look(
         waiters.retain(|w| !w.supersede);
         verdict = judge(&holders, &waiters, place.seq, req);
     }
-    let replace = || tables.replace(name, &req.owner.shown, keep_ms);
+    // The places it replaces, read first, then marked.
+    let replace = || {
+        [
+            tables.to_replace(name),
+            tables.replace(name, &req.owner.shown, keep_ms),
+        ]
+    };
+    // Their waiters learn it at once.
+    let conns = |rows: &[Vec<Row>]| -> Vec<i64> {
+        if replacing {
+            rows[0].iter().filter_map(|r| int(r, 0)).collect()
+        } else {
+            Vec::new()
+        }
+    };
     let leave = |place: &mut Place| place.seq.take().map(|_| tables.dequeue(name, owner));
     let was_waiting = c.locked == Some('w');
     match verdict {
@@ -333,7 +347,7 @@ fn look(
             })
         }
         Verdict::Granted { slot } => {
-            let mut last: Vec<String> = replacing.then(replace).into_iter().collect();
+            let mut last: Vec<String> = replacing.then(replace).into_iter().flatten().collect();
             last.push(tables.advance(name));
             let [gone, insert, read] = tables.grant(
                 name,
@@ -355,6 +369,7 @@ fn look(
             if !after.is_empty() && rows.len() > n + 1 {
                 c.locked = Some('h');
             }
+            c.poke(&conns(&rows));
             place.seq = None;
             let Some(token) = rows[granted].first().and_then(|r| int(r, 0)) else {
                 return Ok(Outcome::Again);
@@ -396,7 +411,7 @@ fn look(
                 return Ok(Outcome::Again);
             }
             let po = place_owner(req);
-            let mut last: Vec<String> = replacing.then(replace).into_iter().collect();
+            let mut last: Vec<String> = replacing.then(replace).into_iter().flatten().collect();
             if preempting {
                 let mark = format!("{PREEMPTED}{}", req.owner.shown);
                 last.push(tables.preempt(name, &mark, owner));
@@ -427,6 +442,7 @@ fn look(
             if !after.is_empty() && rows.len() > n + 1 {
                 c.locked = Some('w');
             }
+            c.poke(&conns(&rows));
             if place.seq.is_none() {
                 place.seq = rows[queued + 1].first().and_then(|r| int(r, 0));
             }
