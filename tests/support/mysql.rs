@@ -343,6 +343,11 @@ impl Mariadb {
             != "0"
     }
 
+    /// `KILL CONNECTION id`; false when it was gone already.
+    pub fn try_kill(&self, id: &str) -> bool {
+        self.try_sql(&format!("KILL CONNECTION {id}")).is_some()
+    }
+
     /// Stop the server at once, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -404,6 +409,13 @@ impl MyDb {
 
     pub fn rows(&self) -> usize {
         self.server.rows(&self.db)
+    }
+}
+
+impl MyDb {
+    /// lockrun's URL for root in this database.
+    pub fn url(&self) -> String {
+        self.server.url_in(&self.db)
     }
 }
 

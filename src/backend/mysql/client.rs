@@ -297,40 +297,74 @@ impl Client {
         }
     }
 
-    /// Block until the session of `owner_col`'s lock of `kind` lets it go
-    /// (a release, a grant, a connection that ended) or `d` has passed.
-    pub fn wait_for(&mut self, kind: char, owner: &str, d: Duration) -> Result<(), Error> {
+    /// Block until the session of `owner`'s lock of `kind` lets it go (a
+    /// release, a grant, a connection that ended, an interruption) or `d`
+    /// has passed. With `keep` (a statement that keeps our place, and a
+    /// condition that the row waited on is still there), those go first in
+    /// the same flight, and the wait only if both held.
+    pub fn wait_for(
+        &mut self,
+        kind: char,
+        owner: &str,
+        d: Duration,
+        keep: Option<(String, String)>,
+    ) -> Result<Woke, Error> {
         let key = sql::wake_key(kind, &sql::lit(owner));
         let secs = d.as_secs_f64().max(0.001);
-        let stmt = format!("SELECT GET_LOCK({key}, {secs:.3}), RELEASE_LOCK({key})");
+        let mut stmts = Vec::new();
+        let wait = match keep {
+            Some((k, still)) => {
+                stmts.push(k);
+                format!("IF(ROW_COUNT() > 0 AND {still}, GET_LOCK({key}, {secs:.3}), -1)")
+            }
+            None => format!("GET_LOCK({key}, {secs:.3})"),
+        };
+        stmts.push(format!("SELECT {wait}, RELEASE_LOCK({key})"));
         let started = crate::clock::Boot::now();
         // Interrupted (`KILL QUERY` from a request that changed our place):
         // woken, the connection as good as before.
-        let f = self.flight_keeping(&[stmt], &[1317]);
+        let f = self.flight_keeping(&stmts, &[1317]);
         match f.failed {
-            Some(_) if self.last_code == Some(1317) => Ok(()),
+            Some(_) if self.last_code == Some(1317) => Ok(Woke::Woken),
             None => {
-                // Timed out (0) before the wait ran out: a server that
-                // reads the timeout in whole seconds cut it short. NULL is
-                // an interrupted wait: woken.
                 let got = f
                     .sets
-                    .first()
+                    .last()
                     .and_then(|s| s.first())
                     .and_then(|r| int(r, 0));
-                let spent = crate::clock::Boot::now().since(started);
-                if got == Some(0) && spent + Duration::from_millis(20) < d {
-                    std::thread::sleep(d - spent);
+                match got {
+                    Some(0) => {
+                        // Timed out before the wait ran out: a server that
+                        // reads the timeout in whole seconds cut it short.
+                        let spent = crate::clock::Boot::now().since(started);
+                        if spent + Duration::from_millis(20) < d {
+                            std::thread::sleep(d - spent);
+                        }
+                        Ok(Woke::TimedOut)
+                    }
+                    Some(-1) => Ok(Woke::PlaceLost),
+                    // Granted (and given back at once), or interrupted.
+                    _ => Ok(Woke::Woken),
                 }
-                Ok(())
             }
             Some((_, e)) if !e.is_transient() => {
                 self.no_wake = true;
-                Ok(())
+                Ok(Woke::Woken)
             }
             Some((_, e)) => Err(e),
         }
     }
+}
+
+/// How a blocking wait ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Woke {
+    /// What we waited on let go: look again.
+    Woken,
+    /// Nothing moved ahead of us.
+    TimedOut,
+    /// Our place was not there to keep: look again.
+    PlaceLost,
 }
 
 /// A client error in one line, without anything secret.

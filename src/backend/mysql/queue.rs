@@ -102,6 +102,16 @@ pub fn entries(rows: &[Row]) -> Result<Rows, Error> {
     Ok(out)
 }
 
+/// The row a waiter blocks on: its wake-up lock's kind and owner column,
+/// its slot or place, and until it lapses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub kind: char,
+    pub owner: String,
+    pub pos: i64,
+    pub left: Duration,
+}
+
 /// What a request may do.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -114,9 +124,9 @@ pub enum Verdict {
     Blocked {
         holder: Option<String>,
         lapses_in: Option<Duration>,
-        /// The wake-up lock to block on (its kind and owner column): the
-        /// nearest live place ahead of ours, else a live holder.
-        wake_on: Option<(char, String)>,
+        /// What to block on: the nearest live place ahead of ours, else
+        /// a live holder.
+        wake_on: Option<Target>,
     },
     /// The holders hold the name in this other mode.
     Disagrees(Mode),
@@ -175,14 +185,15 @@ pub fn judge(holders: &[Entry], waiters: &[Entry], seq: Option<i64>, req: &Reque
                 .copied()
                 .chain(holders.iter())
                 .find(|e| e.live)
-                .map(|e| {
-                    let kind = if e.holder { 'h' } else { 'w' };
-                    let col = if e.supersede {
+                .map(|e| Target {
+                    kind: if e.holder { 'h' } else { 'w' },
+                    owner: if e.supersede {
                         format!("{SUPERSEDE}{}", e.owner)
                     } else {
                         e.owner.clone()
-                    };
-                    (kind, col)
+                    },
+                    pos: e.pos,
+                    left: e.left,
                 }),
         },
     }

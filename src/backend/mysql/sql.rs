@@ -308,6 +308,24 @@ impl Tables {
         )
     }
 
+    /// The row a waiter blocks on is still there and unexpired.
+    pub fn still(&self, name: &str, kind: char, owner: &str, pos: i64) -> String {
+        match kind {
+            'h' => format!(
+                "EXISTS(SELECT 1 FROM {} WHERE name = {} AND slot = {pos} AND owner = {} \
+                   AND expires_at > {NOW})",
+                self.leases,
+                lit(name),
+                lit(owner)
+            ),
+            _ => format!(
+                "EXISTS(SELECT 1 FROM {} WHERE seq = {pos} AND owner = {} AND expires_at > {NOW})",
+                self.waiters,
+                lit(owner)
+            ),
+        }
+    }
+
     /// Leave the queue: our place, or the mark of its replacement.
     pub fn dequeue(&self, name: &str, owner: &str) -> String {
         format!(

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use mysql::Row;
 
-use super::client::{Client, int};
-use super::queue::{Rows, Verdict, entries, judge};
+use super::client::{Client, Woke, int};
+use super::queue::{Rows, Target, Verdict, entries, judge};
 use super::sql::{KEPT, PREEMPTED, SUPERSEDE, Tables, lit, wake_key};
 use super::{MyHeld, Mysql};
 use crate::backend::drive::{Step, Take, Transport, drive};
@@ -45,7 +45,7 @@ enum Outcome {
     },
     Blocked {
         lapses_in: Option<Duration>,
-        wake_on: Option<(char, String)>,
+        wake_on: Option<Target>,
     },
     Busy,
     QueueFull {
@@ -170,17 +170,52 @@ impl Mysql {
             Outcome::Blocked { lapses_in, wake_on } => {
                 patience.tick(place.holder.as_deref());
                 let keep = place_ttl(req.timing.ttl) / 3;
-                let until_lapse = lapses_in.map_or(keep, |d| d + Duration::from_millis(5));
-                let nap = patience.cap(keep.min(until_lapse));
-                match wake_on {
-                    Some((kind, owner)) if !self.client.no_wake && self.client.connected() => {
-                        self.client.wait_for(kind, &owner, nap)?;
+                let at = |d: Duration| sent.add(d + Duration::from_millis(5));
+                let usable = !self.client.no_wake && self.client.connected();
+                let Some(target) = wake_on.filter(|_| usable) else {
+                    // Sleep until what is in our way lapses, or our place
+                    // needs keeping.
+                    let until_lapse = lapses_in.map_or(keep, |d| at(d).since(Boot::now()));
+                    std::thread::sleep(patience.cap(keep.min(until_lapse)));
+                    return Ok(Step::Again);
+                };
+                // Block on the row just ahead; a live place ahead keeps
+                // itself (its lockrun's death ends its lock), a holder may
+                // lapse with its session alive (its lockrun stopped).
+                let lapse_at = (target.kind == 'h').then(|| at(target.left));
+                let mut keep_sql = None;
+                loop {
+                    let until_lapse = lapse_at.map_or(keep, |t| t.since(Boot::now()));
+                    let nap = patience.cap(keep.min(until_lapse));
+                    let woke =
+                        self.client
+                            .wait_for(target.kind, &target.owner, nap, keep_sql.take())?;
+                    let due = lapse_at.is_some_and(|t| Boot::now() >= t)
+                        || patience
+                            .block_for()
+                            .is_some_and(|b| b < Duration::from_millis(5));
+                    // Nothing moved ahead of us: keep our place and wait
+                    // again without a look, unless something is due (a
+                    // lapse, the waiting line, the end of the wait).
+                    if woke != Woke::TimedOut || due {
+                        return Ok(Step::Again);
                     }
-                    _ => std::thread::sleep(nap),
+                    let Some(seq) = place.seq else {
+                        return Ok(Step::Again);
+                    };
+                    let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+                    keep_sql = Some(self.keep_sql(req, seq, keep_ms, &target));
                 }
-                Ok(Step::Again)
             }
         }
+    }
+
+    /// Keep our place, on condition that the row we block on is still there.
+    fn keep_sql(&self, req: &Request, seq: i64, keep_ms: i64, t: &Target) -> (String, String) {
+        (
+            self.tables.keep_place(seq, &req.owner.secret, keep_ms),
+            self.tables.still(req.name, t.kind, &t.owner, t.pos),
+        )
     }
 }
 

@@ -1,0 +1,446 @@
+//! The MySQL/MariaDB engine end to end, beyond the conformance suite: the
+//! tables and their token counter, connections killed under a holder, a
+//! server restart, a stopped server, a read-only server, users without
+//! rights and with exactly the documented grants, foreign tables, URLs and
+//! passwords, the session time zone, and what waiting costs the server.
+//! Tests share one server (a database each) unless they break it.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::docs::documented_mysql_grants;
+use crate::support::*;
+
+/// A holder whose job runs until the scratch file `done` appears (or 60 s
+/// pass); returns once its job runs.
+fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
+    let err = std::fs::File::create(scratch.path("err")).unwrap();
+    let done = scratch.path("done");
+    let child = on(url)
+        .args(["-vv", "--ttl", ttl, name, "-c"])
+        .arg(format!(
+            "echo $$ > {}; i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+            scratch.path("pid").display(),
+            done.display()
+        ))
+        .stderr(Stdio::from(err))
+        .spawn();
+    (child, scratch.pid_in("pid"))
+}
+
+fn finish(scratch: &Scratch, child: &mut Child) -> Option<i32> {
+    std::fs::write(scratch.path("done"), "").unwrap();
+    wait_child(child, Duration::from_secs(30)).code()
+}
+
+fn run_token(url: &str, name: &str) -> u64 {
+    on(url)
+        .args([name, "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds()
+        .stdout()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_tables_are_created_on_first_use_by_many_at_once_and_tokens_rise() {
+    let my = MyDb::new();
+    let url = my.url();
+    // Reading creates nothing.
+    on(&url).args(["status", "tok"]).code(1);
+    on(&url).args(["release", "--force", "tok"]).code(1);
+    on(&url).arg("status").code(1);
+    assert!(!my.server.has_tables(&my.db));
+    // Eight first users at once: every one succeeds, one at a time.
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            on(&url)
+                .args(["tok", "-c"])
+                .arg(format!(
+                    "echo $LOCKRUN_TOKEN > {}",
+                    scratch.path(&format!("t{i}")).display()
+                ))
+                .spawn()
+        })
+        .collect();
+    for c in children {
+        let (code, err) = exited(c, Duration::from_secs(60));
+        assert_eq!(code, Some(0), "{err}");
+    }
+    let mut tokens: Vec<u64> = (0..8)
+        .map(|i| scratch.read(&format!("t{i}")).trim().parse().unwrap())
+        .collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 8, "tokens repeat: {tokens:?}");
+    let mut last = *tokens.last().unwrap();
+    for _ in 0..3 {
+        let t = run_token(&url, "tok");
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+    }
+    // The counter holds the last token; released rows are gone.
+    let counter = my.sql(&format!(
+        "SELECT token FROM {}.lockrun_tokens WHERE name = 'tok'",
+        my.db
+    ));
+    assert_eq!(counter.trim(), last.to_string());
+    assert_eq!(my.rows(), 0);
+    // Another --prefix: tables of its own.
+    on(&url)
+        .args(["--prefix", "ci_locks", "tok", "true"])
+        .succeeds();
+    let n = my.sql(&format!(
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = '{}' \
+         AND table_name LIKE 'ci\\_locks\\_%'",
+        my.db
+    ));
+    assert_eq!(n.trim(), "3");
+    on(&url)
+        .args(["--prefix", "Not-A-Name", "tok", "true"])
+        .code(64)
+        .says(&["--prefix"]);
+}
+
+#[test]
+fn killing_every_lockrun_connection_keeps_the_lease() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "kill", "3s");
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut cut = 0;
+    while Instant::now() < until {
+        let ids = my.sql(&format!(
+            "SELECT id FROM information_schema.processlist WHERE db = '{}' \
+             AND id <> CONNECTION_ID()",
+            my.db
+        ));
+        for id in ids.lines().filter(|l| !l.is_empty()) {
+            if my.server.try_kill(id) {
+                cut += 1;
+            }
+        }
+        let got = on(&url).args(["-n", "kill", "true"]).output();
+        assert_eq!(
+            got.out.status.code(),
+            Some(75),
+            "job alive: {}; holder: {}",
+            alive(job),
+            scratch.read("err")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(cut > 0, "no lockrun connection was ever killed");
+    assert!(alive(job), "the job was stopped: {}", scratch.read("err"));
+    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
+}
+
+#[test]
+fn a_server_restart_mid_job_is_ridden_out_and_tokens_never_go_back() {
+    let mut my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let before = run_token(&url, "rs");
+    let (mut h, job) = holder(&url, &scratch, "rs", "10s");
+    my.restart();
+    let renewed = wait_until(Duration::from_secs(30), || {
+        scratch.read("err").matches("renewed").count() >= 2
+    });
+    assert!(renewed, "{}", scratch.read("err"));
+    assert!(alive(job));
+    on(&url).args(["-n", "rs", "true"]).code(75);
+    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
+    let after = run_token(&url, "rs");
+    assert!(
+        after > before,
+        "token {after} after a restart, {before} before"
+    );
+    // A counter lost with its table: tokens still rise (the clock floors them).
+    my.sql("DROP TABLE app.lockrun_tokens");
+    let lost = run_token(&url, "rs");
+    assert!(
+        lost > after,
+        "token {lost} after a lost counter, {after} before"
+    );
+}
+
+#[test]
+fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() {
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "stall", "2s");
+    let paused = Instant::now();
+    my.pause();
+    let code = wait_child(&mut h, Duration::from_secs(20)).code();
+    let took = paused.elapsed();
+    my.resume();
+    assert_eq!(code, Some(76), "{}", scratch.read("err"));
+    assert!(!alive(job), "the job outlived its lease");
+    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
+}
+
+#[test]
+fn a_read_only_server_is_refused_at_once_with_one_line() {
+    let my = Mariadb::start();
+    on(&my.url()).args(["ro", "true"]).succeeds();
+    my.sql(
+        "CREATE USER 'app'@'%' IDENTIFIED BY 'app-pw'; \
+         GRANT ALL ON app.* TO 'app'@'%'; SET GLOBAL read_only = ON",
+    );
+    let started = Instant::now();
+    on(&my.url_as("app", "app-pw", "app"))
+        .args(["ro", "true"])
+        .code(69)
+        .says(&["read-only"]);
+    assert!(started.elapsed() < Duration::from_secs(5), "retried");
+    let out = on(&my.url_as("app", "app-pw", "app"))
+        .arg("doctor")
+        .code(69);
+    assert!(out.stdout().contains("read-only"), "{}", out.stdout());
+}
+
+#[test]
+fn a_user_without_rights_is_refused_with_one_line_creating_nothing() {
+    let my = MyDb::new();
+    let user = format!("nr_{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY 'nr-pw'; GRANT USAGE ON *.* TO '{user}'@'%'"
+    ));
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let job = format!("touch {}", ran.display());
+    let url = my.server.url_as(&user, "nr-pw", &my.db);
+    let out = on(&url)
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["denied", "lockrun-engines(7)"]);
+    assert!(!out.stderr().contains("nr-pw"));
+    assert!(!my.server.has_tables(&my.db), "a table was created");
+    // Tables made by another user: still no right to use them.
+    on(&my.url()).args(["x", "true"]).succeeds();
+    my.sql(&format!("GRANT SELECT ON {}.* TO '{user}'@'%'", my.db));
+    on(&url).args(["x", "-c", &job]).code(69).says(&["denied"]);
+    // A wrong password: at once, one line, no password in it.
+    let started = Instant::now();
+    let out = on(&my.server.url_as("root", "wrong-pw", &my.db))
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["Access denied"]);
+    assert!(!out.stderr().contains("wrong-pw"), "{}", out.stderr());
+    assert!(started.elapsed() < Duration::from_secs(5), "retried");
+    assert!(!ran.exists(), "a job ran without a lease");
+}
+
+#[test]
+fn the_grants_the_manual_lists_are_enough() {
+    let my = MyDb::new();
+    let user = format!("ci_{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY 'ci-pw'; {}",
+        documented_mysql_grants(&user, &my.db)
+    ));
+    let url = my.server.url_as(&user, "ci-pw", &my.db);
+    // It creates the tables on first use, then holds, waits and is woken.
+    assert!(run_token(&url, "x") > 0);
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "g", "3s");
+    let mut waiter = on(&url).args(["-q", "g", "true"]).spawn();
+    wait_queued(&url, "g", 1);
+    on(&url).args(["release", "--force", "g"]).succeeds();
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    on(&url).args(["-s", "g", "true"]).succeeds();
+    on(&url).arg("status").code(1);
+}
+
+#[test]
+fn a_foreign_table_in_the_way_is_refused_with_one_line() {
+    let my = MyDb::new();
+    let db = &my.db;
+    my.sql(&format!(
+        "CREATE TABLE {db}.other_tokens (id INT PRIMARY KEY, note TEXT); \
+         CREATE TABLE {db}.other_leases (id INT PRIMARY KEY); \
+         CREATE TABLE {db}.other_waiters (id INT)"
+    ));
+    on(&my.url())
+        .args(["--prefix", "other", "x", "true"])
+        .code(69)
+        .says(&["not lockrun's", "--prefix"]);
+    assert_eq!(
+        my.sql(&format!("SELECT COUNT(*) FROM {db}.other_leases"))
+            .trim(),
+        "0"
+    );
+}
+
+#[test]
+fn bad_urls_are_refused_with_one_line_and_no_password() {
+    for url in [
+        "mysql://u:pw-s3cret@h:99999/d",
+        "mysql://u:pw-s3cret@h/d?nope=1",
+        "mariadb://u:pw-s3cret@h",
+        "mysql://u:pw-s3cret@h/d?ssl-mode=sometimes",
+    ] {
+        let started = Instant::now();
+        let out = on(url).args(["x", "true"]).code(64).says(&["--url"]);
+        assert!(!out.stderr().contains("pw-s3cret"), "{}", out.stderr());
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    on("mysql://h/d?ssl-mode=DISABLED")
+        .args(["--tls-ca", "/etc/hostname", "x", "true"])
+        .code(64)
+        .says(&["--tls-ca"]);
+}
+
+#[test]
+fn the_password_is_never_printed_nor_given_to_the_job() {
+    let my = MyDb::new();
+    let out = on(&my.url())
+        .args(["-vv", "x", "-c", "env; echo url=$LOCKRUN_URL"])
+        .succeeds();
+    let all = format!("{}{}", out.stdout(), out.stderr());
+    assert!(!all.contains(MY_PASSWORD), "{all}");
+    assert!(out.stderr().contains("***"), "{}", out.stderr());
+    // From MYSQL_PWD, the URL without one: kept from the job too.
+    let bare = format!("mysql://root@127.0.0.1:{}/{}", my.server.port, my.db);
+    let out = on(&bare)
+        .env("MYSQL_PWD", MY_PASSWORD)
+        .args(["-vv", "x", "-c", "env"])
+        .succeeds();
+    let all = format!("{}{}", out.stdout(), out.stderr());
+    assert!(!all.contains(MY_PASSWORD), "{all}");
+    for cmd in [&["status"][..], &["status", "x", "--json"], &["doctor"]] {
+        let out = on(&my.url()).args(cmd).output();
+        let all = format!("{}{}", out.stdout(), out.stderr());
+        assert!(!all.contains(MY_PASSWORD), "{cmd:?}: {all}");
+    }
+}
+
+#[test]
+fn a_session_time_zone_far_from_utc_changes_nothing() {
+    let my = Mariadb::start_with(&["--default-time-zone=+13:00"]);
+    let url = my.url();
+    assert_eq!(my.sql("SELECT @@global.time_zone").trim(), "+13:00");
+    let scratch = Scratch::new();
+    let (mut h, lr) = {
+        let (h, _) = holder(&url, &scratch, "tz", "4s");
+        let pid = h.id() as i32;
+        (h, pid)
+    };
+    let v = status_json(&url, "tz");
+    let left = v["ttl_left_ms"].as_u64().unwrap();
+    assert!(left <= 4000 && left > 1000, "{v}");
+    assert!(v["held_for_ms"].as_u64().unwrap() < 60_000, "{v}");
+    // A lockrun killed outright: its lease lapses in its ttl, not 13 hours.
+    signal(lr, libc::SIGKILL);
+    let _ = h.wait();
+    let started = Instant::now();
+    on(&url).args(["-w", "20s", "tz", "true"]).succeeds();
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    // --min-hold counts on the server's clock too.
+    on(&url).args(["--min-hold", "2s", "mh", "true"]).succeeds();
+    on(&url).args(["-n", "mh", "true"]).code(75);
+    let started = Instant::now();
+    on(&url).args(["-w", "10s", "mh", "true"]).succeeds();
+    assert!(started.elapsed() < Duration::from_secs(4));
+    std::fs::write(scratch.path("done"), "").unwrap();
+}
+
+#[test]
+fn ten_waiters_cost_fewer_than_ten_queries_a_second_together() {
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "q", "30s");
+    let waiters: Vec<Child> = (0..10)
+        .map(|_| on(&url).args(["-q", "q", "true"]).spawn())
+        .collect();
+    wait_queued(&url, "q", 10);
+    let questions = || -> u64 {
+        my.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = questions();
+    let watched = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    // One of ours per reading, and the holder's renewals.
+    let spent = questions() - before - 1;
+    let per_second = spent as f64 / watched.elapsed().as_secs_f64();
+    eprintln!("ten waiters: {spent} statements in {:?}", watched.elapsed());
+    assert!(per_second < 10.0, "{spent} statements in 10 s");
+    // A release hands the name on at once, down the whole queue.
+    let started = Instant::now();
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    for w in waiters {
+        let (code, err) = exited(w, Duration::from_secs(30));
+        assert_eq!(code, Some(0), "{err}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "kq", "6s");
+    let mut first = on(&url).args(["--ttl", "6s", "-q", "kq", "true"]).spawn();
+    wait_queued(&url, "kq", 1);
+    let mut second = on(&url).args(["--ttl", "6s", "-q", "kq", "true"]).spawn();
+    wait_queued(&url, "kq", 2);
+    signal(first.id() as i32, libc::SIGKILL);
+    let _ = first.wait();
+    let released = Instant::now();
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut second, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    assert!(
+        released.elapsed() < Duration::from_millis(2000 + 500),
+        "{:?}",
+        released.elapsed()
+    );
+}
+
+#[test]
+fn doctor_checks_the_server_and_the_user_creating_nothing() {
+    let my = MyDb::new();
+    let out = on(&my.url()).arg("doctor").succeeds();
+    let text = out.stdout();
+    for topic in [
+        "reachable",
+        "round trip",
+        "clock",
+        "version",
+        "read-only",
+        "time_zone",
+        "replication",
+        "wake-up",
+        "tables",
+    ] {
+        assert!(text.contains(topic), "{topic}: {text}");
+    }
+    assert!(!my.server.has_tables(&my.db));
+    on(&my.url()).args(["x", "true"]).succeeds();
+    on(&my.url()).arg("doctor").succeeds();
+}
