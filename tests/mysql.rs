@@ -444,3 +444,65 @@ fn doctor_checks_the_server_and_the_user_creating_nothing() {
     on(&my.url()).args(["x", "true"]).succeeds();
     on(&my.url()).arg("doctor").succeeds();
 }
+
+/// The shell block of README's "Guard a migration with MySQL or MariaDB",
+/// less its install line.
+fn guide_script() -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("### Guard a migration with MySQL or MariaDB")
+        .nth(1)
+        .expect("README has the guide");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("the guide has a shell block");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("apt-get "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_readme_guide_guards_an_alembic_migration_as_written() {
+    // Debian's python3 with Debian's alembic and PyMySQL.
+    let python = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import alembic, pymysql"])
+        .output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        panic!(
+            "alembic or PyMySQL not found for /usr/bin/python3: the guide's test needs them \
+             (apt-get install -y python3-alembic python3-pymysql)"
+        );
+    }
+    let my = MyDb::new();
+    let scratch = Scratch::new();
+    std::fs::write(scratch.path("guide.sh"), guide_script()).unwrap();
+    let bin_dir = std::path::Path::new(BIN)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let out = std::process::Command::new("bash")
+        .args(["-e", "guide.sh"])
+        .current_dir(scratch.dir.path())
+        .env("PATH", format!("{bin_dir}:/usr/bin:/bin"))
+        .env("DB_HOST", "127.0.0.1")
+        .env("DB_PORT", my.server.port.to_string())
+        .env("DB_USERNAME", "root")
+        .env("DB_PASSWORD", MY_PASSWORD)
+        .env("DB_DATABASE", &my.db)
+        .env_remove("LOCKRUN_URL")
+        .env_remove("MYSQL_PWD")
+        .output()
+        .expect("run bash");
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(text(&out.stdout).trim(), "0001", "{err}");
+    assert_eq!(err.matches("Running upgrade").count(), 1, "{err}");
+    assert_eq!(err.matches("waiting for migrate").count(), 3, "{err}");
+    assert!(!err.contains(MY_PASSWORD));
+}
