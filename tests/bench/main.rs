@@ -803,7 +803,7 @@ impl Bench {
             );
             println!(
                 "lockrun-mariadb/lockrun-postgres: uncontended {u:.2}x, hand-off {h:.2}x, \
-                 contention {c:.2}x slower (target ≤ 1.2x each)"
+                 time per contended acquisition {c:.2}x (target ≤ 1.2x each)"
             );
             out.insert("uncontended_over_postgres".into(), json!(u));
             out.insert("handoff_over_postgres".into(), json!(h));
