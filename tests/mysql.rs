@@ -506,3 +506,89 @@ fn the_readme_guide_guards_an_alembic_migration_as_written() {
     assert_eq!(err.matches("waiting for migrate").count(), 3, "{err}");
     assert!(!err.contains(MY_PASSWORD));
 }
+
+fn make_certs(dir: &std::path::Path) {
+    let sh = |cmd: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir)
+            .output()
+            .expect("run sh");
+        assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
+    };
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        panic!("openssl not found: the TLS tests need it (apt-get install -y openssl)");
+    }
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=lockrun-test-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 2 -subj /CN=other-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=db.internal 2>/dev/null",
+    );
+    sh("printf 'subjectAltName=IP:127.0.0.1\\n' > ext");
+    sh(
+        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt -days 2 -extfile ext 2>/dev/null",
+    );
+    sh("chmod 644 srv.key");
+}
+
+#[test]
+fn tls_as_ssl_mode_asks_checked_as_the_mysql_client_checks_it() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let p = |f: &str| certs.path().join(f).display().to_string();
+    let my = Mariadb::start_with(&[
+        &format!("--ssl-cert={}", p("srv.crt")),
+        &format!("--ssl-key={}", p("srv.key")),
+    ]);
+    let (ca, other, base) = (p("ca.crt"), p("other.crt"), my.url());
+    let accepts = || -> u64 {
+        my.sql("SHOW GLOBAL STATUS LIKE 'Ssl_accepts'")
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("0")
+            .parse()
+            .unwrap_or(0)
+    };
+    let used_tls = |url: &str, extra: &[&str]| -> bool {
+        let before = accepts();
+        on(url).args(extra).args(["x", "true"]).succeeds();
+        accepts() > before
+    };
+    // VERIFY_IDENTITY with the right CA: encrypted, the name (127.0.0.1) checked.
+    assert!(used_tls(
+        &format!("{base}?ssl-mode=VERIFY_IDENTITY"),
+        &["--tls-ca", &ca]
+    ));
+    assert!(used_tls(
+        &format!("{base}?ssl-mode=VERIFY_CA"),
+        &["--tls-ca", &ca]
+    ));
+    // REQUIRED without a CA: encrypted, not checked (as the mysql client).
+    assert!(used_tls(&format!("{base}?ssl-mode=REQUIRED"), &[]));
+    // PREFERRED (the default): encrypted when the server offers it.
+    assert!(used_tls(&base, &[]));
+    assert!(!used_tls(&format!("{base}?ssl-mode=DISABLED"), &[]));
+    // A certificate of another CA: refused at once, one line, no password.
+    for mode in ["VERIFY_CA", "VERIFY_IDENTITY", "REQUIRED"] {
+        let out = on(&format!("{base}?ssl-mode={mode}"))
+            .args(["--tls-ca", &other, "x", "true"])
+            .code(69)
+            .says(&["certificate"]);
+        assert!(!out.stderr().contains(MY_PASSWORD));
+    }
+    // A server without TLS cannot satisfy REQUIRED.
+    let plain = MyDb::new();
+    on(&format!("{}?ssl-mode=REQUIRED", plain.url()))
+        .args(["x", "true"])
+        .code(69)
+        .says(&["TLS"]);
+}
