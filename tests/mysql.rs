@@ -244,7 +244,9 @@ fn the_grants_the_manual_lists_are_enough() {
         documented_mysql_grants(&user, &my.db)
     ));
     let url = my.server.url_as(&user, "ci-pw", &my.db);
-    // It creates the tables on first use, then holds, waits and is woken.
+    // doctor sees it may create the tables; it creates them on first use,
+    // then holds, waits and is woken.
+    on(&url).arg("doctor").succeeds();
     assert!(run_token(&url, "x") > 0);
     let scratch = Scratch::new();
     let (mut h, _) = holder(&url, &scratch, "g", "3s");
@@ -591,4 +593,47 @@ fn tls_as_ssl_mode_asks_checked_as_the_mysql_client_checks_it() {
         .args(["x", "true"])
         .code(69)
         .says(&["TLS"]);
+}
+
+#[test]
+fn doctor_fails_a_user_that_may_neither_find_nor_create_the_tables() {
+    let my = MyDb::new();
+    let user = format!("nc_{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY 'nc-pw'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {}.* TO '{user}'@'%'",
+        my.db
+    ));
+    let out = on(&my.server.url_as(&user, "nc-pw", &my.db))
+        .arg("doctor")
+        .code(69);
+    assert!(out.stdout().contains("no CREATE"), "{}", out.stdout());
+    assert!(!my.server.has_tables(&my.db));
+}
+
+#[test]
+fn release_force_now_wakes_the_next_waiter_at_once() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "now", "30s");
+    let started = scratch.path("started");
+    let mut w = on(&url)
+        .args(["-q", "now", "-c"])
+        .arg(format!("touch {}", started.display()))
+        .spawn();
+    wait_queued(&url, "now", 1);
+    let at = Instant::now();
+    on(&url)
+        .args(["release", "--force", "--now", "now"])
+        .succeeds();
+    // Well before the waiter would look again by itself (ttl/9 = 3.3 s).
+    assert!(
+        wait_until(Duration::from_secs(3), || started.exists()),
+        "the waiter did not start"
+    );
+    assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
+    assert_eq!(wait_child(&mut w, Duration::from_secs(20)).code(), Some(0));
+    // The holder's lease is gone; its job ends as it will.
+    finish(&scratch, &mut h);
 }

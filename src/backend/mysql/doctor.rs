@@ -233,12 +233,43 @@ fn tables(client: &mut Client, base: &str) -> Check {
                 )
             }
         }
-        Err(_) if client.last_code == Some(1146) => Check::ok(
-            "tables",
-            format!(
-                "{names} do not exist yet: the first run creates them (it needs CREATE on the database)"
-            ),
-        ),
+        Err(_) if client.last_code == Some(1146) => {
+            if may_create(client) {
+                Check::ok(
+                    "tables",
+                    format!("{names} do not exist yet: the first run creates them"),
+                )
+            } else {
+                Check::fail(
+                    "tables",
+                    format!(
+                        "{names} do not exist yet, and SHOW GRANTS gives this user no CREATE \
+                         on the database: create them once as a user that may, or grant what \
+                         lockrun-engines(7) \"MYSQL AND MARIADB\" lists"
+                    ),
+                )
+            }
+        }
         Err(e) => Check::fail("tables", e.to_string()),
     }
+}
+
+/// SHOW GRANTS gives the user CREATE (or every privilege) on every
+/// database or on this one.
+fn may_create(client: &mut Client) -> bool {
+    let db = client.url().database.to_ascii_uppercase();
+    let Ok(rows) = client.query("SHOW GRANTS".into()) else {
+        return false;
+    };
+    rows.iter().filter_map(|r| text(r, 0)).any(|g| {
+        let g = g.to_ascii_uppercase();
+        let Some((privs, rest)) = g.strip_prefix("GRANT ").and_then(|g| g.split_once(" ON "))
+        else {
+            return false;
+        };
+        let target = rest.split(" TO ").next().unwrap_or("").replace('`', "");
+        let on_db = target == "*.*" || target == format!("{db}.*");
+        on_db
+            && (privs.contains("ALL PRIVILEGES") || privs.split(", ").any(|p| p.trim() == "CREATE"))
+    })
 }

@@ -228,7 +228,18 @@ impl Engine for Mysql {
                     }
                     broken.push(h);
                 }
-                take::commit(c, Vec::new(), Vec::new())?;
+                // Deleted: the waiters look again now, rather than when
+                // the holder's lockrun ends.
+                let deleted = broken.iter().any(|h| h.ttl_left.is_none());
+                let wake: Vec<String> = deleted
+                    .then(|| tables.waiting_conns(name))
+                    .into_iter()
+                    .collect();
+                let sets = take::commit(c, wake, Vec::new())?;
+                if deleted {
+                    let conns: Vec<i64> = sets[0].iter().filter_map(|r| int(r, 0)).collect();
+                    c.poke(&conns);
+                }
                 Ok(broken)
             },
         )

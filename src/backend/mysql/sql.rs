@@ -350,6 +350,15 @@ impl Tables {
         )
     }
 
+    /// The connections that wait in the name's live places.
+    pub fn waiting_conns(&self, name: &str) -> String {
+        format!(
+            "SELECT conn FROM {} WHERE name = {} AND expires_at > {NOW}",
+            self.waiters,
+            lit(name)
+        )
+    }
+
     /// `--supersede` joining the queue: every live place that asked for it
     /// too is marked replaced by `by` (our label), and kept at least
     /// `keep_ms` more so its waiter reads the mark.
