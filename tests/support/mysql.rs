@@ -222,14 +222,19 @@ impl Mariadb {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
-            // SAFETY: prctl takes plain integers and is async-signal-safe,
-            // as a pre_exec hook must be.
-            unsafe {
-                use std::os::unix::process::CommandExt;
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
+            // The shared server dies with the thread that started it, which
+            // lives as long as the test process; a server of one test's own
+            // is stopped by its drop (and restarted from any thread).
+            if !self.owned {
+                // SAFETY: prctl takes plain integers and is async-signal-safe,
+                // as a pre_exec hook must be.
+                unsafe {
+                    use std::os::unix::process::CommandExt;
+                    cmd.pre_exec(|| {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        Ok(())
+                    });
+                }
             }
             let mut child = cmd.spawn().unwrap_or_else(|_| need("mariadbd"));
             let mut exited = false;
