@@ -637,3 +637,17 @@ fn release_force_now_wakes_the_next_waiter_at_once() {
     // The holder's lease is gone; its job ends as it will.
     finish(&scratch, &mut h);
 }
+
+#[test]
+fn mariadb_urls_and_unix_sockets_reach_the_same_tables() {
+    let my = MyDb::new();
+    let socket = my.server.socket().display().to_string();
+    let over_socket = format!("mariadb://root@localhost/{}?socket={socket}", my.db);
+    let first = run_token(&over_socket, "sock");
+    // The same name over TCP with mysql://: the next token.
+    assert!(run_token(&my.url(), "sock") > first);
+    on(&over_socket)
+        .args(["--tls-ca", "/etc/hostname", "sock", "true"])
+        .code(64)
+        .says(&["--tls-ca"]);
+}
