@@ -18,9 +18,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
     }
     var completions = [
         &'lockrun'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand -c 'Run this string with /bin/sh -c'
@@ -64,9 +64,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;status'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --json 'Print one JSON object (without NAME: an array of them) instead of text'
@@ -78,9 +78,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;list'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --json 'Print one JSON object (without NAME: an array of them) instead of text'
@@ -93,9 +93,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         }
         &'lockrun;release'= {
             cand --token 'Break only the holder with token T (default: every holder)'
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand --force 'Required: breaking a lock someone holds is deliberate'
@@ -108,9 +108,9 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help'
         }
         &'lockrun;doctor'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), or file:///dir. Default: a per-user directory on this machine'
-            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*) with'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir. Default: a per-user directory on this machine'
+            cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'

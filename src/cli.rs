@@ -32,7 +32,7 @@ pub fn long_version() -> &'static str {
 ///
 /// Without --url, the lock is local to this machine (flock on a file). With a
 /// server's URL (redis://, rediss://, redis+sentinel://, redis+cluster://,
-/// etcd://, etcds://, postgres://), the lease lives there and is renewed while the job
+/// etcd://, etcds://, postgres://, mysql://), the lease lives there and is renewed while the job
 /// runs; the job is stopped before the lease could lapse. The job gets a
 /// fencing token in LOCKRUN_TOKEN that grows with every grant.
 ///
@@ -83,7 +83,8 @@ pub struct BackendArgs {
     /// redis+sentinel://host[:port][,host...]/MASTER[/db],
     /// redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...],
     /// etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or
-    /// postgresql://, PG* variables as libpq reads them), or file:///dir.
+    /// postgresql://, PG* variables as libpq reads them),
+    /// mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir.
     /// Default: a per-user directory on this machine.
     #[arg(
         short = 'u',
@@ -95,7 +96,8 @@ pub struct BackendArgs {
     pub url: Option<String>,
 
     /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://,
-    /// postgres:// with sslmode=require or verify-*) with.
+    /// postgres:// with sslmode=require or verify-*, mysql:// with
+    /// ssl-mode=REQUIRED or VERIFY_*) with.
     #[arg(long, env = "LOCKRUN_TLS_CA", value_name = "PATH", global = true)]
     pub tls_ca: Option<std::path::PathBuf>,
 

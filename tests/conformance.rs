@@ -285,6 +285,55 @@ impl Fixture for PostgresEngine {
     }
 }
 
+/// MariaDB: one server for the whole run, a database of its own per test.
+pub struct MariadbEngine {
+    my: MyDb,
+}
+
+impl MariadbEngine {
+    pub fn new() -> MariadbEngine {
+        MariadbEngine { my: MyDb::new() }
+    }
+}
+
+impl Fixture for MariadbEngine {
+    fn url(&self) -> String {
+        self.my.server.url_in(&self.my.db)
+    }
+    fn breaks(&self) -> bool {
+        true
+    }
+    fn take_away(&self, name: &str) {
+        self.my.sql(&format!(
+            "DELETE FROM {}.lockrun_leases WHERE name = '{name}'",
+            self.my.db
+        ));
+    }
+    fn untouched(&self) -> bool {
+        !self.my.server.has_tables(&self.my.db)
+    }
+    fn unreachable(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/app", free_port())
+    }
+    fn endless(&self) -> Vec<String> {
+        // As on PostgreSQL: one request cleans what has lapsed; a waiter
+        // row, or a lease row still running, is one nobody would end.
+        let _ = on(&self.url())
+            .args(["-n", "cleanup-probe", "true"])
+            .output();
+        let db = &self.my.db;
+        let q = self.my.sql(&format!(
+            "SELECT CONCAT('waiter ', name, ' ', owner) FROM {db}.lockrun_waiters \
+             UNION ALL SELECT CONCAT('lease ', name, ' ', owner, ' ', label) \
+             FROM {db}.lockrun_leases WHERE expires_at > UTC_TIMESTAMP(6)"
+        ));
+        q.lines()
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()
+    }
+}
+
 /// One job's run as it logged it: `start|end WHO SLOT TOKEN NANOS`.
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -1427,4 +1476,5 @@ conformance! {
     cluster: ClusterEngine::new();
     etcd: EtcdEngine::new();
     postgres: PostgresEngine::new();
+    mariadb: MariadbEngine::new();
 }

@@ -19,6 +19,8 @@ const OTHERS: &[&str] = &[
     "target",
     // node_exporter
     "collector",
+    // mysql(1)
+    "ssl-mode",
     // rsync(1)
     "delete",
     // unshare(1), systemd-run(1)
@@ -196,6 +198,26 @@ pub fn documented_redis_acl() -> String {
         .expect("the ACL line resets channels")
         .1;
     rules.replace('\'', "")
+}
+
+/// The GRANT statements lockrun-engines(7) gives for a MySQL user that
+/// may only lock, for `user` in `db`, so the tests grant exactly what the
+/// page says.
+pub fn documented_mysql_grants(user: &str, db: &str) -> String {
+    let page = engines_page();
+    let grants: Vec<String> = page
+        .lines()
+        .filter(|l| l.starts_with("GRANT ") && l.ends_with(" TO 'ci'@'%';"))
+        .map(|l| {
+            l.replace(" TO 'ci'@'%';", &format!(" TO '{user}'@'%'"))
+                .replace(" ON ci.", &format!(" ON {db}."))
+        })
+        .collect();
+    assert!(
+        !grants.is_empty(),
+        "lockrun-engines(7) gives the MySQL grants: {grants:?}"
+    );
+    grants.join("; ")
 }
 
 /// The GRANT statements lockrun-engines(7) gives for a role that may only

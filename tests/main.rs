@@ -16,6 +16,7 @@ mod kernel;
 mod local;
 mod minhold;
 mod modes;
+mod mysql;
 mod operate;
 mod ops;
 mod outlive;

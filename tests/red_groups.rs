@@ -6,8 +6,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::conformance::{
-    EtcdEngine, Fixture, LocalEngine, PostgresEngine, RedisEngine, Span, spans, status, stop,
-    waiter, waiters,
+    EtcdEngine, Fixture, LocalEngine, MariadbEngine, PostgresEngine, RedisEngine, Span, spans,
+    status, stop, waiter, waiters,
 };
 use crate::support::*;
 
@@ -751,4 +751,5 @@ red! {
     redis: RedisEngine::new();
     etcd: EtcdEngine::new();
     postgres: PostgresEngine::new();
+    mariadb: MariadbEngine::new();
 }

@@ -32,6 +32,7 @@ command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 # README's migration guide runs alembic with Debian's python3.
 /usr/bin/python3 -c 'import alembic' >/dev/null 2>&1 || missing+=(python3-alembic)
 /usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1 || missing+=(python3-psycopg2)
+/usr/bin/python3 -c 'import pymysql' >/dev/null 2>&1 || missing+=(python3-pymysql)
 # The tests start ZooKeeper servers from Debian's jar with the Java runtime it
 # depends on.
 { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || missing+=(zookeeper)

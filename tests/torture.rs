@@ -313,6 +313,7 @@ enum Servers {
     Sentinel(Mutex<Sentinels>),
     Etcd(Mutex<Etcd>),
     Postgres(Mutex<Postgres>),
+    Mariadb(Mutex<Mariadb>),
 }
 
 impl Servers {
@@ -338,6 +339,11 @@ impl Servers {
             Servers::Postgres(p) => {
                 p.lock().unwrap().sql(&format!(
                     "DELETE FROM lockrun.lockrun_leases WHERE name = '{name}'"
+                ));
+            }
+            Servers::Mariadb(m) => {
+                m.lock().unwrap().sql(&format!(
+                    "DELETE FROM app.lockrun_leases WHERE name = '{name}'"
                 ));
             }
         }
@@ -387,6 +393,13 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 continue;
             }
             1 => match &*servers {
+                Servers::Mariadb(m) => {
+                    // The rows are durable (InnoDB's log): a crash and a
+                    // start keep every lease, and admit no late action.
+                    let from = now_us();
+                    m.lock().unwrap().restart();
+                    log.push(Chaos::RedisPause { from, to: now_us() });
+                }
                 Servers::Postgres(pg) => {
                     // The rows are durable: a restart (as a crash: no
                     // checkpoint) keeps every lease, and admits no late action.
@@ -452,6 +465,27 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 }
             },
             2 => match &*servers {
+                Servers::Mariadb(m) => {
+                    let m = m.lock().unwrap();
+                    let from = now_us();
+                    if rng.below(2) == 0 {
+                        // The server stopped: every connection stalls.
+                        m.pause();
+                        std::thread::sleep(rng.ms(200, 900));
+                        m.resume();
+                    } else {
+                        // Every connection of lockrun's killed by the server:
+                        // the leases are rows, and outlive them.
+                        let ids = m.sql(
+                            "SELECT id FROM information_schema.processlist \
+                             WHERE db = 'app' AND id <> CONNECTION_ID()",
+                        );
+                        for id in ids.lines().filter(|l| !l.is_empty()) {
+                            m.try_kill(id);
+                        }
+                    }
+                    log.push(Chaos::RedisPause { from, to: now_us() });
+                }
                 Servers::Postgres(pg) => {
                     let p = pg.lock().unwrap();
                     if rng.below(2) == 0 {
@@ -849,6 +883,18 @@ fn torture_on_postgres() {
     let url = pg.url();
     let secs = env_u64("LOCKRUN_TORTURE_POSTGRES_SECS", 30);
     torture(Servers::Postgres(Mutex::new(pg)), url, None, secs);
+}
+
+/// The same on MariaDB: the chaos thread restarts the server (durable:
+/// leases survive), stops it for a while and kills every connection of
+/// lockrun's (LOCKRUN_TORTURE_MARIADB_SECS, default 20).
+#[test]
+fn torture_on_mariadb() {
+    let _alone = heavy();
+    let m = Mariadb::start();
+    let url = m.url();
+    let secs = env_u64("LOCKRUN_TORTURE_MARIADB_SECS", 20);
+    torture(Servers::Mariadb(Mutex::new(m)), url, None, secs);
 }
 
 /// The same behind Sentinel, where the chaos thread also fails the master

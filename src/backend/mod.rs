@@ -19,6 +19,7 @@ pub mod etcd;
 mod lease;
 pub mod local;
 mod model;
+pub mod mysql;
 pub mod postgres;
 pub mod redis;
 pub mod wait;
@@ -120,7 +121,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|postgres|postgresql|)(://)?") {
+        fn the_url_parser_never_panics(raw in "\\PC{0,40}", scheme in "(redis|rediss|file|http|postgres|postgresql|mysql|mariadb|)(://)?") {
             let url = format!("{scheme}{raw}");
             if let Err(e) = spec(&url) {
                 proptest::prop_assert!(matches!(e, Error::Request(_)));

@@ -191,6 +191,7 @@ struct Bench {
     /// LOCKRUN_BENCH_ALSO: another lockrun build measured beside this one.
     also: Option<String>,
     postgres: Option<support::Postgres>,
+    mariadb: Option<support::Mariadb>,
     results: serde_json::Map<String, Value>,
 }
 
@@ -738,6 +739,79 @@ impl Bench {
         self.record("postgres", Value::Object(out));
     }
 
+    /// lockrun on MariaDB next to lockrun on PostgreSQL and on Redis,
+    /// interleaved: uncontended runs, hand-offs and contention (target: within
+    /// 1.2x of PostgreSQL on every row).
+    fn mariadb(&mut self) {
+        let Some(my) = &self.mariadb else { return };
+        let urls = [
+            Some(my.url()),
+            self.postgres.as_ref().map(|p| p.url()),
+            Some(self.redis.url()),
+        ];
+        let names = ["lockrun-mariadb", "lockrun-postgres", "lockrun-redis"];
+        let (urls, names): (Vec<String>, Vec<&str>) = urls
+            .into_iter()
+            .zip(names)
+            .filter_map(|(u, n)| u.map(|u| (u, n)))
+            .unzip();
+        let on = |url: &str, name: &str, job: &[String]| self.lockrun_on(&bin(), url, name, job);
+        let rounds = self.handoff_rounds();
+        let t = s(&["/bin/true"]);
+        let runs: Vec<_> = urls.iter().map(|u| on(u, "mu", &t)).collect();
+        let unc = time_interleaved(&runs, rounds);
+        let mut hand: Vec<Vec<f64>> = vec![Vec::new(); urls.len()];
+        for _ in 0..rounds {
+            for (i, u) in urls.iter().enumerate() {
+                hand[i].push(self.handoff_once(|j| on(u, "mh", j), 1));
+            }
+        }
+        let (w, k, _) = self.contention_size();
+        let section = vec![self.exe.clone(), "job-sleep".into(), "5".into()];
+        let cont: Vec<f64> = urls
+            .iter()
+            .map(|u| contend(&on(u, "mc", &section), w, k))
+            .collect();
+        let hand: Vec<_> = hand.into_iter().map(stats).collect();
+        println!(
+            "\nMariaDB: lockrun on MariaDB next to PostgreSQL and Redis, {rounds} interleaved rounds"
+        );
+        println!(
+            "{:<16} {:>18} {:>18} {:>14}",
+            "engine", "uncontended ms", "hand-off ms", "contention/s"
+        );
+        let mut out = serde_json::Map::new();
+        for (i, engine) in names.iter().enumerate() {
+            println!(
+                "{engine:<16} {:>8.3} ({:>7.3}) {:>8.3} ({:>7.3}) {:>14.1}",
+                unc[i].median, unc[i].p90, hand[i].median, hand[i].p90, cont[i]
+            );
+            out.insert(
+                engine.to_string(),
+                json!({
+                    "uncontended_median_ms": unc[i].median, "uncontended_p90_ms": unc[i].p90,
+                    "handoff_median_ms": hand[i].median, "handoff_p90_ms": hand[i].p90,
+                    "contention_per_second": cont[i],
+                }),
+            );
+        }
+        if names.get(1) == Some(&"lockrun-postgres") {
+            let (u, h, c) = (
+                unc[0].median / unc[1].median,
+                hand[0].median / hand[1].median,
+                cont[1] / cont[0],
+            );
+            println!(
+                "lockrun-mariadb/lockrun-postgres: uncontended {u:.2}x, hand-off {h:.2}x, \
+                 time per contended acquisition {c:.2}x (target ≤ 1.2x each)"
+            );
+            out.insert("uncontended_over_postgres".into(), json!(u));
+            out.insert("handoff_over_postgres".into(), json!(h));
+            out.insert("contention_slowdown_over_postgres".into(), json!(c));
+        }
+        self.record("mariadb", Value::Object(out));
+    }
+
     /// This lockrun (A) against `other` (B): uncontended runs, hand-offs and
     /// contention on both engines, the two builds taking turns within every
     /// round, with the rounds and sizes of the usual measures.
@@ -1050,6 +1124,8 @@ fn main() {
     };
     // PostgreSQL when its server programs and the postgres user are there.
     let postgres = (ab.is_none() && support::postgres_installed()).then(support::Postgres::start);
+    // MariaDB when its programs are there.
+    let mariadb = (ab.is_none() && support::mariadb_installed()).then(support::Mariadb::start);
     let redis = Redis::start();
     let stats_conn = redis.conn();
     let floor = build_floor(dir.path());
@@ -1072,6 +1148,7 @@ fn main() {
         floor,
         also,
         postgres,
+        mariadb,
         results: serde_json::Map::new(),
     };
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -1100,7 +1177,7 @@ fn main() {
         b.ab(&other);
     } else {
         let only = std::env::var("LOCKRUN_BENCH_ONLY").unwrap_or_default();
-        let sections: [(&str, Section); 10] = [
+        let sections: [(&str, Section); 11] = [
             ("uncontended", Bench::uncontended),
             ("contention", Bench::contention),
             ("handoff", Bench::handoff),
@@ -1111,6 +1188,7 @@ fn main() {
             ("throughput", Bench::throughput),
             ("etcd", Bench::etcd),
             ("postgres", Bench::postgres),
+            ("mariadb", Bench::mariadb),
         ];
         let chosen: Vec<&str> = only.split(',').filter(|s| !s.is_empty()).collect();
         for c in &chosen {

@@ -9,11 +9,14 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod cluster;
+mod mysql;
 mod postgres;
 mod sentinel;
 // The benchmark shares these helpers and needs neither.
 #[allow(unused_imports)]
 pub use cluster::*;
+#[allow(unused_imports)]
+pub use mysql::*;
 #[allow(unused_imports)]
 pub use postgres::*;
 #[allow(unused_imports)]

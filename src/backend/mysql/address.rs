@@ -1,0 +1,367 @@
+//! A MySQL or MariaDB address: `mysql://` or `mariadb://`, the user,
+//! password, host, port and database of the URL, `ssl-mode` and `socket`
+//! from its query, the password from `MYSQL_PWD` when the URL has none;
+//! which part is secret; and `--prefix` as the start of the tables' names.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{ENGINE, Mysql};
+use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+
+/// The server's port when the URL names none.
+const DEFAULT_PORT: u16 = 3306;
+
+/// How the connection is protected (the `mysql` client's `--ssl-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disabled,
+    /// TLS when the server offers it, plain otherwise; the certificate is
+    /// not checked.
+    Preferred,
+    /// TLS or nothing; the certificate is checked only against a CA given
+    /// (`--tls-ca`), as the `mysql` client does.
+    Required,
+    /// TLS, the certificate signed by a trusted CA (any name).
+    VerifyCa,
+    /// TLS, the certificate signed by a trusted CA and naming the host.
+    VerifyIdentity,
+}
+
+/// A database's address (lockrun-engines(7) "MYSQL AND MARIADB").
+#[derive(Clone)]
+pub struct MyUrl {
+    pub host: String,
+    pub port: u16,
+    /// A Unix socket to connect through instead of TCP.
+    pub socket: Option<String>,
+    pub user: String,
+    pub password: Option<String>,
+    /// The password came from MYSQL_PWD: it is kept from the job too.
+    pub password_from_env: bool,
+    pub database: String,
+    pub ssl_mode: SslMode,
+    pub ca_file: Option<PathBuf>,
+    /// The URL with any password replaced, for messages.
+    pub display: String,
+}
+
+impl std::fmt::Debug for MyUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password, also not in a debug print.
+        f.debug_struct("MyUrl")
+            .field("display", &self.display)
+            .finish()
+    }
+}
+
+impl Address for MyUrl {
+    fn engine(&self) -> &'static EngineInfo {
+        &ENGINE
+    }
+    fn shown(&self) -> String {
+        self.display.clone()
+    }
+    fn secret(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+    fn secret_env(&self) -> Option<&'static str> {
+        self.password_from_env.then_some("MYSQL_PWD")
+    }
+    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
+        tables_of(prefix).map(|_| ())
+    }
+    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
+        Ok(Box::new(Mysql::open(self, how)?))
+    }
+    fn doctor(&self, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(self, how)
+    }
+}
+
+/// The start of the tables' names that `--prefix` names: the prefix less
+/// one trailing `:` (so the default `lockrun:` makes `lockrun_leases`), a
+/// plain lower-case identifier that needs no quoting anywhere.
+pub fn tables_of(prefix: &str) -> Result<String, Error> {
+    let base = prefix.strip_suffix(':').unwrap_or(prefix);
+    let plain = !base.is_empty()
+        && base.len() <= 48
+        && base
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && base
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !plain {
+        let shown: String = prefix.chars().take(60).collect();
+        return Err(Error::Request(format!(
+            "invalid --prefix {shown:?} for MySQL: it starts the names of lockrun's tables, \
+             so it must be a lower-case identifier (a-z, 0-9, _, at most 48), optionally \
+             followed by ':' (the default lockrun: makes the tables lockrun_leases, \
+             lockrun_waiters and lockrun_tokens)"
+        )));
+    }
+    Ok(base.to_string())
+}
+
+/// Percent-decoding as URLs write it; None for an escape that is not one.
+fn decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// What the process environment says, for the parser (a function, so
+/// tests can give their own).
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+fn from_env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// The login name of the user lockrun runs as (the `mysql` client's
+/// default user).
+fn os_user() -> Option<String> {
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() > 2 && f[2] == uid).then(|| f[0].to_string())
+    })
+}
+
+/// Parse `mysql://[user[:pass]@]host[:port][/db][?ssl-mode=…&socket=…]`.
+pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+    let mut url = read(raw, &from_env)?;
+    if url.ssl_mode == SslMode::Disabled || url.socket.is_some() {
+        opts.no_tls(&url.display)?;
+    } else if url.ca_file.is_none() {
+        url.ca_file = opts.tls_ca.clone();
+    }
+    opts.no_replicas(&url.display)?;
+    Ok(Arc::new(url))
+}
+
+fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
+    let bad =
+        |why: String| Error::Request(format!("invalid --url: {why}; expected {}", ENGINE.form));
+    let (scheme, rest) = raw
+        .split_once("://")
+        .ok_or_else(|| bad("no scheme".into()))?;
+    let scheme = scheme.to_ascii_lowercase();
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (rest, None),
+    };
+    // Never echo the raw URL: it may hold a password.
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (url_user, url_password) = match userinfo {
+        None => (None, None),
+        Some(u) => match u.split_once(':') {
+            Some((name, pass)) => (Some(name), Some(pass)),
+            None => (Some(u), None),
+        },
+    };
+    let shown_user = match (url_user, url_password) {
+        (Some(u), Some(_)) => format!("{u}:***@"),
+        (Some(u), None) => format!("{u}@"),
+        _ => String::new(),
+    };
+    let mut display = format!("{scheme}://{shown_user}{hostport}");
+    if let Some(p) = path.filter(|p| !p.is_empty()) {
+        display.push('/');
+        display.push_str(p);
+    }
+    let display = crate::text::printable(&display).into_owned();
+    let user = match url_user {
+        Some(u) => decode(u).ok_or_else(|| bad("the user has a bad %-escape".into()))?,
+        None => os_user().unwrap_or_else(|| "root".into()),
+    };
+    if user.is_empty() {
+        return Err(bad("the user is empty".into()));
+    }
+    let (password, password_from_env) = match url_password {
+        Some(p) => (
+            Some(decode(p).ok_or_else(|| bad("the password has a bad %-escape".into()))?),
+            false,
+        ),
+        None => match env("MYSQL_PWD") {
+            Some(p) => (Some(p), true),
+            None => (None, false),
+        },
+    };
+    let (host, port) = match crate::backend::bracketed_host(hostport, "host").map_err(bad)? {
+        Some((h, p)) => (h.to_string(), p),
+        None => match hostport.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (hostport.to_string(), None),
+        },
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+            bad(format!(
+                "the port {:?} is not a port number",
+                crate::text::printable(p)
+            ))
+        })?,
+    };
+    let host = decode(&host).ok_or_else(|| bad("the host has a bad %-escape".into()))?;
+    if host
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || "/@?#".contains(c))
+    {
+        return Err(bad("the host is not a host name or address".into()));
+    }
+    let database = match path {
+        Some(p) if !p.is_empty() => {
+            decode(p).ok_or_else(|| bad("the database has a bad %-escape".into()))?
+        }
+        _ => {
+            return Err(bad(
+                "it names no database (…/dbname), where lockrun keeps its tables".into(),
+            ));
+        }
+    };
+    if database.len() > 64 || database.contains(['/', '`', '\0']) {
+        return Err(bad("the database name is not one MySQL allows".into()));
+    }
+    let mut ssl_mode = SslMode::Preferred;
+    let mut socket = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = decode(v).ok_or_else(|| bad("a parameter has a bad %-escape".into()))?;
+        match k.to_ascii_lowercase().replace('_', "-").as_str() {
+            "ssl-mode" | "sslmode" => {
+                ssl_mode = match v.to_ascii_uppercase().replace('-', "_").as_str() {
+                    "DISABLED" => SslMode::Disabled,
+                    "PREFERRED" => SslMode::Preferred,
+                    "REQUIRED" => SslMode::Required,
+                    "VERIFY_CA" => SslMode::VerifyCa,
+                    "VERIFY_IDENTITY" => SslMode::VerifyIdentity,
+                    other => {
+                        return Err(bad(format!(
+                            "ssl-mode {:?} is none of DISABLED, PREFERRED, REQUIRED, \
+                             VERIFY_CA, VERIFY_IDENTITY",
+                            crate::text::printable(other)
+                        )));
+                    }
+                }
+            }
+            "socket" => {
+                if !v.starts_with('/') {
+                    return Err(bad("socket must be an absolute path".into()));
+                }
+                socket = Some(v);
+            }
+            other => {
+                let shown: String = other.chars().take(30).collect();
+                return Err(bad(format!(
+                    "unknown parameter {:?} (lockrun knows ssl-mode and socket)",
+                    crate::text::printable(&shown)
+                )));
+            }
+        }
+    }
+    if host.is_empty() && socket.is_none() {
+        return Err(bad("it names no host".into()));
+    }
+    Ok(MyUrl {
+        host: if host.is_empty() {
+            "localhost".into()
+        } else {
+            host
+        },
+        port,
+        socket,
+        user,
+        password,
+        password_from_env,
+        database,
+        ssl_mode,
+        ca_file: None,
+        display,
+    })
+}
+
+#[cfg(test)]
+pub(super) fn tests_url() -> MyUrl {
+    read("mysql://u:pw@h/db", &|_| None).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_none(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn urls_are_read_as_the_mysql_client_reads_them() {
+        let u = read(
+            "mysql://app:s3cret@db.example:3307/ci?ssl-mode=REQUIRED",
+            &env_none,
+        )
+        .unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("db.example", 3307));
+        assert_eq!((u.user.as_str(), u.database.as_str()), ("app", "ci"));
+        assert_eq!(u.password.as_deref(), Some("s3cret"));
+        assert_eq!(u.ssl_mode, SslMode::Required);
+        assert!(!u.display.contains("s3cret"), "{}", u.display);
+        let m = read(
+            "mariadb://u@[::1]/d?socket=/run/mysqld/mysqld.sock",
+            &env_none,
+        )
+        .unwrap();
+        assert_eq!((m.host.as_str(), m.port), ("::1", 3306));
+        assert_eq!(m.socket.as_deref(), Some("/run/mysqld/mysqld.sock"));
+        let pwd = |k: &str| (k == "MYSQL_PWD").then(|| "envpw".to_string());
+        let e = read("mysql://u@h/d", &pwd).unwrap();
+        assert_eq!(e.password.as_deref(), Some("envpw"));
+        assert!(e.password_from_env);
+        for bad in [
+            "mysql://u:s3cret@h",
+            "mysql://u:s3cret@h:0/d",
+            "mysql://u:s3cret@h:99999/d",
+            "mysql://u:s3cret@h/d?ssl-mode=SOMETIMES",
+            "mysql://u:s3cret@h/d?colour=blue",
+            "mysql://u:s3cret@h/d?socket=relative",
+            "mysql://u:s3cret@/d",
+            "mysql://u:s3cret@h/d%zz",
+            "mysql://u:s3cret@h/a`b",
+        ] {
+            let e = read(bad, &env_none).unwrap_err();
+            assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_prefix_names_plain_tables() {
+        assert_eq!(tables_of("lockrun:").unwrap(), "lockrun");
+        assert_eq!(tables_of("ci_locks").unwrap(), "ci_locks");
+        for bad in ["", "Upper", "a-b", "a;b", "1x", &"x".repeat(49)] {
+            assert!(tables_of(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! `lockrun doctor` for MySQL and MariaDB: read-only checks, one line each
+//! (lockrun-engines(7) "MYSQL AND MARIADB").
+
+use std::sync::Arc;
+
+use super::address::{MyUrl, tables_of};
+use super::client::{Client, float, int, text};
+use super::sql::Tables;
+use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
+use crate::backend::{Check, Error, Opening};
+use crate::clock::Boot;
+
+pub fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
+    let mut out = Vec::new();
+    let base = match tables_of(&how.prefix) {
+        Ok(b) => b,
+        Err(e) => {
+            out.push(Check::fail("prefix", e.to_string()));
+            return out;
+        }
+    };
+    let mut client = Client::new(Arc::new(url.clone()), how.op);
+    let started = Boot::now();
+    let about = match client.query(
+        "SELECT VERSION(), CURRENT_USER(), DATABASE(), @@global.read_only, \
+           @@session.time_zone, @@global.time_zone, @@version_comment"
+            .into(),
+    ) {
+        Ok(rows) => rows,
+        Err(e) => {
+            let what = match e {
+                Error::Transient(m) => format!("{m}; check the address and that the server runs"),
+                e => e.to_string(),
+            };
+            out.push(Check::fail("reachable", what));
+            return out;
+        }
+    };
+    let Some(about) = about.first() else {
+        out.push(Check::fail("reachable", "the server answered with no row"));
+        return out;
+    };
+    let version = text(about, 0).unwrap_or_default();
+    let user = text(about, 1).unwrap_or_default();
+    out.push(Check::ok(
+        "reachable",
+        format!(
+            "{} answered in {} as {user} in database {}",
+            url.display,
+            shown(Boot::now().since(started)),
+            text(about, 2).unwrap_or_default()
+        ),
+    ));
+    let (timed, failed) = time_round_trips(|| {
+        let rows = client.query(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1e6"
+                .into(),
+        )?;
+        rows.first()
+            .and_then(|r| float(r, 0))
+            .ok_or_else(|| Error::Refused("the server answered with no row".into()))
+    });
+    if let Some(e) = failed {
+        out.push(Check::fail("round trip", e.to_string()));
+        return out;
+    }
+    out.push(round_trip_check(timed.worst.unwrap_or_default(), how.op));
+    out.push(clock_check(
+        timed.offset.unwrap_or_default(),
+        "leases, --min-hold windows and tokens count on the server's clock alone",
+        "leases, --min-hold windows and tokens count on the server's clock alone; a clock that \
+         far off is likely not kept by NTP, and a step of the server's clock shortens or \
+         lengthens every lease by the step: keep NTP on",
+    ));
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let (major, minor) = {
+        let mut p = version
+            .split(['.', '-'])
+            .map(|x| x.parse::<u32>().unwrap_or(0));
+        (p.next().unwrap_or(0), p.next().unwrap_or(0))
+    };
+    let new_enough = if mariadb {
+        (major, minor) >= (10, 5)
+    } else {
+        major >= 8
+    };
+    out.push(if new_enough {
+        Check::ok("version", version.clone())
+    } else {
+        Check::warn(
+            "version",
+            format!("{version}: lockrun is tested on MariaDB 10.11; MariaDB 10.5 or MySQL 8 or later is expected"),
+        )
+    });
+    if int(about, 3).unwrap_or(0) != 0 {
+        out.push(Check::fail(
+            "read-only",
+            "the server is read-only (read_only = ON): every grant fails; point lockrun at \
+             the primary",
+        ));
+    } else {
+        out.push(Check::ok("read-only", "read_only = OFF"));
+    }
+    out.push(Check::ok(
+        "time_zone",
+        format!(
+            "session {}, global {} (lockrun reads UTC_TIMESTAMP, which no time zone moves)",
+            text(about, 4).unwrap_or_default(),
+            text(about, 5).unwrap_or_default()
+        ),
+    ));
+    out.extend(replication(&mut client, mariadb));
+    out.push(wake_check(&mut client));
+    out.push(tables(&mut client, &base));
+    out
+}
+
+/// A replica, and whether a failover could lose a grant; Galera.
+fn replication(client: &mut Client, mariadb: bool) -> Vec<Check> {
+    let mut out = Vec::new();
+    let galera = client
+        .query("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'".into())
+        .ok()
+        .and_then(|r| r.first().and_then(|r| text(r, 1)))
+        .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+    if galera {
+        out.push(Check::warn(
+            "galera",
+            "Galera replication is on: a grant commits on every node; GET_LOCK is refused, so \
+             waiters sleep until what is in their way lapses (slower hand-offs)",
+        ));
+    }
+    let replica = client
+        .query(if mariadb {
+            "SHOW ALL SLAVES STATUS".into()
+        } else {
+            "SHOW REPLICA STATUS".into()
+        })
+        .map(|r| !r.is_empty());
+    match replica {
+        Ok(true) => out.push(Check::fail(
+            "replication",
+            "this server replicates from another: it is a replica; point lockrun at the primary",
+        )),
+        Ok(false) => {
+            let semi = client
+                .query(
+                    "SHOW GLOBAL STATUS WHERE Variable_name IN \
+                     ('Rpl_semi_sync_master_status', 'Rpl_semi_sync_source_status')"
+                        .into(),
+                )
+                .ok()
+                .and_then(|r| r.first().and_then(|r| text(r, 1)))
+                .is_some_and(|v| v.eq_ignore_ascii_case("ON"));
+            let replicas = client
+                .query("SHOW SLAVE HOSTS".into())
+                .map(|r| r.len())
+                .unwrap_or(0);
+            out.push(if replicas > 0 && !semi && !galera {
+                Check::warn(
+                    "replication",
+                    format!(
+                        "{replicas} replica(s) replicate asynchronously: a failover to one may \
+                         lose the last grants (two holders at once until they lapse); use \
+                         semi-synchronous replication, or fence with LOCKRUN_TOKEN"
+                    ),
+                )
+            } else {
+                Check::ok("replication", "a primary (no replication source)")
+            });
+        }
+        Err(_) => out.push(Check::ok(
+            "replication",
+            "not readable by this user (REPLICATION CLIENT); a primary as far as lockrun can tell",
+        )),
+    }
+    out
+}
+
+/// Whether waiters can be woken at once (GET_LOCK), or sleep.
+fn wake_check(client: &mut Client) -> Check {
+    match client.query("SELECT IS_FREE_LOCK('lockrun:doctor')".into()) {
+        Ok(_) => Check::ok(
+            "wake-up",
+            "GET_LOCK is allowed: a release wakes the next waiter at once",
+        ),
+        Err(e) => Check::warn(
+            "wake-up",
+            format!("GET_LOCK is refused ({e}): waiters sleep until what is in their way lapses"),
+        ),
+    }
+}
+
+/// The user's privileges on lockrun's tables, or to create them.
+fn tables(client: &mut Client, base: &str) -> Check {
+    let t = Tables::new(base);
+    let names = format!("{base}_leases, {base}_waiters, {base}_tokens");
+    let probe = vec![
+        "START TRANSACTION".to_string(),
+        format!("SELECT COUNT(*) FROM {}", t.leases),
+        format!("SELECT COUNT(*) FROM {}", t.waiters),
+        format!("SELECT COUNT(*) FROM {}", t.tokens),
+        "ROLLBACK".into(),
+    ];
+    match client.run(&probe) {
+        Ok(_) => {
+            let grants = client
+                .query("SHOW GRANTS".into())
+                .map(|rows| {
+                    rows.iter()
+                        .filter_map(|r| text(r, 0))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                        .to_ascii_uppercase()
+                })
+                .unwrap_or_default();
+            let all = ["SELECT", "INSERT", "UPDATE", "DELETE"]
+                .iter()
+                .all(|p| grants.contains(p) || grants.contains("ALL PRIVILEGES"));
+            if all {
+                Check::ok(
+                    "tables",
+                    format!("{names} exist; the user may read and write them"),
+                )
+            } else {
+                Check::warn(
+                    "tables",
+                    format!(
+                        "{names} exist, but SHOW GRANTS does not show SELECT, INSERT, UPDATE \
+                         and DELETE for this user: grant what lockrun-engines(7) \"MYSQL AND \
+                         MARIADB\" lists"
+                    ),
+                )
+            }
+        }
+        Err(_) if client.last_code == Some(1146) => {
+            if may_create(client) {
+                Check::ok(
+                    "tables",
+                    format!("{names} do not exist yet: the first run creates them"),
+                )
+            } else {
+                Check::fail(
+                    "tables",
+                    format!(
+                        "{names} do not exist yet, and SHOW GRANTS gives this user no CREATE \
+                         on the database: create them once as a user that may, or grant what \
+                         lockrun-engines(7) \"MYSQL AND MARIADB\" lists"
+                    ),
+                )
+            }
+        }
+        Err(e) => Check::fail("tables", e.to_string()),
+    }
+}
+
+/// SHOW GRANTS gives the user CREATE (or every privilege) on every
+/// database or on this one.
+fn may_create(client: &mut Client) -> bool {
+    let db = client.url().database.to_ascii_uppercase();
+    let Ok(rows) = client.query("SHOW GRANTS".into()) else {
+        return false;
+    };
+    rows.iter().filter_map(|r| text(r, 0)).any(|g| {
+        let g = g.to_ascii_uppercase();
+        let Some((privs, rest)) = g.strip_prefix("GRANT ").and_then(|g| g.split_once(" ON "))
+        else {
+            return false;
+        };
+        let target = rest.split(" TO ").next().unwrap_or("").replace('`', "");
+        let on_db = target == "*.*" || target == format!("{db}.*");
+        on_db
+            && (privs.contains("ALL PRIVILEGES") || privs.split(", ").any(|p| p.trim() == "CREATE"))
+    })
+}

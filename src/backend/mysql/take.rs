@@ -1,0 +1,488 @@
+//! Taking a name on MySQL: one short transaction per look, under the row
+//! lock on the name's counter: read the name's live rows, judge them, then
+//! take a free slot (the grant), or take or keep a place in the queue.
+//! Between looks a waiter blocks on the wake-up lock of what is just ahead
+//! of it (a release or a grant frees it), else sleeps until what is in its
+//! way lapses or its place needs keeping. The give-up clock, the waiting
+//! line and the retry budget are the driver's (`backend::drive`).
+
+use std::time::Duration;
+
+use mysql::Row;
+
+use super::client::{Client, Woke, int};
+use super::queue::{Rows, Target, Verdict, entries, judge};
+use super::sql::{KEPT, PREEMPTED, SUPERSEDE, Tables, lit, wake_key};
+use super::{MyHeld, Mysql};
+use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::wait::{Patience, Retry};
+use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
+use crate::clock::Boot;
+use crate::log;
+
+/// A waiter's place lasts a third of the ttl unless kept, so one killed
+/// in the queue holds up the others by no more than that.
+pub fn place_ttl(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(100))
+}
+
+/// The server's number for a table that is not there.
+pub(super) fn missing(code: Option<u16>) -> bool {
+    code == Some(1146)
+}
+
+#[derive(Default)]
+struct Place {
+    seq: Option<i64>,
+    joined: bool,
+    holder: Option<String>,
+}
+
+enum Outcome {
+    Granted {
+        slot: u32,
+        token: u64,
+    },
+    Blocked {
+        lapses_in: Option<Duration>,
+        wake_on: Option<Target>,
+    },
+    Busy,
+    QueueFull {
+        waiting: u64,
+    },
+    Replaced {
+        by: String,
+    },
+    Refused(Error),
+    Again,
+}
+
+struct Taking<'a> {
+    my: &'a mut Mysql,
+    req: &'a Request<'a>,
+    place: Place,
+    created: bool,
+}
+
+impl Take for Taking<'_> {
+    type Transport = Client;
+
+    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+        loop {
+            match self.my.step(self.req, &mut self.place, patience) {
+                Err(_) if !self.created && missing(self.my.client.last_code) => {
+                    // First use of these tables: create them, look again.
+                    self.created = true;
+                    if let Err(e) = self.my.create() {
+                        let doing = format!("acquiring {}", self.req.name);
+                        return Ok(Step::Over(self.my.client.failed(&doing, e)));
+                    }
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn leave(&mut self) {
+        if self.place.seq.take().is_some() {
+            let sql = self
+                .my
+                .tables
+                .dequeue(self.req.name, &self.req.owner.secret);
+            let _ = self.my.client.query(sql);
+        }
+    }
+
+    fn transport(&self) -> &Client {
+        &self.my.client
+    }
+}
+
+impl Mysql {
+    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        // A blocking wait lasts at most the time to keep our place.
+        self.client.wait = place_ttl(req.timing.ttl) / 3 + Duration::from_secs(1);
+        let mut taking = Taking {
+            my: self,
+            req,
+            place: Place::default(),
+            created: false,
+        };
+        drive(&mut taking, req, wait)
+    }
+
+    /// Create lockrun's tables (lockrun-engines(7) "MYSQL AND MARIADB").
+    pub(super) fn create(&mut self) -> Result<(), Error> {
+        log::info(format!(
+            "creating lockrun's tables {}_leases, {}_waiters and {}_tokens",
+            self.tables.base, self.tables.base, self.tables.base
+        ));
+        match self.client.run(&self.tables.create()) {
+            Ok(_) => Ok(()),
+            Err(Error::Refused(m)) if matches!(self.client.last_code, Some(1142 | 1044)) => {
+                Err(Error::Refused(format!(
+                    "cannot create lockrun's tables in database {}: {m}; create them once as \
+                     a user that may (lockrun-engines(7) \"MYSQL AND MARIADB\")",
+                    self.client.url().database
+                )))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn step(
+        &mut self,
+        req: &Request,
+        place: &mut Place,
+        patience: &mut Patience,
+    ) -> Result<Step, Error> {
+        let sent = Boot::now();
+        let tables = self.tables.clone();
+        let wake = !self.client.no_wake;
+        let look_sql = tables.look(req.name, wake);
+        let outcome = transaction(&mut self.client, &tables, req.name, look_sql, |c, rows| {
+            look(c, rows, &tables, req, place, patience)
+        })?;
+        let Some(outcome) = outcome else {
+            return Ok(Step::Again);
+        };
+        match outcome {
+            Outcome::Granted { slot, token } => {
+                let fresh = self.client.fresh();
+                let client = std::mem::replace(&mut self.client, fresh);
+                let held = MyHeld::new(client, &self.tables, req, slot);
+                Ok(Step::Done(Acquired::Granted(Lease::new(
+                    token,
+                    matches!(req.mode, Mode::Limit(_)).then_some(slot),
+                    sent,
+                    req.timing.ttl,
+                    Box::new(held),
+                ))))
+            }
+            Outcome::Busy => Ok(Step::Done(Acquired::Busy {
+                holder: place.holder.clone(),
+            })),
+            Outcome::QueueFull { waiting } => Ok(Step::Done(Acquired::QueueFull { waiting })),
+            Outcome::Replaced { by } => Ok(Step::Done(Acquired::Replaced { by })),
+            Outcome::Refused(e) => Err(e),
+            Outcome::Again => Ok(Step::Again),
+            Outcome::Blocked { lapses_in, wake_on } => {
+                patience.tick(place.holder.as_deref());
+                let keep = place_ttl(req.timing.ttl) / 3;
+                let at = |d: Duration| sent.add(d + Duration::from_millis(5));
+                let usable = !self.client.no_wake && self.client.connected();
+                let Some(target) = wake_on.filter(|_| usable) else {
+                    // Sleep until what is in our way lapses, or our place
+                    // needs keeping.
+                    let until_lapse = lapses_in.map_or(keep, |d| at(d).since(Boot::now()));
+                    std::thread::sleep(patience.cap(keep.min(until_lapse)));
+                    return Ok(Step::Again);
+                };
+                // Block on the row just ahead; a live place ahead keeps
+                // itself (its lockrun's death ends its lock), a holder may
+                // lapse with its session alive (its lockrun stopped).
+                let lapse_at = (target.kind == 'h').then(|| at(target.left));
+                let mut keep_sql = None;
+                loop {
+                    let until_lapse = lapse_at.map_or(keep, |t| t.since(Boot::now()));
+                    let nap = patience.cap(keep.min(until_lapse));
+                    let woke =
+                        self.client
+                            .wait_for(target.kind, &target.owner, nap, keep_sql.take())?;
+                    let due = lapse_at.is_some_and(|t| Boot::now() >= t)
+                        || patience
+                            .block_for()
+                            .is_some_and(|b| b < Duration::from_millis(5));
+                    // Nothing moved ahead of us: keep our place and wait
+                    // again without a look, unless something is due (a
+                    // lapse, the waiting line, the end of the wait).
+                    if woke != Woke::TimedOut || due {
+                        return Ok(Step::Again);
+                    }
+                    let Some(seq) = place.seq else {
+                        return Ok(Step::Again);
+                    };
+                    let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+                    keep_sql = Some(self.keep_sql(req, seq, keep_ms, &target));
+                }
+            }
+        }
+    }
+
+    /// Keep our place, on condition that the row we block on is still there.
+    fn keep_sql(&self, req: &Request, seq: i64, keep_ms: i64, t: &Target) -> (String, String) {
+        (
+            self.tables.keep_place(seq, &req.owner.secret, keep_ms),
+            self.tables.still(req.name, t.kind, &t.owner, t.pos),
+        )
+    }
+}
+
+/// Run a transaction under the name's row lock: its start, the lock and
+/// `first` in one flight, then `f` with the rows of `first`; `f` ends it
+/// (`commit`). None: the name had no counter row yet, which is made now
+/// (look again). Any error ends the connection, and the transaction with it.
+pub(super) fn transaction<T>(
+    c: &mut Client,
+    tables: &Tables,
+    name: &str,
+    first: String,
+    f: impl FnOnce(&mut Client, Vec<Row>) -> Result<T, Error>,
+) -> Result<Option<T>, Error> {
+    let [begin, lock] = tables.begin(name);
+    let mut sets = c.run(&[begin, lock, first])?;
+    if sets[1].is_empty() {
+        c.run(&["ROLLBACK".into(), tables.counter(name)])?;
+        return Ok(None);
+    }
+    let rows = sets.remove(2);
+    let done = f(c, rows);
+    if done.is_err() {
+        let code = c.last_code.take();
+        c.drop_connection();
+        c.last_code = code;
+    }
+    done.map(Some)
+}
+
+/// The transaction's last statements and its COMMIT, in one flight, then
+/// `after` (wake-up locks: a failure of those costs nothing but the
+/// wake-up): the rows of each of `last`.
+pub(super) fn commit(
+    c: &mut Client,
+    last: Vec<String>,
+    after: Vec<String>,
+) -> Result<Vec<Vec<Row>>, Error> {
+    let n = last.len();
+    let mut stmts = last;
+    stmts.push("COMMIT".into());
+    stmts.extend(after);
+    let f = c.flight(&stmts);
+    match f.failed {
+        Some((at, e)) if at <= n => Err(e),
+        Some((_, e)) => {
+            if !e.is_transient() {
+                c.no_wake = true;
+            }
+            Ok(f.sets)
+        }
+        None => Ok(f.sets),
+    }
+}
+
+/// The wake-up lock statements that make this connection hold `kind`'s
+/// lock for `col` (and give up `old`'s).
+fn hold(c: &Client, kind: char, col: &str, old: Option<&str>) -> Vec<String> {
+    if c.no_wake {
+        return Vec::new();
+    }
+    let mut v = vec![format!("DO GET_LOCK({}, 0)", wake_key(kind, &lit(col)))];
+    if let Some(old) = old {
+        v.push(format!("DO RELEASE_LOCK({})", wake_key('w', &lit(old))));
+    }
+    v
+}
+
+fn place_owner(req: &Request) -> String {
+    if req.group.supersede {
+        format!("{SUPERSEDE}{}", req.owner.secret)
+    } else {
+        req.owner.secret.clone()
+    }
+}
+
+/// One look at the name, inside its transaction: `rows` are its live rows.
+fn look(
+    c: &mut Client,
+    rows: Vec<Row>,
+    tables: &Tables,
+    req: &Request,
+    place: &mut Place,
+    patience: &Patience,
+) -> Result<Outcome, Error> {
+    let name = req.name;
+    let owner = &req.owner.secret;
+    let Rows {
+        holders,
+        mut waiters,
+        replaced,
+    } = entries(&rows)?;
+    if let Some(mark) = replaced.iter().find(|m| &m.owner == owner) {
+        // A newer --supersede request took our place. Its mark goes.
+        commit(c, vec![tables.dequeue(name, owner)], Vec::new())?;
+        place.seq = None;
+        return Ok(Outcome::Replaced {
+            by: mark.label.clone(),
+        });
+    }
+    let mine = waiters.iter().find(|w| &w.owner == owner).map(|w| w.pos);
+    if let (Some(old), None) = (place.seq, mine) {
+        if req.group.supersede
+            && let Some(newer) = waiters.iter().find(|w| w.supersede && w.pos > old)
+        {
+            commit(c, Vec::new(), Vec::new())?;
+            place.seq = None;
+            return Ok(Outcome::Replaced {
+                by: newer.label.clone(),
+            });
+        }
+        log::info(format!(
+            "our place in {}'s queue lapsed; queueing again",
+            req.name
+        ));
+    }
+    place.seq = mine;
+    let ttl_ms = req.timing.ttl.as_millis() as i64;
+    let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+    let mut verdict = judge(&holders, &waiters, place.seq, req);
+    let replacing = req.group.supersede
+        && place.seq.is_none()
+        && matches!(verdict, Verdict::Blocked { .. })
+        && waiters.iter().any(|w| w.supersede);
+    if replacing {
+        waiters.retain(|w| !w.supersede);
+        verdict = judge(&holders, &waiters, place.seq, req);
+    }
+    // The places it replaces, read first, then marked.
+    let replace = || {
+        [
+            tables.to_replace(name),
+            tables.replace(name, &req.owner.shown, keep_ms),
+        ]
+    };
+    // Their waiters learn it at once.
+    let conns = |rows: &[Vec<Row>]| -> Vec<i64> {
+        if replacing {
+            rows[0].iter().filter_map(|r| int(r, 0)).collect()
+        } else {
+            Vec::new()
+        }
+    };
+    let leave = |place: &mut Place| place.seq.take().map(|_| tables.dequeue(name, owner));
+    let was_waiting = c.locked == Some('w');
+    match verdict {
+        Verdict::Ours { slot } => {
+            let [renew, read] = tables.renew(name, slot, owner, ttl_ms);
+            let mut last = vec![renew, read];
+            last.extend(leave(place));
+            let po = place_owner(req);
+            let after = hold(c, 'h', owner, was_waiting.then_some(po.as_str()));
+            let rows = commit(c, last, after.clone())?;
+            if !after.is_empty() && rows.len() > 3 {
+                c.locked = Some('h');
+            }
+            let row = rows[1].first();
+            Ok(match row.and_then(|r| int(r, 2)) {
+                Some(token) if row.and_then(|r| int(r, 0)).unwrap_or(0) > 0 => Outcome::Granted {
+                    slot,
+                    token: token.max(0) as u64,
+                },
+                _ => Outcome::Again,
+            })
+        }
+        Verdict::Granted { slot } => {
+            let mut last: Vec<String> = replacing.then(replace).into_iter().flatten().collect();
+            last.push(tables.advance(name));
+            let [gone, insert, read] = tables.grant(
+                name,
+                slot,
+                owner,
+                &req.owner.shown,
+                req.mode.code(),
+                req.mode.limit(),
+                ttl_ms,
+            );
+            last.push(gone);
+            last.push(insert);
+            let granted = last.len();
+            last.push(read);
+            let po = place_owner(req);
+            let after = hold(c, 'h', owner, was_waiting.then_some(po.as_str()));
+            let n = last.len();
+            let rows = commit(c, last, after.clone())?;
+            if !after.is_empty() && rows.len() > n + 1 {
+                c.locked = Some('h');
+            }
+            c.poke(&conns(&rows));
+            place.seq = None;
+            let Some(token) = rows[granted].first().and_then(|r| int(r, 0)) else {
+                return Ok(Outcome::Again);
+            };
+            Ok(Outcome::Granted {
+                slot,
+                token: token.max(0) as u64,
+            })
+        }
+        Verdict::Nested => {
+            commit(c, leave(place).into_iter().collect(), Vec::new())?;
+            Ok(Outcome::Refused(crate::backend::nested(req.name)))
+        }
+        Verdict::Disagrees(in_force) => {
+            commit(c, leave(place).into_iter().collect(), Vec::new())?;
+            Ok(Outcome::Refused(req.mode.disagreement(req.name, in_force)))
+        }
+        Verdict::Blocked {
+            holder,
+            lapses_in,
+            wake_on,
+        } => {
+            place.holder = holder.or(place.holder.take());
+            if patience.over() {
+                commit(c, leave(place).into_iter().collect(), Vec::new())?;
+                return Ok(Outcome::Busy);
+            }
+            let first = place.seq.is_none() && !place.joined;
+            if first && let Some(n) = req.group.max_waiters {
+                let waiting = waiters.iter().filter(|w| &w.owner != owner).count() as u64;
+                if waiting >= u64::from(n) {
+                    commit(c, Vec::new(), Vec::new())?;
+                    return Ok(Outcome::QueueFull { waiting });
+                }
+            }
+            let preempting = first && req.group.preempt && !holders.is_empty();
+            if preempting && holders.iter().any(|h| h.owner == KEPT) {
+                commit(c, vec![tables.end_windows(name)], Vec::new())?;
+                return Ok(Outcome::Again);
+            }
+            let po = place_owner(req);
+            let mut last: Vec<String> = replacing.then(replace).into_iter().flatten().collect();
+            if preempting {
+                let mark = format!("{PREEMPTED}{}", req.owner.shown);
+                last.push(tables.preempt(name, &mark, owner));
+            }
+            let queued = last.len();
+            match place.seq {
+                Some(seq) => last.push(tables.keep_place(seq, owner, keep_ms)),
+                None => {
+                    let [ins, id] = tables.enqueue(
+                        name,
+                        &po,
+                        &req.owner.shown,
+                        req.mode.code(),
+                        req.mode.limit(),
+                        keep_ms,
+                    );
+                    last.push(ins);
+                    last.push(id);
+                }
+            }
+            let after = if was_waiting {
+                Vec::new()
+            } else {
+                hold(c, 'w', &po, None)
+            };
+            let n = last.len();
+            let rows = commit(c, last, after.clone())?;
+            if !after.is_empty() && rows.len() > n + 1 {
+                c.locked = Some('w');
+            }
+            c.poke(&conns(&rows));
+            if place.seq.is_none() {
+                place.seq = rows[queued + 1].first().and_then(|r| int(r, 0));
+            }
+            place.joined |= place.seq.is_some();
+            Ok(Outcome::Blocked { lapses_in, wake_on })
+        }
+    }
+}

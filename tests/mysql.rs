@@ -1,0 +1,653 @@
+//! The MySQL/MariaDB engine end to end, beyond the conformance suite: the
+//! tables and their token counter, connections killed under a holder, a
+//! server restart, a stopped server, a read-only server, users without
+//! rights and with exactly the documented grants, foreign tables, URLs and
+//! passwords, the session time zone, and what waiting costs the server.
+//! Tests share one server (a database each) unless they break it.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::docs::documented_mysql_grants;
+use crate::support::*;
+
+/// A holder whose job runs until the scratch file `done` appears (or 60 s
+/// pass); returns once its job runs.
+fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
+    let err = std::fs::File::create(scratch.path("err")).unwrap();
+    let done = scratch.path("done");
+    let child = on(url)
+        .args(["-vv", "--ttl", ttl, name, "-c"])
+        .arg(format!(
+            "echo $$ > {}; i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+            scratch.path("pid").display(),
+            done.display()
+        ))
+        .stderr(Stdio::from(err))
+        .spawn();
+    (child, scratch.pid_in("pid"))
+}
+
+fn finish(scratch: &Scratch, child: &mut Child) -> Option<i32> {
+    std::fs::write(scratch.path("done"), "").unwrap();
+    wait_child(child, Duration::from_secs(30)).code()
+}
+
+fn run_token(url: &str, name: &str) -> u64 {
+    on(url)
+        .args([name, "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds()
+        .stdout()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_tables_are_created_on_first_use_by_many_at_once_and_tokens_rise() {
+    let my = MyDb::new();
+    let url = my.url();
+    // Reading creates nothing.
+    on(&url).args(["status", "tok"]).code(1);
+    on(&url).args(["release", "--force", "tok"]).code(1);
+    on(&url).arg("status").code(1);
+    assert!(!my.server.has_tables(&my.db));
+    // Eight first users at once: every one succeeds, one at a time.
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            on(&url)
+                .args(["tok", "-c"])
+                .arg(format!(
+                    "echo $LOCKRUN_TOKEN > {}",
+                    scratch.path(&format!("t{i}")).display()
+                ))
+                .spawn()
+        })
+        .collect();
+    for c in children {
+        let (code, err) = exited(c, Duration::from_secs(60));
+        assert_eq!(code, Some(0), "{err}");
+    }
+    let mut tokens: Vec<u64> = (0..8)
+        .map(|i| scratch.read(&format!("t{i}")).trim().parse().unwrap())
+        .collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 8, "tokens repeat: {tokens:?}");
+    let mut last = *tokens.last().unwrap();
+    for _ in 0..3 {
+        let t = run_token(&url, "tok");
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+    }
+    // The counter holds the last token; released rows are gone.
+    let counter = my.sql(&format!(
+        "SELECT token FROM {}.lockrun_tokens WHERE name = 'tok'",
+        my.db
+    ));
+    assert_eq!(counter.trim(), last.to_string());
+    assert_eq!(my.rows(), 0);
+    // Another --prefix: tables of its own.
+    on(&url)
+        .args(["--prefix", "ci_locks", "tok", "true"])
+        .succeeds();
+    let n = my.sql(&format!(
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = '{}' \
+         AND table_name LIKE 'ci\\_locks\\_%'",
+        my.db
+    ));
+    assert_eq!(n.trim(), "3");
+    on(&url)
+        .args(["--prefix", "Not-A-Name", "tok", "true"])
+        .code(64)
+        .says(&["--prefix"]);
+}
+
+#[test]
+fn killing_every_lockrun_connection_keeps_the_lease() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "kill", "3s");
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut cut = 0;
+    while Instant::now() < until {
+        let ids = my.sql(&format!(
+            "SELECT id FROM information_schema.processlist WHERE db = '{}' \
+             AND id <> CONNECTION_ID()",
+            my.db
+        ));
+        for id in ids.lines().filter(|l| !l.is_empty()) {
+            if my.server.try_kill(id) {
+                cut += 1;
+            }
+        }
+        let got = on(&url).args(["-n", "kill", "true"]).output();
+        assert_eq!(
+            got.out.status.code(),
+            Some(75),
+            "job alive: {}; holder: {}",
+            alive(job),
+            scratch.read("err")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(cut > 0, "no lockrun connection was ever killed");
+    assert!(alive(job), "the job was stopped: {}", scratch.read("err"));
+    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
+}
+
+#[test]
+fn a_server_restart_mid_job_is_ridden_out_and_tokens_never_go_back() {
+    let mut my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let before = run_token(&url, "rs");
+    let (mut h, job) = holder(&url, &scratch, "rs", "10s");
+    my.restart();
+    let renewed = wait_until(Duration::from_secs(30), || {
+        scratch.read("err").matches("renewed").count() >= 2
+    });
+    assert!(renewed, "{}", scratch.read("err"));
+    assert!(alive(job));
+    on(&url).args(["-n", "rs", "true"]).code(75);
+    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
+    let after = run_token(&url, "rs");
+    assert!(
+        after > before,
+        "token {after} after a restart, {before} before"
+    );
+    // A counter lost with its table: tokens still rise (the clock floors them).
+    my.sql("DROP TABLE app.lockrun_tokens");
+    let lost = run_token(&url, "rs");
+    assert!(
+        lost > after,
+        "token {lost} after a lost counter, {after} before"
+    );
+}
+
+#[test]
+fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() {
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, job) = holder(&url, &scratch, "stall", "2s");
+    let paused = Instant::now();
+    my.pause();
+    let code = wait_child(&mut h, Duration::from_secs(20)).code();
+    let took = paused.elapsed();
+    my.resume();
+    assert_eq!(code, Some(76), "{}", scratch.read("err"));
+    assert!(!alive(job), "the job outlived its lease");
+    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
+}
+
+#[test]
+fn a_read_only_server_is_refused_at_once_with_one_line() {
+    let my = Mariadb::start();
+    on(&my.url()).args(["ro", "true"]).succeeds();
+    my.sql(
+        "CREATE USER 'app'@'%' IDENTIFIED BY 'app-pw'; \
+         GRANT ALL ON app.* TO 'app'@'%'; SET GLOBAL read_only = ON",
+    );
+    let started = Instant::now();
+    on(&my.url_as("app", "app-pw", "app"))
+        .args(["ro", "true"])
+        .code(69)
+        .says(&["read-only"]);
+    assert!(started.elapsed() < Duration::from_secs(5), "retried");
+    let out = on(&my.url_as("app", "app-pw", "app"))
+        .arg("doctor")
+        .code(69);
+    assert!(out.stdout().contains("read-only"), "{}", out.stdout());
+}
+
+#[test]
+fn a_user_without_rights_is_refused_with_one_line_creating_nothing() {
+    let my = MyDb::new();
+    let user = format!("nr_{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY 'nr-pw'; GRANT USAGE ON *.* TO '{user}'@'%'"
+    ));
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let job = format!("touch {}", ran.display());
+    let url = my.server.url_as(&user, "nr-pw", &my.db);
+    let out = on(&url)
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["denied", "lockrun-engines(7)"]);
+    assert!(!out.stderr().contains("nr-pw"));
+    assert!(!my.server.has_tables(&my.db), "a table was created");
+    // Tables made by another user: still no right to use them.
+    on(&my.url()).args(["x", "true"]).succeeds();
+    my.sql(&format!("GRANT SELECT ON {}.* TO '{user}'@'%'", my.db));
+    on(&url).args(["x", "-c", &job]).code(69).says(&["denied"]);
+    // A wrong password: at once, one line, no password in it.
+    let started = Instant::now();
+    let out = on(&my.server.url_as("root", "wrong-pw", &my.db))
+        .args(["x", "-c", &job])
+        .code(69)
+        .says(&["Access denied"]);
+    assert!(!out.stderr().contains("wrong-pw"), "{}", out.stderr());
+    assert!(started.elapsed() < Duration::from_secs(5), "retried");
+    assert!(!ran.exists(), "a job ran without a lease");
+}
+
+#[test]
+fn the_grants_the_manual_lists_are_enough() {
+    let my = MyDb::new();
+    let user = format!("ci_{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY 'ci-pw'; {}",
+        documented_mysql_grants(&user, &my.db)
+    ));
+    let url = my.server.url_as(&user, "ci-pw", &my.db);
+    // doctor sees it may create the tables; it creates them on first use,
+    // then holds, waits and is woken.
+    on(&url).arg("doctor").succeeds();
+    assert!(run_token(&url, "x") > 0);
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "g", "3s");
+    let mut waiter = on(&url).args(["-q", "g", "true"]).spawn();
+    wait_queued(&url, "g", 1);
+    on(&url).args(["release", "--force", "g"]).succeeds();
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    on(&url).args(["-s", "g", "true"]).succeeds();
+    on(&url).arg("status").code(1);
+}
+
+#[test]
+fn a_foreign_table_in_the_way_is_refused_with_one_line() {
+    let my = MyDb::new();
+    let db = &my.db;
+    my.sql(&format!(
+        "CREATE TABLE {db}.other_tokens (id INT PRIMARY KEY, note TEXT); \
+         CREATE TABLE {db}.other_leases (id INT PRIMARY KEY); \
+         CREATE TABLE {db}.other_waiters (id INT)"
+    ));
+    on(&my.url())
+        .args(["--prefix", "other", "x", "true"])
+        .code(69)
+        .says(&["not lockrun's", "--prefix"]);
+    assert_eq!(
+        my.sql(&format!("SELECT COUNT(*) FROM {db}.other_leases"))
+            .trim(),
+        "0"
+    );
+}
+
+#[test]
+fn bad_urls_are_refused_with_one_line_and_no_password() {
+    for url in [
+        "mysql://u:pw-s3cret@h:99999/d",
+        "mysql://u:pw-s3cret@h/d?nope=1",
+        "mariadb://u:pw-s3cret@h",
+        "mysql://u:pw-s3cret@h/d?ssl-mode=sometimes",
+    ] {
+        let started = Instant::now();
+        let out = on(url).args(["x", "true"]).code(64).says(&["--url"]);
+        assert!(!out.stderr().contains("pw-s3cret"), "{}", out.stderr());
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    on("mysql://h/d?ssl-mode=DISABLED")
+        .args(["--tls-ca", "/etc/hostname", "x", "true"])
+        .code(64)
+        .says(&["--tls-ca"]);
+}
+
+#[test]
+fn the_password_is_never_printed_nor_given_to_the_job() {
+    let my = MyDb::new();
+    let out = on(&my.url())
+        .args(["-vv", "x", "-c", "env; echo url=$LOCKRUN_URL"])
+        .succeeds();
+    let all = format!("{}{}", out.stdout(), out.stderr());
+    assert!(!all.contains(MY_PASSWORD), "{all}");
+    assert!(out.stderr().contains("***"), "{}", out.stderr());
+    // From MYSQL_PWD, the URL without one: kept from the job too.
+    let bare = format!("mysql://root@127.0.0.1:{}/{}", my.server.port, my.db);
+    let out = on(&bare)
+        .env("MYSQL_PWD", MY_PASSWORD)
+        .args(["-vv", "x", "-c", "env"])
+        .succeeds();
+    let all = format!("{}{}", out.stdout(), out.stderr());
+    assert!(!all.contains(MY_PASSWORD), "{all}");
+    for cmd in [&["status"][..], &["status", "x", "--json"], &["doctor"]] {
+        let out = on(&my.url()).args(cmd).output();
+        let all = format!("{}{}", out.stdout(), out.stderr());
+        assert!(!all.contains(MY_PASSWORD), "{cmd:?}: {all}");
+    }
+}
+
+#[test]
+fn a_session_time_zone_far_from_utc_changes_nothing() {
+    let my = Mariadb::start_with(&["--default-time-zone=+13:00"]);
+    let url = my.url();
+    assert_eq!(my.sql("SELECT @@global.time_zone").trim(), "+13:00");
+    let scratch = Scratch::new();
+    let (mut h, lr) = {
+        let (h, _) = holder(&url, &scratch, "tz", "4s");
+        let pid = h.id() as i32;
+        (h, pid)
+    };
+    let v = status_json(&url, "tz");
+    let left = v["ttl_left_ms"].as_u64().unwrap();
+    assert!(left <= 4000 && left > 1000, "{v}");
+    assert!(v["held_for_ms"].as_u64().unwrap() < 60_000, "{v}");
+    // A lockrun killed outright: its lease lapses in its ttl, not 13 hours.
+    signal(lr, libc::SIGKILL);
+    let _ = h.wait();
+    let started = Instant::now();
+    on(&url).args(["-w", "20s", "tz", "true"]).succeeds();
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    // --min-hold counts on the server's clock too.
+    on(&url).args(["--min-hold", "2s", "mh", "true"]).succeeds();
+    on(&url).args(["-n", "mh", "true"]).code(75);
+    let started = Instant::now();
+    on(&url).args(["-w", "10s", "mh", "true"]).succeeds();
+    assert!(started.elapsed() < Duration::from_secs(4));
+    std::fs::write(scratch.path("done"), "").unwrap();
+}
+
+#[test]
+fn ten_waiters_cost_fewer_than_ten_queries_a_second_together() {
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "q", "30s");
+    let waiters: Vec<Child> = (0..10)
+        .map(|_| on(&url).args(["-q", "q", "true"]).spawn())
+        .collect();
+    wait_queued(&url, "q", 10);
+    let questions = || -> u64 {
+        my.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = questions();
+    let watched = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    // One of ours per reading, and the holder's renewals.
+    let spent = questions() - before - 1;
+    let per_second = spent as f64 / watched.elapsed().as_secs_f64();
+    eprintln!("ten waiters: {spent} statements in {:?}", watched.elapsed());
+    assert!(per_second < 10.0, "{spent} statements in 10 s");
+    // A release hands the name on at once, down the whole queue.
+    let started = Instant::now();
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    for w in waiters {
+        let (code, err) = exited(w, Duration::from_secs(30));
+        assert_eq!(code, Some(0), "{err}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "kq", "6s");
+    let mut first = on(&url).args(["--ttl", "6s", "-q", "kq", "true"]).spawn();
+    wait_queued(&url, "kq", 1);
+    let mut second = on(&url).args(["--ttl", "6s", "-q", "kq", "true"]).spawn();
+    wait_queued(&url, "kq", 2);
+    signal(first.id() as i32, libc::SIGKILL);
+    let _ = first.wait();
+    let released = Instant::now();
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut second, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    assert!(
+        released.elapsed() < Duration::from_millis(2000 + 1500),
+        "{:?}",
+        released.elapsed()
+    );
+}
+
+#[test]
+fn doctor_checks_the_server_and_the_user_creating_nothing() {
+    let my = MyDb::new();
+    let out = on(&my.url()).arg("doctor").succeeds();
+    let text = out.stdout();
+    for topic in [
+        "reachable",
+        "round trip",
+        "clock",
+        "version",
+        "read-only",
+        "time_zone",
+        "replication",
+        "wake-up",
+        "tables",
+    ] {
+        assert!(text.contains(topic), "{topic}: {text}");
+    }
+    assert!(!my.server.has_tables(&my.db));
+    on(&my.url()).args(["x", "true"]).succeeds();
+    on(&my.url()).arg("doctor").succeeds();
+}
+
+/// The shell block of README's "Guard a migration with MySQL or MariaDB",
+/// less its install line.
+fn guide_script() -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("### Guard a migration with MySQL or MariaDB")
+        .nth(1)
+        .expect("README has the guide");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("the guide has a shell block");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("apt-get "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_readme_guide_guards_an_alembic_migration_as_written() {
+    // Debian's python3 with Debian's alembic and PyMySQL.
+    let python = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import alembic, pymysql"])
+        .output();
+    if !python.is_ok_and(|o| o.status.success()) {
+        panic!(
+            "alembic or PyMySQL not found for /usr/bin/python3: the guide's test needs them \
+             (apt-get install -y python3-alembic python3-pymysql)"
+        );
+    }
+    let my = MyDb::new();
+    let scratch = Scratch::new();
+    std::fs::write(scratch.path("guide.sh"), guide_script()).unwrap();
+    let bin_dir = std::path::Path::new(BIN)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let out = std::process::Command::new("bash")
+        .args(["-e", "guide.sh"])
+        .current_dir(scratch.dir.path())
+        .env("PATH", format!("{bin_dir}:/usr/bin:/bin"))
+        .env("DB_HOST", "127.0.0.1")
+        .env("DB_PORT", my.server.port.to_string())
+        .env("DB_USERNAME", "root")
+        .env("DB_PASSWORD", MY_PASSWORD)
+        .env("DB_DATABASE", &my.db)
+        .env_remove("LOCKRUN_URL")
+        .env_remove("MYSQL_PWD")
+        .output()
+        .expect("run bash");
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(text(&out.stdout).trim(), "0001", "{err}");
+    assert_eq!(err.matches("Running upgrade").count(), 1, "{err}");
+    assert_eq!(err.matches("waiting for migrate").count(), 3, "{err}");
+    assert!(!err.contains(MY_PASSWORD));
+}
+
+fn make_certs(dir: &std::path::Path) {
+    let sh = |cmd: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir)
+            .output()
+            .expect("run sh");
+        assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
+    };
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        panic!("openssl not found: the TLS tests need it (apt-get install -y openssl)");
+    }
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=lockrun-test-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 2 -subj /CN=other-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=db.internal 2>/dev/null",
+    );
+    sh("printf 'subjectAltName=IP:127.0.0.1\\n' > ext");
+    sh(
+        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt -days 2 -extfile ext 2>/dev/null",
+    );
+    sh("chmod 644 srv.key");
+}
+
+#[test]
+fn tls_as_ssl_mode_asks_checked_as_the_mysql_client_checks_it() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let p = |f: &str| certs.path().join(f).display().to_string();
+    let my = Mariadb::start_with(&[
+        &format!("--ssl-cert={}", p("srv.crt")),
+        &format!("--ssl-key={}", p("srv.key")),
+    ]);
+    let (ca, other, base) = (p("ca.crt"), p("other.crt"), my.url());
+    let accepts = || -> u64 {
+        my.sql("SHOW GLOBAL STATUS LIKE 'Ssl_accepts'")
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("0")
+            .parse()
+            .unwrap_or(0)
+    };
+    let used_tls = |url: &str, extra: &[&str]| -> bool {
+        let before = accepts();
+        on(url).args(extra).args(["x", "true"]).succeeds();
+        accepts() > before
+    };
+    // VERIFY_IDENTITY with the right CA: encrypted, the name (127.0.0.1) checked.
+    assert!(used_tls(
+        &format!("{base}?ssl-mode=VERIFY_IDENTITY"),
+        &["--tls-ca", &ca]
+    ));
+    assert!(used_tls(
+        &format!("{base}?ssl-mode=VERIFY_CA"),
+        &["--tls-ca", &ca]
+    ));
+    // REQUIRED without a CA: encrypted, not checked (as the mysql client).
+    assert!(used_tls(&format!("{base}?ssl-mode=REQUIRED"), &[]));
+    // PREFERRED (the default): encrypted when the server offers it.
+    assert!(used_tls(&base, &[]));
+    assert!(!used_tls(&format!("{base}?ssl-mode=DISABLED"), &[]));
+    // A certificate of another CA: refused at once, one line, no password.
+    for mode in ["VERIFY_CA", "VERIFY_IDENTITY", "REQUIRED"] {
+        let out = on(&format!("{base}?ssl-mode={mode}"))
+            .args(["--tls-ca", &other, "x", "true"])
+            .code(69)
+            .says(&["certificate"]);
+        assert!(!out.stderr().contains(MY_PASSWORD));
+    }
+    // A server without TLS cannot satisfy REQUIRED.
+    let plain = MyDb::new();
+    on(&format!("{}?ssl-mode=REQUIRED", plain.url()))
+        .args(["x", "true"])
+        .code(69)
+        .says(&["TLS"]);
+}
+
+#[test]
+fn doctor_fails_a_user_that_may_neither_find_nor_create_the_tables() {
+    let my = MyDb::new();
+    let user = format!("nc_{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY 'nc-pw'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {}.* TO '{user}'@'%'",
+        my.db
+    ));
+    let out = on(&my.server.url_as(&user, "nc-pw", &my.db))
+        .arg("doctor")
+        .code(69);
+    assert!(out.stdout().contains("no CREATE"), "{}", out.stdout());
+    assert!(!my.server.has_tables(&my.db));
+}
+
+#[test]
+fn release_force_now_wakes_the_next_waiter_at_once() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "now", "30s");
+    let started = scratch.path("started");
+    let mut w = on(&url)
+        .args(["-q", "now", "-c"])
+        .arg(format!("touch {}", started.display()))
+        .spawn();
+    wait_queued(&url, "now", 1);
+    let at = Instant::now();
+    on(&url)
+        .args(["release", "--force", "--now", "now"])
+        .succeeds();
+    // Well before the waiter would look again by itself (ttl/9 = 3.3 s).
+    assert!(
+        wait_until(Duration::from_secs(3), || started.exists()),
+        "the waiter did not start"
+    );
+    assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
+    assert_eq!(wait_child(&mut w, Duration::from_secs(20)).code(), Some(0));
+    // The holder's lease is gone; its job ends as it will.
+    finish(&scratch, &mut h);
+}
+
+#[test]
+fn mariadb_urls_and_unix_sockets_reach_the_same_tables() {
+    let my = MyDb::new();
+    let socket = my.server.socket().display().to_string();
+    let over_socket = format!("mariadb://root@localhost/{}?socket={socket}", my.db);
+    let first = run_token(&over_socket, "sock");
+    // The same name over TCP with mysql://: the next token.
+    assert!(run_token(&my.url(), "sock") > first);
+    on(&over_socket)
+        .args(["--tls-ca", "/etc/hostname", "sock", "true"])
+        .code(64)
+        .says(&["--tls-ca"]);
+}
