@@ -228,10 +228,13 @@ impl Client {
                 }
             }
         }
-        let skip = if fresh { 2 } else { 0 };
         let mut text = String::new();
+        let mut skip = 0;
         if fresh {
-            text.push_str(&sql::session(self.op));
+            let session = sql::session(self.op);
+            // Each of the session's statements answers with a set of its own.
+            skip = session.split(';').count();
+            text.push_str(&session);
             text.push_str("; ");
         }
         text.push_str(&stmts.join("; "));

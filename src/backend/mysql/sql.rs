@@ -69,12 +69,17 @@ fn holder_columns(t: &str) -> String {
     )
 }
 
-/// The session settings of every connection: READ COMMITTED, and a lock
-/// wait bounded near the bound on one request.
+/// The session settings of every connection: READ COMMITTED, a lock wait
+/// bounded near the bound on one request, and autocommit on whatever the
+/// server's default (`autocommit = 0` in my.cnf or `init_connect` would
+/// leave a renewal or a release uncommitted: the lease would lapse on the
+/// server while the job runs, kept only by a row lock a cut connection
+/// drops).
 pub fn session(op: Duration) -> String {
     let secs = op.as_secs_f64().ceil().max(1.0) as u64;
     format!(
-        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+        "SET SESSION autocommit = 1; \
+         SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          SET SESSION innodb_lock_wait_timeout = {secs}"
     )
 }
