@@ -171,6 +171,18 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         .split_once("://")
         .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
     let scheme = scheme.to_ascii_lowercase();
+    // An '@' after a '/', '?' or '#' is most likely a password that did not
+    // percent-encode them: split there, it would reach messages and
+    // `status` as a host, a port or a database name. Refused, echoing none
+    // of it.
+    if let Some(cut) = rest.find(['/', '?', '#'])
+        && rest[cut..].contains('@')
+    {
+        return Err(Error::Request(format!(
+            "invalid --url: an '@' after a '/', '?' or '#'; percent-encode them in a \
+             user name or password (%2F, %3F, %23) and an '@' elsewhere (%40); {expected}"
+        )));
+    }
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
@@ -492,6 +504,13 @@ mod tests {
             "postgres://u@h/d?oauth_client_secret=s3cret",
             "postgres://u@h/d?%zz=s3cret",
             "postgres://u@h/d?%70assword=s3cret&sslmode=maybe",
+            // A password that does not percent-encode '/', '?' or '#'.
+            "postgres://u:s3cret/x@h/d",
+            "postgres://u:x/s3cret@h/d",
+            "postgres://u:s3cret?x@h/d",
+            "postgres://u:x?s3cret@h:5432/d",
+            "postgres://u:s3cret#x@h/d",
+            "postgresql://u:a/b?s3cret@h/d",
         ] {
             let e = with(bad, &[]).unwrap_err();
             assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
