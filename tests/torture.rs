@@ -10,7 +10,7 @@
 //! and exclusive) of a third name. The checker holds each to its mode: one
 //! holder at a time, at most 3 at once, never a writer beside a reader.
 //!
-//! LOCKRUN_TORTURE_SECS sets the duration (default 40), LOCKRUN_TORTURE_SEED
+//! LOCKRUN_TORTURE_SECS sets the duration (default 30), LOCKRUN_TORTURE_SEED
 //! replays a run, LOCKRUN_TORTURE_WORKERS sets the number of workers (9: three exclusive,
 //! four on the semaphore, two readers and writers; the sets repeat past nine).
 //! Run a long one with
@@ -857,31 +857,31 @@ fn torture_with_a_fenced_resource() {
     let redis = Redis::start();
     let proxy = Proxy::start(redis.port);
     let url = proxy.url();
-    let secs = env_u64("LOCKRUN_TORTURE_SECS", 40);
+    let secs = env_u64("LOCKRUN_TORTURE_SECS", 30);
     torture(Servers::One(Mutex::new(redis)), url, Some(proxy), secs);
 }
 
 /// The same on etcd: the chaos thread restarts etcd (durable: leases
 /// survive), stops it for a while and revokes leases with etcdctl
-/// (LOCKRUN_TORTURE_ETCD_SECS, default 30).
+/// (LOCKRUN_TORTURE_ETCD_SECS, default 20).
 #[test]
 fn torture_on_etcd() {
     let _alone = heavy();
     let etcd = Etcd::start();
     let url = etcd.url();
-    let secs = env_u64("LOCKRUN_TORTURE_ETCD_SECS", 30);
+    let secs = env_u64("LOCKRUN_TORTURE_ETCD_SECS", 20);
     torture(Servers::Etcd(Mutex::new(etcd)), url, None, secs);
 }
 
 /// The same on PostgreSQL: the chaos thread restarts the server (durable:
 /// leases survive), stops every process of it for a while and cuts every
-/// connection of lockrun's (LOCKRUN_TORTURE_POSTGRES_SECS, default 30).
+/// connection of lockrun's (LOCKRUN_TORTURE_POSTGRES_SECS, default 20).
 #[test]
 fn torture_on_postgres() {
     let _alone = heavy();
     let pg = Postgres::start();
     let url = pg.url();
-    let secs = env_u64("LOCKRUN_TORTURE_POSTGRES_SECS", 30);
+    let secs = env_u64("LOCKRUN_TORTURE_POSTGRES_SECS", 20);
     torture(Servers::Postgres(Mutex::new(pg)), url, None, secs);
 }
 
@@ -898,13 +898,13 @@ fn torture_on_mariadb() {
 }
 
 /// The same behind Sentinel, where the chaos thread also fails the master
-/// over and kills it outright (LOCKRUN_TORTURE_SENTINEL_SECS, default 30).
+/// over and kills it outright (LOCKRUN_TORTURE_SENTINEL_SECS, default 20).
 #[test]
 fn torture_behind_sentinel() {
     let _alone = heavy();
     let set = Sentinels::start();
     let url = set.url();
-    let secs = env_u64("LOCKRUN_TORTURE_SENTINEL_SECS", 30);
+    let secs = env_u64("LOCKRUN_TORTURE_SENTINEL_SECS", 20);
     torture(Servers::Sentinel(Mutex::new(set)), url, None, secs);
 }
 
