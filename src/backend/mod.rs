@@ -22,6 +22,7 @@ mod model;
 pub mod postgres;
 pub mod redis;
 pub mod wait;
+pub mod zookeeper;
 
 pub use doctor::{Check, Verdict};
 pub use engines::*;

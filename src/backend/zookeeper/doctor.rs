@@ -1,0 +1,127 @@
+//! `lockrun doctor` on ZooKeeper: reachable, the round trip, the session
+//! timeout the server grants, its version and role (by the `srvr`
+//! four-letter word, which ZooKeeper allows by default), and the ACL on
+//! the prefix's node (lockrun-engines(7) "ZOOKEEPER").
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use super::address::ZkUrl;
+use super::client::{Client, sort};
+use crate::backend::doctor::{round_trip_check, shown};
+use crate::backend::{Check, Opening};
+use crate::clock::Boot;
+
+pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
+    let mut out = Vec::new();
+    let root = match super::queue::root_of(&how.prefix) {
+        Ok(r) => r,
+        Err(e) => {
+            out.push(Check::fail("prefix", e.to_string()));
+            return out;
+        }
+    };
+    let started = Boot::now();
+    let c = match Client::connect(url, super::OPERATOR_SESSION, how.op) {
+        Ok(c) => c,
+        Err(e) => {
+            out.push(Check::fail(
+                "reachable",
+                format!("{e}; check the address and that ZooKeeper runs"),
+            ));
+            return out;
+        }
+    };
+    out.push(Check::ok(
+        "reachable",
+        format!(
+            "ZooKeeper at {} gave a session in {}",
+            url.display,
+            shown(Boot::now().since(started))
+        ),
+    ));
+    out.push(Check::ok(
+        "session",
+        format!(
+            "asked for a session of {}, granted {}: a --ttl above the server's \
+             maxSessionTimeout is refused",
+            humantime::format_duration(super::OPERATOR_SESSION),
+            humantime::format_duration(c.timeout)
+        ),
+    ));
+    let mut worst = Duration::ZERO;
+    for _ in 0..5 {
+        let sent = Boot::now();
+        let r = root.clone();
+        match c.call(|z| async move { z.check_stat(&r).await }) {
+            Ok(_) => worst = worst.max(Boot::now().since(sent)),
+            Err(e) => {
+                out.push(Check::fail("round trip", sort(e, "reading").to_string()));
+                return out;
+            }
+        }
+    }
+    out.push(round_trip_check(worst, how.op));
+    if let Some(srvr) = url
+        .servers
+        .first()
+        .and_then(|s| four_letters(s, "srvr", how.op))
+    {
+        let line = |k: &str| {
+            srvr.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+        };
+        let version = line("Zookeeper version:").unwrap_or_else(|| "unknown".into());
+        let version = version.split(['-', ',']).next().unwrap_or("").to_string();
+        out.push(Check::ok("version", format!("ZooKeeper {version}")));
+        out.push(Check::ok(
+            "role",
+            format!(
+                "{} is {}",
+                url.servers[0],
+                line("Mode:").unwrap_or_else(|| "of unknown role".into())
+            ),
+        ));
+    } else {
+        out.push(Check::warn(
+            "version",
+            "the four-letter word srvr is not allowed (4lw.commands.whitelist): version and role not checked",
+        ));
+    }
+    let r = root.clone();
+    match c.call(|z| async move { z.get_acl(&r).await }) {
+        Ok((acls, _)) => {
+            let text: Vec<String> = acls
+                .iter()
+                .map(|a| format!("{}:{}", a.scheme(), a.id().split(':').next().unwrap_or("")))
+                .collect();
+            out.push(Check::ok(
+                "acl",
+                format!("{root} allows {}", text.join(", ")),
+            ));
+        }
+        Err(super::client::CallError::Zk(zookeeper_client::Error::NoNode)) => out.push(Check::ok(
+            "acl",
+            format!("{root} does not exist yet: the first request creates it"),
+        )),
+        Err(e) => out.push(Check::fail("acl", sort(e, "reading the ACL").to_string())),
+    }
+    out.push(Check::warn(
+        "min-hold",
+        "--min-hold is not available on ZooKeeper with this build",
+    ));
+    out
+}
+
+/// A four-letter word's answer from `server`, if it gives one.
+fn four_letters(server: &str, word: &str, limit: Duration) -> Option<String> {
+    use std::net::ToSocketAddrs;
+    let addr = server.to_socket_addrs().ok()?.next()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, limit).ok()?;
+    s.set_read_timeout(Some(limit)).ok()?;
+    s.write_all(word.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    (out.contains("Mode:")).then_some(out)
+}

@@ -1,0 +1,469 @@
+//! Taking a name on ZooKeeper: create our ephemeral sequential node (its
+//! name carries a unique part, so a create whose reply was lost is found
+//! again rather than repeated), judge the queue, and while blocked watch
+//! the node just ahead. The give-up clock, the waiting line and the retry
+//! budget are the driver's (`backend::drive`).
+
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use super::client::{CallError, Client, expired, sort};
+use super::queue::{Entry, Nodes, Record, Verdict, holders, judge};
+use super::{Zk, ZkHeld, delete, read};
+use crate::backend::drive::{Step, Take, drive};
+use crate::backend::wait::{Patience, Retry};
+use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
+use crate::clock::Boot;
+use crate::log;
+
+/// A waiter looks at the queue again after this even with no event: a
+/// watch lost with a connection costs at most this.
+const LOOK_AGAIN: Duration = Duration::from_secs(30);
+
+/// Our request in the queue.
+struct Mine {
+    /// The unique part of our node's name.
+    id: String,
+    /// Our node's name, once seen.
+    node: Option<String>,
+    /// A create was sent (its reply may have been lost).
+    sent: bool,
+}
+
+struct Taking<'a> {
+    zk: &'a mut Zk,
+    client: Client,
+    req: &'a Request<'a>,
+    nodes: Nodes,
+    mine: Option<Mine>,
+    /// The concurrency group words were applied (once, as the request
+    /// first found itself waiting).
+    joined: bool,
+    holder: Option<String>,
+}
+
+fn unique() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| Error::Internal(format!("reading random bytes: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Create a container node if it is not there.
+fn container(c: &Client, path: &str) -> Result<(), CallError> {
+    let path = path.to_string();
+    let acls = c.acls();
+    match c.call(|z| async move {
+        let opts = zk::CreateMode::Container.with_acls(acls);
+        z.create(&path, b"", &opts).await
+    }) {
+        Ok(_) | Err(CallError::Zk(zk::Error::NodeExists)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl Take for Taking<'_> {
+    type Transport = Client;
+
+    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+        match self.look(patience) {
+            Ok(step) => Ok(step),
+            Err(Failed::Final(e)) => {
+                self.leave();
+                Ok(Step::Over(e))
+            }
+            Err(Failed::Call(e, doing)) => {
+                if expired(&e) {
+                    // Our session is over, and our node with it: a new
+                    // session, and a new place at the back.
+                    log::info(format!(
+                        "our ZooKeeper session expired while acquiring {}; queueing again",
+                        self.req.name
+                    ));
+                    self.mine = None;
+                    self.zk.client = None;
+                    self.client = self.client.reconnect(&self.zk.url, self.req.timing.ttl)?;
+                    self.zk.client = Some(self.client.clone());
+                    return Ok(Step::Again);
+                }
+                Err(sort(e, &doing))
+            }
+        }
+    }
+
+    fn leave(&mut self) {
+        if let Some(m) = self.mine.take()
+            && let Some(node) = m.node
+        {
+            let path = self.nodes.child(&node);
+            let _ = self
+                .client
+                .call(|z| async move { z.delete(&path, None).await });
+        }
+    }
+
+    fn transport(&self) -> &Client {
+        &self.client
+    }
+}
+
+enum Failed {
+    Call(CallError, String),
+    Final(Error),
+}
+
+fn call_failed(doing: &str) -> impl Fn(CallError) -> Failed + '_ {
+    move |e| Failed::Call(e, doing.to_string())
+}
+
+impl Zk {
+    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        let ttl = req.timing.ttl;
+        let client = self.client(ttl)?.clone();
+        if client.timeout < ttl {
+            return Err(Error::Request(format!(
+                "--ttl {} is longer than the longest session {} grants ({}, its \
+                 maxSessionTimeout): use --ttl {} or less, or raise maxSessionTimeout",
+                humantime::format_duration(ttl),
+                self.url.display,
+                humantime::format_duration(client.timeout),
+                humantime::format_duration(client.timeout),
+            )));
+        }
+        let mut taking = Taking {
+            nodes: Nodes::new(&self.root, req.name),
+            zk: self,
+            client,
+            req,
+            mine: None,
+            joined: false,
+            holder: None,
+        };
+        drive(&mut taking, req, wait)
+    }
+}
+
+impl Taking<'_> {
+    fn look(&mut self, patience: &mut Patience) -> Result<Step, Failed> {
+        let req = self.req;
+        let c = self.client.clone();
+        let ttl = req.timing.ttl;
+        if self.mine.is_none() {
+            self.mine = Some(Mine {
+                id: unique().map_err(Failed::Final)?,
+                node: None,
+                sent: false,
+            });
+        }
+        let m = self.mine.as_mut().expect("set above");
+        if m.node.is_none() && !m.sent {
+            m.sent = true;
+            let record = Record::new(req, ttl.as_millis() as u64);
+            let node = create(&c, &self.nodes, &m.id, &record.encode())
+                .map_err(call_failed("creating our node"))?;
+            m.node = Some(node);
+        }
+        let sent = Boot::now();
+        let queue = read(&c, &self.nodes)
+            .map_err(call_failed("reading the queue"))?
+            .unwrap_or_default();
+        let m = self.mine.as_mut().expect("set above");
+        let ours: Vec<&Entry> = queue.iter().filter(|e| e.id == m.id).collect();
+        let Some(first) = ours.first() else {
+            // A replaced node is left out of the queue: look for it apart.
+            let node = m.node.clone();
+            if let Some(by) = self.replaced(&c, node.as_deref())? {
+                self.leave();
+                return Ok(Step::Done(Acquired::Replaced { by }));
+            }
+            let m = self.mine.as_mut().expect("set above");
+            if m.node.is_some() {
+                // Our node went: deleted by an operator, or with a session
+                // that expired under us. Queue again, at the back.
+                log::info(format!(
+                    "our place in {}'s queue went; queueing again",
+                    req.name
+                ));
+                self.mine = None;
+            } else {
+                // The create's reply was lost and it never happened.
+                m.sent = false;
+            }
+            return Ok(Step::Again);
+        };
+        let first = (*first).clone();
+        // A create repeated after a lost reply: only the first is ours.
+        for extra in ours.iter().skip(1) {
+            let _ = delete(&c, &self.nodes, extra);
+        }
+        if ours.len() > 1 {
+            return Ok(Step::Again);
+        }
+        m.node = Some(first.node.clone());
+        if first.owner != c.session_id() {
+            self.leave();
+            return Err(Failed::Final(Error::Refused(format!(
+                "our node in {}'s queue is on another session: remove it",
+                req.name
+            ))));
+        }
+        if first.record.revoked {
+            // Revoked by `release --force` as it came to the front: queue again.
+            log::info(format!(
+                "our place in {}'s queue was revoked; queueing again",
+                req.name
+            ));
+            self.leave();
+            return Ok(Step::Again);
+        }
+        let me = queue
+            .iter()
+            .position(|e| e.node == first.node)
+            .expect("found above");
+        match judge(&queue, me, req) {
+            Verdict::Nested => Err(Failed::Final(crate::backend::nested(req.name))),
+            Verdict::Disagrees(in_force) => {
+                Err(Failed::Final(req.mode.disagreement(req.name, in_force)))
+            }
+            Verdict::Granted { slot } => {
+                let mut entry = first;
+                if let Mode::Limit(n) = req.mode
+                    && entry.slot.is_none()
+                {
+                    match claim(&c, &self.nodes, &entry.node, slot.unwrap_or(0), n)
+                        .map_err(call_failed("claiming a slot"))?
+                    {
+                        Some(s) => entry.slot = Some(s),
+                        None => {
+                            std::thread::sleep(Duration::from_millis(50));
+                            return Ok(Step::Again);
+                        }
+                    }
+                }
+                let token = entry.czxid;
+                let slot = entry.slot.filter(|_| matches!(req.mode, Mode::Limit(_)));
+                let held = ZkHeld {
+                    client: c,
+                    nodes: Nodes::new(&self.zk.root, req.name),
+                    entry,
+                    ttl,
+                };
+                Ok(Step::Done(Acquired::Granted(Lease::new(
+                    token,
+                    slot,
+                    sent,
+                    ttl,
+                    Box::new(held),
+                ))))
+            }
+            Verdict::Blocked { watch } => {
+                self.holder = queue
+                    .first()
+                    .map(|e| e.record.label.clone())
+                    .or(self.holder.take());
+                if !self.joined {
+                    if let Some(step) = self.join(&c, &queue, me)? {
+                        return Ok(step);
+                    }
+                    self.joined = true;
+                }
+                if patience.over() {
+                    self.leave();
+                    return Ok(Step::Done(Acquired::Busy {
+                        holder: self.holder.clone(),
+                    }));
+                }
+                patience.tick(self.holder.as_deref());
+                self.wait_turn(&c, &watch, &first.node, patience)
+            }
+        }
+    }
+
+    /// Who replaced our waiting request, if a `--supersede` request did.
+    fn replaced(&self, c: &Client, node: Option<&str>) -> Result<Option<String>, Failed> {
+        let Some(node) = node else {
+            return Ok(None);
+        };
+        let path = self.nodes.child(node);
+        match c.call(|z| async move { z.get_data(&path).await }) {
+            Ok((data, _)) => Ok(Record::decode(&data).and_then(|r| r.replaced_by)),
+            Err(CallError::Zk(zk::Error::NoNode)) => Ok(None),
+            Err(e) => Err(Failed::Call(e, "reading our node".into())),
+        }
+    }
+
+    /// The first time our request finds itself waiting: `--preempt` marks
+    /// the holders, `--supersede` marks the earlier waiters that asked for
+    /// it too as replaced, then `--max-waiters` counts the waiters still
+    /// ahead of ours: with N or more, ours leaves.
+    fn join(&mut self, c: &Client, queue: &[Entry], me: usize) -> Result<Option<Step>, Failed> {
+        let g = self.req.group;
+        let held = holders(queue).min(me);
+        let shown = &self.req.owner.shown;
+        let mut again = false;
+        let mut mark = |e: &Entry, r: Record| -> Result<bool, Failed> {
+            let path = self.nodes.child(&e.node);
+            let version = e.version;
+            match c.call(|z| async move { z.set_data(&path, &r.encode(), Some(version)).await }) {
+                Ok(_) => Ok(true),
+                Err(CallError::Zk(zk::Error::NoNode | zk::Error::BadVersion)) => {
+                    again = true;
+                    Ok(false)
+                }
+                Err(e) => Err(Failed::Call(e, "marking a request".into())),
+            }
+        };
+        if g.preempt {
+            for e in &queue[..held] {
+                if e.record.revoked || e.record.preempted_by.is_some() {
+                    continue;
+                }
+                let r = Record {
+                    preempted_by: Some(shown.clone()),
+                    ..e.record.clone()
+                };
+                mark(e, r)?;
+            }
+        }
+        let mut replaced = 0;
+        if g.supersede {
+            for e in queue[held..me].iter().filter(|e| e.record.supersede) {
+                let r = Record {
+                    replaced_by: Some(shown.clone()),
+                    ..e.record.clone()
+                };
+                if mark(e, r)? {
+                    replaced += 1;
+                }
+            }
+        }
+        if again {
+            return Ok(Some(Step::Again));
+        }
+        if let Some(n) = g.max_waiters {
+            let waiting = (me - held - replaced) as u64;
+            if waiting >= n as u64 {
+                self.leave();
+                return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Block until a watched node goes (or ours is marked replaced), or
+    /// the wait says to look again.
+    fn wait_turn(
+        &mut self,
+        c: &Client,
+        watch: &[String],
+        own: &str,
+        patience: &mut Patience,
+    ) -> Result<Step, Failed> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        for node in watch {
+            let path = self.nodes.child(node);
+            let (stat, watcher) = c
+                .call(|z| async move { z.check_and_watch_stat(&path).await })
+                .map_err(call_failed("watching the node ahead"))?;
+            if stat.is_none() {
+                return Ok(Step::Again);
+            }
+            let tx = tx.clone();
+            c.spawn(async move {
+                watcher.changed().await;
+                let _ = tx.send(());
+            });
+        }
+        if self.req.group.supersede {
+            // A newer --supersede request marks our node: watch it too.
+            let path = self.nodes.child(own);
+            let (data, _, watcher) = c
+                .call(|z| async move { z.get_and_watch_data(&path).await })
+                .map_err(call_failed("watching our node"))?;
+            if Record::decode(&data).is_some_and(|r| r.replaced_by.is_some()) {
+                return Ok(Step::Again);
+            }
+            let tx = tx.clone();
+            c.spawn(async move {
+                watcher.changed().await;
+                let _ = tx.send(());
+            });
+        }
+        let opened = Boot::now();
+        loop {
+            let left = LOOK_AGAIN.saturating_sub(Boot::now().since(opened));
+            match rx.recv_timeout(patience.cap(left).max(Duration::from_millis(1))) {
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if patience.over() {
+                self.leave();
+                return Ok(Step::Done(Acquired::Busy {
+                    holder: self.holder.clone(),
+                }));
+            }
+            patience.tick(self.holder.as_deref());
+            if Boot::now().since(opened) >= LOOK_AGAIN {
+                return Ok(Step::Again);
+            }
+        }
+    }
+}
+
+/// Create our node under the name's parent (the parents as needed): its
+/// node name.
+fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, CallError> {
+    let mut tries = 0;
+    loop {
+        let path = nodes.request(id);
+        let data = data.to_vec();
+        let acls = c.acls();
+        match c.call(|z| async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
+            z.create(&path, &data, &opts).await
+        }) {
+            Ok((_, seq)) => return Ok(format!("q-{id}-{seq}")),
+            Err(CallError::Zk(zk::Error::NoNode)) if tries < 3 => {
+                tries += 1;
+                container(c, &nodes.root)?;
+                container(c, &nodes.parent)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Claim a free `--limit` slot for our node, `first` tried first: None
+/// when all N are taken (a holder leaving at this moment).
+fn claim(
+    c: &Client,
+    nodes: &Nodes,
+    node: &str,
+    first: u32,
+    n: u32,
+) -> Result<Option<u32>, CallError> {
+    for s in std::iter::once(first).chain(0..n) {
+        let path = nodes.slot(s);
+        let data = node.as_bytes().to_vec();
+        let acls = c.acls();
+        let p = path.clone();
+        match c.call(|z| async move {
+            let opts = zk::CreateMode::Ephemeral.with_acls(acls);
+            z.create(&p, &data, &opts).await
+        }) {
+            Ok(_) => return Ok(Some(s)),
+            Err(CallError::Zk(zk::Error::NodeExists)) => {
+                // Ours already, if an earlier claim's reply was lost.
+                match c.call(|z| async move { z.get_data(&path).await }) {
+                    Ok((d, _)) if d == node.as_bytes() => return Ok(Some(s)),
+                    Ok(_) | Err(CallError::Zk(zk::Error::NoNode)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
