@@ -285,6 +285,62 @@ impl Fixture for PostgresEngine {
     }
 }
 
+/// A chroot of its own on the ZooKeeper server the run shares.
+pub struct ZookeeperEngine {
+    port: u16,
+    chroot: String,
+}
+
+impl ZookeeperEngine {
+    pub fn new() -> ZookeeperEngine {
+        let (port, chroot) = zk_chroot();
+        ZookeeperEngine { port, chroot }
+    }
+
+    fn tree(&self) -> Vec<(String, i64)> {
+        zk_tree(self.port, Some(&self.chroot))
+    }
+}
+
+impl Fixture for ZookeeperEngine {
+    fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}{}", self.port, self.chroot)
+    }
+    fn breaks(&self) -> bool {
+        true
+    }
+    fn take_away(&self, name: &str) {
+        // Every request node of the name, as an operator's delete would.
+        let parent = format!("/lockrun/{name}");
+        for (path, _) in self.tree() {
+            if path.starts_with(&format!("{parent}/")) {
+                zk_delete(self.port, Some(&self.chroot), &path);
+            }
+        }
+    }
+    fn untouched(&self) -> bool {
+        self.tree().is_empty()
+    }
+    fn unreachable(&self) -> String {
+        format!("zk://127.0.0.1:{}", free_port())
+    }
+    fn endless(&self) -> Vec<String> {
+        // Request nodes are ephemeral and the parents containers: with
+        // every lockrun gone, only a persistent node would stay.
+        let mut left = Vec::new();
+        wait_until(Duration::from_secs(40), || {
+            left = self
+                .tree()
+                .into_iter()
+                .filter(|(_, owner)| *owner == 0)
+                .map(|(p, _)| p)
+                .collect();
+            left.is_empty()
+        });
+        left
+    }
+}
+
 /// One job's run as it logged it: `start|end WHO SLOT TOKEN NANOS`.
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -1427,4 +1483,5 @@ conformance! {
     cluster: ClusterEngine::new();
     etcd: EtcdEngine::new();
     postgres: PostgresEngine::new();
+    zookeeper: ZookeeperEngine::new();
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 mod cluster;
 mod postgres;
 mod sentinel;
+mod zookeeper;
 // The benchmark shares these helpers and needs neither.
 #[allow(unused_imports)]
 pub use cluster::*;
@@ -18,6 +19,8 @@ pub use cluster::*;
 pub use postgres::*;
 #[allow(unused_imports)]
 pub use sentinel::*;
+#[allow(unused_imports)]
+pub use zookeeper::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockrun");
 
