@@ -25,13 +25,14 @@ use zookeeper_client as zk;
 
 pub use address::{ZkUrl, parse};
 use client::{CallError, Client, expired, sort};
-use queue::{Entry, Nodes, Record, holders, request_of, slot_of};
+use queue::{Entry, Nodes, Record, Window, holders, request_of, slot_of, window_of};
 
 use super::{Acquired, Request, Wait};
 use super::{
     Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening, Status,
 };
 use super::{Renewal, Renewer, Renewing};
+use crate::clock::Boot;
 use crate::log;
 
 /// ZooKeeper's row of the scheme table.
@@ -94,9 +95,42 @@ impl Zk {
     }
 }
 
+/// A name's state as read: its queue and its `--min-hold` windows.
+#[derive(Default)]
+pub(crate) struct Name {
+    pub queue: Vec<Entry>,
+    pub windows: Vec<Window>,
+}
+
+impl Name {
+    /// Holders at the front of the queue (beside the windows).
+    fn queue_held(&self) -> usize {
+        holders(&self.windows, &self.queue)
+    }
+}
+
+/// The server's clock now (ms since the epoch): the time of a write that
+/// changes nothing of ours (the name's parent holds no data).
+fn server_now(c: &Client, nodes: &Nodes) -> Result<i64, CallError> {
+    let parent = nodes.parent.clone();
+    let stat = c.call(|z| async move { z.set_data(&parent, b"", None).await })?;
+    Ok(stat.mtime)
+}
+
+/// Read a name, leaving out the windows that ended by the server's clock.
+fn read_name(c: &Client, nodes: &Nodes) -> Result<Name, CallError> {
+    let mut name = read(c, nodes)?.unwrap_or_default();
+    if !name.windows.is_empty() {
+        let now = server_now(c, nodes)?;
+        name.windows.retain(|w| w.end > now);
+        name.windows.sort_by_key(|w| w.end);
+    }
+    Ok(name)
+}
+
 /// Read a name's request nodes and slots in one round trip after listing
 /// them; None when the name has no node at all.
-fn read(c: &Client, nodes: &Nodes) -> Result<Option<Vec<Entry>>, CallError> {
+fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
     let parent = nodes.parent.clone();
     let children = match c.call(|z| async move { z.list_children(&parent).await }) {
         Ok(ch) => ch,
@@ -105,10 +139,10 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Vec<Entry>>, CallError> {
     };
     let wanted: Vec<String> = children
         .into_iter()
-        .filter(|n| request_of(n).is_some() || slot_of(n).is_some())
+        .filter(|n| request_of(n).is_some() || slot_of(n).is_some() || window_of(n).is_some())
         .collect();
     if wanted.is_empty() {
-        return Ok(Some(Vec::new()));
+        return Ok(Some(Name::default()));
     }
     let paths: Vec<String> = wanted.iter().map(|n| nodes.child(n)).collect();
     let results = c.call(|z| async move {
@@ -119,6 +153,7 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Vec<Entry>>, CallError> {
         r.commit().await
     })?;
     let mut entries = Vec::new();
+    let mut windows = Vec::new();
     let mut slots: Vec<(u32, String)> = Vec::new();
     for (node, result) in wanted.iter().zip(results) {
         let zk::MultiReadResult::Data { data, stat } = result else {
@@ -129,11 +164,21 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Vec<Entry>>, CallError> {
             slots.push((slot, String::from_utf8_lossy(&data).into_owned()));
             continue;
         }
-        let Some((id, seq)) = request_of(node) else {
-            continue;
-        };
         // A node that is not lockrun's record: another program's, left out.
         let Some(record) = Record::decode(&data) else {
+            continue;
+        };
+        if window_of(node).is_some() {
+            let end = stat.ctime + record.window_ms.unwrap_or(0) as i64;
+            windows.push(Window {
+                node: node.clone(),
+                record,
+                version: stat.version,
+                end,
+            });
+            continue;
+        }
+        let Some((id, seq)) = request_of(node) else {
             continue;
         };
         entries.push(Entry {
@@ -153,7 +198,10 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Vec<Entry>>, CallError> {
             e.slot = Some(slot);
         }
     }
-    Ok(Some(queue::queue(entries)))
+    Ok(Some(Name {
+        queue: queue::queue(entries),
+        windows,
+    }))
 }
 
 /// Wall-clock milliseconds: only ever shown (`status`'s "held for").
@@ -180,13 +228,49 @@ fn holder(e: &Entry) -> Holder {
     }
 }
 
+fn window_holder(w: &Window, now: i64) -> Holder {
+    let r = &w.record;
+    Holder {
+        label: Some(r.label.clone()).filter(|l| !l.is_empty()),
+        token: r.token,
+        mode: r.mode(),
+        slot: r.slot.filter(|_| matches!(r.mode(), super::Mode::Limit(_))),
+        ttl_left: Some(Duration::from_millis((w.end - now).max(0) as u64)),
+        held_for: None,
+        revoked: false,
+        min_hold: true,
+        preempted_by: None,
+    }
+}
+
+/// End a window (it runs no job): Ok(false) when it changed or went.
+fn end_window(c: &Client, nodes: &Nodes, w: &Window) -> Result<bool, CallError> {
+    let path = nodes.child(&w.node);
+    let version = w.version;
+    match c.call(|z| async move { z.delete(&path, Some(version)).await }) {
+        Ok(()) => Ok(true),
+        Err(CallError::Zk(zk::Error::NoNode | zk::Error::BadVersion)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Delete a request node and the slot it claimed, together.
 fn delete(c: &Client, nodes: &Nodes, e: &Entry) -> Result<bool, CallError> {
+    delete_at(c, nodes, e, None)
+}
+
+/// The same, only while the node is at `version` (unmarked since read).
+fn delete_at(
+    c: &Client,
+    nodes: &Nodes,
+    e: &Entry,
+    version: Option<i32>,
+) -> Result<bool, CallError> {
     let path = nodes.child(&e.node);
     let slot = e.slot.map(|s| nodes.slot(s));
     let r = c.call(|z| async move {
         let mut w = z.new_multi_writer();
-        w.add_delete(&path, None)?;
+        w.add_delete(&path, version)?;
         if let Some(s) = &slot {
             w.add_delete(s, None)?;
         }
@@ -207,15 +291,29 @@ impl Engine for Zk {
     fn status(&mut self, name: &str) -> Result<Status, Error> {
         let nodes = Nodes::new(&self.root, name);
         let doing = format!("reading {name} on {}", self.url.display);
-        let c = self.client(OPERATOR_SESSION)?;
-        let queue = read(c, &nodes)
-            .map_err(|e| sort(e, &doing))?
-            .unwrap_or_default();
-        let held = holders(&queue);
+        let c = self.client(OPERATOR_SESSION)?.clone();
+        let read_all = || -> Result<(Name, i64), CallError> {
+            let n = read_name(&c, &nodes)?;
+            let now = if n.windows.is_empty() {
+                0
+            } else {
+                server_now(&c, &nodes)?
+            };
+            Ok((n, now))
+        };
+        let (n, now) = read_all().map_err(|e| sort(e, &doing))?;
+        let held = n.queue_held();
+        let mut out: Vec<Holder> = n.windows.iter().map(|w| window_holder(w, now)).collect();
+        out.extend(n.queue[..held].iter().map(holder));
         Ok(Status {
-            holders: queue[..held].iter().map(holder).collect(),
-            waiters: Some((queue.len() - held) as u64),
-            superseding: Some(queue[held..].iter().filter(|e| e.record.supersede).count() as u64),
+            holders: out,
+            waiters: Some((n.queue.len() - held) as u64),
+            superseding: Some(
+                n.queue[held..]
+                    .iter()
+                    .filter(|e| e.record.supersede)
+                    .count() as u64,
+            ),
         })
     }
 
@@ -265,23 +363,34 @@ impl Engine for Zk {
         let nodes = Nodes::new(&self.root, name);
         let doing = format!("releasing {name} on {}", self.url.display);
         let c = self.client(OPERATOR_SESSION)?.clone();
-        let queue = read(&c, &nodes)
-            .map_err(|e| sort(e, &doing))?
-            .unwrap_or_default();
-        let held = &queue[..holders(&queue)];
-        if held.is_empty() {
+        let n = read_name(&c, &nodes).map_err(|e| sort(e, &doing))?;
+        let held = &n.queue[..n.queue_held()];
+        if held.is_empty() && n.windows.is_empty() {
             return Ok(Broken::NotHeld);
         }
         let matched: Vec<&Entry> = held
             .iter()
             .filter(|e| force.token.is_none_or(|t| t == e.czxid))
             .collect();
-        if matched.is_empty() {
-            return Ok(Broken::TokenMismatch(
-                held.iter().map(|e| e.czxid).collect(),
-            ));
+        let windows: Vec<&Window> = n
+            .windows
+            .iter()
+            .filter(|w| force.token.is_none_or(|t| t == w.token()))
+            .collect();
+        if matched.is_empty() && windows.is_empty() {
+            let mut tokens: Vec<u64> = n.windows.iter().map(Window::token).collect();
+            tokens.extend(held.iter().map(|e| e.czxid));
+            return Ok(Broken::TokenMismatch(tokens));
         }
         let mut broken = Vec::new();
+        for w in windows {
+            // A window runs no job: it ends at once.
+            if end_window(&c, &nodes, w).map_err(|e| sort(e, &doing))? {
+                let mut h = window_holder(w, 0);
+                h.ttl_left = None;
+                broken.push(h);
+            }
+        }
         for e in matched {
             if e.record.revoked && !force.now {
                 continue;
@@ -329,6 +438,113 @@ struct ZkHeld {
     nodes: Nodes,
     entry: Entry,
     ttl: Duration,
+    name: String,
+    /// When the grant's reply came: the grant was made no later.
+    granted_by: Boot,
+    /// `--min-hold`: the release keeps a window until it ends.
+    min_hold: Option<Duration>,
+}
+
+impl ZkHeld {
+    /// What is left of the `--min-hold` window, counted from the reply to
+    /// the grant (no later than the grant itself).
+    fn window_left(&self) -> Option<Duration> {
+        let hold = self.min_hold?;
+        hold.checked_sub(Boot::now().since(self.granted_by))
+            .filter(|d| !d.is_zero())
+    }
+
+    /// Delete our node while it is as granted. Marked since: a revoked
+    /// node stays until our session ends, as `release --force` promised;
+    /// a preempted one goes. Ok(false): it was no longer ours.
+    fn delete(&self) -> Result<bool, Error> {
+        let (c, nodes, e) = (&self.client, &self.nodes, &self.entry);
+        match delete_at(c, nodes, e, Some(e.version)) {
+            Ok(done) => Ok(done),
+            Err(CallError::Zk(zk::Error::BadVersion)) => {
+                let path = nodes.child(&e.node);
+                let (data, _) = c
+                    .call(|z| async move { z.get_data(&path).await })
+                    .map_err(|err| sort(err, "releasing"))?;
+                if Record::decode(&data).is_none_or(|r| r.revoked) {
+                    return Ok(false);
+                }
+                delete(c, nodes, e).map_err(|err| sort(err, "releasing"))
+            }
+            Err(err) => Err(sort(err, "releasing")),
+        }
+    }
+
+    /// Replace our node by a window that the server ends no sooner than
+    /// `left` from now (a TTL node; its time counts from its creation,
+    /// after this), in one multi with the delete of our node.
+    fn keep_for(&self, left: Duration) -> Result<bool, Error> {
+        let (c, nodes, e) = (&self.client, &self.nodes, &self.entry);
+        // The server's clock may run a little faster than ours.
+        let padded = left + left / 100 + Duration::from_millis(2);
+        let ms = padded.as_millis().max(1) as u64;
+        let record = Record {
+            window_ms: Some(ms),
+            token: Some(e.czxid),
+            slot: e.slot,
+            preempted_by: None,
+            ..e.record.clone()
+        };
+        let path = nodes.child(&e.node);
+        let slot = e.slot.map(|s| nodes.slot(s));
+        let window = nodes.window(&e.id);
+        let version = e.version;
+        let acls = c.acls();
+        let r = c.call(|z| async move {
+            let mut w = z.new_multi_writer();
+            w.add_delete(&path, Some(version))?;
+            if let Some(s) = &slot {
+                w.add_delete(s, None)?;
+            }
+            let opts = zk::CreateMode::Persistent
+                .with_acls(acls)
+                .with_ttl(Duration::from_millis(ms));
+            w.add_create(&window, &record.encode(), &opts)?;
+            w.commit().await.map_err(zk::Error::from)
+        });
+        match r {
+            Ok(_) => {
+                log::info(format!(
+                    "released {}; kept by --min-hold for {}",
+                    self.name,
+                    humantime::format_duration(Duration::from_millis(ms))
+                ));
+                Ok(true)
+            }
+            // Marked since the grant (revoked or preempted): no window.
+            Err(CallError::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => self.delete(),
+            Err(err) if !matches!(&err, CallError::Zk(e) if is_refusal(e)) => {
+                Err(sort(err, "releasing"))
+            }
+            Err(err) => {
+                log::warn(format!(
+                    "released {} without its --min-hold window: ZooKeeper refused a TTL \
+                     node ({}); set extendedTypesEnabled=true on its servers",
+                    self.name,
+                    sort(err, "keeping the window")
+                ));
+                self.delete()
+            }
+        }
+    }
+}
+
+/// A refusal of a TTL node by a server that does not enable them.
+fn is_refusal(e: &zk::Error) -> bool {
+    !matches!(
+        e,
+        zk::Error::ConnectionLoss
+            | zk::Error::Timeout
+            | zk::Error::SessionExpired
+            | zk::Error::SessionMoved
+            | zk::Error::ClientClosed
+            | zk::Error::NoAuth
+    )
 }
 
 impl Held for ZkHeld {
@@ -342,12 +558,14 @@ impl Held for ZkHeld {
     }
 
     fn release(self: Box<Self>) -> Result<bool, Error> {
-        let r = delete(&self.client, &self.nodes, &self.entry);
-        // Our session ends with lockrun; its nodes, if any are left, with it.
-        r.map_err(|e| sort(e, "releasing"))
+        if let Some(left) = self.window_left() {
+            return self.keep_for(left);
+        }
+        self.delete()
     }
 
-    fn give_back(self: Box<Self>) -> Result<bool, Error> {
+    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+        self.min_hold = None;
         self.release()
     }
 }

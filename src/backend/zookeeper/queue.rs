@@ -96,6 +96,11 @@ impl Nodes {
         format!("{}/{node}", self.parent)
     }
 
+    /// The node a `--min-hold` window of request `id` is kept as.
+    pub fn window(&self, id: &str) -> String {
+        format!("{}/w-{id}", self.parent)
+    }
+
     /// The node a `--limit` holder claims its slot with.
     pub fn slot(&self, slot: u32) -> String {
         format!("{}/s-{slot}", self.parent)
@@ -109,6 +114,12 @@ pub fn request_of(node: &str) -> Option<(&str, u64)> {
     let plain = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
     let seq_ok = seq.len() >= 10 && seq.bytes().all(|b| b.is_ascii_digit());
     (plain && seq_ok).then(|| (id, seq.parse().unwrap_or(u64::MAX)))
+}
+
+/// A `--min-hold` window's unique part, if `node` is one.
+pub fn window_of(node: &str) -> Option<&str> {
+    let id = node.strip_prefix("w-")?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
 }
 
 /// A `--limit` slot node's number, if `node` is one.
@@ -133,6 +144,11 @@ pub struct Record {
     pub preempted_by: Option<String>,
     /// A newer `--supersede` request took its place in the queue.
     pub replaced_by: Option<String>,
+    /// A `--min-hold` window: how long it lasts from its node's creation
+    /// (server time), the grant's token and its slot.
+    pub window_ms: Option<u64>,
+    pub token: Option<u64>,
+    pub slot: Option<u32>,
 }
 
 impl Record {
@@ -168,6 +184,15 @@ impl Record {
         if let Some(by) = &self.replaced_by {
             v["replaced_by"] = json!(by);
         }
+        if let Some(ms) = self.window_ms {
+            v["window_ms"] = json!(ms);
+        }
+        if let Some(t) = self.token {
+            v["token"] = json!(t);
+        }
+        if let Some(s) = self.slot {
+            v["slot"] = json!(s);
+        }
         v.to_string().into_bytes()
     }
 
@@ -187,6 +212,9 @@ impl Record {
             revoked: v["revoked"].as_bool() == Some(true),
             preempted_by: text("preempted_by"),
             replaced_by: text("replaced_by"),
+            window_ms: v["window_ms"].as_u64(),
+            token: v["token"].as_u64(),
+            slot: v["slot"].as_u64().map(|n| n.min(u32::MAX as u64) as u32),
         })
     }
 }
@@ -210,12 +238,42 @@ pub struct Entry {
     pub slot: Option<u32>,
 }
 
+/// A `--min-hold` window kept after its job ended: a TTL node that
+/// holds like any holder until `end` on the server's clock.
+#[derive(Debug, Clone)]
+pub struct Window {
+    pub node: String,
+    pub record: Record,
+    pub version: i32,
+    /// When it ends, in server milliseconds since the epoch.
+    pub end: i64,
+}
+
+impl Window {
+    pub fn token(&self) -> u64 {
+        self.record.token.unwrap_or(0)
+    }
+}
+
 /// The queue: request nodes in sequence order, those another request
 /// replaced left out (they are leaving).
 pub fn queue(mut entries: Vec<Entry>) -> Vec<Entry> {
     entries.retain(|e| e.record.replaced_by.is_none());
     entries.sort_by_key(|e| e.seq);
     entries
+}
+
+fn window_places(windows: &[Window]) -> Vec<Place> {
+    windows
+        .iter()
+        .map(|w| Place {
+            mode: w.record.mode(),
+            slot: w.record.slot,
+            window: true,
+            outer: false,
+            ours: false,
+        })
+        .collect()
 }
 
 fn places(queue: &[Entry], req: Option<&Request>) -> Vec<Place> {
@@ -231,9 +289,9 @@ fn places(queue: &[Entry], req: Option<&Request>) -> Vec<Place> {
         .collect()
 }
 
-/// How many at the front of the queue hold the name.
-pub fn holders(queue: &[Entry]) -> usize {
-    admit::front(&[], &places(queue, None))
+/// How many at the front of the queue hold the name, beside the windows.
+pub fn holders(windows: &[Window], queue: &[Entry]) -> usize {
+    admit::front(&window_places(windows), &places(queue, None))
 }
 
 /// What a request at place `me` in the queue may do.
@@ -242,20 +300,29 @@ pub enum Verdict {
     Granted {
         slot: Option<u32>,
     },
-    /// Wait for one of these nodes to go.
+    /// Wait for one of these nodes to go, or a window to end (server ms).
     Blocked {
+        until: Option<i64>,
         watch: Vec<String>,
     },
     Disagrees(Mode),
     Nested,
 }
 
-pub fn judge(queue: &[Entry], me: usize, req: &Request) -> Verdict {
-    match admit::admit(&[], &places(queue, Some(req)), req.mode, Some(me)) {
+pub fn judge(windows: &[Window], queue: &[Entry], me: usize, req: &Request) -> Verdict {
+    let w = window_places(windows);
+    match admit::admit(&w, &places(queue, Some(req)), req.mode, Some(me)) {
         admit::Verdict::Hold { slot } => return Verdict::Granted { slot },
         admit::Verdict::Ours(_) => return Verdict::Granted { slot: None },
         admit::Verdict::Nested => return Verdict::Nested,
         admit::Verdict::Disagrees(mode) => return Verdict::Disagrees(mode),
+        admit::Verdict::Wait(admit::By::Holder(i)) => {
+            // A window: it goes when it ends, or when an operator ends it.
+            return Verdict::Blocked {
+                watch: vec![windows[i].node.clone()],
+                until: Some(windows.iter().map(|w| w.end).min().unwrap_or(0)),
+            };
+        }
         admit::Verdict::Wait(_) => {}
     }
     // Watch the nodes whose going could let us in: the one just ahead
@@ -277,7 +344,9 @@ pub fn judge(queue: &[Entry], me: usize, req: &Request) -> Verdict {
             }
         }
     }
-    Verdict::Blocked { watch }
+    // Windows in force wake us when the first of them ends.
+    let until = windows.iter().map(|w| w.end).min();
+    Verdict::Blocked { watch, until }
 }
 
 #[cfg(test)]
@@ -326,6 +395,9 @@ mod tests {
             revoked: true,
             preempted_by: Some("h:2".into()),
             replaced_by: None,
+            window_ms: Some(5),
+            token: Some(9),
+            slot: Some(1),
         };
         assert_eq!(Record::decode(&r.encode()), Some(r));
         assert_eq!(Record::decode(b"hello"), None);

@@ -10,8 +10,8 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use super::client::{CallError, Client, expired, sort};
-use super::queue::{Entry, Nodes, Record, Verdict, holders, judge};
-use super::{Zk, ZkHeld, delete, read};
+use super::queue::{Entry, Nodes, Record, Verdict, judge};
+use super::{Name, Zk, ZkHeld, delete, end_window, read_name, server_now};
 use crate::backend::drive::{Step, Take, drive};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
@@ -166,9 +166,8 @@ impl Taking<'_> {
             m.node = Some(node);
         }
         let sent = Boot::now();
-        let queue = read(&c, &self.nodes)
-            .map_err(call_failed("reading the queue"))?
-            .unwrap_or_default();
+        let name = read_name(&c, &self.nodes).map_err(call_failed("reading the queue"))?;
+        let queue = &name.queue;
         let m = self.mine.as_mut().expect("set above");
         let ours: Vec<&Entry> = queue.iter().filter(|e| e.id == m.id).collect();
         let Some(first) = ours.first() else {
@@ -222,7 +221,7 @@ impl Taking<'_> {
             .iter()
             .position(|e| e.node == first.node)
             .expect("found above");
-        match judge(&queue, me, req) {
+        match judge(&name.windows, queue, me, req) {
             Verdict::Nested => Err(Failed::Final(crate::backend::nested(req.name))),
             Verdict::Disagrees(in_force) => {
                 Err(Failed::Final(req.mode.disagreement(req.name, in_force)))
@@ -232,7 +231,9 @@ impl Taking<'_> {
                 if let Mode::Limit(n) = req.mode
                     && entry.slot.is_none()
                 {
-                    match claim(&c, &self.nodes, &entry.node, slot.unwrap_or(0), n)
+                    let kept: Vec<u32> =
+                        name.windows.iter().filter_map(|w| w.record.slot).collect();
+                    match claim(&c, &self.nodes, &entry.node, slot.unwrap_or(0), n, &kept)
                         .map_err(call_failed("claiming a slot"))?
                     {
                         Some(s) => entry.slot = Some(s),
@@ -249,6 +250,9 @@ impl Taking<'_> {
                     nodes: Nodes::new(&self.zk.root, req.name),
                     entry,
                     ttl,
+                    name: req.name.to_string(),
+                    granted_by: Boot::now(),
+                    min_hold: req.min_hold,
                 };
                 Ok(Step::Done(Acquired::Granted(Lease::new(
                     token,
@@ -258,13 +262,15 @@ impl Taking<'_> {
                     Box::new(held),
                 ))))
             }
-            Verdict::Blocked { watch } => {
-                self.holder = queue
+            Verdict::Blocked { watch, until } => {
+                self.holder = name
+                    .windows
                     .first()
-                    .map(|e| e.record.label.clone())
+                    .map(|w| w.record.label.clone())
+                    .or_else(|| queue.first().map(|e| e.record.label.clone()))
                     .or(self.holder.take());
                 if !self.joined {
-                    if let Some(step) = self.join(&c, &queue, me)? {
+                    if let Some(step) = self.join(&c, &name, me)? {
                         return Ok(step);
                     }
                     self.joined = true;
@@ -276,7 +282,16 @@ impl Taking<'_> {
                     }));
                 }
                 patience.tick(self.holder.as_deref());
-                self.wait_turn(&c, &watch, &first.node, patience)
+                // A window ends on the server's clock: sleep until then by ours.
+                let wake = match until {
+                    Some(end) => {
+                        let now = server_now(&c, &self.nodes)
+                            .map_err(call_failed("reading the server's clock"))?;
+                        Some(Boot::now().add(Duration::from_millis((end - now).max(0) as u64 + 5)))
+                    }
+                    None => None,
+                };
+                self.wait_turn(&c, &watch, &first.node, wake, patience)
             }
         }
     }
@@ -298,11 +313,21 @@ impl Taking<'_> {
     /// the holders, `--supersede` marks the earlier waiters that asked for
     /// it too as replaced, then `--max-waiters` counts the waiters still
     /// ahead of ours: with N or more, ours leaves.
-    fn join(&mut self, c: &Client, queue: &[Entry], me: usize) -> Result<Option<Step>, Failed> {
+    fn join(&mut self, c: &Client, name: &Name, me: usize) -> Result<Option<Step>, Failed> {
         let g = self.req.group;
-        let held = holders(queue).min(me);
+        let queue = &name.queue;
+        let held = name.queue_held().min(me);
         let shown = &self.req.owner.shown;
         let mut again = false;
+        // Ending windows first: `mark` below keeps `again` to itself.
+        if g.preempt {
+            // A --min-hold window runs no job: it ends at once.
+            for w in &name.windows {
+                if !end_window(c, &self.nodes, w).map_err(call_failed("ending a window"))? {
+                    again = true;
+                }
+            }
+        }
         let mut mark = |e: &Entry, r: Record| -> Result<bool, Failed> {
             let path = self.nodes.child(&e.node);
             let version = e.version;
@@ -359,6 +384,7 @@ impl Taking<'_> {
         c: &Client,
         watch: &[String],
         own: &str,
+        wake: Option<Boot>,
         patience: &mut Patience,
     ) -> Result<Step, Failed> {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -393,7 +419,13 @@ impl Taking<'_> {
         }
         let opened = Boot::now();
         loop {
-            let left = LOOK_AGAIN.saturating_sub(Boot::now().since(opened));
+            let mut left = LOOK_AGAIN.saturating_sub(Boot::now().since(opened));
+            if let Some(at) = wake {
+                if Boot::now() >= at {
+                    return Ok(Step::Again);
+                }
+                left = left.min(at.since(Boot::now()));
+            }
             match rx.recv_timeout(patience.cap(left).max(Duration::from_millis(1))) {
                 Ok(()) | Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -443,8 +475,12 @@ fn claim(
     node: &str,
     first: u32,
     n: u32,
+    kept: &[u32],
 ) -> Result<Option<u32>, CallError> {
-    for s in std::iter::once(first).chain(0..n) {
+    for s in std::iter::once(first)
+        .chain(0..n)
+        .filter(|s| !kept.contains(s))
+    {
         let path = nodes.slot(s);
         let data = node.as_bytes().to_vec();
         let acls = c.acls();
