@@ -5,6 +5,7 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::conformance::ZookeeperEngine;
 use crate::conformance::{
     EtcdEngine, Fixture, LocalEngine, PostgresEngine, RedisEngine, Span, spans, status, stop,
     waiter, waiters,
@@ -742,4 +743,5 @@ red! {
     redis: RedisEngine::new();
     etcd: EtcdEngine::new();
     postgres: PostgresEngine::new();
+    zookeeper: ZookeeperEngine::new();
 }
