@@ -32,3 +32,4 @@ mod supervise;
 mod switching;
 mod terminal;
 mod torture;
+mod zookeeper;

@@ -310,3 +310,120 @@ pub fn zk_delete(port: u16, chroot: Option<&str>, path: &str) {
         }
     })
 }
+
+/// A loopback TCP proxy in front of a ZooKeeper server that can lose the
+/// reply to one create of a request node: it passes the request on, drops
+/// everything the server says from then on, and cuts the connection, as a
+/// network that fails at the worst moment would. It can also stall every
+/// connection (a partition: nothing passes either way).
+pub struct ZkProxy {
+    pub port: u16,
+    lose_create: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stall: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Creates whose reply it lost.
+    pub lost: std::sync::Arc<AtomicU32>,
+}
+
+impl ZkProxy {
+    pub fn start(upstream: u16) -> ZkProxy {
+        use std::io::{Read, Write};
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let lose_create = Arc::new(AtomicBool::new(false));
+        let stall = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicU32::new(0));
+        let (lc, st, lo) = (lose_create.clone(), stall.clone(), lost.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let cut = Arc::new(AtomicBool::new(false));
+                let (mut c_read, mut s_write) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (lc, st1, lo, cut1) = (lc.clone(), st.clone(), lo.clone(), cut.clone());
+                let (c_close, s_close) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    // Frames: a 4-byte length, then the body; the first is
+                    // the connect request, later ones start xid, op code.
+                    let mut first = true;
+                    loop {
+                        let mut len = [0u8; 4];
+                        if c_read.read_exact(&mut len).is_err() {
+                            return;
+                        }
+                        let n = u32::from_be_bytes(len) as usize;
+                        let mut body = vec![0u8; n];
+                        if c_read.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        while st1.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        if s_write.write_all(&len).is_err() || s_write.write_all(&body).is_err() {
+                            return;
+                        }
+                        let op = (!first && n >= 8)
+                            .then(|| i32::from_be_bytes(body[4..8].try_into().unwrap()));
+                        first = false;
+                        // create (1), create2 (15), createTTL (19)
+                        let creates = matches!(op, Some(1 | 15 | 19))
+                            && String::from_utf8_lossy(&body).contains("/q-");
+                        if creates && lc.swap(false, Ordering::SeqCst) {
+                            cut1.store(true, Ordering::SeqCst);
+                            lo.fetch_add(1, Ordering::SeqCst);
+                            // Let the server act on it, then cut.
+                            std::thread::sleep(Duration::from_millis(300));
+                            let _ = c_close.shutdown(std::net::Shutdown::Both);
+                            let _ = s_close.shutdown(std::net::Shutdown::Both);
+                            return;
+                        }
+                    }
+                });
+                let st = st.clone();
+                let (mut s_read, mut c_write) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let n = match s_read.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        while st.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        if cut.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        if c_write.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        ZkProxy {
+            port,
+            lose_create,
+            stall,
+            lost,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}", self.port)
+    }
+
+    /// Lose the reply to the next create of a request node.
+    pub fn lose_next_create(&self) {
+        self.lose_create.store(true, Ordering::SeqCst);
+    }
+
+    /// Let nothing through either way (on), or everything again (off).
+    pub fn set_stall(&self, on: bool) {
+        self.stall.store(on, Ordering::SeqCst);
+    }
+}
