@@ -289,12 +289,29 @@ impl Fixture for PostgresEngine {
 pub struct ZookeeperEngine {
     port: u16,
     chroot: String,
+    /// Every server's client port (one, or the ensemble's three).
+    hosts: Vec<u16>,
 }
 
 impl ZookeeperEngine {
     pub fn new() -> ZookeeperEngine {
         let (port, chroot) = zk_chroot();
-        ZookeeperEngine { port, chroot }
+        ZookeeperEngine {
+            port,
+            chroot,
+            hosts: vec![port],
+        }
+    }
+
+    /// A chroot of its own on the three-server ensemble the run shares.
+    pub fn ensemble() -> ZookeeperEngine {
+        let hosts = shared_ensemble();
+        let (port, chroot) = zk_chroot_on(hosts[0]);
+        ZookeeperEngine {
+            port,
+            chroot,
+            hosts,
+        }
     }
 
     fn tree(&self) -> Vec<(String, i64)> {
@@ -304,7 +321,12 @@ impl ZookeeperEngine {
 
 impl Fixture for ZookeeperEngine {
     fn url(&self) -> String {
-        format!("zk://127.0.0.1:{}{}", self.port, self.chroot)
+        let hosts: Vec<String> = self
+            .hosts
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("zk://{}{}", hosts.join(","), self.chroot)
     }
     fn breaks(&self) -> bool {
         true
@@ -1484,4 +1506,5 @@ conformance! {
     etcd: EtcdEngine::new();
     postgres: PostgresEngine::new();
     zookeeper: ZookeeperEngine::new();
+    zookeeper_ensemble: ZookeeperEngine::ensemble();
 }

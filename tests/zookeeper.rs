@@ -226,3 +226,33 @@ fn a_partition_from_every_server_stops_the_job_on_schedule() {
         "stopped {took:?} after the cut"
     );
 }
+
+/// The leader killed mid-job: the holder keeps its lease (its session moves
+/// to the new leader) or stops with 76; the next holder never runs beside
+/// it, and tokens keep growing.
+#[test]
+fn the_leader_killed_mid_job_keeps_the_lease_or_stops_it() {
+    use crate::conformance::{logging_job, spans};
+    let mut ens = Ensemble::start();
+    let url = ens.url();
+    let scratch = Scratch::new();
+    let first = on(&url)
+        .args(["--ttl", "6s", "lead", "-c"])
+        .arg(logging_job(&scratch, "a", "4"))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("log")));
+    let second = on(&url)
+        .args(["--ttl", "6s", "-w", "60", "lead", "-c"])
+        .arg(logging_job(&scratch, "b", "0.2"))
+        .spawn();
+    let leader = ens.leader().expect("the ensemble has a leader");
+    ens.servers[leader].kill();
+    let (a, err_a) = exited(first, Duration::from_secs(60));
+    assert!(matches!(a, Some(0 | 76)), "{a:?}: {err_a}");
+    let (b, err_b) = exited(second, Duration::from_secs(60));
+    assert_eq!(b, Some(0), "{err_b}");
+    let s = spans(&scratch);
+    assert_eq!(s.len(), 2, "{s:?}");
+    assert!(s[0].end <= s[1].start, "the holders overlapped: {s:?}");
+    assert!(s[1].token > s[0].token, "{s:?}");
+}

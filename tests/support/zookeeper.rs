@@ -169,7 +169,15 @@ impl ZkServer {
 
     pub fn restart(&mut self) {
         self.kill();
-        self.child = Some(launch(&self.cfg, false, "ZooKeeperServerMain"));
+        let main = if std::fs::read_to_string(&self.cfg)
+            .unwrap()
+            .contains("server.1=")
+        {
+            "quorum.QuorumPeerMain"
+        } else {
+            "ZooKeeperServerMain"
+        };
+        self.child = Some(launch(&self.cfg, false, main));
         assert!(self.wait_serving(), "ZooKeeper did not come back");
     }
 }
@@ -227,8 +235,12 @@ pub fn shared_zookeeper() -> u16 {
 /// A chroot of its own on the shared server: `zk://127.0.0.1:PORT/tN`,
 /// created empty.
 pub fn zk_chroot() -> (u16, String) {
+    zk_chroot_on(shared_zookeeper())
+}
+
+/// A chroot of its own on the server at `port` (of the shared ensemble, say).
+pub fn zk_chroot_on(port: u16) -> (u16, String) {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let port = shared_zookeeper();
     let chroot = format!(
         "/t{}-{}",
         std::process::id(),
@@ -426,4 +438,85 @@ impl ZkProxy {
     pub fn set_stall(&self, on: bool) {
         self.stall.store(on, Ordering::SeqCst);
     }
+}
+
+/// A three-server ensemble on loopback, each server with its own data
+/// directory and `myid`.
+pub struct Ensemble {
+    pub servers: Vec<ZkServer>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Ensemble {
+    pub fn start() -> Ensemble {
+        let dir = scratch_dir();
+        let servers = Ensemble::launch_in(dir.path(), false);
+        Ensemble {
+            servers,
+            _dir: Some(dir),
+        }
+    }
+
+    fn launch_in(dir: &Path, shared: bool) -> Vec<ZkServer> {
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let peers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, q, e))| format!("server.{}=127.0.0.1:{q}:{e}\n", i + 1))
+            .collect();
+        let mut servers: Vec<ZkServer> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, _, _))| {
+                let d = dir.join(format!("s{}", i + 1));
+                std::fs::create_dir_all(d.join("data")).unwrap();
+                std::fs::write(d.join("data/myid"), format!("{}\n", i + 1)).unwrap();
+                let cfg = d.join("zoo.cfg");
+                std::fs::write(&cfg, config(&d.join("data"), *client, &peers)).unwrap();
+                ZkServer {
+                    port: *client,
+                    child: Some(launch(&cfg, shared, "quorum.QuorumPeerMain")),
+                    cfg,
+                    shared,
+                }
+            })
+            .collect();
+        for s in &mut servers {
+            assert!(s.wait_serving(), "an ensemble server did not come up");
+        }
+        servers
+    }
+
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("zk://{}", hosts.join(","))
+    }
+
+    /// The index of the server that leads now.
+    pub fn leader(&self) -> Option<usize> {
+        self.servers.iter().position(|s| {
+            s.child.is_some()
+                && four_letters(s.port, "srvr").is_some_and(|t| t.contains("Mode: leader"))
+        })
+    }
+}
+
+/// The ensemble every test of the run shares: its client ports.
+pub fn shared_ensemble() -> Vec<u16> {
+    static SHARED: OnceLock<Vec<u16>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let dir = scratch_dir().keep();
+            let servers = Ensemble::launch_in(&dir, true);
+            let ports = servers.iter().map(|s| s.port).collect();
+            std::mem::forget(servers);
+            ports
+        })
+        .clone()
 }
