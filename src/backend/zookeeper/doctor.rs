@@ -1,13 +1,15 @@
 //! `lockrun doctor` on ZooKeeper: reachable, the round trip, the session
 //! timeout the server grants, its version and role (by the `srvr`
-//! four-letter word, which ZooKeeper allows by default), and the ACL on
-//! the prefix's node (lockrun-engines(7) "ZOOKEEPER").
+//! four-letter word, which ZooKeeper allows by default), the ACL on the
+//! prefix's node, and whether it takes TTL nodes (lockrun-engines(7) "ZOOKEEPER").
 
 use std::io::{Read, Write};
 use std::time::Duration;
 
 use super::address::ZkUrl;
-use super::client::{Client, sort};
+use zookeeper_client as zk;
+
+use super::client::{CallError, Client, sort};
 use crate::backend::doctor::{round_trip_check, shown};
 use crate::backend::{Check, Opening};
 use crate::clock::Boot;
@@ -101,17 +103,53 @@ pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
                 format!("{root} allows {}", text.join(", ")),
             ));
         }
-        Err(super::client::CallError::Zk(zookeeper_client::Error::NoNode)) => out.push(Check::ok(
+        Err(CallError::Zk(zk::Error::NoNode)) => out.push(Check::ok(
             "acl",
             format!("{root} does not exist yet: the first request creates it"),
         )),
         Err(e) => out.push(Check::fail("acl", sort(e, "reading the ACL").to_string())),
     }
-    out.push(Check::warn(
-        "min-hold",
-        "--min-hold is not available on ZooKeeper with this build",
-    ));
+    out.push(ttl_nodes(&c, &root));
     out
+}
+
+/// Whether the server takes TTL nodes (`extendedTypesEnabled`), which
+/// `--min-hold` needs: by creating one beside the prefix's node and
+/// deleting it at once.
+fn ttl_nodes(c: &Client, root: &str) -> Check {
+    let mut bytes = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let path = format!("{root}.doctor-{hex}");
+    let acls = c.acls();
+    let p = path.clone();
+    let made = c.call(|z| async move {
+        let opts = zk::CreateMode::Persistent
+            .with_acls(acls)
+            .with_ttl(Duration::from_secs(60));
+        z.create(&p, b"", &opts).await
+    });
+    match made {
+        Ok(_) => {
+            let _ = c.call(|z| async move { z.delete(&path, None).await });
+            Check::ok(
+                "ttl nodes",
+                "the server takes TTL nodes: --min-hold keeps its window",
+            )
+        }
+        Err(CallError::Zk(zk::Error::NoAuth)) => Check::warn(
+            "ttl nodes",
+            "no permission to create a node beside the prefix's: TTL nodes (which --min-hold needs) not checked",
+        ),
+        Err(CallError::Zk(e)) if super::is_refusal(&e) => Check::warn(
+            "ttl nodes",
+            format!(
+                "the server refuses TTL nodes ({e}): --min-hold keeps no window; \
+                 set extendedTypesEnabled=true on every server"
+            ),
+        ),
+        Err(e) => Check::fail("ttl nodes", sort(e, "checking TTL nodes").to_string()),
+    }
 }
 
 /// A four-letter word's answer from `server`, if it gives one.

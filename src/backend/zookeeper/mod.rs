@@ -535,7 +535,7 @@ impl ZkHeld {
 }
 
 /// A refusal of a TTL node by a server that does not enable them.
-fn is_refusal(e: &zk::Error) -> bool {
+pub(super) fn is_refusal(e: &zk::Error) -> bool {
     !matches!(
         e,
         zk::Error::ConnectionLoss
