@@ -151,6 +151,10 @@ impl ZkServer {
         format!("zk://127.0.0.1:{}", self.port)
     }
 
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             signal(c.id() as i32, libc::SIGCONT);
