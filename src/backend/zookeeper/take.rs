@@ -94,9 +94,22 @@ impl Take for Taking<'_> {
     }
 
     fn leave(&mut self) {
-        if let Some(m) = self.mine.take()
-            && let Some(node) = m.node
-        {
+        let Some(m) = self.mine.take() else { return };
+        let node = match m.node {
+            Some(node) => Some(node),
+            // A create whose reply was lost may have made our node: find
+            // it by its unique part.
+            None if m.sent => {
+                let parent = self.nodes.parent.clone();
+                let prefix = format!("q-{}-", m.id);
+                self.client
+                    .call(|z| async move { z.list_children(&parent).await })
+                    .ok()
+                    .and_then(|ch| ch.into_iter().find(|n| n.starts_with(&prefix)))
+            }
+            None => None,
+        };
+        if let Some(node) = node {
             let path = self.nodes.child(&node);
             let _ = self
                 .client
