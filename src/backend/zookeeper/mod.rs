@@ -396,7 +396,12 @@ impl Engine for Zk {
                 continue;
             }
             let done = if force.now {
-                delete(&c, &nodes, e).map_err(|err| sort(err, &doing))?
+                // Only the grant that was read: not one that changed since.
+                match delete_at(&c, &nodes, e, Some(e.version)) {
+                    Ok(done) => done,
+                    Err(CallError::Zk(zk::Error::BadVersion)) => false,
+                    Err(err) => return Err(sort(err, &doing)),
+                }
             } else {
                 // The node stays on the holder's session, so it ends when
                 // that session would have: nobody else gets in early.
