@@ -21,6 +21,7 @@ struct Runtime {
 
 impl Runtime {
     fn start() -> Result<Runtime, Error> {
+        reactor()?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -32,6 +33,30 @@ impl Runtime {
             .map_err(|e| Error::Internal(format!("starting ZooKeeper's runtime: {e}")))?;
         Ok(Runtime { handle })
     }
+}
+
+/// Start the client's I/O reactor (async-io's), which aborts the process
+/// when it cannot have its descriptors: first make sure a few are free,
+/// then start it here at once, so that a tight descriptor limit is a
+/// failure (70) rather than an abort.
+fn reactor() -> Result<(), Error> {
+    use futures_util::FutureExt;
+    let mut probe = Vec::new();
+    for _ in 0..4 {
+        match rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC) {
+            Ok(fd) => probe.push(fd),
+            Err(e) => {
+                return Err(Error::Internal(format!(
+                    "starting ZooKeeper's client: {}",
+                    std::io::Error::from(e)
+                )));
+            }
+        }
+    }
+    drop(probe);
+    // Polling a timer once makes async-io set up its reactor.
+    let _ = async_io::Timer::after(Duration::from_secs(3600)).now_or_never();
+    Ok(())
 }
 
 /// One session to the ensemble.
@@ -189,6 +214,11 @@ pub fn sort(e: CallError, doing: &str) -> Error {
             "{text}: check the URL's user and password, and the ACL on lockrun's nodes"
         )),
         Z::QuotaExceeded | Z::NotReadOnly => Error::Refused(text),
+        // Server codes the client has no name for: a system error, an
+        // operation timed out, no quorum for a new configuration, a
+        // reconfiguration under way, a request timed out (-1, -7, -13,
+        // -14, -122): the ensemble is busy or electing.
+        Z::UnexpectedErrorCode(-1 | -7 | -13 | -14 | -122) => Error::Transient(text),
         _ => Error::Internal(text),
     }
 }

@@ -42,6 +42,28 @@ pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
             shown(Boot::now().since(started))
         ),
     ));
+    if url.chroot.is_some() {
+        match c.call(|z| async move { z.check_stat("/").await }) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                out.push(Check::fail(
+                    "chroot",
+                    format!(
+                        "the chroot {} does not exist: create it, or fix the URL",
+                        url.chroot.as_deref().unwrap_or("")
+                    ),
+                ));
+                return out;
+            }
+            Err(e) => {
+                out.push(Check::fail(
+                    "chroot",
+                    sort(e, "reading the chroot").to_string(),
+                ));
+                return out;
+            }
+        }
+    }
     out.push(Check::ok(
         "session",
         format!(

@@ -468,9 +468,12 @@ impl ZkHeld {
             Ok(done) => Ok(done),
             Err(CallError::Zk(zk::Error::BadVersion)) => {
                 let path = nodes.child(&e.node);
-                let (data, _) = c
-                    .call(|z| async move { z.get_data(&path).await })
-                    .map_err(|err| sort(err, "releasing"))?;
+                let (data, _) = match c.call(|z| async move { z.get_data(&path).await }) {
+                    Ok(v) => v,
+                    // Gone meanwhile (deleted, or with an expired session).
+                    Err(CallError::Zk(zk::Error::NoNode)) => return Ok(false),
+                    Err(err) => return Err(sort(err, "releasing")),
+                };
                 if Record::decode(&data).is_none_or(|r| r.revoked) {
                     return Ok(false);
                 }

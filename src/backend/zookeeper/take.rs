@@ -10,7 +10,7 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use super::client::{CallError, Client, expired, sort};
-use super::queue::{Entry, Nodes, Record, Verdict, judge};
+use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
 use super::{Name, Zk, ZkHeld, delete, end_window, read_name, server_now};
 use crate::backend::drive::{Step, Take, drive};
 use crate::backend::wait::{Patience, Retry};
@@ -42,6 +42,10 @@ struct Taking<'a> {
     /// first found itself waiting).
     joined: bool,
     holder: Option<String>,
+    /// The queue as last read in full, and whether a watch just woke us:
+    /// then an exclusive request looks with one list (`quick_look`).
+    known: Vec<Entry>,
+    woken: bool,
 }
 
 fn unique() -> Result<String, Error> {
@@ -153,6 +157,8 @@ impl Zk {
             mine: None,
             joined: false,
             holder: None,
+            known: Vec::new(),
+            woken: false,
         };
         drive(&mut taking, req, wait)
     }
@@ -179,7 +185,14 @@ impl Taking<'_> {
             m.node = Some(node);
         }
         let sent = Boot::now();
-        let name = read_name(&c, &self.nodes).map_err(call_failed("reading the queue"))?;
+        let name = match self.quick_look(&c)? {
+            Some(name) => name,
+            None => {
+                let name = read_name(&c, &self.nodes).map_err(call_failed("reading the queue"))?;
+                self.known = name.queue.clone();
+                name
+            }
+        };
         let queue = &name.queue;
         let m = self.mine.as_mut().expect("set above");
         let ours: Vec<&Entry> = queue.iter().filter(|e| e.id == m.id).collect();
@@ -309,6 +322,45 @@ impl Taking<'_> {
         }
     }
 
+    /// Woken by a watch, an exclusive request looks at the names of the
+    /// name's nodes alone (one round trip): when every one is a request
+    /// read before, their records are as read (a mode never changes; a
+    /// mark read late only keeps us waiting longer), and the queue is
+    /// those still there. Anything new (a slot, a window, a request not
+    /// read yet) needs the full read: None.
+    fn quick_look(&mut self, c: &Client) -> Result<Option<Name>, Failed> {
+        let woken = std::mem::take(&mut self.woken);
+        let req = self.req;
+        if !woken || req.mode != Mode::Exclusive || req.group.supersede || self.known.is_empty() {
+            return Ok(None);
+        }
+        let parent = self.nodes.parent.clone();
+        let children = match c.call(|z| async move { z.list_children(&parent).await }) {
+            Ok(ch) => ch,
+            Err(CallError::Zk(zk::Error::NoNode)) => return Ok(None),
+            Err(e) => return Err(Failed::Call(e, "reading the queue".into())),
+        };
+        let lockrun_s =
+            |n: &String| request_of(n).is_some() || n.starts_with("s-") || n.starts_with("w-");
+        let ours: Vec<&String> = children.iter().filter(|n| lockrun_s(n)).collect();
+        if ours
+            .iter()
+            .any(|n| !self.known.iter().any(|e| &e.node == *n))
+        {
+            return Ok(None);
+        }
+        let queue: Vec<Entry> = self
+            .known
+            .iter()
+            .filter(|e| ours.contains(&&e.node))
+            .cloned()
+            .collect();
+        Ok(Some(Name {
+            queue,
+            windows: Vec::new(),
+        }))
+    }
+
     /// Who replaced our waiting request, if a `--supersede` request did.
     fn replaced(&self, c: &Client, node: Option<&str>) -> Result<Option<String>, Failed> {
         let Some(node) = node else {
@@ -418,9 +470,13 @@ impl Taking<'_> {
         if self.req.group.supersede {
             // A newer --supersede request marks our node: watch it too.
             let path = self.nodes.child(own);
-            let (data, _, watcher) = c
-                .call(|z| async move { z.get_and_watch_data(&path).await })
-                .map_err(call_failed("watching our node"))?;
+            let (data, _, watcher) =
+                match c.call(|z| async move { z.get_and_watch_data(&path).await }) {
+                    Ok(v) => v,
+                    // Gone: the next look finds out why.
+                    Err(CallError::Zk(zk::Error::NoNode)) => return Ok(Step::Again),
+                    Err(e) => return Err(Failed::Call(e, "watching our node".into())),
+                };
             if Record::decode(&data).is_some_and(|r| r.replaced_by.is_some()) {
                 return Ok(Step::Again);
             }
@@ -440,7 +496,11 @@ impl Taking<'_> {
                 left = left.min(at.since(Boot::now()));
             }
             match rx.recv_timeout(patience.cap(left).max(Duration::from_millis(1))) {
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
+                Ok(()) => {
+                    self.woken = true;
+                    return Ok(Step::Again);
+                }
+                Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
                 Err(RecvTimeoutError::Timeout) => {}
             }
             if patience.over() {
@@ -470,10 +530,14 @@ fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, Ca
             z.create(&path, &data, &opts).await
         }) {
             Ok((_, seq)) => return Ok(format!("q-{id}-{seq}")),
-            Err(CallError::Zk(zk::Error::NoNode)) if tries < 3 => {
+            Err(CallError::Zk(zk::Error::NoNode)) if tries < 5 => {
+                // ZooKeeper may delete an empty container at any time,
+                // the prefix's between our two creates: try again.
                 tries += 1;
-                container(c, &nodes.root)?;
-                container(c, &nodes.parent)?;
+                match container(c, &nodes.root).and_then(|()| container(c, &nodes.parent)) {
+                    Ok(()) | Err(CallError::Zk(zk::Error::NoNode)) => {}
+                    Err(e) => return Err(e),
+                }
             }
             Err(e) => return Err(e),
         }
