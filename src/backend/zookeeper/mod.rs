@@ -562,6 +562,7 @@ impl Held for ZkHeld {
             path: self.nodes.child(&self.entry.node),
             session: self.client.session_id(),
             ttl: self.ttl,
+            version: self.entry.version,
         }))
     }
 
@@ -578,22 +579,46 @@ impl Held for ZkHeld {
     }
 }
 
-/// A renewal: one round trip that proves the session alive and the node
-/// ours (there, on our session, not revoked).
+/// Check, through the leader, that `path` is at `version`: a check-only
+/// multi is a write, so the leader (with a quorum) judges it and first
+/// checks that our session is alive; a read could be served by a follower
+/// cut off from a paused leader, which may expire the session meanwhile.
+fn check(c: &Client, path: &str, version: i32) -> Result<(), CallError> {
+    let path = path.to_string();
+    c.call(|z| async move {
+        let mut w = z.new_multi_writer();
+        w.add_check_version(&path, version)?;
+        w.commit().await.map_err(zk::Error::from)
+    })
+    .map(|_| ())
+}
+
+/// A renewal: one round trip through the leader that proves the session
+/// alive and the node ours (there, on our session, unchanged since it was
+/// granted); when it changed, a read says why (revoked, preempted).
 struct ZkRenewer {
     client: Client,
     path: String,
     session: i64,
     ttl: Duration,
+    /// Our node's version as last seen.
+    version: i32,
 }
 
 impl Renewer for ZkRenewer {
     fn renew(&mut self) -> Result<Renewal, Error> {
+        let lost = |e: &CallError| expired(e) || matches!(e, CallError::Zk(zk::Error::NoNode));
+        match check(&self.client, &self.path, self.version) {
+            Ok(()) => return Ok(Renewal::Renewed { ttl: self.ttl }),
+            Err(e) if lost(&e) => return Ok(Renewal::Lost),
+            Err(CallError::Zk(zk::Error::BadVersion)) => {}
+            Err(e) => return Err(sort(e, "renewing")),
+        }
+        // Changed since we last looked: a mark, or not ours.
         let path = self.path.clone();
         let (data, stat) = match self.client.call(|z| async move { z.get_data(&path).await }) {
             Ok(v) => v,
-            Err(CallError::Zk(zk::Error::NoNode)) => return Ok(Renewal::Lost),
-            Err(e) if expired(&e) => return Ok(Renewal::Lost),
+            Err(e) if lost(&e) => return Ok(Renewal::Lost),
             Err(e) => return Err(sort(e, "renewing")),
         };
         if stat.ephemeral_owner != self.session {
@@ -608,6 +633,11 @@ impl Renewer for ZkRenewer {
         if let Some(by) = record.preempted_by {
             return Ok(Renewal::Preempted { by });
         }
-        Ok(Renewal::Renewed { ttl: self.ttl })
+        self.version = stat.version;
+        match check(&self.client, &self.path, self.version) {
+            Ok(()) => Ok(Renewal::Renewed { ttl: self.ttl }),
+            Err(e) if lost(&e) => Ok(Renewal::Lost),
+            Err(e) => Err(sort(e, "renewing")),
+        }
     }
 }

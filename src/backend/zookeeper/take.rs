@@ -11,7 +11,7 @@ use zookeeper_client as zk;
 
 use super::client::{CallError, Client, expired, sort};
 use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
-use super::{Name, Zk, ZkHeld, delete, end_window, read_name, server_now};
+use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name, server_now};
 use crate::backend::drive::{Step, Take, drive};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
@@ -177,14 +177,17 @@ impl Taking<'_> {
             });
         }
         let m = self.mine.as_mut().expect("set above");
+        // The create is judged by the leader, which checks our session:
+        // a grant on the look right after it counts from its send.
+        let mut created_at = None;
         if m.node.is_none() && !m.sent {
             m.sent = true;
+            created_at = Some(Boot::now());
             let record = Record::new(req, ttl.as_millis() as u64);
             let node = create(&c, &self.nodes, &m.id, &record.encode())
                 .map_err(call_failed("creating our node"))?;
             m.node = Some(node);
         }
-        let sent = Boot::now();
         let name = match self.quick_look(&c)? {
             Some(name) => name,
             None => {
@@ -254,6 +257,22 @@ impl Taking<'_> {
             }
             Verdict::Granted { slot } => {
                 let mut entry = first;
+                // Judged on a read, which a follower may serve while the
+                // leader is away: confirm through the leader that our
+                // session is alive and our node as read.
+                let sent = match created_at {
+                    Some(at) => at,
+                    None => {
+                        let at = Boot::now();
+                        match check(&c, &self.nodes.child(&entry.node), entry.version) {
+                            Ok(()) => at,
+                            Err(CallError::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => {
+                                return Ok(Step::Again);
+                            }
+                            Err(e) => return Err(Failed::Call(e, "confirming our turn".into())),
+                        }
+                    }
+                };
                 if let Mode::Limit(n) = req.mode
                     && entry.slot.is_none()
                 {
