@@ -209,7 +209,9 @@ pub fn sort(e: CallError, doing: &str) -> Error {
         | Z::SessionMoved
         | Z::Throttled
         | Z::SessionExpired
-        | Z::ClientClosed => Error::Transient(text),
+        | Z::ClientClosed
+        // The client's own: a connection reset, no answer on it in time.
+        | Z::Custom(_) => Error::Transient(text),
         Z::NoAuth | Z::AuthFailed | Z::InvalidAcl => Error::Refused(format!(
             "{text}: check the URL's user and password, and the ACL on lockrun's nodes"
         )),
