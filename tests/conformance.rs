@@ -285,6 +285,84 @@ impl Fixture for PostgresEngine {
     }
 }
 
+/// A chroot of its own on the ZooKeeper server the run shares.
+pub struct ZookeeperEngine {
+    port: u16,
+    chroot: String,
+    /// Every server's client port (one, or the ensemble's three).
+    hosts: Vec<u16>,
+}
+
+impl ZookeeperEngine {
+    pub fn new() -> ZookeeperEngine {
+        let (port, chroot) = zk_chroot();
+        ZookeeperEngine {
+            port,
+            chroot,
+            hosts: vec![port],
+        }
+    }
+
+    /// A chroot of its own on the three-server ensemble the run shares.
+    pub fn ensemble() -> ZookeeperEngine {
+        let hosts = shared_ensemble();
+        let (port, chroot) = zk_chroot_on(hosts[0]);
+        ZookeeperEngine {
+            port,
+            chroot,
+            hosts,
+        }
+    }
+
+    fn tree(&self) -> Vec<(String, i64)> {
+        zk_tree(self.port, Some(&self.chroot))
+    }
+}
+
+impl Fixture for ZookeeperEngine {
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .hosts
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("zk://{}{}", hosts.join(","), self.chroot)
+    }
+    fn breaks(&self) -> bool {
+        true
+    }
+    fn take_away(&self, name: &str) {
+        // Every request node of the name, as an operator's delete would.
+        let parent = format!("/lockrun/{name}");
+        for (path, _) in self.tree() {
+            if path.starts_with(&format!("{parent}/")) {
+                zk_delete(self.port, Some(&self.chroot), &path);
+            }
+        }
+    }
+    fn untouched(&self) -> bool {
+        self.tree().is_empty()
+    }
+    fn unreachable(&self) -> String {
+        format!("zk://127.0.0.1:{}", free_port())
+    }
+    fn endless(&self) -> Vec<String> {
+        // Request nodes are ephemeral and the parents containers: with
+        // every lockrun gone, only a persistent node would stay.
+        let mut left = Vec::new();
+        wait_until(Duration::from_secs(40), || {
+            left = self
+                .tree()
+                .into_iter()
+                .filter(|(_, owner)| *owner == 0)
+                .map(|(p, _)| p)
+                .collect();
+            left.is_empty()
+        });
+        left
+    }
+}
+
 /// MariaDB: one server for the whole run, a database of its own per test.
 pub struct MariadbEngine {
     my: MyDb,
@@ -1477,4 +1555,6 @@ conformance! {
     etcd: EtcdEngine::new();
     postgres: PostgresEngine::new();
     mariadb: MariadbEngine::new();
+    zookeeper: ZookeeperEngine::new();
+    zookeeper_ensemble: ZookeeperEngine::ensemble();
 }

@@ -33,3 +33,4 @@ mod supervise;
 mod switching;
 mod terminal;
 mod torture;
+mod zookeeper;

@@ -5,6 +5,7 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::conformance::ZookeeperEngine;
 use crate::conformance::{
     EtcdEngine, Fixture, LocalEngine, MariadbEngine, PostgresEngine, RedisEngine, Span, spans,
     status, stop, waiter, waiters,
@@ -752,4 +753,5 @@ red! {
     etcd: EtcdEngine::new();
     postgres: PostgresEngine::new();
     mariadb: MariadbEngine::new();
+    zookeeper: ZookeeperEngine::new();
 }

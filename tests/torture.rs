@@ -314,6 +314,7 @@ enum Servers {
     Etcd(Mutex<Etcd>),
     Postgres(Mutex<Postgres>),
     Mariadb(Mutex<Mariadb>),
+    Zk(Mutex<Ensemble>),
 }
 
 impl Servers {
@@ -345,6 +346,19 @@ impl Servers {
                 m.lock().unwrap().sql(&format!(
                     "DELETE FROM app.lockrun_leases WHERE name = '{name}'"
                 ));
+            }
+            Servers::Zk(z) => {
+                // Every request node of the name, as `zkCli.sh delete` would.
+                let z = z.lock().unwrap();
+                let Some(s) = z.servers.iter().find(|s| s.running()) else {
+                    return;
+                };
+                let parent = format!("/lockrun/{name}/");
+                for (path, _) in zk_tree(s.port, None) {
+                    if path.starts_with(&parent) {
+                        zk_delete(s.port, None, &path);
+                    }
+                }
             }
         }
     }
@@ -393,6 +407,18 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 continue;
             }
             1 => match &*servers {
+                Servers::Zk(z) => {
+                    // The leader killed outright and started again: the
+                    // ensemble elects another and every session survives
+                    // (Zab-committed, durable), so it admits no late action.
+                    let mut z = z.lock().unwrap();
+                    let Some(i) = z.leader() else { continue };
+                    let from = now_us();
+                    z.servers[i].kill();
+                    std::thread::sleep(rng.ms(200, 900));
+                    z.servers[i].restart();
+                    log.push(Chaos::RedisPause { from, to: now_us() });
+                }
                 Servers::Mariadb(m) => {
                     // The rows are durable (InnoDB's log): a crash and a
                     // start keep every lease, and admit no late action.
@@ -465,6 +491,17 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                 }
             },
             2 => match &*servers {
+                Servers::Zk(z) => {
+                    // A server stopped for a while (the leader, at times):
+                    // its clients move to another, or their jobs stop.
+                    let z = z.lock().unwrap();
+                    let i = rng.below(z.servers.len() as u64) as usize;
+                    let from = now_us();
+                    z.servers[i].pause();
+                    std::thread::sleep(rng.ms(200, 2500));
+                    z.servers[i].resume();
+                    log.push(Chaos::RedisPause { from, to: now_us() });
+                }
                 Servers::Mariadb(m) => {
                     let m = m.lock().unwrap();
                     let from = now_us();
@@ -895,6 +932,18 @@ fn torture_on_mariadb() {
     let url = m.url();
     let secs = env_u64("LOCKRUN_TORTURE_MARIADB_SECS", 20);
     torture(Servers::Mariadb(Mutex::new(m)), url, None, secs);
+}
+
+/// The same on a three-server ZooKeeper ensemble: the chaos thread kills
+/// the leader outright and starts it again, and stops a server for a while
+/// (LOCKRUN_TORTURE_ZK_SECS, default 15).
+#[test]
+fn torture_on_zookeeper() {
+    let _alone = heavy();
+    let ens = Ensemble::start();
+    let url = ens.url();
+    let secs = env_u64("LOCKRUN_TORTURE_ZK_SECS", 15);
+    torture(Servers::Zk(Mutex::new(ens)), url, None, secs);
 }
 
 /// The same behind Sentinel, where the chaos thread also fails the master

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Check, Engine, Error, etcd, local, mysql, postgres, redis};
+use super::{Check, Engine, Error, etcd, local, mysql, postgres, redis, zookeeper};
 
 /// What an address may need besides its text.
 #[derive(Debug, Clone, Default)]
@@ -135,12 +135,13 @@ impl EngineInfo {
 }
 
 /// Every engine lockrun has, by URL scheme. No URL means the first (local).
-pub const ENGINES: [EngineInfo; 5] = [
+pub const ENGINES: [EngineInfo; 6] = [
     local::ENGINE,
     redis::ENGINE,
     etcd::ENGINE,
     postgres::ENGINE,
     mysql::ENGINE,
+    zookeeper::ENGINE,
 ];
 
 /// The engine a URL scheme names.

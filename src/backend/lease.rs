@@ -44,7 +44,6 @@ pub enum Renewing {
     /// renewer is all there is, so an attempt that overran its bound is
     /// waited for again rather than replaced, since no other connection
     /// could renew the lease.
-    #[allow(dead_code, reason = "no engine of today lives on a session")]
     OnItsConnection(Box<dyn Renewer>),
 }
 

@@ -23,6 +23,7 @@ pub mod mysql;
 pub mod postgres;
 pub mod redis;
 pub mod wait;
+pub mod zookeeper;
 
 pub use doctor::{Check, Verdict};
 pub use engines::*;

@@ -5,6 +5,7 @@
 //!     LOCKRUN_BENCH_QUICK=1 cargo bench # fewer rounds, for a smoke test
 //!     LOCKRUN_BENCH_AB=OTHER cargo bench  # this lockrun (A) against OTHER (B)
 //!     LOCKRUN_BENCH_ONLY=etcd,handoff cargo bench  # only these sections
+//!                                   # (zookeeper: its rows beside etcd's and Redis's)
 //!     LOCKRUN_BENCH_ALSO=OTHER cargo bench  # another build (say, a static
 //!                                           # one) beside this one's rows
 //!
@@ -812,6 +813,76 @@ impl Bench {
         self.record("mariadb", Value::Object(out));
     }
 
+    /// lockrun on ZooKeeper next to lockrun on etcd (when installed) and on
+    /// Redis, interleaved: uncontended runs, hand-offs and contention
+    /// (ZooKeeper ships no lock command to compare with). Target: the
+    /// uncontended run within 1.5x of etcd's.
+    fn zookeeper(&mut self) {
+        if !Path::new("/usr/share/java/zookeeper.jar").exists() {
+            println!("\n(ZooKeeper not installed: its rows are not measured)");
+            return;
+        }
+        let zk = support::Zookeeper::start();
+        let mut engines = vec![("lockrun-zookeeper", zk.url())];
+        if let Some(e) = &self.etcd {
+            let url = format!("etcd://{}", e.endpoint.trim_start_matches("http://"));
+            engines.push(("lockrun-etcd", url));
+        }
+        engines.push(("lockrun-redis", self.redis.url()));
+        let on = |url: &str, name: &str, job: &[String]| self.lockrun_on(&bin(), url, name, job);
+        let rounds = self.handoff_rounds();
+        let t = s(&["/bin/true"]);
+        let variants: Vec<Vec<String>> = engines.iter().map(|(_, u)| on(u, "zu", &t)).collect();
+        let unc = time_interleaved(&variants, rounds);
+        let mut hand: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
+        for _ in 0..rounds {
+            for (i, (_, u)) in engines.iter().enumerate() {
+                hand[i].push(self.handoff_once(|j| on(u, "zh", j), 1));
+            }
+        }
+        let hand: Vec<Stats> = hand.into_iter().map(stats).collect();
+        let (w, k, _) = self.contention_size();
+        let section = vec![self.exe.clone(), "job-sleep".into(), "5".into()];
+        let cont: Vec<f64> = engines
+            .iter()
+            .map(|(_, u)| contend(&on(u, "zc", &section), w, k))
+            .collect();
+        println!(
+            "\nZooKeeper: lockrun on ZooKeeper next to etcd and Redis, {rounds} interleaved rounds"
+        );
+        println!(
+            "{:<18} {:>18} {:>18} {:>14}",
+            "engine", "uncontended ms", "hand-off ms", "contention/s"
+        );
+        let mut out = serde_json::Map::new();
+        for (i, (engine, _)) in engines.iter().enumerate() {
+            println!(
+                "{engine:<18} {:>8.3} ({:>7.3}) {:>8.3} ({:>7.3}) {:>14.1}",
+                unc[i].median, unc[i].p90, hand[i].median, hand[i].p90, cont[i]
+            );
+            out.insert(
+                engine.to_string(),
+                json!({
+                    "uncontended_median_ms": unc[i].median, "uncontended_p90_ms": unc[i].p90,
+                    "handoff_median_ms": hand[i].median, "handoff_p90_ms": hand[i].p90,
+                    "contention_per_second": cont[i],
+                }),
+            );
+        }
+        if engines[1].0 == "lockrun-etcd" {
+            let (u, h) = (
+                unc[0].median / unc[1].median,
+                hand[0].median / hand[1].median,
+            );
+            println!(
+                "lockrun-zookeeper/lockrun-etcd: uncontended {u:.2}x (target ≤ 1.50x), hand-off {h:.2}x"
+            );
+            out.insert("uncontended_over_etcd".into(), json!(u));
+            out.insert("handoff_over_etcd".into(), json!(h));
+        }
+        self.record("zookeeper", Value::Object(out));
+    }
+
     /// This lockrun (A) against `other` (B): uncontended runs, hand-offs and
     /// contention on both engines, the two builds taking turns within every
     /// round, with the rounds and sizes of the usual measures.
@@ -1177,7 +1248,7 @@ fn main() {
         b.ab(&other);
     } else {
         let only = std::env::var("LOCKRUN_BENCH_ONLY").unwrap_or_default();
-        let sections: [(&str, Section); 11] = [
+        let sections: [(&str, Section); 12] = [
             ("uncontended", Bench::uncontended),
             ("contention", Bench::contention),
             ("handoff", Bench::handoff),
@@ -1189,6 +1260,7 @@ fn main() {
             ("etcd", Bench::etcd),
             ("postgres", Bench::postgres),
             ("mariadb", Bench::mariadb),
+            ("zookeeper", Bench::zookeeper),
         ];
         let chosen: Vec<&str> = only.split(',').filter(|s| !s.is_empty()).collect();
         for c in &chosen {

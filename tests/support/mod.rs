@@ -12,6 +12,7 @@ mod cluster;
 mod mysql;
 mod postgres;
 mod sentinel;
+mod zookeeper;
 // The benchmark shares these helpers and needs neither.
 #[allow(unused_imports)]
 pub use cluster::*;
@@ -21,6 +22,8 @@ pub use mysql::*;
 pub use postgres::*;
 #[allow(unused_imports)]
 pub use sentinel::*;
+#[allow(unused_imports)]
+pub use zookeeper::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockrun");
 

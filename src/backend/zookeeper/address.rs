@@ -1,0 +1,237 @@
+//! A ZooKeeper address: `zk://` (and `zookeeper://`) URLs with one or more
+//! servers and an optional chroot, and the digest credentials in them.
+
+use std::sync::Arc;
+
+use super::{ENGINE, Zk};
+use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+
+/// ZooKeeper's client port when a URL names none.
+const DEFAULT_PORT: u16 = 2181;
+
+/// An ensemble's address (lockrun-engines(7) "ZOOKEEPER").
+#[derive(Debug, Clone)]
+pub struct ZkUrl {
+    /// `host:port` of each server, in the order given.
+    pub servers: Vec<String>,
+    /// The chroot, `/a/b`, if any.
+    pub chroot: Option<String>,
+    /// The URL with any password replaced, for messages.
+    pub display: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl ZkUrl {
+    /// The connect string the client takes: servers, then the chroot.
+    pub fn connect_string(&self) -> String {
+        format!(
+            "{}{}",
+            self.servers.join(","),
+            self.chroot.as_deref().unwrap_or("")
+        )
+    }
+}
+
+impl Address for ZkUrl {
+    fn engine(&self) -> &'static EngineInfo {
+        &ENGINE
+    }
+    fn shown(&self) -> String {
+        self.display.clone()
+    }
+    fn secret(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
+        super::queue::root_of(prefix).map(|_| ())
+    }
+    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
+        Ok(Box::new(Zk::open(self, how)?))
+    }
+    fn doctor(&self, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(self, how)
+    }
+}
+
+/// Percent-decoding of a user or password as URLs write them.
+fn decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("v={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// One `host[:port]` (or `[v6][:port]`) of the server list, checked.
+fn server(text: &str) -> Result<String, String> {
+    let (host, port) = if let Some((h, port)) = crate::backend::bracketed_host(text, "server")? {
+        (format!("[{h}]"), port)
+    } else {
+        let (h, p) = match text.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        };
+        if h.is_empty() {
+            return Err("a server has no host".into());
+        }
+        if !h
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        {
+            return Err(format!(
+                "server host {h:?} may only hold letters, digits, '.', '-' and '_'"
+            ));
+        }
+        (h.to_string(), p)
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("server port {p:?} is not a number from 1 to 65535"))?,
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// A chroot: `/` and path components of letters, digits, `.`, `-`, `_`
+/// (none `.` or `..`), with no trailing `/`.
+fn chroot(path: &str) -> Result<Option<String>, String> {
+    let path = path.strip_suffix('/').unwrap_or(path);
+    if path.is_empty() {
+        return Ok(None);
+    }
+    for part in path.trim_start_matches('/').split('/') {
+        let plain = !part.is_empty()
+            && part != "."
+            && part != ".."
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+        if !plain {
+            return Err(format!(
+                "chroot {path:?}: each part may only hold letters, digits, '.', '-' and '_'"
+            ));
+        }
+    }
+    Ok(Some(path.to_string()))
+}
+
+/// Parse `zk://[user:pass@]h1[:2181][,h2[:2181]…][/chroot]`.
+pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+    Ok(Arc::new(read(raw, opts)?))
+}
+
+fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
+    let expected = format!("expected {}", ENGINE.form);
+    let (scheme, rest) = raw
+        .split_once("://")
+        .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
+    let scheme = scheme.to_ascii_lowercase();
+    // Never echo the raw URL: it may hold a password.
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let (user, password) = match userinfo {
+        None => (None, None),
+        Some(u) => match u.split_once(':') {
+            Some((name, pass)) => (Some(decode(name)), Some(decode(pass))),
+            None => (Some(decode(u)), None),
+        },
+    };
+    let shown_user = match (&user, &password) {
+        (Some(u), Some(_)) => format!("{u}:***@"),
+        (Some(_), None) => "***@".to_string(),
+        _ => String::new(),
+    };
+    let (hosts, path) = match hosts.find('/') {
+        Some(i) => (&hosts[..i], &hosts[i..]),
+        None => (hosts, ""),
+    };
+    // Never a query or fragment, which may hold a secret.
+    let shown_path = path.split(['?', '#']).next().unwrap_or_default();
+    let shown_hosts = hosts.split(['?', '#']).next().unwrap_or_default();
+    let display = format!("{scheme}://{shown_user}{shown_hosts}{shown_path}");
+    let bad = |why: String| {
+        Error::Request(format!(
+            "invalid --url {}: {why}; {expected}",
+            display.chars().take(200).collect::<String>()
+        ))
+    };
+    if scheme == "zks" {
+        return Err(bad(
+            "TLS to ZooKeeper is not supported by this build; use zk:// on a trusted network"
+                .into(),
+        ));
+    }
+    if hosts.contains(['?', '#']) || path.contains(['?', '#']) {
+        return Err(bad(
+            "a ZooKeeper URL has no query or fragment, only servers and a chroot".into(),
+        ));
+    }
+    if user.as_deref().is_some_and(str::is_empty) {
+        return Err(bad("the user name is empty".into()));
+    }
+    if user.is_some() && password.is_none() {
+        return Err(bad("a user needs a password (user:pass@)".into()));
+    }
+    let servers = hosts
+        .split(',')
+        .map(server)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(bad)?;
+    let chroot = chroot(path).map_err(bad)?;
+    opts.no_tls(&display)?;
+    opts.no_replicas(&display)?;
+    Ok(ZkUrl {
+        servers,
+        chroot,
+        display,
+        user,
+        password,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(raw: &str) -> Result<ZkUrl, Error> {
+        read(raw, &AddressOptions::default())
+    }
+
+    #[test]
+    fn servers_and_chroot_are_read_with_the_default_port() {
+        let u = url("zk://a,b:2182,10.0.0.1:1/x/y").unwrap();
+        assert_eq!(u.servers, ["a:2181", "b:2182", "10.0.0.1:1"]);
+        assert_eq!(u.chroot.as_deref(), Some("/x/y"));
+        assert_eq!(u.connect_string(), "a:2181,b:2182,10.0.0.1:1/x/y");
+        assert_eq!(url("zookeeper://h/").unwrap().chroot, None);
+        assert_eq!(url("zk://[::1]:5").unwrap().servers, ["[::1]:5"]);
+    }
+
+    #[test]
+    fn bad_urls_are_refused_and_never_show_the_password() {
+        for bad in [
+            "zk://",
+            "zk://h:0",
+            "zk://h:x",
+            "zk://h/a//b",
+            "zk://h/..",
+            "zk://h?x=1",
+            "zk://u@h",
+            "zk://:p@h",
+            "zk://u:s3cret@h/a b",
+            "zks://u:s3cret@h",
+        ] {
+            let e = url(bad).unwrap_err();
+            assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+        let u = url("zk://u:s3cret@h").unwrap();
+        assert_eq!(u.display, "zk://u:***@h");
+        assert_eq!(u.password.as_deref(), Some("s3cret"));
+    }
+}

@@ -1,0 +1,226 @@
+//! The transport: one ZooKeeper session on a runtime of its own thread
+//! (the client's connection task must run while lockrun's job does, or the
+//! session would not be kept alive between renewals), every call bounded,
+//! and the table that sorts ZooKeeper's errors into kinds.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use super::address::ZkUrl;
+use crate::backend::Error;
+use crate::backend::drive::Transport;
+
+/// The runtime the session's connection task runs on: a thread of its own
+/// that drives it until lockrun exits (started only when ZooKeeper is used).
+struct Runtime {
+    handle: tokio::runtime::Handle,
+}
+
+impl Runtime {
+    fn start() -> Result<Runtime, Error> {
+        reactor()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| Error::Internal(format!("starting ZooKeeper's runtime: {e}")))?;
+        let handle = rt.handle().clone();
+        std::thread::Builder::new()
+            .name("lockrun-zk".into())
+            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .map_err(|e| Error::Internal(format!("starting ZooKeeper's runtime: {e}")))?;
+        Ok(Runtime { handle })
+    }
+}
+
+/// Start the client's I/O reactor (async-io's), which aborts the process
+/// when it cannot have its descriptors: first make sure a few are free,
+/// then start it here at once, so that a tight descriptor limit is a
+/// failure (70) rather than an abort.
+fn reactor() -> Result<(), Error> {
+    use futures_util::FutureExt;
+    let mut probe = Vec::new();
+    for _ in 0..4 {
+        match rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC) {
+            Ok(fd) => probe.push(fd),
+            Err(e) => {
+                return Err(Error::Internal(format!(
+                    "starting ZooKeeper's client: {}",
+                    std::io::Error::from(e)
+                )));
+            }
+        }
+    }
+    drop(probe);
+    // Polling a timer once makes async-io set up its reactor.
+    let _ = async_io::Timer::after(Duration::from_secs(3600)).now_or_never();
+    Ok(())
+}
+
+/// One session to the ensemble.
+#[derive(Clone)]
+pub struct Client {
+    rt: Arc<Runtime>,
+    zk: zk::Client,
+    /// Bounds one call.
+    pub op: Duration,
+    /// The server as messages show it.
+    shown: String,
+    /// The session timeout the server granted.
+    pub timeout: Duration,
+    /// Credentials were given: our nodes carry an ACL for their identity.
+    pub authed: bool,
+}
+
+/// Run `f` on the runtime and wait at most `limit` for it.
+fn run<T: Send + 'static>(
+    handle: &tokio::runtime::Handle,
+    limit: Duration,
+    f: impl Future<Output = Result<T, zk::Error>> + Send + 'static,
+) -> Result<T, CallError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    handle.spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(CallError::Zk(e)),
+        Err(_) => Err(CallError::Timeout),
+    }
+}
+
+/// A call's failure before it is sorted.
+#[derive(Debug)]
+pub enum CallError {
+    Zk(zk::Error),
+    Timeout,
+}
+
+impl Client {
+    /// A new session of `ttl` asked for: the server may grant another
+    /// (within its minSessionTimeout..maxSessionTimeout).
+    pub fn connect(url: &ZkUrl, ttl: Duration, op: Duration) -> Result<Client, Error> {
+        let rt = Arc::new(Runtime::start()?);
+        Client::connect_on(rt, url, ttl, op)
+    }
+
+    fn connect_on(
+        rt: Arc<Runtime>,
+        url: &ZkUrl,
+        ttl: Duration,
+        op: Duration,
+    ) -> Result<Client, Error> {
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(ttl)
+            .with_connection_timeout(op);
+        if let (Some(u), Some(p)) = (&url.user, &url.password) {
+            connector = connector.with_auth("digest", format!("{u}:{p}").as_bytes());
+        }
+        let cs = url.connect_string();
+        // Connecting tries every server in turn: give it the bound of one
+        // call for each, and a little more.
+        let limit = op * (url.servers.len() as u32 + 1);
+        let zk = run(
+            &rt.handle,
+            limit,
+            async move { connector.connect(&cs).await },
+        )
+        .map_err(|e| sort(e, "connecting"))?;
+        let timeout = zk.session_timeout();
+        Ok(Client {
+            rt,
+            zk,
+            op,
+            shown: url.display.clone(),
+            timeout,
+            authed: url.user.is_some(),
+        })
+    }
+
+    /// A new session on the same runtime (the old one expired).
+    pub fn reconnect(&self, url: &ZkUrl, ttl: Duration) -> Result<Client, Error> {
+        Client::connect_on(self.rt.clone(), url, ttl, self.op)
+    }
+
+    pub fn session_id(&self) -> i64 {
+        self.zk.session_id().0
+    }
+
+    /// Run a call with this session within the bound of one call.
+    pub fn call<T, F, Fut>(&self, f: F) -> Result<T, CallError>
+    where
+        T: Send + 'static,
+        F: FnOnce(zk::Client) -> Fut,
+        Fut: Future<Output = Result<T, zk::Error>> + Send + 'static,
+    {
+        run(&self.rt.handle, self.op, f(self.zk.clone()))
+    }
+
+    /// Spawn a task on the session's runtime (a watch's wait).
+    pub fn spawn(&self, f: impl Future<Output = ()> + Send + 'static) {
+        self.rt.handle.spawn(f);
+    }
+
+    /// The ACL for nodes lockrun creates: only the URL's identity may
+    /// change them when it gave credentials, anyone otherwise.
+    pub fn acls(&self) -> zk::Acls<'static> {
+        if self.authed {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+}
+
+impl Transport for Client {
+    fn replied(&self) -> bool {
+        // A session exists only once a server answered.
+        true
+    }
+    fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// Whether a session is over for good (a new one is needed).
+pub fn expired(e: &CallError) -> bool {
+    matches!(
+        e,
+        CallError::Zk(zk::Error::SessionExpired | zk::Error::ClientClosed)
+    )
+}
+
+/// ZooKeeper's errors by kind (lockrun-engines(7) "ZOOKEEPER").
+pub fn sort(e: CallError, doing: &str) -> Error {
+    let e = match e {
+        CallError::Timeout => {
+            return Error::Transient(format!("{doing}: no answer in time"));
+        }
+        CallError::Zk(e) => e,
+    };
+    use zk::Error as Z;
+    let text = format!("{doing}: {e}");
+    match e {
+        Z::ConnectionLoss
+        | Z::Timeout
+        | Z::NoHosts
+        | Z::SessionMoved
+        | Z::Throttled
+        | Z::SessionExpired
+        | Z::ClientClosed
+        // The client's own: a connection reset, no answer on it in time.
+        | Z::Custom(_) => Error::Transient(text),
+        Z::NoAuth | Z::AuthFailed | Z::InvalidAcl => Error::Refused(format!(
+            "{text}: check the URL's user and password, and the ACL on lockrun's nodes"
+        )),
+        Z::QuotaExceeded | Z::NotReadOnly => Error::Refused(text),
+        // Server codes the client has no name for: a system error, an
+        // operation timed out, no quorum for a new configuration, a
+        // reconfiguration under way, a request timed out (-1, -7, -13,
+        // -14, -122): the ensemble is busy or electing.
+        Z::UnexpectedErrorCode(-1 | -7 | -13 | -14 | -122) => Error::Transient(text),
+        _ => Error::Internal(text),
+    }
+}

@@ -1,0 +1,187 @@
+//! `lockrun doctor` on ZooKeeper: reachable, the round trip, the session
+//! timeout the server grants, its version and role (by the `srvr`
+//! four-letter word, which ZooKeeper allows by default), the ACL on the
+//! prefix's node, and whether it takes TTL nodes (lockrun-engines(7) "ZOOKEEPER").
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use super::address::ZkUrl;
+use zookeeper_client as zk;
+
+use super::client::{CallError, Client, sort};
+use crate::backend::doctor::{round_trip_check, shown};
+use crate::backend::{Check, Opening};
+use crate::clock::Boot;
+
+pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
+    let mut out = Vec::new();
+    let root = match super::queue::root_of(&how.prefix) {
+        Ok(r) => r,
+        Err(e) => {
+            out.push(Check::fail("prefix", e.to_string()));
+            return out;
+        }
+    };
+    let started = Boot::now();
+    let c = match Client::connect(url, super::OPERATOR_SESSION, how.op) {
+        Ok(c) => c,
+        Err(e) => {
+            out.push(Check::fail(
+                "reachable",
+                format!("{e}; check the address and that ZooKeeper runs"),
+            ));
+            return out;
+        }
+    };
+    out.push(Check::ok(
+        "reachable",
+        format!(
+            "ZooKeeper at {} gave a session in {}",
+            url.display,
+            shown(Boot::now().since(started))
+        ),
+    ));
+    if url.chroot.is_some() {
+        match c.call(|z| async move { z.check_stat("/").await }) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                out.push(Check::fail(
+                    "chroot",
+                    format!(
+                        "the chroot {} does not exist: create it, or fix the URL",
+                        url.chroot.as_deref().unwrap_or("")
+                    ),
+                ));
+                return out;
+            }
+            Err(e) => {
+                out.push(Check::fail(
+                    "chroot",
+                    sort(e, "reading the chroot").to_string(),
+                ));
+                return out;
+            }
+        }
+    }
+    out.push(Check::ok(
+        "session",
+        format!(
+            "asked for a session of {}, granted {}: a --ttl above the server's \
+             maxSessionTimeout is refused",
+            humantime::format_duration(super::OPERATOR_SESSION),
+            humantime::format_duration(c.timeout)
+        ),
+    ));
+    let mut worst = Duration::ZERO;
+    for _ in 0..5 {
+        let sent = Boot::now();
+        let r = root.clone();
+        match c.call(|z| async move { z.check_stat(&r).await }) {
+            Ok(_) => worst = worst.max(Boot::now().since(sent)),
+            Err(e) => {
+                out.push(Check::fail("round trip", sort(e, "reading").to_string()));
+                return out;
+            }
+        }
+    }
+    out.push(round_trip_check(worst, how.op));
+    if let Some(srvr) = url
+        .servers
+        .first()
+        .and_then(|s| four_letters(s, "srvr", how.op))
+    {
+        let line = |k: &str| {
+            srvr.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+        };
+        let version = line("Zookeeper version:").unwrap_or_else(|| "unknown".into());
+        let version = version.split(['-', ',']).next().unwrap_or("").to_string();
+        out.push(Check::ok("version", format!("ZooKeeper {version}")));
+        out.push(Check::ok(
+            "role",
+            format!(
+                "{} is {}",
+                url.servers[0],
+                line("Mode:").unwrap_or_else(|| "of unknown role".into())
+            ),
+        ));
+    } else {
+        out.push(Check::warn(
+            "version",
+            "the four-letter word srvr is not allowed (4lw.commands.whitelist): version and role not checked",
+        ));
+    }
+    let r = root.clone();
+    match c.call(|z| async move { z.get_acl(&r).await }) {
+        Ok((acls, _)) => {
+            let text: Vec<String> = acls
+                .iter()
+                .map(|a| format!("{}:{}", a.scheme(), a.id().split(':').next().unwrap_or("")))
+                .collect();
+            out.push(Check::ok(
+                "acl",
+                format!("{root} allows {}", text.join(", ")),
+            ));
+        }
+        Err(CallError::Zk(zk::Error::NoNode)) => out.push(Check::ok(
+            "acl",
+            format!("{root} does not exist yet: the first request creates it"),
+        )),
+        Err(e) => out.push(Check::fail("acl", sort(e, "reading the ACL").to_string())),
+    }
+    out.push(ttl_nodes(&c, &root));
+    out
+}
+
+/// Whether the server takes TTL nodes (`extendedTypesEnabled`), which
+/// `--min-hold` needs: by creating one beside the prefix's node and
+/// deleting it at once.
+fn ttl_nodes(c: &Client, root: &str) -> Check {
+    let mut bytes = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let path = format!("{root}.doctor-{hex}");
+    let acls = c.acls();
+    let p = path.clone();
+    let made = c.call(|z| async move {
+        let opts = zk::CreateMode::Persistent
+            .with_acls(acls)
+            .with_ttl(Duration::from_secs(60));
+        z.create(&p, b"", &opts).await
+    });
+    match made {
+        Ok(_) => {
+            let _ = c.call(|z| async move { z.delete(&path, None).await });
+            Check::ok(
+                "ttl nodes",
+                "the server takes TTL nodes: --min-hold keeps its window",
+            )
+        }
+        Err(CallError::Zk(zk::Error::NoAuth)) => Check::warn(
+            "ttl nodes",
+            "no permission to create a node beside the prefix's: TTL nodes (which --min-hold needs) not checked",
+        ),
+        Err(CallError::Zk(e)) if super::is_refusal(&e) => Check::warn(
+            "ttl nodes",
+            format!(
+                "the server refuses TTL nodes ({e}): --min-hold keeps no window; \
+                 set extendedTypesEnabled=true on every server"
+            ),
+        ),
+        Err(e) => Check::fail("ttl nodes", sort(e, "checking TTL nodes").to_string()),
+    }
+}
+
+/// A four-letter word's answer from `server`, if it gives one.
+fn four_letters(server: &str, word: &str, limit: Duration) -> Option<String> {
+    use std::net::ToSocketAddrs;
+    let addr = server.to_socket_addrs().ok()?.next()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, limit).ok()?;
+    s.set_read_timeout(Some(limit)).ok()?;
+    s.write_all(word.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    (out.contains("Mode:")).then_some(out)
+}

@@ -1,0 +1,643 @@
+//! The ZooKeeper engine, after ZooKeeper's own lock recipe (its recipes
+//! page, Apache Curator's `InterProcessMutex`): each request is an
+//! ephemeral sequential node `ROOT/NAME/q-<unique>-<sequence>` on our
+//! session; the holders are the front of the queue in sequence order; a
+//! waiter watches the node just ahead of it. The lease is the session; the
+//! token is the lock node's czxid (Zab-committed: it never goes back, and a
+//! later grant's is higher). `--limit` holders claim their slot with an
+//! ephemeral node `ROOT/NAME/s-<slot>` naming their request.
+//!
+//! By layer: `address.rs` reads the URL; `client.rs` is the transport (a
+//! session on a runtime thread, bounded calls, the error table);
+//! `queue.rs` reads a name's nodes into types and judges who holds;
+//! `take.rs` is the acquire loop. This file holds the engine's row,
+//! reading a name, status, `release --force`, the lease and its renewal.
+
+mod address;
+mod client;
+mod doctor;
+mod queue;
+mod take;
+
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+pub use address::{ZkUrl, parse};
+use client::{CallError, Client, expired, sort};
+use queue::{Entry, Nodes, Record, Window, holders, request_of, slot_of, window_of};
+
+use super::{Acquired, Request, Wait};
+use super::{
+    Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening, Status,
+};
+use super::{Renewal, Renewer, Renewing};
+use crate::clock::Boot;
+use crate::log;
+
+/// ZooKeeper's row of the scheme table.
+pub const ENGINE: EngineInfo = EngineInfo {
+    name: "ZooKeeper",
+    schemes: &["zk", "zookeeper", "zks"],
+    form: "zk://[user:pass@]host[:port][,host[:port]…][/chroot]",
+    parse,
+    // Session timeouts are milliseconds; the server bounds them by its
+    // minSessionTimeout..maxSessionTimeout, checked when connecting.
+    ttl_step: Duration::from_millis(1),
+    ttl_min: Duration::from_millis(1),
+    expires: true,
+};
+
+/// The session timeout asked for by commands that hold nothing (status,
+/// release --force, doctor).
+const OPERATOR_SESSION: Duration = Duration::from_secs(10);
+
+pub struct Zk {
+    url: ZkUrl,
+    op: Duration,
+    root: String,
+    client: Option<Client>,
+}
+
+impl Zk {
+    pub fn open(url: &ZkUrl, how: &Opening) -> Result<Zk, Error> {
+        log::info(format!("using ZooKeeper at {}", url.display));
+        Ok(Zk {
+            url: url.clone(),
+            op: how.op,
+            root: queue::root_of(&how.prefix)?,
+            client: None,
+        })
+    }
+
+    /// Our session, made with `ttl` asked for if there is none yet.
+    fn client(&mut self, ttl: Duration) -> Result<&Client, Error> {
+        if self.client.is_none() {
+            let c = Client::connect(&self.url, ttl, self.op)
+                .map_err(|e| e.doing(format_args!("on {}", self.url.display)))?;
+            if self.url.chroot.is_some() {
+                // A chroot that does not exist: every call would fail.
+                let there = c
+                    .call(|z| async move { z.check_stat("/").await })
+                    .map_err(|e| sort(e, "reading the chroot"))?;
+                if there.is_none() {
+                    return Err(Error::Refused(format!(
+                        "the chroot of {} does not exist: create it (zkCli.sh create {}) \
+                         or fix the URL",
+                        self.url.display,
+                        self.url.chroot.as_deref().unwrap_or("")
+                    )));
+                }
+            }
+            self.client = Some(c);
+        }
+        Ok(self.client.as_ref().expect("set above"))
+    }
+}
+
+/// A name's state as read: its queue and its `--min-hold` windows.
+#[derive(Default)]
+pub(crate) struct Name {
+    pub queue: Vec<Entry>,
+    pub windows: Vec<Window>,
+}
+
+impl Name {
+    /// Holders at the front of the queue (beside the windows).
+    fn queue_held(&self) -> usize {
+        holders(&self.windows, &self.queue)
+    }
+}
+
+/// The server's clock now (ms since the epoch): the time of a write that
+/// changes nothing of ours (the name's parent holds no data).
+fn server_now(c: &Client, nodes: &Nodes) -> Result<i64, CallError> {
+    let parent = nodes.parent.clone();
+    let stat = c.call(|z| async move { z.set_data(&parent, b"", None).await })?;
+    Ok(stat.mtime)
+}
+
+/// Read a name, leaving out the windows that ended by the server's clock.
+fn read_name(c: &Client, nodes: &Nodes) -> Result<Name, CallError> {
+    let mut name = read(c, nodes)?.unwrap_or_default();
+    if !name.windows.is_empty() {
+        let now = server_now(c, nodes)?;
+        name.windows.retain(|w| w.end > now);
+        name.windows.sort_by_key(|w| w.end);
+    }
+    Ok(name)
+}
+
+/// Read a name's request nodes and slots in one round trip after listing
+/// them; None when the name has no node at all.
+fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
+    let parent = nodes.parent.clone();
+    let children = match c.call(|z| async move { z.list_children(&parent).await }) {
+        Ok(ch) => ch,
+        Err(CallError::Zk(zk::Error::NoNode)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let wanted: Vec<String> = children
+        .into_iter()
+        .filter(|n| request_of(n).is_some() || slot_of(n).is_some() || window_of(n).is_some())
+        .collect();
+    if wanted.is_empty() {
+        return Ok(Some(Name::default()));
+    }
+    let paths: Vec<String> = wanted.iter().map(|n| nodes.child(n)).collect();
+    let results = c.call(|z| async move {
+        let mut r = z.new_multi_reader();
+        for p in &paths {
+            r.add_get_data(p)?;
+        }
+        r.commit().await
+    })?;
+    let mut entries = Vec::new();
+    let mut windows = Vec::new();
+    let mut slots: Vec<(u32, String)> = Vec::new();
+    for (node, result) in wanted.iter().zip(results) {
+        let zk::MultiReadResult::Data { data, stat } = result else {
+            // Gone since the list.
+            continue;
+        };
+        if let Some(slot) = slot_of(node) {
+            slots.push((slot, String::from_utf8_lossy(&data).into_owned()));
+            continue;
+        }
+        // A node that is not lockrun's record: another program's, left out.
+        let Some(record) = Record::decode(&data) else {
+            continue;
+        };
+        if window_of(node).is_some() {
+            let end = stat.ctime + record.window_ms.unwrap_or(0) as i64;
+            windows.push(Window {
+                node: node.clone(),
+                record,
+                version: stat.version,
+                end,
+            });
+            continue;
+        }
+        let Some((id, seq)) = request_of(node) else {
+            continue;
+        };
+        entries.push(Entry {
+            node: node.clone(),
+            id: id.to_string(),
+            seq,
+            record,
+            czxid: stat.czxid.max(0) as u64,
+            version: stat.version,
+            owner: stat.ephemeral_owner,
+            ctime: stat.ctime,
+            slot: None,
+        });
+    }
+    for (slot, holder) in slots {
+        if let Some(e) = entries.iter_mut().find(|e| e.node == holder) {
+            e.slot = Some(slot);
+        }
+    }
+    Ok(Some(Name {
+        queue: queue::queue(entries),
+        windows,
+    }))
+}
+
+/// Wall-clock milliseconds: only ever shown (`status`'s "held for").
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn holder(e: &Entry) -> Holder {
+    let r = &e.record;
+    Holder {
+        label: Some(r.label.clone()).filter(|l| !l.is_empty()),
+        token: Some(e.czxid),
+        mode: r.mode(),
+        slot: e.slot.filter(|_| matches!(r.mode(), super::Mode::Limit(_))),
+        ttl_left: Some(Duration::from_millis(r.ttl_ms)),
+        held_for: (e.ctime > 0)
+            .then(|| Duration::from_millis(wall_ms().saturating_sub(e.ctime).max(0) as u64)),
+        revoked: r.revoked,
+        min_hold: false,
+        preempted_by: r.preempted_by.clone(),
+    }
+}
+
+fn window_holder(w: &Window, now: i64) -> Holder {
+    let r = &w.record;
+    Holder {
+        label: Some(r.label.clone()).filter(|l| !l.is_empty()),
+        token: r.token,
+        mode: r.mode(),
+        slot: r.slot.filter(|_| matches!(r.mode(), super::Mode::Limit(_))),
+        ttl_left: Some(Duration::from_millis((w.end - now).max(0) as u64)),
+        held_for: None,
+        revoked: false,
+        min_hold: true,
+        preempted_by: None,
+    }
+}
+
+/// End a window (it runs no job): Ok(false) when it changed or went.
+fn end_window(c: &Client, nodes: &Nodes, w: &Window) -> Result<bool, CallError> {
+    let path = nodes.child(&w.node);
+    let version = w.version;
+    match c.call(|z| async move { z.delete(&path, Some(version)).await }) {
+        Ok(()) => Ok(true),
+        Err(CallError::Zk(zk::Error::NoNode | zk::Error::BadVersion)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Delete a request node and the slot it claimed, together.
+fn delete(c: &Client, nodes: &Nodes, e: &Entry) -> Result<bool, CallError> {
+    delete_at(c, nodes, e, None)
+}
+
+/// The same, only while the node is at `version` (unmarked since read).
+fn delete_at(
+    c: &Client,
+    nodes: &Nodes,
+    e: &Entry,
+    version: Option<i32>,
+) -> Result<bool, CallError> {
+    let path = nodes.child(&e.node);
+    let slot = e.slot.map(|s| nodes.slot(s));
+    let r = c.call(|z| async move {
+        let mut w = z.new_multi_writer();
+        w.add_delete(&path, version)?;
+        if let Some(s) = &slot {
+            w.add_delete(s, None)?;
+        }
+        w.commit().await.map_err(zk::Error::from)
+    });
+    match r {
+        Ok(_) => Ok(true),
+        Err(CallError::Zk(zk::Error::NoNode)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+impl Engine for Zk {
+    fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        self.take(req, wait)
+    }
+
+    fn status(&mut self, name: &str) -> Result<Status, Error> {
+        let nodes = Nodes::new(&self.root, name);
+        let doing = format!("reading {name} on {}", self.url.display);
+        let c = self.client(OPERATOR_SESSION)?.clone();
+        let read_all = || -> Result<(Name, i64), CallError> {
+            let n = read_name(&c, &nodes)?;
+            let now = if n.windows.is_empty() {
+                0
+            } else {
+                server_now(&c, &nodes)?
+            };
+            Ok((n, now))
+        };
+        let (n, now) = read_all().map_err(|e| sort(e, &doing))?;
+        let held = n.queue_held();
+        let mut out: Vec<Holder> = n.windows.iter().map(|w| window_holder(w, now)).collect();
+        out.extend(n.queue[..held].iter().map(holder));
+        Ok(Status {
+            holders: out,
+            waiters: Some((n.queue.len() - held) as u64),
+            superseding: Some(
+                n.queue[held..]
+                    .iter()
+                    .filter(|e| e.record.supersede)
+                    .count() as u64,
+            ),
+        })
+    }
+
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let doing = format!("listing names on {}", self.url.display);
+        let root = self.root.clone();
+        let c = self.client(OPERATOR_SESSION)?;
+        let children = match c.call(|z| async move { z.list_children(&root).await }) {
+            Ok(ch) => ch,
+            Err(CallError::Zk(zk::Error::NoNode)) => Vec::new(),
+            Err(e) => return Err(sort(e, &doing)),
+        };
+        let mut names: Vec<String> = children.iter().filter_map(|n| queue::decode(n)).collect();
+        names.sort();
+        let mut notes = Vec::new();
+        let others = children.len() - names.len();
+        if others > 0 {
+            notes.push(format!(
+                "left out {others} node(s) under the prefix that are no lock's"
+            ));
+        }
+        let mut listed = Vec::new();
+        for name in names {
+            if listed.len() >= bound.names || bound.passed() {
+                notes.push(format!(
+                    "stopped after {} names: the list is incomplete",
+                    listed.len()
+                ));
+                break;
+            }
+            let st = self.status(&name)?;
+            if !st.holders.is_empty() || st.waiters.unwrap_or(0) > 0 {
+                listed.push((name, st));
+            }
+        }
+        notes.push(
+            "read name by name, not as one snapshot: a lock may change while the list is read"
+                .into(),
+        );
+        Ok(Listing {
+            names: listed,
+            notes,
+        })
+    }
+
+    fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
+        let nodes = Nodes::new(&self.root, name);
+        let doing = format!("releasing {name} on {}", self.url.display);
+        let c = self.client(OPERATOR_SESSION)?.clone();
+        let n = read_name(&c, &nodes).map_err(|e| sort(e, &doing))?;
+        let held = &n.queue[..n.queue_held()];
+        if held.is_empty() && n.windows.is_empty() {
+            return Ok(Broken::NotHeld);
+        }
+        let matched: Vec<&Entry> = held
+            .iter()
+            .filter(|e| force.token.is_none_or(|t| t == e.czxid))
+            .collect();
+        let windows: Vec<&Window> = n
+            .windows
+            .iter()
+            .filter(|w| force.token.is_none_or(|t| t == w.token()))
+            .collect();
+        if matched.is_empty() && windows.is_empty() {
+            let mut tokens: Vec<u64> = n.windows.iter().map(Window::token).collect();
+            tokens.extend(held.iter().map(|e| e.czxid));
+            return Ok(Broken::TokenMismatch(tokens));
+        }
+        let mut broken = Vec::new();
+        for w in windows {
+            // A window runs no job: it ends at once.
+            if end_window(&c, &nodes, w).map_err(|e| sort(e, &doing))? {
+                let mut h = window_holder(w, 0);
+                h.ttl_left = None;
+                broken.push(h);
+            }
+        }
+        for e in matched {
+            if e.record.revoked && !force.now {
+                continue;
+            }
+            let done = if force.now {
+                // Only the grant that was read: not one that changed since.
+                match delete_at(&c, &nodes, e, Some(e.version)) {
+                    Ok(done) => done,
+                    Err(CallError::Zk(zk::Error::BadVersion)) => false,
+                    Err(err) => return Err(sort(err, &doing)),
+                }
+            } else {
+                // The node stays on the holder's session, so it ends when
+                // that session would have: nobody else gets in early.
+                let revoked = Record {
+                    revoked: true,
+                    ..e.record.clone()
+                };
+                let path = nodes.child(&e.node);
+                let version = e.version;
+                match c.call(|z| async move {
+                    z.set_data(&path, &revoked.encode(), Some(version)).await
+                }) {
+                    Ok(_) => true,
+                    // Changed or gone since we looked: not the lease asked about.
+                    Err(CallError::Zk(zk::Error::NoNode | zk::Error::BadVersion)) => false,
+                    Err(err) => return Err(sort(err, &doing)),
+                }
+            };
+            if done {
+                let mut h = holder(e);
+                if force.now {
+                    h.ttl_left = None;
+                } else {
+                    h.revoked = true;
+                }
+                broken.push(h);
+            }
+        }
+        if broken.is_empty() {
+            return Ok(Broken::AlreadyRevoked);
+        }
+        Ok(Broken::Leases(broken))
+    }
+}
+
+/// A lease on ZooKeeper: our node on our session.
+struct ZkHeld {
+    client: Client,
+    nodes: Nodes,
+    entry: Entry,
+    ttl: Duration,
+    name: String,
+    /// When the grant's reply came: the grant was made no later.
+    granted_by: Boot,
+    /// `--min-hold`: the release keeps a window until it ends.
+    min_hold: Option<Duration>,
+}
+
+impl ZkHeld {
+    /// What is left of the `--min-hold` window, counted from the reply to
+    /// the grant (no later than the grant itself).
+    fn window_left(&self) -> Option<Duration> {
+        let hold = self.min_hold?;
+        hold.checked_sub(Boot::now().since(self.granted_by))
+            .filter(|d| !d.is_zero())
+    }
+
+    /// Delete our node while it is as granted. Marked since: a revoked
+    /// node stays until our session ends, as `release --force` promised;
+    /// a preempted one goes. Ok(false): it was no longer ours.
+    fn delete(&self) -> Result<bool, Error> {
+        let (c, nodes, e) = (&self.client, &self.nodes, &self.entry);
+        match delete_at(c, nodes, e, Some(e.version)) {
+            Ok(done) => Ok(done),
+            Err(CallError::Zk(zk::Error::BadVersion)) => {
+                let path = nodes.child(&e.node);
+                let (data, _) = match c.call(|z| async move { z.get_data(&path).await }) {
+                    Ok(v) => v,
+                    // Gone meanwhile (deleted, or with an expired session).
+                    Err(CallError::Zk(zk::Error::NoNode)) => return Ok(false),
+                    Err(err) => return Err(sort(err, "releasing")),
+                };
+                if Record::decode(&data).is_none_or(|r| r.revoked) {
+                    return Ok(false);
+                }
+                delete(c, nodes, e).map_err(|err| sort(err, "releasing"))
+            }
+            Err(err) => Err(sort(err, "releasing")),
+        }
+    }
+
+    /// Replace our node by a window that the server ends no sooner than
+    /// `left` from now (a TTL node; its time counts from its creation,
+    /// after this), in one multi with the delete of our node.
+    fn keep_for(&self, left: Duration) -> Result<bool, Error> {
+        let (c, nodes, e) = (&self.client, &self.nodes, &self.entry);
+        // The server's clock may run a little faster than ours.
+        let padded = left + left / 100 + Duration::from_millis(2);
+        let ms = padded.as_millis().max(1) as u64;
+        let record = Record {
+            window_ms: Some(ms),
+            token: Some(e.czxid),
+            slot: e.slot,
+            preempted_by: None,
+            ..e.record.clone()
+        };
+        let path = nodes.child(&e.node);
+        let slot = e.slot.map(|s| nodes.slot(s));
+        let window = nodes.window(&e.id);
+        let version = e.version;
+        let acls = c.acls();
+        let r = c.call(|z| async move {
+            let mut w = z.new_multi_writer();
+            w.add_delete(&path, Some(version))?;
+            if let Some(s) = &slot {
+                w.add_delete(s, None)?;
+            }
+            let opts = zk::CreateMode::Persistent
+                .with_acls(acls)
+                .with_ttl(Duration::from_millis(ms));
+            w.add_create(&window, &record.encode(), &opts)?;
+            w.commit().await.map_err(zk::Error::from)
+        });
+        match r {
+            Ok(_) => {
+                log::info(format!(
+                    "released {}; kept by --min-hold for {}",
+                    self.name,
+                    humantime::format_duration(Duration::from_millis(ms))
+                ));
+                Ok(true)
+            }
+            // Marked since the grant (revoked or preempted): no window.
+            Err(CallError::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => self.delete(),
+            Err(err) if !matches!(&err, CallError::Zk(e) if is_refusal(e)) => {
+                Err(sort(err, "releasing"))
+            }
+            Err(err) => {
+                log::warn(format!(
+                    "released {} without its --min-hold window: ZooKeeper refused a TTL \
+                     node ({}); set extendedTypesEnabled=true on its servers",
+                    self.name,
+                    sort(err, "keeping the window")
+                ));
+                self.delete()
+            }
+        }
+    }
+}
+
+/// A refusal of a TTL node by a server that does not enable them.
+pub(super) fn is_refusal(e: &zk::Error) -> bool {
+    !matches!(
+        e,
+        zk::Error::ConnectionLoss
+            | zk::Error::Timeout
+            | zk::Error::SessionExpired
+            | zk::Error::SessionMoved
+            | zk::Error::ClientClosed
+            | zk::Error::NoAuth
+    )
+}
+
+impl Held for ZkHeld {
+    fn renewer(&self) -> Renewing {
+        Renewing::OnItsConnection(Box::new(ZkRenewer {
+            client: self.client.clone(),
+            path: self.nodes.child(&self.entry.node),
+            session: self.client.session_id(),
+            ttl: self.ttl,
+            version: self.entry.version,
+        }))
+    }
+
+    fn release(self: Box<Self>) -> Result<bool, Error> {
+        if let Some(left) = self.window_left() {
+            return self.keep_for(left);
+        }
+        self.delete()
+    }
+
+    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+        self.min_hold = None;
+        self.release()
+    }
+}
+
+/// Check, through the leader, that `path` is at `version`: a check-only
+/// multi is a write, so the leader (with a quorum) judges it and first
+/// checks that our session is alive; a read could be served by a follower
+/// cut off from a paused leader, which may expire the session meanwhile.
+fn check(c: &Client, path: &str, version: i32) -> Result<(), CallError> {
+    let path = path.to_string();
+    c.call(|z| async move {
+        let mut w = z.new_multi_writer();
+        w.add_check_version(&path, version)?;
+        w.commit().await.map_err(zk::Error::from)
+    })
+    .map(|_| ())
+}
+
+/// A renewal: one round trip through the leader that proves the session
+/// alive and the node ours (there, on our session, unchanged since it was
+/// granted); when it changed, a read says why (revoked, preempted).
+struct ZkRenewer {
+    client: Client,
+    path: String,
+    session: i64,
+    ttl: Duration,
+    /// Our node's version as last seen.
+    version: i32,
+}
+
+impl Renewer for ZkRenewer {
+    fn renew(&mut self) -> Result<Renewal, Error> {
+        let lost = |e: &CallError| expired(e) || matches!(e, CallError::Zk(zk::Error::NoNode));
+        match check(&self.client, &self.path, self.version) {
+            Ok(()) => return Ok(Renewal::Renewed { ttl: self.ttl }),
+            Err(e) if lost(&e) => return Ok(Renewal::Lost),
+            Err(CallError::Zk(zk::Error::BadVersion)) => {}
+            Err(e) => return Err(sort(e, "renewing")),
+        }
+        // Changed since we last looked: a mark, or not ours.
+        let path = self.path.clone();
+        let (data, stat) = match self.client.call(|z| async move { z.get_data(&path).await }) {
+            Ok(v) => v,
+            Err(e) if lost(&e) => return Ok(Renewal::Lost),
+            Err(e) => return Err(sort(e, "renewing")),
+        };
+        if stat.ephemeral_owner != self.session {
+            return Ok(Renewal::Lost);
+        }
+        let Some(record) = Record::decode(&data) else {
+            return Ok(Renewal::Lost);
+        };
+        if record.revoked {
+            return Ok(Renewal::Lost);
+        }
+        if let Some(by) = record.preempted_by {
+            return Ok(Renewal::Preempted { by });
+        }
+        self.version = stat.version;
+        match check(&self.client, &self.path, self.version) {
+            Ok(()) => Ok(Renewal::Renewed { ttl: self.ttl }),
+            Err(e) if lost(&e) => Ok(Renewal::Lost),
+            Err(e) => Err(sort(e, "renewing")),
+        }
+    }
+}

@@ -1,0 +1,601 @@
+//! Taking a name on ZooKeeper: create our ephemeral sequential node (its
+//! name carries a unique part, so a create whose reply was lost is found
+//! again rather than repeated), judge the queue, and while blocked watch
+//! the node just ahead. The give-up clock, the waiting line and the retry
+//! budget are the driver's (`backend::drive`).
+
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use super::client::{CallError, Client, expired, sort};
+use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
+use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name, server_now};
+use crate::backend::drive::{Step, Take, drive};
+use crate::backend::wait::{Patience, Retry};
+use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
+use crate::clock::Boot;
+use crate::log;
+
+/// A waiter looks at the queue again after this even with no event: a
+/// watch lost with a connection costs at most this.
+const LOOK_AGAIN: Duration = Duration::from_secs(30);
+
+/// Our request in the queue.
+struct Mine {
+    /// The unique part of our node's name.
+    id: String,
+    /// Our node's name, once seen.
+    node: Option<String>,
+    /// A create was sent (its reply may have been lost).
+    sent: bool,
+}
+
+struct Taking<'a> {
+    zk: &'a mut Zk,
+    client: Client,
+    req: &'a Request<'a>,
+    nodes: Nodes,
+    mine: Option<Mine>,
+    /// The concurrency group words were applied (once, as the request
+    /// first found itself waiting).
+    joined: bool,
+    holder: Option<String>,
+    /// The queue as last read in full, and whether a watch just woke us:
+    /// then an exclusive request looks with one list (`quick_look`).
+    known: Vec<Entry>,
+    woken: bool,
+}
+
+fn unique() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| Error::Internal(format!("reading random bytes: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Create a container node if it is not there.
+fn container(c: &Client, path: &str) -> Result<(), CallError> {
+    let path = path.to_string();
+    let acls = c.acls();
+    match c.call(|z| async move {
+        let opts = zk::CreateMode::Container.with_acls(acls);
+        z.create(&path, b"", &opts).await
+    }) {
+        Ok(_) | Err(CallError::Zk(zk::Error::NodeExists)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl Take for Taking<'_> {
+    type Transport = Client;
+
+    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+        match self.look(patience) {
+            Ok(step) => Ok(step),
+            Err(Failed::Final(e)) => {
+                self.leave();
+                Ok(Step::Over(e))
+            }
+            Err(Failed::Call(e, doing)) => {
+                if expired(&e) {
+                    // Our session is over, and our node with it: a new
+                    // session, and a new place at the back.
+                    log::info(format!(
+                        "our ZooKeeper session expired while acquiring {}; queueing again",
+                        self.req.name
+                    ));
+                    self.mine = None;
+                    self.zk.client = None;
+                    self.client = self.client.reconnect(&self.zk.url, self.req.timing.ttl)?;
+                    self.zk.client = Some(self.client.clone());
+                    return Ok(Step::Again);
+                }
+                Err(sort(e, &doing))
+            }
+        }
+    }
+
+    fn leave(&mut self) {
+        let Some(m) = self.mine.take() else { return };
+        let node = match m.node {
+            Some(node) => Some(node),
+            // A create whose reply was lost may have made our node: find
+            // it by its unique part.
+            None if m.sent => {
+                let parent = self.nodes.parent.clone();
+                let prefix = format!("q-{}-", m.id);
+                self.client
+                    .call(|z| async move { z.list_children(&parent).await })
+                    .ok()
+                    .and_then(|ch| ch.into_iter().find(|n| n.starts_with(&prefix)))
+            }
+            None => None,
+        };
+        if let Some(node) = node {
+            let path = self.nodes.child(&node);
+            let _ = self
+                .client
+                .call(|z| async move { z.delete(&path, None).await });
+        }
+    }
+
+    fn transport(&self) -> &Client {
+        &self.client
+    }
+}
+
+enum Failed {
+    Call(CallError, String),
+    Final(Error),
+}
+
+fn call_failed(doing: &str) -> impl Fn(CallError) -> Failed + '_ {
+    move |e| Failed::Call(e, doing.to_string())
+}
+
+impl Zk {
+    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        let ttl = req.timing.ttl;
+        let client = self.client(ttl)?.clone();
+        if client.timeout < ttl {
+            return Err(Error::Request(format!(
+                "--ttl {} is longer than the longest session {} grants ({}, its \
+                 maxSessionTimeout): use --ttl {} or less, or raise maxSessionTimeout",
+                humantime::format_duration(ttl),
+                self.url.display,
+                humantime::format_duration(client.timeout),
+                humantime::format_duration(client.timeout),
+            )));
+        }
+        let mut taking = Taking {
+            nodes: Nodes::new(&self.root, req.name),
+            zk: self,
+            client,
+            req,
+            mine: None,
+            joined: false,
+            holder: None,
+            known: Vec::new(),
+            woken: false,
+        };
+        drive(&mut taking, req, wait)
+    }
+}
+
+impl Taking<'_> {
+    fn look(&mut self, patience: &mut Patience) -> Result<Step, Failed> {
+        let req = self.req;
+        let c = self.client.clone();
+        let ttl = req.timing.ttl;
+        if self.mine.is_none() {
+            self.mine = Some(Mine {
+                id: unique().map_err(Failed::Final)?,
+                node: None,
+                sent: false,
+            });
+        }
+        let m = self.mine.as_mut().expect("set above");
+        // The create is judged by the leader, which checks our session:
+        // a grant on the look right after it counts from its send.
+        let mut created_at = None;
+        if m.node.is_none() && !m.sent {
+            m.sent = true;
+            created_at = Some(Boot::now());
+            let record = Record::new(req, ttl.as_millis() as u64);
+            let node = create(&c, &self.nodes, &m.id, &record.encode())
+                .map_err(call_failed("creating our node"))?;
+            m.node = Some(node);
+        }
+        let name = match self.quick_look(&c)? {
+            Some(name) => name,
+            None => {
+                let name = read_name(&c, &self.nodes).map_err(call_failed("reading the queue"))?;
+                self.known = name.queue.clone();
+                name
+            }
+        };
+        let queue = &name.queue;
+        let m = self.mine.as_mut().expect("set above");
+        let ours: Vec<&Entry> = queue.iter().filter(|e| e.id == m.id).collect();
+        let Some(first) = ours.first() else {
+            // A replaced node is left out of the queue: look for it apart.
+            let node = m.node.clone();
+            if let Some(by) = self.replaced(&c, node.as_deref())? {
+                self.leave();
+                return Ok(Step::Done(Acquired::Replaced { by }));
+            }
+            let m = self.mine.as_mut().expect("set above");
+            if m.node.is_some() {
+                // Our node went: deleted by an operator, or with a session
+                // that expired under us. Queue again, at the back.
+                log::info(format!(
+                    "our place in {}'s queue went; queueing again",
+                    req.name
+                ));
+                self.mine = None;
+            } else {
+                // The create's reply was lost and it never happened.
+                m.sent = false;
+            }
+            return Ok(Step::Again);
+        };
+        let first = (*first).clone();
+        // A create repeated after a lost reply: only the first is ours.
+        for extra in ours.iter().skip(1) {
+            let _ = delete(&c, &self.nodes, extra);
+        }
+        if ours.len() > 1 {
+            return Ok(Step::Again);
+        }
+        m.node = Some(first.node.clone());
+        if first.owner != c.session_id() {
+            self.leave();
+            return Err(Failed::Final(Error::Refused(format!(
+                "our node in {}'s queue is on another session: remove it",
+                req.name
+            ))));
+        }
+        if first.record.revoked {
+            // Revoked by `release --force` as it came to the front: queue again.
+            log::info(format!(
+                "our place in {}'s queue was revoked; queueing again",
+                req.name
+            ));
+            self.leave();
+            return Ok(Step::Again);
+        }
+        let me = queue
+            .iter()
+            .position(|e| e.node == first.node)
+            .expect("found above");
+        match judge(&name.windows, queue, me, req) {
+            Verdict::Nested => Err(Failed::Final(crate::backend::nested(req.name))),
+            Verdict::Disagrees(in_force) => {
+                Err(Failed::Final(req.mode.disagreement(req.name, in_force)))
+            }
+            Verdict::Granted { slot } => {
+                let mut entry = first;
+                // Judged on a read, which a follower may serve while the
+                // leader is away: confirm through the leader that our
+                // session is alive and our node as read.
+                let sent = match created_at {
+                    Some(at) => at,
+                    None => {
+                        let at = Boot::now();
+                        match check(&c, &self.nodes.child(&entry.node), entry.version) {
+                            Ok(()) => at,
+                            Err(CallError::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => {
+                                return Ok(Step::Again);
+                            }
+                            Err(e) => return Err(Failed::Call(e, "confirming our turn".into())),
+                        }
+                    }
+                };
+                if let Mode::Limit(n) = req.mode
+                    && entry.slot.is_none()
+                {
+                    let kept: Vec<u32> =
+                        name.windows.iter().filter_map(|w| w.record.slot).collect();
+                    match claim(&c, &self.nodes, &entry.node, slot.unwrap_or(0), n, &kept)
+                        .map_err(call_failed("claiming a slot"))?
+                    {
+                        Some(s) => entry.slot = Some(s),
+                        None => {
+                            std::thread::sleep(Duration::from_millis(50));
+                            return Ok(Step::Again);
+                        }
+                    }
+                }
+                let token = entry.czxid;
+                let slot = entry.slot.filter(|_| matches!(req.mode, Mode::Limit(_)));
+                let held = ZkHeld {
+                    client: c,
+                    nodes: Nodes::new(&self.zk.root, req.name),
+                    entry,
+                    ttl,
+                    name: req.name.to_string(),
+                    granted_by: Boot::now(),
+                    min_hold: req.min_hold,
+                };
+                Ok(Step::Done(Acquired::Granted(Lease::new(
+                    token,
+                    slot,
+                    sent,
+                    ttl,
+                    Box::new(held),
+                ))))
+            }
+            Verdict::Blocked { watch, until } => {
+                self.holder = name
+                    .windows
+                    .first()
+                    .map(|w| w.record.label.clone())
+                    .or_else(|| queue.first().map(|e| e.record.label.clone()))
+                    .or(self.holder.take());
+                if !self.joined {
+                    if let Some(step) = self.join(&c, &name, me)? {
+                        return Ok(step);
+                    }
+                    self.joined = true;
+                }
+                if patience.over() {
+                    self.leave();
+                    return Ok(Step::Done(Acquired::Busy {
+                        holder: self.holder.clone(),
+                    }));
+                }
+                patience.tick(self.holder.as_deref());
+                // A window ends on the server's clock: sleep until then by ours.
+                let wake = match until {
+                    Some(end) => {
+                        let now = server_now(&c, &self.nodes)
+                            .map_err(call_failed("reading the server's clock"))?;
+                        Some(Boot::now().add(Duration::from_millis((end - now).max(0) as u64 + 5)))
+                    }
+                    None => None,
+                };
+                self.wait_turn(&c, &watch, &first.node, wake, patience)
+            }
+        }
+    }
+
+    /// Woken by a watch, an exclusive request looks at the names of the
+    /// name's nodes alone (one round trip): when every one is a request
+    /// read before, their records are as read (a mode never changes; a
+    /// mark read late only keeps us waiting longer), and the queue is
+    /// those still there. Anything new (a slot, a window, a request not
+    /// read yet) needs the full read: None.
+    fn quick_look(&mut self, c: &Client) -> Result<Option<Name>, Failed> {
+        let woken = std::mem::take(&mut self.woken);
+        let req = self.req;
+        if !woken || req.mode != Mode::Exclusive || req.group.supersede || self.known.is_empty() {
+            return Ok(None);
+        }
+        let parent = self.nodes.parent.clone();
+        let children = match c.call(|z| async move { z.list_children(&parent).await }) {
+            Ok(ch) => ch,
+            Err(CallError::Zk(zk::Error::NoNode)) => return Ok(None),
+            Err(e) => return Err(Failed::Call(e, "reading the queue".into())),
+        };
+        let lockrun_s =
+            |n: &String| request_of(n).is_some() || n.starts_with("s-") || n.starts_with("w-");
+        let ours: Vec<&String> = children.iter().filter(|n| lockrun_s(n)).collect();
+        if ours
+            .iter()
+            .any(|n| !self.known.iter().any(|e| &e.node == *n))
+        {
+            return Ok(None);
+        }
+        let queue: Vec<Entry> = self
+            .known
+            .iter()
+            .filter(|e| ours.contains(&&e.node))
+            .cloned()
+            .collect();
+        Ok(Some(Name {
+            queue,
+            windows: Vec::new(),
+        }))
+    }
+
+    /// Who replaced our waiting request, if a `--supersede` request did.
+    fn replaced(&self, c: &Client, node: Option<&str>) -> Result<Option<String>, Failed> {
+        let Some(node) = node else {
+            return Ok(None);
+        };
+        let path = self.nodes.child(node);
+        match c.call(|z| async move { z.get_data(&path).await }) {
+            Ok((data, _)) => Ok(Record::decode(&data).and_then(|r| r.replaced_by)),
+            Err(CallError::Zk(zk::Error::NoNode)) => Ok(None),
+            Err(e) => Err(Failed::Call(e, "reading our node".into())),
+        }
+    }
+
+    /// The first time our request finds itself waiting: `--preempt` marks
+    /// the holders, `--supersede` marks the earlier waiters that asked for
+    /// it too as replaced, then `--max-waiters` counts the waiters still
+    /// ahead of ours: with N or more, ours leaves.
+    fn join(&mut self, c: &Client, name: &Name, me: usize) -> Result<Option<Step>, Failed> {
+        let g = self.req.group;
+        let queue = &name.queue;
+        let held = name.queue_held().min(me);
+        let shown = &self.req.owner.shown;
+        let mut again = false;
+        // Ending windows first: `mark` below keeps `again` to itself.
+        if g.preempt {
+            // A --min-hold window runs no job: it ends at once.
+            for w in &name.windows {
+                if !end_window(c, &self.nodes, w).map_err(call_failed("ending a window"))? {
+                    again = true;
+                }
+            }
+        }
+        let mut mark = |e: &Entry, r: Record| -> Result<bool, Failed> {
+            let path = self.nodes.child(&e.node);
+            let version = e.version;
+            match c.call(|z| async move { z.set_data(&path, &r.encode(), Some(version)).await }) {
+                Ok(_) => Ok(true),
+                Err(CallError::Zk(zk::Error::NoNode | zk::Error::BadVersion)) => {
+                    again = true;
+                    Ok(false)
+                }
+                Err(e) => Err(Failed::Call(e, "marking a request".into())),
+            }
+        };
+        if g.preempt {
+            for e in &queue[..held] {
+                if e.record.revoked || e.record.preempted_by.is_some() {
+                    continue;
+                }
+                let r = Record {
+                    preempted_by: Some(shown.clone()),
+                    ..e.record.clone()
+                };
+                mark(e, r)?;
+            }
+        }
+        let mut replaced = 0;
+        if g.supersede {
+            for e in queue[held..me].iter().filter(|e| e.record.supersede) {
+                let r = Record {
+                    replaced_by: Some(shown.clone()),
+                    ..e.record.clone()
+                };
+                if mark(e, r)? {
+                    replaced += 1;
+                }
+            }
+        }
+        if again {
+            return Ok(Some(Step::Again));
+        }
+        if let Some(n) = g.max_waiters {
+            let waiting = (me - held - replaced) as u64;
+            if waiting >= n as u64 {
+                self.leave();
+                return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Block until a watched node goes (or ours is marked replaced), or
+    /// the wait says to look again.
+    fn wait_turn(
+        &mut self,
+        c: &Client,
+        watch: &[String],
+        own: &str,
+        wake: Option<Boot>,
+        patience: &mut Patience,
+    ) -> Result<Step, Failed> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        for node in watch {
+            let path = self.nodes.child(node);
+            let (stat, watcher) = c
+                .call(|z| async move { z.check_and_watch_stat(&path).await })
+                .map_err(call_failed("watching the node ahead"))?;
+            if stat.is_none() {
+                return Ok(Step::Again);
+            }
+            let tx = tx.clone();
+            c.spawn(async move {
+                watcher.changed().await;
+                let _ = tx.send(());
+            });
+        }
+        if self.req.group.supersede {
+            // A newer --supersede request marks our node: watch it too.
+            let path = self.nodes.child(own);
+            let (data, _, watcher) =
+                match c.call(|z| async move { z.get_and_watch_data(&path).await }) {
+                    Ok(v) => v,
+                    // Gone: the next look finds out why.
+                    Err(CallError::Zk(zk::Error::NoNode)) => return Ok(Step::Again),
+                    Err(e) => return Err(Failed::Call(e, "watching our node".into())),
+                };
+            if Record::decode(&data).is_some_and(|r| r.replaced_by.is_some()) {
+                return Ok(Step::Again);
+            }
+            let tx = tx.clone();
+            c.spawn(async move {
+                watcher.changed().await;
+                let _ = tx.send(());
+            });
+        }
+        let opened = Boot::now();
+        loop {
+            let mut left = LOOK_AGAIN.saturating_sub(Boot::now().since(opened));
+            if let Some(at) = wake {
+                if Boot::now() >= at {
+                    return Ok(Step::Again);
+                }
+                left = left.min(at.since(Boot::now()));
+            }
+            match rx.recv_timeout(patience.cap(left).max(Duration::from_millis(1))) {
+                Ok(()) => {
+                    self.woken = true;
+                    return Ok(Step::Again);
+                }
+                Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if patience.over() {
+                self.leave();
+                return Ok(Step::Done(Acquired::Busy {
+                    holder: self.holder.clone(),
+                }));
+            }
+            patience.tick(self.holder.as_deref());
+            if Boot::now().since(opened) >= LOOK_AGAIN {
+                return Ok(Step::Again);
+            }
+        }
+    }
+}
+
+/// Create our node under the name's parent (the parents as needed): its
+/// node name.
+fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, CallError> {
+    let mut tries = 0;
+    loop {
+        let path = nodes.request(id);
+        let data = data.to_vec();
+        let acls = c.acls();
+        match c.call(|z| async move {
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
+            z.create(&path, &data, &opts).await
+        }) {
+            Ok((_, seq)) => return Ok(format!("q-{id}-{seq}")),
+            Err(CallError::Zk(zk::Error::NoNode)) if tries < 5 => {
+                // ZooKeeper may delete an empty container at any time,
+                // the prefix's between our two creates: try again.
+                tries += 1;
+                match container(c, &nodes.root).and_then(|()| container(c, &nodes.parent)) {
+                    Ok(()) | Err(CallError::Zk(zk::Error::NoNode)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Claim a free `--limit` slot for our node, `first` tried first: None
+/// when all N are taken (a holder leaving at this moment).
+fn claim(
+    c: &Client,
+    nodes: &Nodes,
+    node: &str,
+    first: u32,
+    n: u32,
+    kept: &[u32],
+) -> Result<Option<u32>, CallError> {
+    for s in std::iter::once(first)
+        .chain(0..n)
+        .filter(|s| !kept.contains(s))
+    {
+        let path = nodes.slot(s);
+        let data = node.as_bytes().to_vec();
+        let acls = c.acls();
+        let p = path.clone();
+        match c.call(|z| async move {
+            let opts = zk::CreateMode::Ephemeral.with_acls(acls);
+            z.create(&p, &data, &opts).await
+        }) {
+            Ok(_) => return Ok(Some(s)),
+            Err(CallError::Zk(zk::Error::NodeExists)) => {
+                // Ours already, if an earlier claim's reply was lost.
+                match c.call(|z| async move { z.get_data(&path).await }) {
+                    Ok((d, _)) if d == node.as_bytes() => return Ok(Some(s)),
+                    Ok(_) | Err(CallError::Zk(zk::Error::NoNode)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}

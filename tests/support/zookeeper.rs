@@ -1,0 +1,526 @@
+//! ZooKeeper servers of our own from Debian's jar: one standalone server
+//! shared by a test file (each user on a chroot of its own), or one of its
+//! own for a test that stops or pauses it, or a three-server ensemble;
+//! each on free loopback ports with its own data directory, stopped by pid.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use super::{free_port, signal, wait_until};
+
+const JAR: &str = "/usr/share/java/zookeeper.jar";
+
+fn java() -> &'static str {
+    if !Path::new(JAR).exists() || Command::new("java").arg("-version").output().is_err() {
+        panic!(
+            "ZooKeeper not found: these tests need Debian's ZooKeeper jar and a Java runtime; \
+             install them with `apt-get install -y zookeeper`"
+        );
+    }
+    "java"
+}
+
+/// The answer of a four-letter word, if the server gives one.
+pub fn four_letters(port: u16, word: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(word.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// One ZooKeeper server process.
+pub struct ZkServer {
+    pub port: u16,
+    child: Option<Child>,
+    cfg: PathBuf,
+    /// Shared by the whole test run: lives until it ends.
+    shared: bool,
+}
+
+fn launch(cfg: &Path, shared: bool, main: &str) -> Child {
+    let mut cmd = if shared {
+        // A server for the whole run outlives every test thread: a shell
+        // beside it stops it when the test process is gone.
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!(
+            "{} {} & j=$!; echo $j; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
+             do sleep 0.5; done; kill -9 $j",
+            java_line(main),
+            cfg.display(),
+            std::process::id()
+        ));
+        c
+    } else {
+        let mut c = Command::new(java());
+        c.args(java_args(main)).arg(cfg);
+        c
+    };
+    cmd.stdout(if shared {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start ZooKeeper")
+}
+
+fn java_args(main: &str) -> Vec<String> {
+    [
+        "-Xmx128m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-Dznode.container.checkIntervalMs=500",
+        "-Dzookeeper.admin.enableServer=false",
+        "-cp",
+        &format!("/etc/zookeeper/conf:{JAR}"),
+        &format!("org.apache.zookeeper.server.{main}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn java_line(main: &str) -> String {
+    format!("{} {}", java(), java_args(main).join(" "))
+}
+
+fn config(dir: &Path, port: u16, extra: &str) -> String {
+    format!(
+        "tickTime=200\ninitLimit=50\nsyncLimit=25\ndataDir={}\nclientPort={port}\n\
+         clientPortAddress=127.0.0.1\nadmin.enableServer=false\nminSessionTimeout=1000\n\
+         maxSessionTimeout=120000\nextendedTypesEnabled=true\n4lw.commands.whitelist=*\n{extra}",
+        dir.display()
+    )
+}
+
+impl ZkServer {
+    fn start_in(dir: &Path, shared: bool) -> ZkServer {
+        for _ in 0..5 {
+            let port = free_port();
+            let cfg = dir.join("zoo.cfg");
+            std::fs::create_dir_all(dir.join("data")).unwrap();
+            std::fs::write(&cfg, config(&dir.join("data"), port, "")).unwrap();
+            let mut s = ZkServer {
+                port,
+                child: Some(launch(&cfg, shared, "ZooKeeperServerMain")),
+                cfg,
+                shared,
+            };
+            if s.wait_serving() {
+                return s;
+            }
+            s.kill();
+        }
+        panic!("ZooKeeper did not come up on a loopback port");
+    }
+
+    /// Serving: it answers `srvr` with its mode.
+    fn wait_serving(&mut self) -> bool {
+        let port = self.port;
+        let child = self.child.as_mut().unwrap();
+        let mut exited = false;
+        wait_until(Duration::from_secs(60), || {
+            exited = !matches!(child.try_wait(), Ok(None));
+            exited || four_letters(port, "srvr").is_some_and(|s| s.contains("Mode:"))
+        }) && !exited
+    }
+
+    /// The java process's pid.
+    pub fn pid(&mut self) -> i32 {
+        let child = self.child.as_mut().expect("running");
+        if self.shared {
+            use std::io::BufRead;
+            let out = child.stdout.as_mut().unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(out).read_line(&mut line).unwrap();
+            return line.trim().parse().unwrap();
+        }
+        child.id() as i32
+    }
+
+    pub fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}", self.port)
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id() as i32, libc::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn pause(&self) {
+        signal(self.child.as_ref().unwrap().id() as i32, libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        signal(self.child.as_ref().unwrap().id() as i32, libc::SIGCONT);
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        let main = if std::fs::read_to_string(&self.cfg)
+            .unwrap()
+            .contains("server.1=")
+        {
+            "quorum.QuorumPeerMain"
+        } else {
+            "ZooKeeperServerMain"
+        };
+        self.child = Some(launch(&self.cfg, false, main));
+        assert!(self.wait_serving(), "ZooKeeper did not come back");
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A standalone server of one test's own (to stop or pause).
+pub struct Zookeeper {
+    pub server: ZkServer,
+    _dir: tempfile::TempDir,
+}
+
+fn scratch_dir() -> tempfile::TempDir {
+    if Path::new("/dev/shm").is_dir() {
+        tempfile::tempdir_in("/dev/shm").unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+impl Zookeeper {
+    pub fn start() -> Zookeeper {
+        let dir = scratch_dir();
+        Zookeeper {
+            server: ZkServer::start_in(dir.path(), false),
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+}
+
+/// The standalone server every test of the run shares, each on a chroot
+/// of its own.
+pub fn shared_zookeeper() -> u16 {
+    static SHARED: OnceLock<(u16, PathBuf)> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let dir = scratch_dir().keep();
+            let s = ZkServer::start_in(&dir, true);
+            let port = s.port;
+            // Left running on purpose: its shell stops it with the test process.
+            std::mem::forget(s);
+            (port, dir)
+        })
+        .0
+}
+
+/// A chroot of its own on the shared server: `zk://127.0.0.1:PORT/tN`,
+/// created empty.
+pub fn zk_chroot() -> (u16, String) {
+    zk_chroot_on(shared_zookeeper())
+}
+
+/// A chroot of its own on the server at `port` (of the shared ensemble, say).
+pub fn zk_chroot_on(port: u16) -> (u16, String) {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let chroot = format!(
+        "/t{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    );
+    let c = chroot.clone();
+    zk_do(port, None, move |z| async move {
+        z.create(
+            &c,
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .map(|_| ())
+    });
+    (port, chroot)
+}
+
+/// Run `f` with a session of its own to the server on `port` (under
+/// `chroot`, if given).
+pub fn zk_do<T, F, Fut>(port: u16, chroot: Option<&str>, f: F) -> T
+where
+    F: FnOnce(zk::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, zk::Error>>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cs = format!("127.0.0.1:{port}{}", chroot.unwrap_or(""));
+    rt.block_on(async move {
+        let z = zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .connect(&cs)
+            .await
+            .expect("connect to ZooKeeper");
+        f(z).await.expect("a ZooKeeper call")
+    })
+}
+
+/// Every node under `root` (not ZooKeeper's own), with its ephemeral
+/// owner (0: persistent; containers and TTL nodes have their own marks).
+pub fn zk_tree(port: u16, chroot: Option<&str>) -> Vec<(String, i64)> {
+    zk_do(port, chroot, |z| async move {
+        let mut out = Vec::new();
+        let mut todo = vec!["/".to_string()];
+        while let Some(p) = todo.pop() {
+            let children = match z.list_children(&p).await {
+                Ok(c) => c,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(e),
+            };
+            for ch in children {
+                let path = if p == "/" {
+                    format!("/{ch}")
+                } else {
+                    format!("{p}/{ch}")
+                };
+                if path == "/zookeeper" {
+                    continue;
+                }
+                if let Ok(Some(st)) = z.check_stat(&path).await {
+                    out.push((path.clone(), st.ephemeral_owner));
+                }
+                todo.push(path);
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Delete `path` if it is there.
+pub fn zk_delete(port: u16, chroot: Option<&str>, path: &str) {
+    let path = path.to_string();
+    zk_do(port, chroot, move |z| async move {
+        match z.delete(&path, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(e),
+        }
+    })
+}
+
+/// A loopback TCP proxy in front of a ZooKeeper server that can lose the
+/// reply to one create of a request node: it passes the request on, drops
+/// everything the server says from then on, and cuts the connection, as a
+/// network that fails at the worst moment would. It can also stall every
+/// connection (a partition: nothing passes either way).
+pub struct ZkProxy {
+    pub port: u16,
+    lose_create: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stall: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Creates whose reply it lost.
+    pub lost: std::sync::Arc<AtomicU32>,
+}
+
+impl ZkProxy {
+    pub fn start(upstream: u16) -> ZkProxy {
+        use std::io::{Read, Write};
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let lose_create = Arc::new(AtomicBool::new(false));
+        let stall = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicU32::new(0));
+        let (lc, st, lo) = (lose_create.clone(), stall.clone(), lost.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let cut = Arc::new(AtomicBool::new(false));
+                let (mut c_read, mut s_write) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (lc, st1, lo, cut1) = (lc.clone(), st.clone(), lo.clone(), cut.clone());
+                let (c_close, s_close) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    // Frames: a 4-byte length, then the body; the first is
+                    // the connect request, later ones start xid, op code.
+                    let mut first = true;
+                    loop {
+                        let mut len = [0u8; 4];
+                        if c_read.read_exact(&mut len).is_err() {
+                            return;
+                        }
+                        let n = u32::from_be_bytes(len) as usize;
+                        let mut body = vec![0u8; n];
+                        if c_read.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        while st1.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        if s_write.write_all(&len).is_err() || s_write.write_all(&body).is_err() {
+                            return;
+                        }
+                        let op = (!first && n >= 8)
+                            .then(|| i32::from_be_bytes(body[4..8].try_into().unwrap()));
+                        first = false;
+                        // create (1), create2 (15), createTTL (19)
+                        let creates = matches!(op, Some(1 | 15 | 19))
+                            && String::from_utf8_lossy(&body).contains("/q-");
+                        if creates && lc.swap(false, Ordering::SeqCst) {
+                            cut1.store(true, Ordering::SeqCst);
+                            lo.fetch_add(1, Ordering::SeqCst);
+                            // Let the server act on it, then cut.
+                            std::thread::sleep(Duration::from_millis(300));
+                            let _ = c_close.shutdown(std::net::Shutdown::Both);
+                            let _ = s_close.shutdown(std::net::Shutdown::Both);
+                            return;
+                        }
+                    }
+                });
+                let st = st.clone();
+                let (mut s_read, mut c_write) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let n = match s_read.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        while st.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        if cut.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        if c_write.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        ZkProxy {
+            port,
+            lose_create,
+            stall,
+            lost,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}", self.port)
+    }
+
+    /// Lose the reply to the next create of a request node.
+    pub fn lose_next_create(&self) {
+        self.lose_create.store(true, Ordering::SeqCst);
+    }
+
+    /// Let nothing through either way (on), or everything again (off).
+    pub fn set_stall(&self, on: bool) {
+        self.stall.store(on, Ordering::SeqCst);
+    }
+}
+
+/// A three-server ensemble on loopback, each server with its own data
+/// directory and `myid`.
+pub struct Ensemble {
+    pub servers: Vec<ZkServer>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Ensemble {
+    pub fn start() -> Ensemble {
+        let dir = scratch_dir();
+        let servers = Ensemble::launch_in(dir.path(), false);
+        Ensemble {
+            servers,
+            _dir: Some(dir),
+        }
+    }
+
+    fn launch_in(dir: &Path, shared: bool) -> Vec<ZkServer> {
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let peers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, q, e))| format!("server.{}=127.0.0.1:{q}:{e}\n", i + 1))
+            .collect();
+        let mut servers: Vec<ZkServer> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, _, _))| {
+                let d = dir.join(format!("s{}", i + 1));
+                std::fs::create_dir_all(d.join("data")).unwrap();
+                std::fs::write(d.join("data/myid"), format!("{}\n", i + 1)).unwrap();
+                let cfg = d.join("zoo.cfg");
+                std::fs::write(&cfg, config(&d.join("data"), *client, &peers)).unwrap();
+                ZkServer {
+                    port: *client,
+                    child: Some(launch(&cfg, shared, "quorum.QuorumPeerMain")),
+                    cfg,
+                    shared,
+                }
+            })
+            .collect();
+        for s in &mut servers {
+            assert!(s.wait_serving(), "an ensemble server did not come up");
+        }
+        servers
+    }
+
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("zk://{}", hosts.join(","))
+    }
+
+    /// The index of the server that leads now.
+    pub fn leader(&self) -> Option<usize> {
+        self.servers.iter().position(|s| {
+            s.child.is_some()
+                && four_letters(s.port, "srvr").is_some_and(|t| t.contains("Mode: leader"))
+        })
+    }
+}
+
+/// The ensemble every test of the run shares: its client ports.
+pub fn shared_ensemble() -> Vec<u16> {
+    static SHARED: OnceLock<Vec<u16>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let dir = scratch_dir().keep();
+            let servers = Ensemble::launch_in(&dir, true);
+            let ports = servers.iter().map(|s| s.port).collect();
+            std::mem::forget(servers);
+            ports
+        })
+        .clone()
+}
