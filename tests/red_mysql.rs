@@ -1,0 +1,139 @@
+//! Attacks on the MySQL/MariaDB engine: server settings an operator may
+//! have chosen, URLs an operator may have written, and races. Each test
+//! states what it shows; a failing one is a defect of the engine.
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use crate::support::*;
+
+/// A job that records its shell's pid in `pid_file`, then sleeps `secs`.
+fn long_job(pid_file: &std::path::Path, secs: u32) -> String {
+    format!("echo $$ > {}; sleep {secs}", pid_file.display())
+}
+
+/// A server whose global `autocommit` is off (a setting some operators
+/// choose in my.cnf): the holder's renewals and its release are plain
+/// statements that the server then never commits (src/backend/mysql/sql.rs
+/// `session` sets no `autocommit = 1`). Other lockruns see the lease lapse
+/// one ttl after the grant while the job still runs (they are kept out
+/// only by the row lock of the uncommitted renewal, or not at all once
+/// that connection is replaced), the holder is told at release that its
+/// lease was "no longer ours", and the released row stays behind.
+#[test]
+fn autocommit_off_on_the_server_still_renews_and_releases() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--autocommit=0"]);
+    let url = my.url();
+    let scratch = Scratch::new();
+    let a_pid = scratch.path("a_pid");
+    let mut a = on(&url)
+        .args(["-v", "--ttl", "2s", "ac", "-c", &long_job(&a_pid, 7)])
+        .stderr(Stdio::from(std::fs::File::create(scratch.path("a_err")).unwrap()))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("a_pid")));
+    // B waits for the name; when its job starts, A's job must be gone.
+    let b = on(&url)
+        .args(["--ttl", "2s", "-w", "40s", "ac", "-c"])
+        .arg(format!(
+            "if kill -0 $(cat {}) 2>/dev/null; then echo overlap; else echo alone; fi",
+            a_pid.display()
+        ))
+        .stderr(Stdio::from(std::fs::File::create(scratch.path("b_err")).unwrap()))
+        .stdout(Stdio::piped())
+        .spawn();
+    let out = b.wait_with_output().unwrap();
+    let _ = wait_child(&mut a, Duration::from_secs(30));
+    let logs = format!("A: {}\nB: {}", scratch.read("a_err"), scratch.read("b_err"));
+    assert_eq!(text(&out.stdout).trim(), "alone", "B's job ran while A's did; {logs}");
+    assert!(
+        !scratch.read("a_err").contains("no longer ours"),
+        "A's lease was lost without a word from the server; {logs}"
+    );
+    let left = my.sql("SELECT COUNT(*) FROM app.lockrun_leases");
+    assert_eq!(left.trim(), "0", "a released lease stayed behind; {logs}");
+}
+
+/// A password that holds `/` or `?` unescaped (as passwords made by a
+/// generator often do): lockrun must not print any part of it, as the
+/// Redis engine does not. The MySQL URL reader splits at the first `?`
+/// and `/` before it looks for the `@`, so the password's start becomes
+/// a "port" quoted in the error, or the whole password becomes part of
+/// the "host:port/database" shown in every message.
+#[test]
+fn a_password_with_a_slash_or_question_mark_is_never_printed() {
+    let my = MyDb::new();
+    let port = my.server.port;
+    for (pw, pieces) in [
+        ("Zq9?Xw7", &["Zq9", "Xw7"][..]),
+        ("Zq9/Xw7", &["Zq9", "Xw7"][..]),
+        ("4321/Xw7", &["4321", "Xw7"][..]),
+    ] {
+        for url in [
+            format!("mysql://root:{pw}@127.0.0.1:{port}/{}", my.db),
+            format!("mysql://root:{pw}@127.0.0.1"),
+        ] {
+            let out = on(&url)
+                .args(["--timeout", "5s", "pw", "true"])
+                .output();
+            let all = format!("{}{}", out.stdout(), out.stderr());
+            for p in pieces {
+                assert!(!all.contains(p), "{url}: part {p:?} of the password shown: {all}");
+            }
+        }
+    }
+}
+
+/// A holder whose job runs until the scratch file `done` appears (or 60 s
+/// pass); returns once its job runs.
+fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> Child {
+    let child = on(url)
+        .args(["--ttl", ttl, name, "-c"])
+        .arg(format!(
+            "echo $$ > {}; i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+            scratch.path("pid").display(),
+            scratch.path("done").display()
+        ))
+        .stderr(Stdio::null())
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("pid")));
+    child
+}
+
+/// A server with `max_statement_time` set (MariaDB's guard against
+/// runaway queries, often set globally): every GET_LOCK a waiter blocks
+/// in is cut off after that time, and the waiter asks again at once, so
+/// ten waiters cost the server several times the ten statements a second
+/// they cost without it. The engine's session (src/backend/mysql/sql.rs
+/// `session`) does not lift the limit for its own connections.
+#[test]
+fn max_statement_time_on_the_server_does_not_make_waiters_poll() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--max-statement-time=0.5"]);
+    let url = my.url();
+    let scratch = Scratch::new();
+    let mut h = holder(&url, &scratch, "q", "30s");
+    let waiters: Vec<Reap> = (0..10)
+        .map(|_| Reap(on(&url).args(["-q", "q", "true"]).spawn()))
+        .collect();
+    wait_queued(&url, "q", 10);
+    let questions = || -> u64 {
+        my.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = questions();
+    let watched = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let spent = questions() - before - 1;
+    let per_second = spent as f64 / watched.elapsed().as_secs_f64();
+    std::fs::write(scratch.path("done"), "").unwrap();
+    let _ = wait_child(&mut h, Duration::from_secs(30));
+    for mut w in waiters {
+        let _ = wait_child(&mut w.0, Duration::from_secs(30));
+    }
+    assert!(per_second < 10.0, "ten waiters: {spent} statements in 10 s");
+}
