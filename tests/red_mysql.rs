@@ -137,3 +137,76 @@ fn max_statement_time_on_the_server_does_not_make_waiters_poll() {
     }
     assert!(per_second < 10.0, "ten waiters: {spent} statements in 10 s");
 }
+
+/// `release --force --now` wakes the name's waiters with `KILL QUERY` of
+/// the connection ids their rows recorded (src/backend/mysql/mod.rs, the
+/// `waiting_conns` poke; src/backend/mysql/client.rs `poke`). Connection
+/// ids start again from 1 when the server restarts, so the row of a
+/// waiter that died just before a restart names a connection that is now
+/// someone else's: lockrun interrupts an unrelated client's query.
+#[test]
+fn release_force_now_after_a_restart_interrupts_no_stranger() {
+    let _h = heavy();
+    let mut my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let mut h = holder(&url, &scratch, "kq", "60s");
+    let mut w = on(&url)
+        .args(["--ttl", "60s", "-q", "kq", "true"])
+        .stderr(Stdio::null())
+        .spawn();
+    wait_queued(&url, "kq", 1);
+    let stale: u64 = my
+        .sql("SELECT conn FROM app.lockrun_waiters")
+        .trim()
+        .parse()
+        .unwrap();
+    signal(w.id() as i32, libc::SIGKILL);
+    let _ = w.wait();
+    my.restart();
+    // Strangers: clients that run a long query, on the ids that come next.
+    let socket = my.socket();
+    let strangers: Vec<Reap> = (0..stale + 20)
+        .map(|_| {
+            Reap(
+                std::process::Command::new("mariadb")
+                    .arg("--no-defaults")
+                    .arg(format!("--socket={}", socket.display()))
+                    .args(["--skip-ssl", "-uroot", "-N", "-B", "-e", "SELECT SLEEP(40)"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let sleeping = |id: u64| {
+        my.sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.processlist \
+             WHERE id = {id} AND info LIKE 'SELECT SLEEP(40)%'"
+        ))
+        .trim()
+            == "1"
+    };
+    let n = strangers.len();
+    assert!(wait_until(Duration::from_secs(20), || {
+        my.sql(
+            "SELECT COUNT(*) FROM information_schema.processlist \
+             WHERE info LIKE 'SELECT SLEEP(40)%'",
+        )
+        .trim()
+            == n.to_string()
+    }));
+    let live = my.sql(&format!(
+        "SELECT COUNT(*) FROM app.lockrun_waiters WHERE conn = {stale} \
+         AND expires_at > UTC_TIMESTAMP(6)"
+    ));
+    assert_eq!(live.trim(), "1", "the dead waiter's place is still live");
+    assert!(sleeping(stale), "connection {stale} is now a stranger's");
+    on(&url).args(["release", "--force", "--now", "kq"]).succeeds();
+    std::thread::sleep(Duration::from_millis(500));
+    let ok = sleeping(stale);
+    let _ = wait_child(&mut h, Duration::from_secs(30));
+    drop(strangers);
+    assert!(ok, "lockrun interrupted connection {stale}, a stranger's query");
+}
