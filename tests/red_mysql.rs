@@ -210,3 +210,60 @@ fn release_force_now_after_a_restart_interrupts_no_stranger() {
     drop(strangers);
     assert!(ok, "lockrun interrupted connection {stale}, a stranger's query");
 }
+
+/// A user that may create lockrun's tables through a grant written with
+/// the escaped `_` the MySQL manual recommends (`my\_app`.*): doctor says
+/// "fail" (exit 69) although the first run creates the tables. doctor
+/// compares SHOW GRANTS text with the database name literally
+/// (src/backend/mysql/doctor.rs `may_create`), so any grant pattern
+/// (`\_`, `%`) is missed.
+#[test]
+fn doctor_does_not_fail_a_user_whose_grant_escapes_the_underscore() {
+    let my = MyDb::new();
+    let user = format!("dr{}", my.db);
+    let escaped = my.db.replace('_', "\\_");
+    my.sql(&format!(
+        "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY 'Dr-pw-1'; \
+         GRANT ALL PRIVILEGES ON `{escaped}`.* TO '{user}'@'127.0.0.1'"
+    ));
+    let url = my.server.url_as(&user, "Dr-pw-1", &my.db);
+    let doctor = on(&url).arg("doctor").output();
+    // The user may: the first run creates the tables and runs the job.
+    on(&url).args(["x", "-c", "echo ran"]).succeeds();
+    assert_ne!(
+        doctor.out.status.code(),
+        Some(69),
+        "doctor failed a user that may create the tables: {}",
+        doctor.stdout()
+    );
+}
+
+/// A user that may only read lockrun's tables, but holds INSERT, UPDATE
+/// and DELETE on another database: doctor says the user "may read and
+/// write them" (ok), and the first run is refused. doctor looks for the
+/// privilege words anywhere in SHOW GRANTS, whatever database a grant is
+/// on (src/backend/mysql/doctor.rs `tables`).
+#[test]
+fn doctor_does_not_pass_a_user_that_may_not_write_the_tables() {
+    let my = MyDb::new();
+    on(&my.url()).args(["x", "true"]).succeeds();
+    let other = my.server.database();
+    let user = format!("rd{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY 'Rd-pw-1'; \
+         GRANT SELECT ON `{db}`.* TO '{user}'@'127.0.0.1'; \
+         GRANT INSERT, UPDATE, DELETE ON `{other}`.* TO '{user}'@'127.0.0.1'",
+        db = my.db
+    ));
+    let url = my.server.url_as(&user, "Rd-pw-1", &my.db);
+    let run = on(&url).args(["x", "true"]).output();
+    assert_ne!(run.out.status.code(), Some(0), "a read-only user ran a job");
+    let doctor = on(&url).arg("doctor").output();
+    assert_ne!(
+        doctor.out.status.code(),
+        Some(0),
+        "doctor passed a user that cannot take a lease ({}): {}",
+        run.stderr(),
+        doctor.stdout()
+    );
+}
