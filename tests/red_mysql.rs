@@ -267,3 +267,90 @@ fn doctor_does_not_pass_a_user_that_may_not_write_the_tables() {
         doctor.stdout()
     );
 }
+
+/// A certificate made by our own CA for `db.internal` and 127.0.0.1 alone.
+fn make_certs(dir: &std::path::Path) {
+    let sh = |cmd: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir)
+            .output()
+            .expect("run sh");
+        assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
+    };
+    sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 \
+        -subj /CN=lockrun-red-ca 2>/dev/null");
+    sh("openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr \
+        -subj /CN=db.internal 2>/dev/null");
+    sh("printf 'subjectAltName=IP:127.0.0.1,DNS:db.internal\\n' > ext");
+    sh("openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt \
+        -days 2 -extfile ext 2>/dev/null");
+    sh("chmod 644 srv.key");
+}
+
+/// VERIFY_IDENTITY against a server whose certificate (of the right CA)
+/// names another host than the URL's: refused, as the mysql client
+/// refuses it; VERIFY_CA, which checks the CA alone, connects.
+#[test]
+fn verify_identity_refuses_a_certificate_for_another_name() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let p = |f: &str| certs.path().join(f).display().to_string();
+    let my = Mariadb::start_with(&[
+        &format!("--ssl-cert={}", p("srv.crt")),
+        &format!("--ssl-key={}", p("srv.key")),
+    ]);
+    let ca = p("ca.crt");
+    let base = format!("mysql://root:{MY_PASSWORD}@localhost:{}/app", my.port);
+    on(&format!("{base}?ssl-mode=VERIFY_CA"))
+        .args(["--tls-ca", &ca, "x", "true"])
+        .succeeds();
+    let out = on(&format!("{base}?ssl-mode=VERIFY_IDENTITY"))
+        .args(["--tls-ca", &ca, "x", "true"])
+        .code(69);
+    assert!(!out.stderr().contains(MY_PASSWORD));
+}
+
+/// A user whose connections are capped (MAX_USER_CONNECTIONS, or the
+/// server's max_user_connections): the holder opens its renewal
+/// connection only at the first renewal, finds every connection taken by
+/// waiters, and treats the server's 1226 ("has exceeded the
+/// 'max_user_connections' resource"; 1203 likewise) as a refusal: "lease
+/// lost", the job stopped at once, although the lease had two thirds of
+/// its ttl left to retry in. A crowd of waiters kills the job it waits
+/// for. (src/backend/mysql/client.rs `transient_code` lists 1040, too
+/// many connections, but neither 1203 nor 1226.)
+#[test]
+fn waiters_that_fill_the_connections_do_not_stop_the_holders_job() {
+    let my = MyDb::new();
+    let user = format!("mc{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY 'Mc-pw-1' \
+           WITH MAX_USER_CONNECTIONS 3; \
+         GRANT ALL PRIVILEGES ON `{}`.* TO '{user}'@'127.0.0.1'",
+        my.db
+    ));
+    let url = my.server.url_as(&user, "Mc-pw-1", &my.db);
+    let scratch = Scratch::new();
+    let h = on(&url)
+        .args(["--ttl", "6s", "mc", "-c", &long_job(&scratch.path("pid"), 5)])
+        .stderr(Stdio::piped())
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("pid")));
+    let waiters: Vec<Reap> = (0..2)
+        .map(|_| {
+            Reap(
+                on(&url)
+                    .args(["-q", "-w", "60s", "mc", "true"])
+                    .stderr(Stdio::null())
+                    .spawn(),
+            )
+        })
+        .collect();
+    let (code, err) = exited(h, Duration::from_secs(40));
+    for mut w in waiters {
+        let _ = wait_child(&mut w.0, Duration::from_secs(60));
+    }
+    assert_eq!(code, Some(0), "the holder's job was stopped: {err}");
+}
