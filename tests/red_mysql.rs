@@ -354,3 +354,84 @@ fn waiters_that_fill_the_connections_do_not_stop_the_holders_job() {
     }
     assert_eq!(code, Some(0), "the holder's job was stopped: {err}");
 }
+
+/// Ten lockruns take one name in turn while every connection of theirs
+/// is killed again and again (KILL CONNECTION, as a failover or a proxy
+/// restart would): whatever is cut, no two jobs overlap and tokens only
+/// rise. A job may be stopped (its lockrun exits 76 or 69), never doubled.
+#[test]
+fn connections_killed_at_random_never_let_two_jobs_overlap() {
+    let _h = heavy();
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let log = scratch.path("log");
+    let job = format!(
+        "echo start $LOCKRUN_TOKEN >> {l}; sleep 0.3; echo end $LOCKRUN_TOKEN >> {l}",
+        l = log.display()
+    );
+    let children: Vec<Reap> = (0..10)
+        .map(|_| {
+            Reap(
+                on(&url)
+                    .args(["--ttl", "3s", "-w", "120s", "kc", "-c", &job])
+                    .stderr(Stdio::null())
+                    .spawn(),
+            )
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let killer = {
+        let stop = stop.clone();
+        let db = my.db.clone();
+        let server = my.server;
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let ids = server.sql(&format!(
+                    "SELECT id FROM information_schema.processlist WHERE db = '{db}' \
+                     AND id <> CONNECTION_ID() ORDER BY RAND() LIMIT 2"
+                ));
+                for id in ids.split_whitespace() {
+                    server.try_kill(id);
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_millis(70 + (n * 37) % 90));
+            }
+        })
+    };
+    let mut codes = Vec::new();
+    for mut c in children {
+        codes.push(wait_child(&mut c.0, Duration::from_secs(150)).code());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    killer.join().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    // Every start is followed by its own end, or by nothing (a stopped
+    // job) and then no other job's lines before the lease could lapse.
+    let mut last = 0u64;
+    let mut open: Option<u64> = None;
+    for line in text.lines() {
+        let (what, t) = line.split_once(' ').unwrap();
+        let t: u64 = t.parse().unwrap();
+        match what {
+            "start" => {
+                assert!(t > last, "token {t} after {last}: {text}");
+                if let Some(o) = open {
+                    // A job that never ended: it must have been stopped
+                    // (not still running): allowed only if stopped.
+                    assert!(
+                        !text.contains(&format!("end {o}")),
+                        "job {o} ended after job {t} started: {text}"
+                    );
+                }
+                open = Some(t);
+                last = t;
+            }
+            _ => {
+                assert_eq!(open, Some(t), "job {t} ended inside another's run: {text}\n{codes:?}");
+                open = None;
+            }
+        }
+    }
+}
