@@ -13,13 +13,18 @@ fn long_job(pid_file: &std::path::Path, secs: u32) -> String {
 }
 
 /// A server whose global `autocommit` is off (a setting some operators
-/// choose in my.cnf): the holder's renewals and its release are plain
-/// statements that the server then never commits (src/backend/mysql/sql.rs
-/// `session` sets no `autocommit = 1`). Other lockruns see the lease lapse
-/// one ttl after the grant while the job still runs (they are kept out
-/// only by the row lock of the uncommitted renewal, or not at all once
-/// that connection is replaced), the holder is told at release that its
-/// lease was "no longer ours", and the released row stays behind.
+/// choose in my.cnf, or give non-SUPER users through init_connect): the
+/// holder's renewals and its release are plain statements that the server
+/// then never commits (src/backend/mysql/sql.rs `session` sets no
+/// `autocommit = 1`; src/backend/mysql/mod.rs `MyRenewer::renew` and
+/// `MyHeld::release` send no COMMIT). On the server the lease lapses one
+/// ttl after the grant while the job runs on; only the row lock of the
+/// uncommitted renewal keeps a waiter out (it then fails on lock wait
+/// timeouts until it gives up, well before its -w). Once that connection is cut
+/// (a KILL, a proxy, a failover: what lockrun otherwise rides out), the
+/// waiter is granted at once while the first job still runs: two jobs at
+/// once. The release is rolled back too: the row stays behind, and the
+/// holder is told its lease was "no longer ours".
 #[test]
 fn autocommit_off_on_the_server_still_renews_and_releases() {
     let _h = heavy();
@@ -28,13 +33,13 @@ fn autocommit_off_on_the_server_still_renews_and_releases() {
     let scratch = Scratch::new();
     let a_pid = scratch.path("a_pid");
     let mut a = on(&url)
-        .args(["-v", "--ttl", "2s", "ac", "-c", &long_job(&a_pid, 7)])
+        .args(["-v", "--ttl", "3s", "ac", "-c", &long_job(&a_pid, 10)])
         .stderr(Stdio::from(std::fs::File::create(scratch.path("a_err")).unwrap()))
         .spawn();
     assert!(wait_until(Duration::from_secs(20), || scratch.exists("a_pid")));
     // B waits for the name; when its job starts, A's job must be gone.
     let b = on(&url)
-        .args(["--ttl", "2s", "-w", "40s", "ac", "-c"])
+        .args(["-v", "--ttl", "3s", "-w", "40s", "ac", "-c"])
         .arg(format!(
             "if kill -0 $(cat {}) 2>/dev/null; then echo overlap; else echo alone; fi",
             a_pid.display()
@@ -42,10 +47,29 @@ fn autocommit_off_on_the_server_still_renews_and_releases() {
         .stderr(Stdio::from(std::fs::File::create(scratch.path("b_err")).unwrap()))
         .stdout(Stdio::piped())
         .spawn();
+    // A renews every second; what the server has committed lapses anyway.
+    let lapsed = wait_until(Duration::from_secs(15), || {
+        my.sql(
+            "SELECT COUNT(*) FROM app.lockrun_leases \
+             WHERE name = 'ac' AND expires_at < UTC_TIMESTAMP(6)",
+        )
+        .trim()
+            == "1"
+    });
+    // Cut every connection of lockrun's once, as the engine's own tests
+    // do to show the lease survives it.
+    let ids = my.sql(
+        "SELECT id FROM information_schema.processlist WHERE db = 'app' \
+         AND id <> CONNECTION_ID()",
+    );
+    for id in ids.split_whitespace() {
+        my.try_kill(id);
+    }
     let out = b.wait_with_output().unwrap();
     let _ = wait_child(&mut a, Duration::from_secs(30));
     let logs = format!("A: {}\nB: {}", scratch.read("a_err"), scratch.read("b_err"));
     assert_eq!(text(&out.stdout).trim(), "alone", "B's job ran while A's did; {logs}");
+    assert!(!lapsed, "the running job's lease lapsed on the server; {logs}");
     assert!(
         !scratch.read("a_err").contains("no longer ours"),
         "A's lease was lost without a word from the server; {logs}"
