@@ -459,3 +459,55 @@ fn connections_killed_at_random_never_let_two_jobs_overlap() {
         }
     }
 }
+
+/// Names that MariaDB's default collations call equal ("Deploy" and
+/// "deploy", "é" and "e", "a " and "a") are distinct locks everywhere:
+/// taking, status and release agree.
+#[test]
+fn names_equal_under_a_collation_are_distinct_everywhere() {
+    let my = MyDb::new();
+    let url = my.url();
+    for (a, b) in [("Deploy", "deploy"), ("é", "e"), ("a ", "a"), ("x_y", "x%y"), ("𝄞", "\u{fffd}")] {
+        let scratch = Scratch::new();
+        let mut h = holder(&url, &scratch, a, "10s");
+        on(&url).args(["-n", b, "true"]).succeeds();
+        let st = on(&url).args(["status", "--json", b]).output().json();
+        assert_eq!(st["held"], false, "{b:?} shows as held while {a:?} is: {st}");
+        on(&url).args(["release", "--force", b]).code(1);
+        let st = on(&url).args(["status", "--json", a]).output().json();
+        assert_eq!(st["held"], true, "{a:?}: {st}");
+        std::fs::write(scratch.path("done"), "").unwrap();
+        assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0));
+    }
+}
+
+/// Server-wide sql_mode values that change how SQL reads (ORACLE,
+/// ANSI_QUOTES, NO_BACKSLASH_ESCAPES, PIPES_AS_CONCAT, none at all):
+/// a hand-off through the queue, --supersede, --preempt and status work.
+#[test]
+fn sql_modes_that_change_how_sql_reads_change_nothing() {
+    let _h = heavy();
+    for mode in ["ORACLE", "ANSI,NO_BACKSLASH_ESCAPES", ""] {
+        let my = Mariadb::start_with(&[&format!("--sql-mode={mode}")]);
+        let url = my.url();
+        let scratch = Scratch::new();
+        let mut h = holder(&url, &scratch, "m", "10s");
+        let mut w = on(&url).args(["-q", "-w", "30s", "m", "true"]).spawn();
+        wait_queued(&url, "m", 1);
+        let sup = on(&url).args(["--supersede", "-q", "-w", "30s", "m", "true"]).spawn();
+        wait_queued(&url, "m", 2);
+        let sup2 = on(&url).args(["--supersede", "-q", "-w", "30s", "m", "true"]).spawn();
+        let (code, err) = exited(sup, Duration::from_secs(30));
+        assert_eq!(code, Some(75), "{mode}: the older --supersede request: {err}");
+        std::fs::write(scratch.path("done"), "").unwrap();
+        assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0), "{mode}");
+        assert_eq!(wait_child(&mut w, Duration::from_secs(30)).code(), Some(0), "{mode}");
+        let (code, err) = exited(sup2, Duration::from_secs(30));
+        assert_eq!(code, Some(0), "{mode}: {err}");
+        let s2 = Scratch::new();
+        let mut h2 = holder(&url, &s2, "p", "10s");
+        on(&url).args(["--preempt", "-q", "-w", "30s", "p", "true"]).succeeds();
+        assert_ne!(wait_child(&mut h2, Duration::from_secs(30)).code(), Some(0), "{mode}");
+        assert_eq!(my.sql("SELECT COUNT(*) FROM app.lockrun_leases").trim(), "0", "{mode}");
+    }
+}
