@@ -511,3 +511,73 @@ fn sql_modes_that_change_how_sql_reads_change_nothing() {
         assert_eq!(my.sql("SELECT COUNT(*) FROM app.lockrun_leases").trim(), "0", "{mode}");
     }
 }
+
+/// Ten lockruns at once on a fresh --prefix, with a status and a doctor
+/// among them: the tables are made once, every job runs, tokens differ.
+#[test]
+fn ten_first_users_of_a_fresh_prefix_all_succeed() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..10)
+        .map(|i| {
+            on(&url)
+                .args(["--prefix", "fresh_p:", "-w", "60s", "t", "-c"])
+                .arg(format!(
+                    "echo $LOCKRUN_TOKEN > {}",
+                    scratch.path(&format!("t{i}")).display()
+                ))
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .collect();
+    on(&url).args(["--prefix", "fresh_p:", "status", "t"]).output();
+    on(&url).args(["--prefix", "fresh_p:", "doctor"]).output();
+    for c in children {
+        let (code, err) = exited(c, Duration::from_secs(90));
+        assert_eq!(code, Some(0), "{err}");
+    }
+    let mut tokens: Vec<String> = (0..10).map(|i| scratch.read(&format!("t{i}"))).collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 10, "{tokens:?}");
+    let n = my.sql(&format!(
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = '{}'",
+        my.db
+    ));
+    assert_eq!(n.trim(), "3");
+}
+
+/// The connection a waiter blocks in (GET_LOCK) is killed again and
+/// again: the waiter neither gives up nor loses its turn, and is granted
+/// at the release.
+#[test]
+fn killing_the_waiters_blocking_connection_keeps_it_waiting() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let mut h = holder(&url, &scratch, "kw", "30s");
+    let w = on(&url)
+        .args(["-q", "-w", "60s", "kw", "-c", "echo got"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    wait_queued(&url, "kw", 1);
+    for _ in 0..5 {
+        let ids = my.sql(
+            "SELECT id FROM information_schema.processlist WHERE info LIKE '%GET_LOCK%' \
+             AND id <> CONNECTION_ID()",
+        );
+        for id in ids.split_whitespace() {
+            my.server.try_kill(id);
+        }
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    wait_queued(&url, "kw", 1);
+    let released = std::time::Instant::now();
+    std::fs::write(scratch.path("done"), "").unwrap();
+    assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0));
+    let out = w.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(released.elapsed() < Duration::from_secs(5), "{:?}", released.elapsed());
+}
