@@ -581,3 +581,35 @@ fn killing_the_waiters_blocking_connection_keeps_it_waiting() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(released.elapsed() < Duration::from_secs(5), "{:?}", released.elapsed());
 }
+
+/// A server that logs statements for replication (binlog_format =
+/// STATEMENT, the MySQL 5.x default still found on old primaries):
+/// lockrun runs a job and hands the name on. It does not: every session
+/// is READ COMMITTED (src/backend/mysql/sql.rs `session`), under which
+/// InnoDB cannot log statements, so every write fails with 1665 (exit 69)
+/// after the tables were created; and doctor passes the server.
+#[test]
+fn a_statement_binlog_server_runs_jobs() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--log-bin=binlog", "--binlog-format=STATEMENT", "--server-id=1"]);
+    let url = my.url();
+    let doctor = on(&url).arg("doctor").output();
+    let out = on(&url).args(["sb", "-c", "echo ran"]).output();
+    if out.out.status.code() != Some(0) {
+        assert_ne!(
+            doctor.out.status.code(),
+            Some(0),
+            "doctor passed a server where no job can run: {}",
+            doctor.stdout()
+        );
+    }
+    assert_eq!(out.out.status.code(), Some(0), "{}", out.stderr());
+    let scratch = Scratch::new();
+    let mut h = holder(&url, &scratch, "sb", "3s");
+    let w = on(&url).args(["-q", "-w", "30s", "sb", "-c", "echo got"]).stderr(Stdio::piped()).spawn();
+    wait_queued(&url, "sb", 1);
+    std::fs::write(scratch.path("done"), "").unwrap();
+    assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0));
+    let (code, err) = exited(w, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{err}");
+}
