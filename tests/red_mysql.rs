@@ -613,3 +613,52 @@ fn a_statement_binlog_server_runs_jobs() {
     let (code, err) = exited(w, Duration::from_secs(30));
     assert_eq!(code, Some(0), "{err}");
 }
+
+/// A server that puts every new table in Aria (enforce_storage_engine,
+/// without NO_ENGINE_SUBSTITUTION; the same tables an operator made or
+/// altered to a non-transactional engine): lockrun's CREATE TABLE …
+/// ENGINE=InnoDB silently makes tables without transactions or row locks,
+/// and nothing checks the tables' engine (src/backend/mysql/sql.rs
+/// `Tables::create`, src/backend/mysql/take.rs `create`; doctor neither),
+/// so `SELECT … FOR UPDATE` on the counter serializes nothing: lockruns
+/// that start together all take the name. lockrun must refuse such
+/// tables, or keep the jobs apart.
+#[test]
+fn tables_without_transactions_are_refused_or_still_exclusive() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--enforce-storage-engine=Aria", "--sql-mode="]);
+    let url = my.url();
+    let engines = || {
+        my.sql(
+            "SELECT GROUP_CONCAT(DISTINCT engine) FROM information_schema.tables \
+             WHERE table_schema = 'app'",
+        )
+    };
+    for round in 0..4 {
+        let scratch = Scratch::new();
+        let log = scratch.path("log");
+        let job = format!(
+            "echo start $LOCKRUN_TOKEN >> {l}; sleep 0.1; echo end $LOCKRUN_TOKEN >> {l}",
+            l = log.display()
+        );
+        let name = format!("e{round}");
+        let children: Vec<Child> = (0..16)
+            .map(|_| {
+                on(&url)
+                    .args(["--ttl", "5s", "-w", "90s", &name, "-c", &job])
+                    .stderr(Stdio::piped())
+                    .spawn()
+            })
+            .collect();
+        for c in children {
+            let _ = exited(c, Duration::from_secs(120));
+        }
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        for pair in lines.chunks(2) {
+            let same = pair.len() == 2
+                && pair[0].strip_prefix("start ") == pair[1].strip_prefix("end ");
+            assert!(same, "tables in {}: jobs overlapped: {text}", engines().trim());
+        }
+    }
+}
