@@ -34,7 +34,9 @@ fn autocommit_off_on_the_server_still_renews_and_releases() {
     let a_pid = scratch.path("a_pid");
     let mut a = on(&url)
         .args(["-v", "--ttl", "3s", "ac", "-c", &long_job(&a_pid, 10)])
-        .stderr(Stdio::from(std::fs::File::create(scratch.path("a_err")).unwrap()))
+        .stderr(Stdio::from(
+            std::fs::File::create(scratch.path("a_err")).unwrap(),
+        ))
         .spawn();
     assert!(wait_until(Duration::from_secs(20), || scratch.exists("a_pid")));
     // B waits for the name; when its job starts, A's job must be gone.
@@ -44,7 +46,9 @@ fn autocommit_off_on_the_server_still_renews_and_releases() {
             "if kill -0 $(cat {}) 2>/dev/null; then echo overlap; else echo alone; fi",
             a_pid.display()
         ))
-        .stderr(Stdio::from(std::fs::File::create(scratch.path("b_err")).unwrap()))
+        .stderr(Stdio::from(
+            std::fs::File::create(scratch.path("b_err")).unwrap(),
+        ))
         .stdout(Stdio::piped())
         .spawn();
     // A renews every second; what the server has committed lapses anyway.
@@ -68,8 +72,15 @@ fn autocommit_off_on_the_server_still_renews_and_releases() {
     let out = b.wait_with_output().unwrap();
     let _ = wait_child(&mut a, Duration::from_secs(30));
     let logs = format!("A: {}\nB: {}", scratch.read("a_err"), scratch.read("b_err"));
-    assert_eq!(text(&out.stdout).trim(), "alone", "B's job ran while A's did; {logs}");
-    assert!(!lapsed, "the running job's lease lapsed on the server; {logs}");
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "alone",
+        "B's job ran while A's did; {logs}"
+    );
+    assert!(
+        !lapsed,
+        "the running job's lease lapsed on the server; {logs}"
+    );
     assert!(
         !scratch.read("a_err").contains("no longer ours"),
         "A's lease was lost without a word from the server; {logs}"
@@ -97,12 +108,13 @@ fn a_password_with_a_slash_or_question_mark_is_never_printed() {
             format!("mysql://root:{pw}@127.0.0.1:{port}/{}", my.db),
             format!("mysql://root:{pw}@127.0.0.1"),
         ] {
-            let out = on(&url)
-                .args(["--timeout", "5s", "pw", "true"])
-                .output();
+            let out = on(&url).args(["--timeout", "5s", "pw", "true"]).output();
             let all = format!("{}{}", out.stdout(), out.stderr());
             for p in pieces {
-                assert!(!all.contains(p), "{url}: part {p:?} of the password shown: {all}");
+                assert!(
+                    !all.contains(p),
+                    "{url}: part {p:?} of the password shown: {all}"
+                );
             }
         }
     }
@@ -227,12 +239,17 @@ fn release_force_now_after_a_restart_interrupts_no_stranger() {
     ));
     assert_eq!(live.trim(), "1", "the dead waiter's place is still live");
     assert!(sleeping(stale), "connection {stale} is now a stranger's");
-    on(&url).args(["release", "--force", "--now", "kq"]).succeeds();
+    on(&url)
+        .args(["release", "--force", "--now", "kq"])
+        .succeeds();
     std::thread::sleep(Duration::from_millis(500));
     let ok = sleeping(stale);
     let _ = wait_child(&mut h, Duration::from_secs(30));
     drop(strangers);
-    assert!(ok, "lockrun interrupted connection {stale}, a stranger's query");
+    assert!(
+        ok,
+        "lockrun interrupted connection {stale}, a stranger's query"
+    );
 }
 
 /// A user that may create lockrun's tables through a grant written with
@@ -303,13 +320,19 @@ fn make_certs(dir: &std::path::Path) {
             .expect("run sh");
         assert!(out.status.success(), "{cmd}: {}", text(&out.stderr));
     };
-    sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 \
-        -subj /CN=lockrun-red-ca 2>/dev/null");
-    sh("openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr \
-        -subj /CN=db.internal 2>/dev/null");
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 \
+        -subj /CN=lockrun-red-ca 2>/dev/null",
+    );
+    sh(
+        "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr \
+        -subj /CN=db.internal 2>/dev/null",
+    );
     sh("printf 'subjectAltName=IP:127.0.0.1,DNS:db.internal\\n' > ext");
-    sh("openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt \
-        -days 2 -extfile ext 2>/dev/null");
+    sh(
+        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt \
+        -days 2 -extfile ext 2>/dev/null",
+    );
     sh("chmod 644 srv.key");
 }
 
@@ -358,7 +381,13 @@ fn waiters_that_fill_the_connections_do_not_stop_the_holders_job() {
     let url = my.server.url_as(&user, "Mc-pw-1", &my.db);
     let scratch = Scratch::new();
     let h = on(&url)
-        .args(["--ttl", "6s", "mc", "-c", &long_job(&scratch.path("pid"), 5)])
+        .args([
+            "--ttl",
+            "6s",
+            "mc",
+            "-c",
+            &long_job(&scratch.path("pid"), 5),
+        ])
         .stderr(Stdio::piped())
         .spawn();
     assert!(wait_until(Duration::from_secs(20), || scratch.exists("pid")));
@@ -453,7 +482,11 @@ fn connections_killed_at_random_never_let_two_jobs_overlap() {
                 last = t;
             }
             _ => {
-                assert_eq!(open, Some(t), "job {t} ended inside another's run: {text}\n{codes:?}");
+                assert_eq!(
+                    open,
+                    Some(t),
+                    "job {t} ended inside another's run: {text}\n{codes:?}"
+                );
                 open = None;
             }
         }
@@ -467,12 +500,21 @@ fn connections_killed_at_random_never_let_two_jobs_overlap() {
 fn names_equal_under_a_collation_are_distinct_everywhere() {
     let my = MyDb::new();
     let url = my.url();
-    for (a, b) in [("Deploy", "deploy"), ("é", "e"), ("a ", "a"), ("x_y", "x%y"), ("𝄞", "\u{fffd}")] {
+    for (a, b) in [
+        ("Deploy", "deploy"),
+        ("é", "e"),
+        ("a ", "a"),
+        ("x_y", "x%y"),
+        ("𝄞", "\u{fffd}"),
+    ] {
         let scratch = Scratch::new();
         let mut h = holder(&url, &scratch, a, "10s");
         on(&url).args(["-n", b, "true"]).succeeds();
         let st = on(&url).args(["status", "--json", b]).output().json();
-        assert_eq!(st["held"], false, "{b:?} shows as held while {a:?} is: {st}");
+        assert_eq!(
+            st["held"], false,
+            "{b:?} shows as held while {a:?} is: {st}"
+        );
         on(&url).args(["release", "--force", b]).code(1);
         let st = on(&url).args(["status", "--json", a]).output().json();
         assert_eq!(st["held"], true, "{a:?}: {st}");
@@ -494,21 +536,47 @@ fn sql_modes_that_change_how_sql_reads_change_nothing() {
         let mut h = holder(&url, &scratch, "m", "10s");
         let mut w = on(&url).args(["-q", "-w", "30s", "m", "true"]).spawn();
         wait_queued(&url, "m", 1);
-        let sup = on(&url).args(["--supersede", "-q", "-w", "30s", "m", "true"]).spawn();
+        let sup = on(&url)
+            .args(["--supersede", "-q", "-w", "30s", "m", "true"])
+            .spawn();
         wait_queued(&url, "m", 2);
-        let sup2 = on(&url).args(["--supersede", "-q", "-w", "30s", "m", "true"]).spawn();
+        let sup2 = on(&url)
+            .args(["--supersede", "-q", "-w", "30s", "m", "true"])
+            .spawn();
         let (code, err) = exited(sup, Duration::from_secs(30));
-        assert_eq!(code, Some(75), "{mode}: the older --supersede request: {err}");
+        assert_eq!(
+            code,
+            Some(75),
+            "{mode}: the older --supersede request: {err}"
+        );
         std::fs::write(scratch.path("done"), "").unwrap();
-        assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0), "{mode}");
-        assert_eq!(wait_child(&mut w, Duration::from_secs(30)).code(), Some(0), "{mode}");
+        assert_eq!(
+            wait_child(&mut h, Duration::from_secs(30)).code(),
+            Some(0),
+            "{mode}"
+        );
+        assert_eq!(
+            wait_child(&mut w, Duration::from_secs(30)).code(),
+            Some(0),
+            "{mode}"
+        );
         let (code, err) = exited(sup2, Duration::from_secs(30));
         assert_eq!(code, Some(0), "{mode}: {err}");
         let s2 = Scratch::new();
         let mut h2 = holder(&url, &s2, "p", "10s");
-        on(&url).args(["--preempt", "-q", "-w", "30s", "p", "true"]).succeeds();
-        assert_ne!(wait_child(&mut h2, Duration::from_secs(30)).code(), Some(0), "{mode}");
-        assert_eq!(my.sql("SELECT COUNT(*) FROM app.lockrun_leases").trim(), "0", "{mode}");
+        on(&url)
+            .args(["--preempt", "-q", "-w", "30s", "p", "true"])
+            .succeeds();
+        assert_ne!(
+            wait_child(&mut h2, Duration::from_secs(30)).code(),
+            Some(0),
+            "{mode}"
+        );
+        assert_eq!(
+            my.sql("SELECT COUNT(*) FROM app.lockrun_leases").trim(),
+            "0",
+            "{mode}"
+        );
     }
 }
 
@@ -531,7 +599,9 @@ fn ten_first_users_of_a_fresh_prefix_all_succeed() {
                 .spawn()
         })
         .collect();
-    on(&url).args(["--prefix", "fresh_p:", "status", "t"]).output();
+    on(&url)
+        .args(["--prefix", "fresh_p:", "status", "t"])
+        .output();
     on(&url).args(["--prefix", "fresh_p:", "doctor"]).output();
     for c in children {
         let (code, err) = exited(c, Duration::from_secs(90));
@@ -579,7 +649,11 @@ fn killing_the_waiters_blocking_connection_keeps_it_waiting() {
     assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0));
     let out = w.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(released.elapsed() < Duration::from_secs(5), "{:?}", released.elapsed());
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        released.elapsed()
+    );
 }
 
 /// A server that logs statements for replication (binlog_format =
@@ -591,7 +665,11 @@ fn killing_the_waiters_blocking_connection_keeps_it_waiting() {
 #[test]
 fn a_statement_binlog_server_runs_jobs() {
     let _h = heavy();
-    let my = Mariadb::start_with(&["--log-bin=binlog", "--binlog-format=STATEMENT", "--server-id=1"]);
+    let my = Mariadb::start_with(&[
+        "--log-bin=binlog",
+        "--binlog-format=STATEMENT",
+        "--server-id=1",
+    ]);
     let url = my.url();
     let doctor = on(&url).arg("doctor").output();
     let out = on(&url).args(["sb", "-c", "echo ran"]).output();
@@ -606,7 +684,10 @@ fn a_statement_binlog_server_runs_jobs() {
     assert_eq!(out.out.status.code(), Some(0), "{}", out.stderr());
     let scratch = Scratch::new();
     let mut h = holder(&url, &scratch, "sb", "3s");
-    let w = on(&url).args(["-q", "-w", "30s", "sb", "-c", "echo got"]).stderr(Stdio::piped()).spawn();
+    let w = on(&url)
+        .args(["-q", "-w", "30s", "sb", "-c", "echo got"])
+        .stderr(Stdio::piped())
+        .spawn();
     wait_queued(&url, "sb", 1);
     std::fs::write(scratch.path("done"), "").unwrap();
     assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0));
@@ -656,9 +737,13 @@ fn tables_without_transactions_are_refused_or_still_exclusive() {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         for pair in lines.chunks(2) {
-            let same = pair.len() == 2
-                && pair[0].strip_prefix("start ") == pair[1].strip_prefix("end ");
-            assert!(same, "tables in {}: jobs overlapped: {text}", engines().trim());
+            let same =
+                pair.len() == 2 && pair[0].strip_prefix("start ") == pair[1].strip_prefix("end ");
+            assert!(
+                same,
+                "tables in {}: jobs overlapped: {text}",
+                engines().trim()
+            );
         }
     }
 }
