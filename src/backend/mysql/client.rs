@@ -393,6 +393,8 @@ fn transient_code(code: u16) -> bool {
     matches!(
         code,
         1040 // too many connections
+            | 1203 // the user's connections are all in use (max_user_connections)
+            | 1226 // a user resource limit reached (MAX_USER_CONNECTIONS, an hourly cap)
             | 1053 // server shutdown in progress
             | 1077 // normal shutdown
             | 1079 // shutdown complete
@@ -458,7 +460,7 @@ mod tests {
     #[test]
     fn server_errors_fall_in_the_documented_classes() {
         let url = super::super::address::tests_url();
-        for code in [1205, 1213, 1053, 2013, 1927, 1040] {
+        for code in [1205, 1213, 1053, 2013, 1927, 1040, 1203, 1226] {
             assert!(kind(code, "x".into(), &url).is_transient(), "{code}");
         }
         for code in [1045, 1044, 1142, 1290, 1836, 1054, 1049] {

@@ -22,7 +22,7 @@ mod queue;
 mod sql;
 mod take;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use address::{MyUrl, parse};
@@ -262,11 +262,14 @@ struct Row {
     ttl_ms: i64,
 }
 
-/// A MySQL lease: our row, and the connection it was granted on, which
-/// holds the lease's wake-up lock for the waiters (release needs no new
-/// connect).
+/// A MySQL lease: our row, the connection it was granted on, which holds
+/// the lease's wake-up lock for the waiters (release needs no new
+/// connect), and the first renewer's connection, opened at the grant: a
+/// user whose connections are capped and then all taken by waiters still
+/// renews.
 struct MyHeld {
     client: Client,
+    spare: Arc<Mutex<Option<Client>>>,
     row: Row,
     min_hold: Option<Duration>,
 }
@@ -274,7 +277,14 @@ struct MyHeld {
 impl MyHeld {
     fn new(mut client: Client, tables: &Tables, req: &Request, slot: u32) -> MyHeld {
         client.wait = Duration::ZERO;
+        let mut spare = client.fresh();
+        // Best effort: without it the first renewal connects.
+        let spare = match spare.run(&["DO 0".into()]) {
+            Ok(_) => Some(spare),
+            Err(_) => None,
+        };
         MyHeld {
+            spare: Arc::new(Mutex::new(spare)),
             row: Row {
                 tables: tables.clone(),
                 name: req.name.to_string(),
@@ -292,9 +302,11 @@ impl Held for MyHeld {
     fn renewer(&self) -> Renewing {
         // Any connection can extend the row: each renewer opens its own.
         let (client, row) = (self.client.fresh(), self.row.clone());
+        let spare = Arc::clone(&self.spare);
         Renewing::Anywhere(Box::new(move || {
+            let opened = spare.lock().ok().and_then(|mut s| s.take());
             Box::new(MyRenewer {
-                client: client.fresh(),
+                client: opened.unwrap_or_else(|| client.fresh()),
                 row: row.clone(),
             })
         }))
