@@ -322,13 +322,23 @@ impl Client {
             }
             None => format!("GET_LOCK({key}, {secs:.3})"),
         };
-        stmts.push(format!("SELECT {wait}, RELEASE_LOCK({key})"));
+        let hint = sql::wait_hint((d + self.op).as_millis() as u64);
+        stmts.push(format!("SELECT {hint} {wait}, RELEASE_LOCK({key})"));
         let started = crate::clock::Boot::now();
         // Interrupted (`KILL QUERY` from a request that changed our place):
         // woken, the connection as good as before.
-        let f = self.flight_keeping(&stmts, &[1317]);
+        let f = self.flight_keeping(&stmts, &[1317, 1969, 3024]);
         match f.failed {
             Some(_) if self.last_code == Some(1317) => Ok(Woke::Woken),
+            Some(_) if matches!(self.last_code, Some(c) if sql::STATEMENT_TIME.contains(&c)) => {
+                // Cut by a statement time limit the session could not
+                // lift: sleep out the wait rather than ask again at once.
+                let spent = crate::clock::Boot::now().since(started);
+                if spent < d {
+                    std::thread::sleep(d - spent);
+                }
+                Ok(Woke::TimedOut)
+            }
             None => {
                 let got = f
                     .sets

@@ -70,19 +70,33 @@ fn holder_columns(t: &str) -> String {
 }
 
 /// The session settings of every connection: READ COMMITTED, a lock wait
-/// bounded near the bound on one request, and autocommit on whatever the
+/// bounded near the bound on one request, autocommit on whatever the
 /// server's default (`autocommit = 0` in my.cnf or `init_connect` would
 /// leave a renewal or a release uncommitted: the lease would lapse on the
 /// server while the job runs, kept only by a row lock a cut connection
-/// drops).
+/// drops), and on MariaDB no `max_statement_time` (it would cut every
+/// blocking wake-up wait short; lockrun bounds each call itself). The
+/// `/*M! */` part is read by MariaDB alone; MySQL's `max_execution_time`
+/// is lifted where it applies, in the waiting `SELECT` (`wait_hint`).
 pub fn session(op: Duration) -> String {
     let secs = op.as_secs_f64().ceil().max(1.0) as u64;
     format!(
-        "SET SESSION autocommit = 1; \
+        "SET SESSION autocommit = 1 /*M!100100 , max_statement_time = 0 */; \
          SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          SET SESSION innodb_lock_wait_timeout = {secs}"
     )
 }
+
+/// The optimizer hint that lets MySQL's `SELECT` that waits run `ms`
+/// milliseconds whatever `max_execution_time` says (MariaDB reads it as
+/// a comment).
+pub fn wait_hint(ms: u64) -> String {
+    format!("/*+ MAX_EXECUTION_TIME({ms}) */")
+}
+
+/// The server's numbers for a statement cut by its time limit:
+/// MariaDB's `max_statement_time`, MySQL's `max_execution_time`.
+pub const STATEMENT_TIME: [u16; 2] = [1969, 3024];
 
 /// The GET_LOCK name of an owner's place (`w`) or lease (`h`): a waiter
 /// blocks on the one ahead of it, so a release or a grant wakes it.
