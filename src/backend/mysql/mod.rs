@@ -232,7 +232,7 @@ impl Engine for Mysql {
                 // the holder's lockrun ends.
                 let deleted = broken.iter().any(|h| h.ttl_left.is_none());
                 let wake: Vec<String> = deleted
-                    .then(|| tables.waiting_conns(name))
+                    .then(|| tables.waiting_conns(name, !c.no_wake))
                     .into_iter()
                     .collect();
                 let sets = take::commit(c, wake, Vec::new())?;

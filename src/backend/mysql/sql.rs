@@ -104,6 +104,15 @@ pub fn wake_key(kind: char, owner_col: &str) -> String {
     format!("CONCAT('lockrun:{kind}:', SHA1({owner_col}))")
 }
 
+/// A waiters-table row's connection still holds the row's wake-up lock.
+fn still_waiting(wake: bool) -> String {
+    if wake {
+        format!("IS_USED_LOCK({}) = conn", wake_key('w', "owner"))
+    } else {
+        "FALSE".into()
+    }
+}
+
 /// lockrun's tables (from `--prefix`) in the URL's database.
 #[derive(Debug, Clone)]
 pub struct Tables {
@@ -359,22 +368,29 @@ impl Tables {
     }
 
     /// The connections that wait in the places `replace` will mark, to
-    /// wake them.
-    pub fn to_replace(&self, name: &str) -> String {
+    /// wake them (see `waiting_conns`).
+    pub fn to_replace(&self, name: &str, wake: bool) -> String {
         format!(
-            "SELECT conn FROM {} WHERE name = {} AND owner LIKE {} AND expires_at > {NOW}",
+            "SELECT conn FROM {} WHERE name = {} AND owner LIKE {} AND expires_at > {NOW} \
+               AND {}",
             self.waiters,
             lit(name),
             lit(&format!("{SUPERSEDE}%")),
+            still_waiting(wake),
         )
     }
 
-    /// The connections that wait in the name's live places.
-    pub fn waiting_conns(&self, name: &str) -> String {
+    /// The connections that wait in the name's live places, to wake them
+    /// with `KILL QUERY`: only a connection that still holds its place's
+    /// wake-up lock is its waiter's (a connection id recorded before a
+    /// server restart may now be anyone's). None where `GET_LOCK` is
+    /// refused: no waiter blocks then.
+    pub fn waiting_conns(&self, name: &str, wake: bool) -> String {
         format!(
-            "SELECT conn FROM {} WHERE name = {} AND expires_at > {NOW}",
+            "SELECT conn FROM {} WHERE name = {} AND expires_at > {NOW} AND {}",
             self.waiters,
-            lit(name)
+            lit(name),
+            still_waiting(wake),
         )
     }
 

@@ -347,7 +347,7 @@ fn look(
     // The places it replaces, read first, then marked.
     let replace = || {
         [
-            tables.to_replace(name),
+            tables.to_replace(name, !c.no_wake),
             tables.replace(name, &req.owner.shown, keep_ms),
         ]
     };
