@@ -35,6 +35,8 @@ pub struct Client {
     /// The server refused `GET_LOCK` (Galera, a proxy): waiting falls back
     /// to sleeping until what is in the way lapses.
     pub no_wake: bool,
+    /// The server logs statements: every session sets `binlog_format = ROW`.
+    pub row_binlog: bool,
 }
 
 impl Transport for Client {
@@ -98,6 +100,7 @@ impl Client {
             last_code: None,
             locked: None,
             no_wake: false,
+            row_binlog: false,
         }
     }
 
@@ -107,6 +110,7 @@ impl Client {
         Client {
             replied: self.replied,
             no_wake: self.no_wake,
+            row_binlog: self.row_binlog,
             ..Client::new(Arc::clone(&self.url), self.op)
         }
     }
@@ -231,7 +235,7 @@ impl Client {
         let mut text = String::new();
         let mut skip = 0;
         if fresh {
-            let session = sql::session(self.op);
+            let session = sql::session(self.op, self.row_binlog);
             // Each of the session's statements answers with a set of its own.
             skip = session.split(';').count();
             text.push_str(&session);

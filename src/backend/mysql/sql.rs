@@ -78,14 +78,33 @@ fn holder_columns(t: &str) -> String {
 /// blocking wake-up wait short; lockrun bounds each call itself). The
 /// `/*M! */` part is read by MariaDB alone; MySQL's `max_execution_time`
 /// is lifted where it applies, in the waiting `SELECT` (`wait_hint`).
-pub fn session(op: Duration) -> String {
+/// With `row_binlog`, the session logs rows (`ROW_BINLOG`).
+pub fn session(op: Duration, row_binlog: bool) -> String {
     let secs = op.as_secs_f64().ceil().max(1.0) as u64;
-    format!(
+    let mut s = format!(
         "SET SESSION autocommit = 1 /*M!100100 , max_statement_time = 0 */; \
          SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          SET SESSION innodb_lock_wait_timeout = {secs}"
-    )
+    );
+    if row_binlog {
+        s.push_str("; ");
+        s.push_str(ROW_BINLOG);
+    }
+    s
 }
+
+/// Whether the server logs for replication, and in which format.
+pub const BINLOG: &str = "SELECT @@GLOBAL.log_bin, @@SESSION.binlog_format";
+
+/// This session logs rows: READ COMMITTED writes are refused where the
+/// binary log takes statements (needs BINLOG ADMIN, or SUPER on MySQL).
+pub const ROW_BINLOG: &str = "SET SESSION binlog_format = 'ROW'";
+
+/// Why a server that logs statements is refused.
+pub const STATEMENT_BINLOG: &str = "the server's binary log takes statements \
+    (binlog_format = STATEMENT), and InnoDB refuses the READ COMMITTED writes lockrun \
+    makes under it; set binlog_format to ROW or MIXED on the server, or grant this user \
+    BINLOG ADMIN (SUPER on MySQL) so lockrun logs rows for its own sessions";
 
 /// The optimizer hint that lets MySQL's `SELECT` that waits run `ms`
 /// milliseconds whatever `max_execution_time` says (MariaDB reads it as
@@ -163,6 +182,22 @@ impl Tables {
                 self.waiters
             ),
         ]
+    }
+
+    /// lockrun's tables that are not in InnoDB, with their engine: a
+    /// table without transactions or row locks (MyISAM, Aria, MEMORY: made
+    /// by `enforce_storage_engine`, an engine substituted, an operator's
+    /// ALTER) takes no decision one at a time.
+    pub fn engines(&self) -> String {
+        let names = ["leases", "waiters", "tokens"]
+            .map(|t| lit(&format!("{}_{t}", self.base)))
+            .join(", ");
+        format!(
+            "SELECT TABLE_NAME, COALESCE(ENGINE, TABLE_TYPE) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({names}) \
+               AND (ENGINE IS NULL OR UPPER(ENGINE) <> {})",
+            lit("INNODB")
+        )
     }
 
     /// The name's counter row, made on first use (its own statement,
