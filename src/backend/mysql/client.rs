@@ -397,6 +397,12 @@ fn describe(e: &mysql::Error) -> String {
         mysql::Error::DriverError(mysql::DriverError::TlsNotSupported) => {
             "the server does not offer TLS (ssl-mode asks for it)".into()
         }
+        // Plain words: the crate's own forms read as Rust (`IoError { … }`).
+        mysql::Error::IoError(e) => format!("the connection broke: {e}"),
+        mysql::Error::CodecError(e) => format!("the connection broke: {e}"),
+        mysql::Error::DriverError(d) => d.to_string(),
+        mysql::Error::UrlError(u) => u.to_string(),
+        mysql::Error::TlsError(t) => format!("TLS: {t}"),
         other => other.to_string(),
     };
     log::scrub(text.lines().next().unwrap_or(""))
