@@ -686,8 +686,9 @@ fn a_statement_binlog_is_refused_before_any_table_unless_rows_can_be_logged() {
     on(&my.url()).arg("doctor").succeeds();
 }
 
-/// Tables an operator altered to an engine without transactions: refused
-/// with one line naming the table and its engine; doctor fails them.
+/// Tables an operator altered to an engine without transactions: a run
+/// and `release --force` are refused with one line naming the table and
+/// its engine; doctor fails them.
 #[test]
 fn tables_in_an_engine_without_transactions_are_refused_with_one_line() {
     let my = MyDb::new();
@@ -700,6 +701,10 @@ fn tables_in_an_engine_without_transactions_are_refused_with_one_line() {
         .args(["x", "true"])
         .code(69)
         .says(&["lockrun_tokens", "MEMORY"]);
+    on(&my.url())
+        .args(["release", "--force", "x"])
+        .code(69)
+        .says(&["MEMORY"]);
     let out = on(&my.url()).arg("doctor").code(69);
     assert!(out.stdout().contains("MEMORY"), "{}", out.stdout());
 }

@@ -180,6 +180,10 @@ impl Engine for Mysql {
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
         let doing = format!("releasing {name}");
         let tables = self.tables.clone();
+        // Writes follow: the same refusals as a run's, and rows logged
+        // where the binary log takes statements.
+        self.check_engines()
+            .map_err(|e| self.client.failed(&doing, e))?;
         let held = self
             .holders(name)
             .map_err(|e| self.client.failed(&doing, e))?;

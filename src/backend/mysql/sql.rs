@@ -82,7 +82,7 @@ fn holder_columns(t: &str) -> String {
 pub fn session(op: Duration, row_binlog: bool) -> String {
     let secs = op.as_secs_f64().ceil().max(1.0) as u64;
     let mut s = format!(
-        "SET SESSION autocommit = 1 /*M!100100 , max_statement_time = 0 */; \
+        "SET SESSION autocommit = 1 /*M!100101 , max_statement_time = 0 */; \
          SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          SET SESSION innodb_lock_wait_timeout = {secs}"
     );
