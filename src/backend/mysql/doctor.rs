@@ -300,24 +300,21 @@ fn missing_tables(client: &mut Client, names: &str) -> Check {
          (SELECT COUNT(*) FROM information_schema.SCHEMA_PRIVILEGES \
            WHERE GRANTEE = {me} AND PRIVILEGE_TYPE = 'CREATE' \
              AND DATABASE() LIKE TABLE_SCHEMA ESCAPE CHAR(92)), \
-         @@GLOBAL.enforce_storage_engine"
+         COALESCE(CURRENT_ROLE(), 'NONE'), @@GLOBAL.enforce_storage_engine"
     );
-    let (may, enforced) = match client.query(query.clone()) {
-        Ok(rows) => (
-            rows.first().and_then(|r| int(r, 0)).unwrap_or(0) > 0,
-            rows.first().and_then(|r| text(r, 1)),
-        ),
+    let rows = match client.query(query.clone()) {
+        Ok(rows) => rows,
         // MySQL has no enforce_storage_engine.
-        Err(_) => {
-            let q = query.replace("@@GLOBAL.enforce_storage_engine", "NULL");
-            let may = client
-                .query(q)
-                .ok()
-                .and_then(|rows| rows.first().and_then(|r| int(r, 0)))
-                .unwrap_or(0);
-            (may > 0, None)
-        }
+        Err(_) => client
+            .query(query.replace("@@GLOBAL.enforce_storage_engine", "NULL"))
+            .unwrap_or_default(),
     };
+    let r = rows.first();
+    let may = r.and_then(|r| int(r, 0)).unwrap_or(0) > 0;
+    let role = r
+        .and_then(|r| text(r, 1))
+        .filter(|x| !x.eq_ignore_ascii_case("NONE"));
+    let enforced = r.and_then(|r| text(r, 2));
     if let Some(e) = enforced.filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("InnoDB")) {
         return Check::fail(
             "tables",
@@ -332,6 +329,14 @@ fn missing_tables(client: &mut Client, names: &str) -> Check {
         Check::ok(
             "tables",
             format!("{names} do not exist yet: the first run creates them"),
+        )
+    } else if let Some(role) = role {
+        Check::warn(
+            "tables",
+            format!(
+                "{names} do not exist yet, and the server's privilege tables give this user \
+                 no CREATE on the database, though its role {role} may: the first run tells"
+            ),
         )
     } else {
         Check::fail(
