@@ -25,6 +25,7 @@ mod postgres;
 mod postgres_groups;
 mod props;
 mod red_groups;
+mod red_mysql;
 mod redis_core;
 mod redis_groups;
 mod refused;

@@ -651,3 +651,60 @@ fn mariadb_urls_and_unix_sockets_reach_the_same_tables() {
         .code(64)
         .says(&["--tls-ca"]);
 }
+
+/// A server whose binary log takes statements, and a user that may not
+/// make its sessions log rows: refused at once with one line saying why,
+/// before any table is made; doctor fails it with the same reason. A
+/// user that may (root) runs jobs.
+#[test]
+fn a_statement_binlog_is_refused_before_any_table_unless_rows_can_be_logged() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&[
+        "--log-bin=binlog",
+        "--binlog-format=STATEMENT",
+        "--server-id=1",
+    ]);
+    my.sql(
+        "CREATE USER 'app'@'%' IDENTIFIED BY 'app-pw'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON app.* TO 'app'@'%'",
+    );
+    let url = my.url_as("app", "app-pw", "app");
+    let started = Instant::now();
+    on(&url)
+        .args(["sb", "true"])
+        .code(69)
+        .says(&["binlog_format = STATEMENT"]);
+    assert!(started.elapsed() < Duration::from_secs(5), "retried");
+    assert!(!my.has_tables("app"), "a table was created");
+    let out = on(&url).arg("doctor").code(69);
+    assert!(
+        out.stdout().contains("binlog_format = STATEMENT"),
+        "{}",
+        out.stdout()
+    );
+    on(&my.url()).args(["sb", "true"]).succeeds();
+    on(&my.url()).arg("doctor").succeeds();
+}
+
+/// Tables an operator altered to an engine without transactions: a run
+/// and `release --force` are refused with one line naming the table and
+/// its engine; doctor fails them.
+#[test]
+fn tables_in_an_engine_without_transactions_are_refused_with_one_line() {
+    let my = MyDb::new();
+    on(&my.url()).args(["x", "true"]).succeeds();
+    my.sql(&format!(
+        "ALTER TABLE {}.lockrun_tokens ENGINE=MEMORY",
+        my.db
+    ));
+    on(&my.url())
+        .args(["x", "true"])
+        .code(69)
+        .says(&["lockrun_tokens", "MEMORY"]);
+    on(&my.url())
+        .args(["release", "--force", "x"])
+        .code(69)
+        .says(&["MEMORY"]);
+    let out = on(&my.url()).arg("doctor").code(69);
+    assert!(out.stdout().contains("MEMORY"), "{}", out.stdout());
+}

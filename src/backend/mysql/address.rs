@@ -161,18 +161,20 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
         .split_once("://")
         .ok_or_else(|| bad("no scheme".into()))?;
     let scheme = scheme.to_ascii_lowercase();
+    // The user and password run to the last '@', before the path and the
+    // query are split off: a password may hold '/', '?' or '@' unencoded.
+    // Never echo the raw URL, nor any part of what precedes that '@'.
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((u, r)) => (Some(u), r),
+        None => (None, rest),
+    };
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
     };
-    let (authority, path) = match rest.split_once('/') {
+    let (hostport, path) = match rest.split_once('/') {
         Some((a, p)) => (a, Some(p)),
         None => (rest, None),
-    };
-    // Never echo the raw URL: it may hold a password.
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
     };
     let (url_user, url_password) = match userinfo {
         None => (None, None),
@@ -339,6 +341,14 @@ mod tests {
         let e = read("mysql://u@h/d", &pwd).unwrap();
         assert_eq!(e.password.as_deref(), Some("envpw"));
         assert!(e.password_from_env);
+        let s = read("mysql://u:a/b?c@d@h:3307/db?ssl-mode=DISABLED", &env_none).unwrap();
+        assert_eq!(s.password.as_deref(), Some("a/b?c@d"));
+        assert_eq!(
+            (s.host.as_str(), s.port, s.database.as_str()),
+            ("h", 3307, "db")
+        );
+        assert_eq!(s.ssl_mode, SslMode::Disabled);
+        assert!(!s.display.contains("a/b"), "{}", s.display);
         for bad in [
             "mysql://u:s3cret@h",
             "mysql://u:s3cret@h:0/d",
@@ -349,10 +359,12 @@ mod tests {
             "mysql://u:s3cret@/d",
             "mysql://u:s3cret@h/d%zz",
             "mysql://u:s3cret@h/a`b",
+            "mysql://u:s3c?ret@h",
+            "mysql://u:s3c/ret@h:1x/d",
         ] {
             let e = read(bad, &env_none).unwrap_err();
             assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
-            assert!(!e.to_string().contains("s3cret"), "{e}");
+            assert!(!e.to_string().contains("s3c"), "{e}");
         }
     }
 

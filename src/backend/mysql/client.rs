@@ -35,6 +35,8 @@ pub struct Client {
     /// The server refused `GET_LOCK` (Galera, a proxy): waiting falls back
     /// to sleeping until what is in the way lapses.
     pub no_wake: bool,
+    /// The server logs statements: every session sets `binlog_format = ROW`.
+    pub row_binlog: bool,
 }
 
 impl Transport for Client {
@@ -98,6 +100,7 @@ impl Client {
             last_code: None,
             locked: None,
             no_wake: false,
+            row_binlog: false,
         }
     }
 
@@ -107,6 +110,7 @@ impl Client {
         Client {
             replied: self.replied,
             no_wake: self.no_wake,
+            row_binlog: self.row_binlog,
             ..Client::new(Arc::clone(&self.url), self.op)
         }
     }
@@ -231,7 +235,7 @@ impl Client {
         let mut text = String::new();
         let mut skip = 0;
         if fresh {
-            let session = sql::session(self.op);
+            let session = sql::session(self.op, self.row_binlog);
             // Each of the session's statements answers with a set of its own.
             skip = session.split(';').count();
             text.push_str(&session);
@@ -322,13 +326,23 @@ impl Client {
             }
             None => format!("GET_LOCK({key}, {secs:.3})"),
         };
-        stmts.push(format!("SELECT {wait}, RELEASE_LOCK({key})"));
+        let hint = sql::wait_hint((d + self.op).as_millis() as u64);
+        stmts.push(format!("SELECT {hint} {wait}, RELEASE_LOCK({key})"));
         let started = crate::clock::Boot::now();
         // Interrupted (`KILL QUERY` from a request that changed our place):
         // woken, the connection as good as before.
-        let f = self.flight_keeping(&stmts, &[1317]);
+        let f = self.flight_keeping(&stmts, &[1317, 1969, 3024]);
         match f.failed {
             Some(_) if self.last_code == Some(1317) => Ok(Woke::Woken),
+            Some(_) if matches!(self.last_code, Some(c) if sql::STATEMENT_TIME.contains(&c)) => {
+                // Cut by a statement time limit the session could not
+                // lift: sleep out the wait rather than ask again at once.
+                let spent = crate::clock::Boot::now().since(started);
+                if spent < d {
+                    std::thread::sleep(d - spent);
+                }
+                Ok(Woke::TimedOut)
+            }
             None => {
                 let got = f
                     .sets
@@ -383,6 +397,12 @@ fn describe(e: &mysql::Error) -> String {
         mysql::Error::DriverError(mysql::DriverError::TlsNotSupported) => {
             "the server does not offer TLS (ssl-mode asks for it)".into()
         }
+        // Plain words: the crate's own forms read as Rust (`IoError { … }`).
+        mysql::Error::IoError(e) => format!("the connection broke: {e}"),
+        mysql::Error::CodecError(e) => format!("the connection broke: {e}"),
+        mysql::Error::DriverError(d) => d.to_string(),
+        mysql::Error::UrlError(u) => u.to_string(),
+        mysql::Error::TlsError(t) => format!("TLS: {t}"),
         other => other.to_string(),
     };
     log::scrub(text.lines().next().unwrap_or(""))
@@ -393,6 +413,8 @@ fn transient_code(code: u16) -> bool {
     matches!(
         code,
         1040 // too many connections
+            | 1203 // the user's connections are all in use (max_user_connections)
+            | 1226 // a user resource limit reached (MAX_USER_CONNECTIONS, an hourly cap)
             | 1053 // server shutdown in progress
             | 1077 // normal shutdown
             | 1079 // shutdown complete
@@ -458,7 +480,7 @@ mod tests {
     #[test]
     fn server_errors_fall_in_the_documented_classes() {
         let url = super::super::address::tests_url();
-        for code in [1205, 1213, 1053, 2013, 1927, 1040] {
+        for code in [1205, 1213, 1053, 2013, 1927, 1040, 1203, 1226] {
             assert!(kind(code, "x".into(), &url).is_transient(), "{code}");
         }
         for code in [1045, 1044, 1142, 1290, 1836, 1054, 1049] {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::address::{MyUrl, tables_of};
 use super::client::{Client, float, int, text};
-use super::sql::Tables;
+use super::sql::{self, Tables};
 use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
 use crate::backend::{Check, Error, Opening};
 use crate::clock::Boot;
@@ -111,6 +111,7 @@ pub fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
     ));
     out.extend(replication(&mut client, mariadb));
     out.push(wake_check(&mut client));
+    out.push(binlog(&mut client));
     out.push(tables(&mut client, &base));
     out
 }
@@ -191,85 +192,160 @@ fn wake_check(client: &mut Client) -> Check {
     }
 }
 
-/// The user's privileges on lockrun's tables, or to create them.
-fn tables(client: &mut Client, base: &str) -> Check {
-    let t = Tables::new(base);
-    let names = format!("{base}_leases, {base}_waiters, {base}_tokens");
-    let probe = vec![
-        "START TRANSACTION".to_string(),
-        format!("SELECT COUNT(*) FROM {}", t.leases),
-        format!("SELECT COUNT(*) FROM {}", t.waiters),
-        format!("SELECT COUNT(*) FROM {}", t.tokens),
-        "ROLLBACK".into(),
-    ];
-    match client.run(&probe) {
+/// Whether the server's binary log takes statements, under which InnoDB
+/// refuses lockrun's READ COMMITTED writes unless its sessions may log
+/// rows (`take::check_engines` does the same before a run).
+fn binlog(client: &mut Client) -> Check {
+    let Ok(rows) = client.query(sql::BINLOG.into()) else {
+        return Check::ok("binlog", "no binary log this user can see");
+    };
+    let Some(r) = rows.first() else {
+        return Check::ok("binlog", "no binary log this user can see");
+    };
+    let format = text(r, 1).unwrap_or_default();
+    if int(r, 0).unwrap_or(0) == 0 {
+        return Check::ok("binlog", "the binary log is off");
+    }
+    if !format.eq_ignore_ascii_case("STATEMENT") {
+        return Check::ok("binlog", format!("binlog_format = {format}"));
+    }
+    match client.run(&[sql::ROW_BINLOG.into()]) {
         Ok(_) => {
-            let grants = client
-                .query("SHOW GRANTS".into())
-                .map(|rows| {
-                    rows.iter()
-                        .filter_map(|r| text(r, 0))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                        .to_ascii_uppercase()
-                })
-                .unwrap_or_default();
-            let all = ["SELECT", "INSERT", "UPDATE", "DELETE"]
-                .iter()
-                .all(|p| grants.contains(p) || grants.contains("ALL PRIVILEGES"));
-            if all {
-                Check::ok(
-                    "tables",
-                    format!("{names} exist; the user may read and write them"),
-                )
-            } else {
-                Check::warn(
-                    "tables",
-                    format!(
-                        "{names} exist, but SHOW GRANTS does not show SELECT, INSERT, UPDATE \
-                         and DELETE for this user: grant what lockrun-engines(7) \"MYSQL AND \
-                         MARIADB\" lists"
-                    ),
-                )
-            }
+            client.row_binlog = true;
+            Check::ok(
+                "binlog",
+                "binlog_format = STATEMENT; this user may set ROW, and lockrun's sessions do",
+            )
         }
-        Err(_) if client.last_code == Some(1146) => {
-            if may_create(client) {
-                Check::ok(
-                    "tables",
-                    format!("{names} do not exist yet: the first run creates them"),
-                )
-            } else {
-                Check::fail(
-                    "tables",
-                    format!(
-                        "{names} do not exist yet, and SHOW GRANTS gives this user no CREATE \
-                         on the database: create them once as a user that may, or grant what \
-                         lockrun-engines(7) \"MYSQL AND MARIADB\" lists"
-                    ),
-                )
-            }
-        }
-        Err(e) => Check::fail("tables", e.to_string()),
+        Err(_) => Check::fail("binlog", sql::STATEMENT_BINLOG),
     }
 }
 
-/// SHOW GRANTS gives the user CREATE (or every privilege) on every
-/// database or on this one.
-fn may_create(client: &mut Client) -> bool {
-    let db = client.url().database.to_ascii_uppercase();
-    let Ok(rows) = client.query("SHOW GRANTS".into()) else {
-        return false;
-    };
-    rows.iter().filter_map(|r| text(r, 0)).any(|g| {
-        let g = g.to_ascii_uppercase();
-        let Some((privs, rest)) = g.strip_prefix("GRANT ").and_then(|g| g.split_once(" ON "))
-        else {
-            return false;
-        };
-        let target = rest.split(" TO ").next().unwrap_or("").replace('`', "");
-        let on_db = target == "*.*" || target == format!("{db}.*");
-        on_db
-            && (privs.contains("ALL PRIVILEGES") || privs.split(", ").any(|p| p.trim() == "CREATE"))
+/// The user's privileges on lockrun's tables, or to create them, and the
+/// tables' engine. Existing tables are tried: each write lockrun makes,
+/// with a condition no row meets, in a transaction rolled back (the server
+/// checks every privilege, roles and patterns included; nothing is written).
+fn tables(client: &mut Client, base: &str) -> Check {
+    let t = Tables::new(base);
+    let names = format!("{base}_leases, {base}_waiters, {base}_tokens");
+    let mut probe = vec!["START TRANSACTION".to_string()];
+    for table in [&t.leases, &t.waiters, &t.tokens] {
+        probe.push(format!("SELECT COUNT(*) FROM {table}"));
+    }
+    match client.run(&probe) {
+        Ok(_) => {}
+        Err(_) if client.last_code == Some(1146) => {
+            let _ = client.run(&["ROLLBACK".into()]);
+            return missing_tables(client, &names);
+        }
+        Err(e) => return Check::fail("tables", e.to_string()),
+    }
+    let writes = [
+        (&t.leases, "slot"),
+        (&t.waiters, "seq"),
+        (&t.tokens, "token"),
+    ]
+    .into_iter()
+    .flat_map(|(table, col)| {
+        [
+            format!("INSERT INTO {table} SELECT * FROM {table} WHERE FALSE"),
+            format!("UPDATE {table} SET {col} = {col} WHERE FALSE"),
+            format!("DELETE FROM {table} WHERE FALSE"),
+        ]
     })
+    .chain(["ROLLBACK".to_string(), t.engines()])
+    .collect::<Vec<_>>();
+    let sets = match client.run(&writes) {
+        Ok(sets) => sets,
+        Err(_) if client.last_code == Some(1665) => {
+            return Check::fail("tables", sql::STATEMENT_BINLOG);
+        }
+        Err(e) => {
+            return Check::fail(
+                "tables",
+                format!(
+                    "{names} exist, but this user may not write them ({e}); grant what \
+                     lockrun-engines(7) \"MYSQL AND MARIADB\" lists"
+                ),
+            );
+        }
+    };
+    if let Some(r) = sets.last().and_then(|s| s.first()) {
+        return Check::fail(
+            "tables",
+            format!(
+                "{} is in the {} engine, which has no transactions or row locks: lockrun \
+                 refuses it; make it InnoDB",
+                text(r, 0).unwrap_or_default(),
+                text(r, 1).unwrap_or_default()
+            ),
+        );
+    }
+    Check::ok(
+        "tables",
+        format!("{names} exist in InnoDB; the user may read and write them"),
+    )
+}
+
+/// The tables are not there yet: whether the user may create them (a
+/// CREATE privilege on every database, or on a pattern this database
+/// matches, as the server's own privilege tables show it), and in InnoDB.
+fn missing_tables(client: &mut Client, names: &str) -> Check {
+    // 'user'@'host', as GRANTEE writes it.
+    let me = "CONCAT(X'27', SUBSTRING_INDEX(CURRENT_USER(), X'40', 1), X'274027', \
+              SUBSTRING_INDEX(CURRENT_USER(), X'40', -1), X'27')";
+    let query = format!(
+        "SELECT (SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES \
+           WHERE GRANTEE = {me} AND PRIVILEGE_TYPE = 'CREATE') + \
+         (SELECT COUNT(*) FROM information_schema.SCHEMA_PRIVILEGES \
+           WHERE GRANTEE = {me} AND PRIVILEGE_TYPE = 'CREATE' \
+             AND DATABASE() LIKE TABLE_SCHEMA ESCAPE CHAR(92)), \
+         COALESCE(CURRENT_ROLE(), 'NONE'), @@GLOBAL.enforce_storage_engine"
+    );
+    let rows = match client.query(query.clone()) {
+        Ok(rows) => rows,
+        // MySQL has no enforce_storage_engine.
+        Err(_) => client
+            .query(query.replace("@@GLOBAL.enforce_storage_engine", "NULL"))
+            .unwrap_or_default(),
+    };
+    let r = rows.first();
+    let may = r.and_then(|r| int(r, 0)).unwrap_or(0) > 0;
+    let role = r
+        .and_then(|r| text(r, 1))
+        .filter(|x| !x.eq_ignore_ascii_case("NONE"));
+    let enforced = r.and_then(|r| text(r, 2));
+    if let Some(e) = enforced.filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("InnoDB")) {
+        return Check::fail(
+            "tables",
+            format!(
+                "{names} do not exist yet, and the server makes every new table in {e} \
+                 (enforce_storage_engine), which has no transactions or row locks: lockrun \
+                 would refuse them; enforce InnoDB, or none"
+            ),
+        );
+    }
+    if may {
+        Check::ok(
+            "tables",
+            format!("{names} do not exist yet: the first run creates them"),
+        )
+    } else if let Some(role) = role {
+        Check::warn(
+            "tables",
+            format!(
+                "{names} do not exist yet, and the server's privilege tables give this user \
+                 no CREATE on the database, though its role {role} may: the first run tells"
+            ),
+        )
+    } else {
+        Check::fail(
+            "tables",
+            format!(
+                "{names} do not exist yet, and the server gives this user no CREATE on the \
+                 database: create them once as a user that may, or grant what \
+                 lockrun-engines(7) \"MYSQL AND MARIADB\" lists"
+            ),
+        )
+    }
 }

@@ -22,7 +22,7 @@ mod queue;
 mod sql;
 mod take;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use address::{MyUrl, parse};
@@ -180,6 +180,10 @@ impl Engine for Mysql {
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
         let doing = format!("releasing {name}");
         let tables = self.tables.clone();
+        // Writes follow: the same refusals as a run's, and rows logged
+        // where the binary log takes statements.
+        self.check_engines()
+            .map_err(|e| self.client.failed(&doing, e))?;
         let held = self
             .holders(name)
             .map_err(|e| self.client.failed(&doing, e))?;
@@ -232,7 +236,7 @@ impl Engine for Mysql {
                 // the holder's lockrun ends.
                 let deleted = broken.iter().any(|h| h.ttl_left.is_none());
                 let wake: Vec<String> = deleted
-                    .then(|| tables.waiting_conns(name))
+                    .then(|| tables.waiting_conns(name, !c.no_wake))
                     .into_iter()
                     .collect();
                 let sets = take::commit(c, wake, Vec::new())?;
@@ -262,11 +266,14 @@ struct Row {
     ttl_ms: i64,
 }
 
-/// A MySQL lease: our row, and the connection it was granted on, which
-/// holds the lease's wake-up lock for the waiters (release needs no new
-/// connect).
+/// A MySQL lease: our row, the connection it was granted on, which holds
+/// the lease's wake-up lock for the waiters (release needs no new
+/// connect), and the first renewer's connection, opened at the grant: a
+/// user whose connections are capped and then all taken by waiters still
+/// renews.
 struct MyHeld {
     client: Client,
+    spare: Arc<Mutex<Option<Client>>>,
     row: Row,
     min_hold: Option<Duration>,
 }
@@ -274,7 +281,14 @@ struct MyHeld {
 impl MyHeld {
     fn new(mut client: Client, tables: &Tables, req: &Request, slot: u32) -> MyHeld {
         client.wait = Duration::ZERO;
+        let mut spare = client.fresh();
+        // Best effort: without it the first renewal connects.
+        let spare = match spare.run(&["DO 0".into()]) {
+            Ok(_) => Some(spare),
+            Err(_) => None,
+        };
         MyHeld {
+            spare: Arc::new(Mutex::new(spare)),
             row: Row {
                 tables: tables.clone(),
                 name: req.name.to_string(),
@@ -292,9 +306,11 @@ impl Held for MyHeld {
     fn renewer(&self) -> Renewing {
         // Any connection can extend the row: each renewer opens its own.
         let (client, row) = (self.client.fresh(), self.row.clone());
+        let spare = Arc::clone(&self.spare);
         Renewing::Anywhere(Box::new(move || {
+            let opened = spare.lock().ok().and_then(|mut s| s.take());
             Box::new(MyRenewer {
-                client: client.fresh(),
+                client: opened.unwrap_or_else(|| client.fresh()),
                 row: row.clone(),
             })
         }))

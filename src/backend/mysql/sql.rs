@@ -70,24 +70,66 @@ fn holder_columns(t: &str) -> String {
 }
 
 /// The session settings of every connection: READ COMMITTED, a lock wait
-/// bounded near the bound on one request, and autocommit on whatever the
+/// bounded near the bound on one request, autocommit on whatever the
 /// server's default (`autocommit = 0` in my.cnf or `init_connect` would
 /// leave a renewal or a release uncommitted: the lease would lapse on the
 /// server while the job runs, kept only by a row lock a cut connection
-/// drops).
-pub fn session(op: Duration) -> String {
+/// drops), and on MariaDB no `max_statement_time` (it would cut every
+/// blocking wake-up wait short; lockrun bounds each call itself). The
+/// `/*M! */` part is read by MariaDB alone; MySQL's `max_execution_time`
+/// is lifted where it applies, in the waiting `SELECT` (`wait_hint`).
+/// With `row_binlog`, the session logs rows (`ROW_BINLOG`).
+pub fn session(op: Duration, row_binlog: bool) -> String {
     let secs = op.as_secs_f64().ceil().max(1.0) as u64;
-    format!(
-        "SET SESSION autocommit = 1; \
+    let mut s = format!(
+        "SET SESSION autocommit = 1 /*M!100101 , max_statement_time = 0 */; \
          SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          SET SESSION innodb_lock_wait_timeout = {secs}"
-    )
+    );
+    if row_binlog {
+        s.push_str("; ");
+        s.push_str(ROW_BINLOG);
+    }
+    s
 }
+
+/// Whether the server logs for replication, and in which format.
+pub const BINLOG: &str = "SELECT @@GLOBAL.log_bin, @@SESSION.binlog_format";
+
+/// This session logs rows: READ COMMITTED writes are refused where the
+/// binary log takes statements (needs BINLOG ADMIN, or SUPER on MySQL).
+pub const ROW_BINLOG: &str = "SET SESSION binlog_format = 'ROW'";
+
+/// Why a server that logs statements is refused.
+pub const STATEMENT_BINLOG: &str = "the server's binary log takes statements \
+    (binlog_format = STATEMENT), and InnoDB refuses the READ COMMITTED writes lockrun \
+    makes under it; set binlog_format to ROW or MIXED on the server, or grant this user \
+    BINLOG ADMIN (SUPER on MySQL) so lockrun logs rows for its own sessions";
+
+/// The optimizer hint that lets MySQL's `SELECT` that waits run `ms`
+/// milliseconds whatever `max_execution_time` says (MariaDB reads it as
+/// a comment).
+pub fn wait_hint(ms: u64) -> String {
+    format!("/*+ MAX_EXECUTION_TIME({ms}) */")
+}
+
+/// The server's numbers for a statement cut by its time limit:
+/// MariaDB's `max_statement_time`, MySQL's `max_execution_time`.
+pub const STATEMENT_TIME: [u16; 2] = [1969, 3024];
 
 /// The GET_LOCK name of an owner's place (`w`) or lease (`h`): a waiter
 /// blocks on the one ahead of it, so a release or a grant wakes it.
 pub fn wake_key(kind: char, owner_col: &str) -> String {
     format!("CONCAT('lockrun:{kind}:', SHA1({owner_col}))")
+}
+
+/// A waiters-table row's connection still holds the row's wake-up lock.
+fn still_waiting(wake: bool) -> String {
+    if wake {
+        format!("IS_USED_LOCK({}) = conn", wake_key('w', "owner"))
+    } else {
+        "FALSE".into()
+    }
 }
 
 /// lockrun's tables (from `--prefix`) in the URL's database.
@@ -140,6 +182,22 @@ impl Tables {
                 self.waiters
             ),
         ]
+    }
+
+    /// lockrun's tables that are not in InnoDB, with their engine: a
+    /// table without transactions or row locks (MyISAM, Aria, MEMORY: made
+    /// by `enforce_storage_engine`, an engine substituted, an operator's
+    /// ALTER) takes no decision one at a time.
+    pub fn engines(&self) -> String {
+        let names = ["leases", "waiters", "tokens"]
+            .map(|t| lit(&format!("{}_{t}", self.base)))
+            .join(", ");
+        format!(
+            "SELECT TABLE_NAME, COALESCE(ENGINE, TABLE_TYPE) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({names}) \
+               AND (ENGINE IS NULL OR UPPER(ENGINE) <> {})",
+            lit("INNODB")
+        )
     }
 
     /// The name's counter row, made on first use (its own statement,
@@ -345,22 +403,29 @@ impl Tables {
     }
 
     /// The connections that wait in the places `replace` will mark, to
-    /// wake them.
-    pub fn to_replace(&self, name: &str) -> String {
+    /// wake them (see `waiting_conns`).
+    pub fn to_replace(&self, name: &str, wake: bool) -> String {
         format!(
-            "SELECT conn FROM {} WHERE name = {} AND owner LIKE {} AND expires_at > {NOW}",
+            "SELECT conn FROM {} WHERE name = {} AND owner LIKE {} AND expires_at > {NOW} \
+               AND {}",
             self.waiters,
             lit(name),
             lit(&format!("{SUPERSEDE}%")),
+            still_waiting(wake),
         )
     }
 
-    /// The connections that wait in the name's live places.
-    pub fn waiting_conns(&self, name: &str) -> String {
+    /// The connections that wait in the name's live places, to wake them
+    /// with `KILL QUERY`: only a connection that still holds its place's
+    /// wake-up lock is its waiter's (a connection id recorded before a
+    /// server restart may now be anyone's). None where `GET_LOCK` is
+    /// refused: no waiter blocks then.
+    pub fn waiting_conns(&self, name: &str, wake: bool) -> String {
         format!(
-            "SELECT conn FROM {} WHERE name = {} AND expires_at > {NOW}",
+            "SELECT conn FROM {} WHERE name = {} AND expires_at > {NOW} AND {}",
             self.waiters,
-            lit(name)
+            lit(name),
+            still_waiting(wake),
         )
     }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use mysql::Row;
 
-use super::client::{Client, Woke, int};
+use super::client::{Client, Woke, int, text};
 use super::queue::{Rows, Target, Verdict, entries, judge};
-use super::sql::{KEPT, PREEMPTED, SUPERSEDE, Tables, lit, wake_key};
+use super::sql::{self, KEPT, PREEMPTED, SUPERSEDE, Tables, lit, wake_key};
 use super::{MyHeld, Mysql};
 use crate::backend::drive::{Step, Take, Transport, drive};
 use crate::backend::wait::{Patience, Retry};
@@ -63,20 +63,27 @@ struct Taking<'a> {
     req: &'a Request<'a>,
     place: Place,
     created: bool,
+    engines_checked: bool,
 }
 
 impl Take for Taking<'_> {
     type Transport = Client;
 
     fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+        let doing = || format!("acquiring {}", self.req.name);
+        if !self.engines_checked {
+            // Once per run: the tables as they are found.
+            self.my.check_engines()?;
+            self.engines_checked = true;
+        }
         loop {
             match self.my.step(self.req, &mut self.place, patience) {
                 Err(_) if !self.created && missing(self.my.client.last_code) => {
                     // First use of these tables: create them, look again.
                     self.created = true;
-                    if let Err(e) = self.my.create() {
-                        let doing = format!("acquiring {}", self.req.name);
-                        return Ok(Step::Over(self.my.client.failed(&doing, e)));
+                    let made = self.my.create().and_then(|()| self.my.check_engines());
+                    if let Err(e) = made {
+                        return Ok(Step::Over(self.my.client.failed(&doing(), e)));
                     }
                 }
                 done => return done,
@@ -108,6 +115,7 @@ impl Mysql {
             req,
             place: Place::default(),
             created: false,
+            engines_checked: false,
         };
         drive(&mut taking, req, wait)
     }
@@ -129,6 +137,48 @@ impl Mysql {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Refuse tables that are not InnoDB (`Tables::engines`); tables not
+    /// there yet are no answer. Before that, a server that logs statements
+    /// (`binlog_format = STATEMENT`), under which InnoDB refuses every
+    /// READ COMMITTED write: lockrun's sessions log rows instead where the
+    /// user may set that, else it is refused before any table is made.
+    pub(super) fn check_engines(&mut self) -> Result<(), Error> {
+        // A server without these variables has no such log.
+        let f = self
+            .client
+            .flight_keeping(&[self.tables.engines(), sql::BINLOG.into()], &[1193]);
+        match f.failed {
+            Some((0, e)) => return Err(e),
+            Some((_, e)) if e.is_transient() => return Err(e),
+            _ => {}
+        }
+        let sets = f.sets;
+        if !self.client.row_binlog
+            && let Some(r) = sets.get(1).and_then(|s| s.first())
+            && int(r, 0).unwrap_or(0) != 0
+            && text(r, 1).is_some_and(|f| f.eq_ignore_ascii_case("STATEMENT"))
+        {
+            match self.client.run(&[sql::ROW_BINLOG.into()]) {
+                Ok(_) => self.client.row_binlog = true,
+                Err(Error::Transient(m)) => return Err(Error::Transient(m)),
+                Err(_) => return Err(Error::Refused(sql::STATEMENT_BINLOG.into())),
+            }
+        }
+        let Some(r) = sets[0].first() else {
+            return Ok(());
+        };
+        let table = text(r, 0).unwrap_or_default();
+        let engine = text(r, 1).unwrap_or_default();
+        Err(Error::Refused(format!(
+            "lockrun's table {}.{} is in the {} engine, which has no transactions or row \
+             locks to keep two holders apart: make it InnoDB (ALTER TABLE … ENGINE=InnoDB \
+             while nothing runs; check enforce_storage_engine)",
+            crate::text::printable(&self.client.url().database),
+            crate::text::printable(&table),
+            crate::text::printable(&engine),
+        )))
     }
 
     fn step(
@@ -347,7 +397,7 @@ fn look(
     // The places it replaces, read first, then marked.
     let replace = || {
         [
-            tables.to_replace(name),
+            tables.to_replace(name, !c.no_wake),
             tables.replace(name, &req.owner.shown, keep_ms),
         ]
     };
