@@ -1039,3 +1039,248 @@ fn red_zk_a_holder_keeps_its_lease_through_a_short_server_pause() {
     let (code, err) = exited(holder, Duration::from_secs(60));
     assert_eq!(code, Some(0), "the lease was lost to a 1.3 s pause of a 6 s session: {err}");
 }
+
+/// The index of the server (of `among`) where a client session is
+/// connected now, by `cons`.
+fn connected_on(ens: &SplitEnsemble, among: &[usize]) -> Option<usize> {
+    among.iter().copied().find(|&i| {
+        four_letters(ens.clients[i], "cons").is_some_and(|t| t.contains("sid=0x"))
+    })
+}
+
+/// The follower a holder and a waiter are connected to is killed: both
+/// move their sessions to the other follower within the session timeout;
+/// the holder keeps its lease (its job ends on its own, 0) and the waiter
+/// runs after it. A connection that breaks is a transient loss.
+#[test]
+fn red_zk_the_follower_under_a_holder_and_a_waiter_dies() {
+    let _heavy = heavy();
+    let mut ens = SplitEnsemble::start();
+    let followers: Vec<usize> = (0..3).filter(|&i| ens.mode(i) == "follower").collect();
+    assert_eq!(followers.len(), 2);
+    let url = ens.url(&followers);
+    let scratch = Scratch::new();
+    let holder = on(&url)
+        .args(["--ttl", "6s", "fd", "-c"])
+        .arg(format!(
+            "echo $$ > {}; sleep 8",
+            scratch.path("hpid").display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn();
+    scratch.pid_in("hpid");
+    let waiter = on(&url)
+        .args(["--ttl", "6s", "-w", "60", "fd", "-c"])
+        .arg(checking_job(&scratch, "hpid", "seen"))
+        .stderr(Stdio::piped())
+        .spawn();
+    wait_queued(&url, "fd", 1);
+    let victim = connected_on(&ens, &followers).expect("a session on a follower");
+    let _ = ens.kids[victim].kill();
+    let _ = ens.kids[victim].wait();
+    let (hcode, herr) = exited(holder, Duration::from_secs(60));
+    let (wcode, werr) = exited(waiter, Duration::from_secs(60));
+    assert_eq!(hcode, Some(0), "the holder lost its lease: {herr}");
+    assert_eq!(wcode, Some(0), "the waiter gave up: {werr}");
+    assert_eq!(scratch.read("seen").trim(), "alone");
+}
+
+/// `--supersede` racing a release: a burst of superseding requests arrives
+/// just as the holder leaves. A request that read an earlier one as a
+/// waiter marks it replaced; if that one was granted in between (its node
+/// does not change when it is granted, so the versioned mark still
+/// succeeds), every reader then leaves the replaced node out of the queue
+/// and grants the next request while the first one's job runs. Two jobs
+/// must never run at once.
+#[test]
+fn red_zk_supersede_marks_racing_a_grant_never_make_two_holders() {
+    use crate::conformance::{logging_job, spans};
+    let (url, _, _) = chroot_url();
+    let scratch = Scratch::new();
+    let started = Instant::now();
+    let mut trials = 0;
+    while started.elapsed() < Duration::from_secs(70) && trials < 40 {
+        trials += 1;
+        let name = format!("sr{trials}");
+        let mut kids = vec![
+            on(&url)
+                .args(["--ttl", "3s", &name, "-c"])
+                .arg(logging_job(&scratch, &format!("h{trials}"), "0.35"))
+                .stderr(Stdio::null())
+                .spawn(),
+        ];
+        std::thread::sleep(Duration::from_millis(150));
+        for i in 0..10 {
+            kids.push(
+                on(&url)
+                    .args(["--ttl", "3s", "--supersede", "-w", "30", &name, "-c"])
+                    .arg(logging_job(&scratch, &format!("s{trials}.{i}"), "0.2"))
+                    .stderr(Stdio::null())
+                    .spawn(),
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        for k in kids {
+            let (code, err) = exited(k, Duration::from_secs(60));
+            assert!(matches!(code, Some(0 | 75)), "{code:?}: {err}");
+        }
+        let mut s = spans(&scratch);
+        s.sort_by_key(|x| x.start);
+        for w in s.windows(2) {
+            assert!(
+                w[0].end <= w[1].start,
+                "trial {trial}: {a} (token {ta}) and {b} (token {tb}) ran at once",
+                trial = trials,
+                a = w[0].who,
+                ta = w[0].token,
+                b = w[1].who,
+                tb = w[1].token
+            );
+        }
+    }
+    eprintln!("{trials} trials");
+}
+
+/// A loopback forwarder that delays everything the client sends by `ms`
+/// (a slow link one way), in order.
+fn delaying_forwarder(upstream: u16, ms: u64) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(c) = c else { return };
+            let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (mut c_read, mut s_write) = (c.try_clone().unwrap(), s.try_clone().unwrap());
+            let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                loop {
+                    match c_read.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+            std::thread::spawn(move || {
+                for (at, bytes) in rx {
+                    let due = at + Duration::from_millis(ms);
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                    if s_write.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+                let _ = s_write.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut s_read, mut c_write) = (s, c);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut s_read, &mut c_write);
+            });
+        }
+    });
+    port
+}
+
+/// FINDING: the race made wide: the later `--supersede` request is on a
+/// slow link (300 ms added to everything it sends), so its mark lands a
+/// round trip after its read. The holder leaves in between and the earlier
+/// superseding request is granted (its node does not change when it is
+/// granted, so the versioned mark still succeeds). From then on every
+/// reader leaves the running holder's node out of the queue: `status`
+/// shows the late request as holding, and the late request itself takes
+/// the name at its next look (within 30 s) while the first job runs.
+#[test]
+fn red_zk_a_late_supersede_mark_on_a_granted_request() {
+    use crate::conformance::spans;
+    let port = shared_zookeeper();
+    let (_, chroot) = zk_chroot();
+    let direct = format!("zk://127.0.0.1:{port}{chroot}");
+    let slow = format!("zk://127.0.0.1:{}{chroot}", delaying_forwarder(port, 300));
+    let job = |scratch: &Scratch, who: &str, gate: &str| {
+        let log = scratch.path("log");
+        format!(
+            "echo \"start {who} - $LOCKRUN_TOKEN $(date +%s%N)\" >> {l}; \
+             while [ ! -e {g} ]; do sleep 0.05; done; \
+             echo \"end {who} - $LOCKRUN_TOKEN $(date +%s%N)\" >> {l}",
+            l = log.display(),
+            g = scratch.path(gate).display()
+        )
+    };
+    for offset in (700..=2100).step_by(100) {
+        let scratch = Scratch::new();
+        let name = format!("late{offset}");
+        let holder = Reap(
+            on(&direct)
+                .args(["--ttl", "6s", &name, "-c"])
+                .arg(gated_job(&scratch, "hpid", "go"))
+                .spawn(),
+        );
+        scratch.pid_in("hpid");
+        let first = on(&direct)
+            .args(["--ttl", "6s", "--supersede", "-w", "60", &name, "-c"])
+            .arg(job(&scratch, "first", "go2"))
+            .stderr(Stdio::piped())
+            .spawn();
+        wait_queued(&direct, &name, 1);
+        let late = on(&slow)
+            .args(["--ttl", "6s", "--supersede", "-w", "60", &name, "-c"])
+            .arg(job(&scratch, "late", "go3"))
+            .stderr(Stdio::piped())
+            .spawn();
+        std::thread::sleep(Duration::from_millis(offset));
+        std::fs::write(scratch.path("go"), "").unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let first_runs = scratch.exists("log") && scratch.read("log").contains("start first");
+        let shown = status_json(&direct, &name);
+        let first_token: Option<u64> = first_runs.then(|| {
+            scratch
+                .read("log")
+                .lines()
+                .find(|l| l.starts_with("start first"))
+                .and_then(|l| l.split(' ').nth(3))
+                .and_then(|t| t.parse().ok())
+                .unwrap()
+        });
+        let bad_state = first_token.is_some() && shown["token"].as_u64() != first_token;
+        if bad_state {
+            // The first job keeps running past the late request's next look.
+            std::thread::sleep(Duration::from_secs(33));
+        }
+        std::fs::write(scratch.path("go2"), "").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(scratch.path("go3"), "").unwrap();
+        let (c1, e1) = exited(first, Duration::from_secs(60));
+        let (c2, e2) = exited(late, Duration::from_secs(60));
+        drop(holder);
+        assert!(matches!(c1, Some(0 | 75 | 76)), "{offset}: {c1:?} {e1}");
+        assert!(matches!(c2, Some(0 | 75 | 76)), "{offset}: {c2:?} {e2}");
+        let mut s = spans(&scratch);
+        s.sort_by_key(|x| x.start);
+        for w in s.windows(2) {
+            assert!(
+                w[0].end <= w[1].start,
+                "release {offset} ms after the slow request started: {} (token {}) and {} \
+                 (token {}) ran at once; status showed {shown} while the first ran; \
+                 first: {e1}; late: {e2}",
+                w[0].who,
+                w[0].token,
+                w[1].who,
+                w[1].token
+            );
+        }
+        assert!(
+            !bad_state,
+            "{offset}: the first superseding request runs (token {first_token:?}) but status \
+             shows {shown}"
+        );
+    }
+}
