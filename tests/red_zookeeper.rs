@@ -467,7 +467,7 @@ fn red_zk_names_that_reach_each_other_and_names_zookeeper_forbids() {
     let scratch = Scratch::new();
     let _h = Reap(hold(Some(&url), "a", "6s", &scratch));
     scratch.pid_in("pid");
-    let long = "é".repeat(1500);
+    let long = "é".repeat(512);
     for name in [
         "a/b",
         "a%2Fb",
@@ -1283,4 +1283,51 @@ fn red_zk_a_late_supersede_mark_on_a_granted_request() {
              shows {shown}"
         );
     }
+}
+
+/// FINDING: `doctor` on a server whose maxSessionTimeout (here the
+/// default, 20 ticks = 4 s) is below the ttl in use (the default 30 s, or
+/// `--ttl 10s`) says "ok" for the session, while every run with that ttl
+/// is refused with 64. It checks a fixed 10 s session, not the ttl.
+#[test]
+fn red_zk_doctor_checks_the_ttl_in_use_against_the_server_s_session_bounds() {
+    let zk = OwnServer::start("");
+    let url = zk.url();
+    on(&url).args(["--ttl", "10s", "x", "true"]).code(64);
+    let doc = on(&url).args(["--ttl", "10s", "doctor"]).output();
+    let out = doc.stdout();
+    let session = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("session:"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        !session.starts_with("ok"),
+        "doctor passes a server that refuses the ttl in use: {session:?} (exit {:?})",
+        doc.out.status.code()
+    );
+}
+
+/// `--min-hold` under `--limit 2`: the two windows keep both slots; a
+/// third request waits until the first window ends, takes a free slot and
+/// a higher token.
+#[test]
+fn red_zk_min_hold_windows_keep_their_limit_slots() {
+    let (url, _, _) = chroot_url();
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let out = on(&url)
+            .args(["--limit", "2", "--min-hold", "3s", "ml", "-c", "echo $LOCKRUN_SLOT $LOCKRUN_TOKEN"])
+            .succeeds();
+        tokens.push(out.stdout());
+    }
+    let slots: Vec<&str> = tokens.iter().map(|t| t.split(' ').next().unwrap()).collect();
+    assert_ne!(slots[0], slots[1], "{tokens:?}");
+    on(&url).args(["--limit", "2", "-n", "ml", "true"]).code(75);
+    let out = on(&url)
+        .args(["--limit", "2", "-w", "20", "ml", "-c", "echo $LOCKRUN_SLOT $LOCKRUN_TOKEN"])
+        .succeeds();
+    let last: u64 = out.stdout().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let before: u64 = tokens[1].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(last > before);
 }
