@@ -1331,3 +1331,60 @@ fn red_zk_min_hold_windows_keep_their_limit_slots() {
     let before: u64 = tokens[1].split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(last > before);
 }
+
+/// A request that disagrees with the mode in force (`--limit 3` against
+/// `--limit 2` holders, `-s` against them) is 64 with one line, and leaves
+/// no node of its own behind.
+#[test]
+fn red_zk_a_disagreeing_request_leaves_nothing_behind() {
+    let (url, port, chroot) = chroot_url();
+    let scratch = Scratch::new();
+    let mut c = lockrun();
+    c.args(["--url", &url, "--limit", "2", "--ttl", "6s", "dis", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 60", scratch.path("pid").display()));
+    let _h = Reap(c.spawn().unwrap());
+    scratch.pid_in("pid");
+    for mode in [&["--limit", "3"][..], &["-s"], &[]] {
+        let out = on(&url).args(mode).args(["-w", "5", "dis", "true"]).code(64);
+        assert_eq!(out.stderr().trim_end().lines().count(), 1, "{}", out.stderr());
+    }
+    let q: Vec<String> = lockrun_nodes(port, &chroot)
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.contains("/q-"))
+        .collect();
+    assert_eq!(q.len(), 1, "{q:?}");
+}
+
+/// FINDING: a foreign ephemeral node where a name's parent goes (another
+/// program's, on a session of its own): lockrun cannot queue under it and
+/// must say so with one line and 69 (a foreign value at its nodes); it
+/// exits 70 ("ephemeral node can not have children" sorted as internal).
+#[test]
+fn red_zk_a_foreign_ephemeral_node_at_a_name_s_parent() {
+    let (url, port, chroot) = chroot_url();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let c = chroot.clone();
+    let keeper = std::thread::spawn(move || {
+        zk_do(port, Some(&c), move |z| async move {
+            let opts = zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            z.create("/lockrun", b"", &opts).await?;
+            let eph = zookeeper_client::CreateMode::Ephemeral
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            z.create("/lockrun/eph", b"", &eph).await?;
+            ready_tx.send(()).unwrap();
+            let _ = tokio::task::spawn_blocking(move || rx.recv()).await;
+            Ok(())
+        })
+    });
+    ready_rx.recv().unwrap();
+    let out = on(&url).args(["-n", "eph", "true"]).output();
+    let _ = tx.send(());
+    let _ = keeper.join();
+    let err = out.stderr();
+    assert!(!err.contains("panick"), "{err}");
+    assert_eq!(out.out.status.code(), Some(69), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
