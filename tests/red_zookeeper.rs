@@ -942,7 +942,7 @@ fn red_zk_a_waiter_that_missed_the_release_in_a_partition_is_woken_promptly() {
 fn red_zk_a_server_paused_around_the_first_renewal() {
     let zk = Zookeeper::start();
     let url = zk.url();
-    for pause_ms in [900u64, 1500, 2300] {
+    for pause_ms in [900u64, 1200, 1500, 1900, 2300] {
         let scratch = Scratch::new();
         let name = format!("p{pause_ms}");
         let holder = on(&url)
