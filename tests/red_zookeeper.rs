@@ -1388,3 +1388,33 @@ fn red_zk_a_foreign_ephemeral_node_at_a_name_s_parent() {
     assert_eq!(out.out.status.code(), Some(69), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+/// FINDING: two identities on one prefix (a digest user, and a client with
+/// no credentials), on different names. The first request to arrive
+/// creates the prefix's container with an ACL for its own identity only,
+/// so whether the other can lock any name under that prefix depends on
+/// who came first: the same command works at one moment and is refused
+/// with 69 (NoAuth) the next. The outcome must not depend on the order.
+#[test]
+fn red_zk_the_prefix_s_acl_depends_on_who_came_first() {
+    let (port, chroot) = zk_chroot();
+    let anon = format!("zk://127.0.0.1:{port}{chroot}");
+    let user = format!("zk://alice:pw-a@127.0.0.1:{port}{chroot}");
+    // Nobody yet: the anonymous client locks "y".
+    on(&anon).args(["-n", "y", "true"]).succeeds();
+    // The prefix went with its last request; alice comes first now.
+    assert!(wait_until(Duration::from_secs(20), || lockrun_nodes(port, &chroot).is_empty()));
+    let scratch = Scratch::new();
+    let mut c = lockrun();
+    c.args(["--url", &user, "--ttl", "6s", "x", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 60", scratch.path("pid").display()));
+    let _h = Reap(c.spawn().unwrap());
+    scratch.pid_in("pid");
+    let out = on(&anon).args(["-n", "y", "true"]).output();
+    assert_eq!(
+        out.out.status.code(),
+        Some(0),
+        "the same request on another name is refused now that alice made the prefix: {}",
+        out.stderr()
+    );
+}
