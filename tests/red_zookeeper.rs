@@ -3,7 +3,6 @@
 //! engine as it is and says what it shows; the others are attacks the
 //! engine withstands.
 
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -92,7 +91,12 @@ impl OwnServer {
         assert!(
             wait_until(Duration::from_secs(60), || {
                 matches!(
-                    on(&url).args(["status", "probe"]).output().out.status.code(),
+                    on(&url)
+                        .args(["status", "probe"])
+                        .output()
+                        .out
+                        .status
+                        .code(),
                     Some(0 | 1)
                 )
             }),
@@ -251,7 +255,10 @@ fn red_zk_a_stopped_holder_lockrun_continued_stops_its_job_at_once() {
     let took = cont.elapsed();
     assert_eq!(code, Some(76));
     assert!(!alive(job), "the job outlived its lease");
-    assert!(took < Duration::from_secs(3), "stopped {took:?} after SIGCONT");
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped {took:?} after SIGCONT"
+    );
     eprintln!("next holder found the paused holder's job: {overlap}");
 }
 
@@ -416,7 +423,10 @@ fn red_zk_release_force_of_one_limit_slot() {
         .args(["release", "--force", "--token", &ta, "lim"])
         .succeeds();
     let mut a = holders.remove(0);
-    assert_eq!(wait_child(&mut a.0, Duration::from_secs(20)).code(), Some(76));
+    assert_eq!(
+        wait_child(&mut a.0, Duration::from_secs(20)).code(),
+        Some(76)
+    );
     let (code, err) = exited(third, Duration::from_secs(60));
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(scratch.read("seen").trim(), "alone");
@@ -450,7 +460,12 @@ fn red_zk_status_without_a_name_on_a_big_tree() {
     assert!(!out.stderr().contains("panick"), "{}", out.stderr());
     assert!(started.elapsed() < Duration::from_secs(30));
     let json = on(&url).args(["status", "--json"]).output();
-    assert_eq!(json.json().as_array().map(|a| a.len()), Some(1), "{}", json.stdout());
+    assert_eq!(
+        json.json().as_array().map(|a| a.len()),
+        Some(1),
+        "{}",
+        json.stdout()
+    );
 }
 
 // ---------------------------------------------------------------------
@@ -479,7 +494,9 @@ fn red_zk_names_that_reach_each_other_and_names_zookeeper_forbids() {
         "zookeeper",
         &long,
     ] {
-        let out = on(&url).args(["-n", name, "-c", "echo $LOCKRUN_NAME"]).output();
+        let out = on(&url)
+            .args(["-n", name, "-c", "echo $LOCKRUN_NAME"])
+            .output();
         assert_eq!(out.out.status.code(), Some(0), "{name:?}: {}", out.stderr());
         assert_eq!(out.stdout().trim_end_matches('\n'), name);
     }
@@ -488,7 +505,9 @@ fn red_zk_names_that_reach_each_other_and_names_zookeeper_forbids() {
     assert_eq!(listed.as_array().map(|a| a.len()), Some(1), "{listed}");
     // Every name's container goes with its last request.
     assert!(
-        wait_until(Duration::from_secs(20), || lockrun_nodes(port, &chroot).len() <= 3),
+        wait_until(Duration::from_secs(20), || lockrun_nodes(port, &chroot)
+            .len()
+            <= 3),
         "{:?}",
         lockrun_nodes(port, &chroot)
     );
@@ -516,11 +535,18 @@ fn red_zk_prefixes_from_the_command_line_and_the_environment() {
     let scratch = Scratch::new();
     let mut c = lockrun();
     c.args(["--url", &url, "--prefix", "p", "--ttl", "6s", "same", "-c"])
-        .arg(format!("echo $$ > {}; exec sleep 60", scratch.path("pid").display()));
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("pid").display()
+        ));
     let _h = Reap(c.spawn().unwrap());
     scratch.pid_in("pid");
-    on(&url).args(["--prefix", "p:", "-n", "same", "true"]).code(75);
-    on(&url).args(["--prefix", "p.x", "-n", "same", "true"]).succeeds();
+    on(&url)
+        .args(["--prefix", "p:", "-n", "same", "true"])
+        .code(75);
+    on(&url)
+        .args(["--prefix", "p.x", "-n", "same", "true"])
+        .succeeds();
 }
 
 // ---------------------------------------------------------------------
@@ -582,16 +608,25 @@ fn red_zk_a_server_with_default_bounds_no_4lw_and_no_ttl_nodes() {
     let url = zk.url();
     let out = on(&url).args(["--ttl", "10s", "x", "true"]).code(64);
     let err = out.stderr();
-    assert!(err.contains("4s"), "does not say which ttls it accepts: {err}");
+    assert!(
+        err.contains("4s"),
+        "does not say which ttls it accepts: {err}"
+    );
     on(&url).args(["--ttl", "4s", "x", "true"]).succeeds();
     on(&url).args(["--ttl", "1s", "x", "true"]).succeeds();
     let doc = on(&url).args(["doctor"]).output();
     let all = format!("{}{}", doc.stdout(), doc.stderr());
     assert_eq!(doc.out.status.code(), Some(1), "{all}");
     assert!(all.contains("extendedTypesEnabled"), "{all}");
-    let out = on(&url).args(["--ttl", "3s", "--min-hold", "5s", "mh", "true"]).output();
+    let out = on(&url)
+        .args(["--ttl", "3s", "--min-hold", "5s", "mh", "true"])
+        .output();
     assert_eq!(out.out.status.code(), Some(0), "{}", out.stderr());
-    assert!(out.stderr().contains("extendedTypesEnabled"), "{}", out.stderr());
+    assert!(
+        out.stderr().contains("extendedTypesEnabled"),
+        "{}",
+        out.stderr()
+    );
 }
 
 /// `--min-hold` with TTL nodes: a second run within the window is busy;
@@ -611,10 +646,17 @@ fn red_zk_min_hold_keeps_its_window_and_then_ends() {
     let waited = start.elapsed();
     let t2: u64 = out.stdout().trim().parse().unwrap();
     assert!(t2 > t1, "token went backwards: {t2} after {t1}");
-    assert!(waited >= Duration::from_millis(2500), "window ended early: {waited:?}");
-    assert!(waited < Duration::from_secs(8), "window ended late: {waited:?}");
     assert!(
-        wait_until(Duration::from_secs(30), || lockrun_nodes(port, &chroot).is_empty()),
+        waited >= Duration::from_millis(2500),
+        "window ended early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(8),
+        "window ended late: {waited:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || lockrun_nodes(port, &chroot)
+            .is_empty()),
         "{:?}",
         lockrun_nodes(port, &chroot)
     );
@@ -646,7 +688,16 @@ fn red_zk_preempt_supersede_and_max_waiters_race() {
         );
     }
     let full = on(&url)
-        .args(["--ttl", "3s", "--max-waiters", "1", "-w", "60", "pre", "true"])
+        .args([
+            "--ttl",
+            "3s",
+            "--max-waiters",
+            "1",
+            "-w",
+            "60",
+            "pre",
+            "true",
+        ])
         .stderr(Stdio::piped())
         .spawn();
     let pre = on(&url)
@@ -692,10 +743,8 @@ impl Stall {
                 let Ok(b) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue;
                 };
-                for (mut from, mut to) in [
-                    (a.try_clone().unwrap(), b.try_clone().unwrap()),
-                    (b, a),
-                ] {
+                for (mut from, mut to) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)]
+                {
                     let flag = flag.clone();
                     std::thread::spawn(move || {
                         let mut buf = [0u8; 8192];
@@ -798,7 +847,9 @@ impl SplitEnsemble {
         for &p in &s.clients {
             assert!(
                 wait_until(Duration::from_secs(90), || four_letters(p, "srvr")
-                    .is_some_and(|t| t.contains("Mode: leader") || t.contains("Mode: follower"))),
+                    .is_some_and(
+                        |t| t.contains("Mode: leader") || t.contains("Mode: follower")
+                    )),
                 "an ensemble server did not come up"
             );
         }
@@ -807,7 +858,10 @@ impl SplitEnsemble {
 
     fn mode(&self, i: usize) -> String {
         four_letters(self.clients[i], "srvr")
-            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("Mode: ").map(String::from)))
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("Mode: ").map(String::from))
+            })
             .unwrap_or_default()
     }
 
@@ -844,7 +898,10 @@ fn red_zk_a_holder_on_a_follower_cut_off_from_the_leader_stops_before_the_next_r
     let _heavy = heavy();
     let ens = SplitEnsemble::start();
     if ens.mode(0) != "follower" {
-        eprintln!("server 1 leads ({}); the cut needs it to follow: not run", ens.mode(0));
+        eprintln!(
+            "server 1 leads ({}); the cut needs it to follow: not run",
+            ens.mode(0)
+        );
         return;
     }
     let scratch = Scratch::new();
@@ -1037,15 +1094,20 @@ fn red_zk_a_holder_keeps_its_lease_through_a_short_server_pause() {
         zk.server.resume();
     }
     let (code, err) = exited(holder, Duration::from_secs(60));
-    assert_eq!(code, Some(0), "the lease was lost to a 1.3 s pause of a 6 s session: {err}");
+    assert_eq!(
+        code,
+        Some(0),
+        "the lease was lost to a 1.3 s pause of a 6 s session: {err}"
+    );
 }
 
 /// The index of the server (of `among`) where a client session is
 /// connected now, by `cons`.
 fn connected_on(ens: &SplitEnsemble, among: &[usize]) -> Option<usize> {
-    among.iter().copied().find(|&i| {
-        four_letters(ens.clients[i], "cons").is_some_and(|t| t.contains("sid=0x"))
-    })
+    among
+        .iter()
+        .copied()
+        .find(|&i| four_letters(ens.clients[i], "cons").is_some_and(|t| t.contains("sid=0x")))
 }
 
 /// The follower a holder and a waiter are connected to is killed: both
@@ -1317,18 +1379,48 @@ fn red_zk_min_hold_windows_keep_their_limit_slots() {
     let mut tokens = Vec::new();
     for _ in 0..2 {
         let out = on(&url)
-            .args(["--limit", "2", "--min-hold", "3s", "ml", "-c", "echo $LOCKRUN_SLOT $LOCKRUN_TOKEN"])
+            .args([
+                "--limit",
+                "2",
+                "--min-hold",
+                "3s",
+                "ml",
+                "-c",
+                "echo $LOCKRUN_SLOT $LOCKRUN_TOKEN",
+            ])
             .succeeds();
         tokens.push(out.stdout());
     }
-    let slots: Vec<&str> = tokens.iter().map(|t| t.split(' ').next().unwrap()).collect();
+    let slots: Vec<&str> = tokens
+        .iter()
+        .map(|t| t.split(' ').next().unwrap())
+        .collect();
     assert_ne!(slots[0], slots[1], "{tokens:?}");
     on(&url).args(["--limit", "2", "-n", "ml", "true"]).code(75);
     let out = on(&url)
-        .args(["--limit", "2", "-w", "20", "ml", "-c", "echo $LOCKRUN_SLOT $LOCKRUN_TOKEN"])
+        .args([
+            "--limit",
+            "2",
+            "-w",
+            "20",
+            "ml",
+            "-c",
+            "echo $LOCKRUN_SLOT $LOCKRUN_TOKEN",
+        ])
         .succeeds();
-    let last: u64 = out.stdout().split_whitespace().nth(1).unwrap().parse().unwrap();
-    let before: u64 = tokens[1].split_whitespace().nth(1).unwrap().parse().unwrap();
+    let last: u64 = out
+        .stdout()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let before: u64 = tokens[1]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(last > before);
 }
 
@@ -1341,12 +1433,23 @@ fn red_zk_a_disagreeing_request_leaves_nothing_behind() {
     let scratch = Scratch::new();
     let mut c = lockrun();
     c.args(["--url", &url, "--limit", "2", "--ttl", "6s", "dis", "-c"])
-        .arg(format!("echo $$ > {}; exec sleep 60", scratch.path("pid").display()));
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("pid").display()
+        ));
     let _h = Reap(c.spawn().unwrap());
     scratch.pid_in("pid");
     for mode in [&["--limit", "3"][..], &["-s"], &[]] {
-        let out = on(&url).args(mode).args(["-w", "5", "dis", "true"]).code(64);
-        assert_eq!(out.stderr().trim_end().lines().count(), 1, "{}", out.stderr());
+        let out = on(&url)
+            .args(mode)
+            .args(["-w", "5", "dis", "true"])
+            .code(64);
+        assert_eq!(
+            out.stderr().trim_end().lines().count(),
+            1,
+            "{}",
+            out.stderr()
+        );
     }
     let q: Vec<String> = lockrun_nodes(port, &chroot)
         .into_iter()
@@ -1403,11 +1506,17 @@ fn red_zk_the_prefix_s_acl_depends_on_who_came_first() {
     // Nobody yet: the anonymous client locks "y".
     on(&anon).args(["-n", "y", "true"]).succeeds();
     // The prefix went with its last request; alice comes first now.
-    assert!(wait_until(Duration::from_secs(20), || lockrun_nodes(port, &chroot).is_empty()));
+    assert!(wait_until(Duration::from_secs(20), || lockrun_nodes(
+        port, &chroot
+    )
+    .is_empty()));
     let scratch = Scratch::new();
     let mut c = lockrun();
     c.args(["--url", &user, "--ttl", "6s", "x", "-c"])
-        .arg(format!("echo $$ > {}; exec sleep 60", scratch.path("pid").display()));
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("pid").display()
+        ));
     let _h = Reap(c.spawn().unwrap());
     scratch.pid_in("pid");
     let out = on(&anon).args(["-n", "y", "true"]).output();
@@ -1416,5 +1525,44 @@ fn red_zk_the_prefix_s_acl_depends_on_who_came_first() {
         Some(0),
         "the same request on another name is refused now that alice made the prefix: {}",
         out.stderr()
+    );
+}
+
+/// FINDING (engine-wide, not only ZooKeeper): lockrun (the holder) stopped
+/// with SIGSTOP past its session timeout: its job runs on, unsupervised,
+/// and the next holder starts beside it once the session expired. The old
+/// job must be dead or stopped (state T) before the next one runs; it is
+/// found running (state S or R).
+#[test]
+fn red_zk_a_stopped_holder_s_job_is_not_running_when_the_next_starts() {
+    let (url, _, _) = chroot_url();
+    let scratch = Scratch::new();
+    let holder = on(&url)
+        .args(["--ttl", "2s", "sh2", "-c"])
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("hpid").display()
+        ))
+        .spawn();
+    let hpid = holder.id() as i32;
+    let _holder = Reap(holder);
+    scratch.pid_in("hpid");
+    signal(hpid, libc::SIGSTOP);
+    let next = on(&url)
+        .args(["--ttl", "2s", "-w", "60", "sh2", "-c"])
+        .arg(format!(
+            "s=$(awk '{{print $3}}' /proc/$(cat {p})/stat 2>/dev/null); echo ${{s:-gone}} > {o}",
+            p = scratch.path("hpid").display(),
+            o = scratch.path("state").display()
+        ))
+        .spawn();
+    let (code, err) = exited(next, Duration::from_secs(60));
+    signal(hpid, libc::SIGCONT);
+    assert_eq!(code, Some(0), "{err}");
+    let state = scratch.read("state");
+    assert!(
+        matches!(state.trim(), "gone" | "T" | "t" | "Z"),
+        "the paused holder's job was in state {} when the next holder's job started",
+        state.trim()
     );
 }
