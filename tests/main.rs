@@ -24,6 +24,7 @@ mod postgres;
 mod postgres_groups;
 mod props;
 mod red_groups;
+mod red_zookeeper;
 mod redis_core;
 mod redis_groups;
 mod refused;
