@@ -26,6 +26,7 @@ mod postgres_groups;
 mod props;
 mod red_groups;
 mod red_mysql;
+mod red_zookeeper;
 mod redis_core;
 mod redis_groups;
 mod refused;

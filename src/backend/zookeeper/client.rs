@@ -216,6 +216,11 @@ pub fn sort(e: CallError, doing: &str) -> Error {
             "{text}: check the URL's user and password, and the ACL on lockrun's nodes"
         )),
         Z::QuotaExceeded | Z::NotReadOnly => Error::Refused(text),
+        // Another program's ephemeral node where lockrun's parent goes.
+        Z::NoChildrenForEphemerals => Error::Refused(format!(
+            "{text}: an ephemeral node that is not lockrun's is in the way; remove it \
+             or use another --prefix"
+        )),
         // Server codes the client has no name for: a system error, an
         // operation timed out, no quorum for a new configuration, a
         // reconfiguration under way, a request timed out (-1, -7, -13,

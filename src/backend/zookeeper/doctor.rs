@@ -64,15 +64,7 @@ pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
             }
         }
     }
-    out.push(Check::ok(
-        "session",
-        format!(
-            "asked for a session of {}, granted {}: a --ttl above the server's \
-             maxSessionTimeout is refused",
-            humantime::format_duration(super::OPERATOR_SESSION),
-            humantime::format_duration(c.timeout)
-        ),
-    ));
+    out.push(session_bounds(url, how));
     let mut worst = Duration::ZERO;
     for _ in 0..5 {
         let sent = Boot::now();
@@ -133,6 +125,51 @@ pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
     }
     out.push(ttl_nodes(&c, &root));
     out
+}
+
+/// The default ttl (lockrun(1)).
+const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// The session timeouts the server grants (its minSessionTimeout and
+/// maxSessionTimeout), learnt by asking for a session far too short and
+/// one far too long, against the default ttl: a --ttl above the longest
+/// is refused with 64, one below the shortest gets the longer session.
+fn session_bounds(url: &ZkUrl, how: &Opening) -> Check {
+    let granted = |ask: Duration| {
+        Client::connect(url, ask, how.op)
+            .map(|c| c.timeout)
+            .map_err(|e| Check::fail("session", e.to_string()))
+    };
+    let (shortest, longest) = match (
+        granted(Duration::from_millis(1)),
+        granted(Duration::from_secs(24 * 3600)),
+    ) {
+        (Ok(s), Ok(l)) => (s, l),
+        (Err(c), _) | (_, Err(c)) => return c,
+    };
+    let f = humantime::format_duration;
+    let bounds = format!(
+        "the server grants sessions of {} to {} (minSessionTimeout, maxSessionTimeout): \
+         a --ttl in that range is the session timeout",
+        f(shortest),
+        f(longest)
+    );
+    if longest < DEFAULT_TTL {
+        Check::warn(
+            "session",
+            format!(
+                "{bounds}; the default --ttl of {} is refused with 64: pass --ttl {} or less, \
+                 or raise maxSessionTimeout",
+                f(DEFAULT_TTL),
+                f(longest)
+            ),
+        )
+    } else {
+        Check::ok(
+            "session",
+            format!("{bounds}; a longer one is refused with 64"),
+        )
+    }
 }
 
 /// Whether the server takes TTL nodes (`extendedTypesEnabled`), which

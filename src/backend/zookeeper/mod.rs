@@ -219,7 +219,9 @@ fn holder(e: &Entry) -> Holder {
         token: Some(e.czxid),
         mode: r.mode(),
         slot: e.slot.filter(|_| matches!(r.mode(), super::Mode::Limit(_))),
-        ttl_left: Some(Duration::from_millis(r.ttl_ms)),
+        // ZooKeeper does not say how much of a session is left: no number
+        // that would look exact (lockrun-engines(7) "ZOOKEEPER").
+        ttl_left: None,
         held_for: (e.ctime > 0)
             .then(|| Duration::from_millis(wall_ms().saturating_sub(e.ctime).max(0) as u64)),
         revoked: r.revoked,
@@ -563,6 +565,7 @@ impl Held for ZkHeld {
             session: self.client.session_id(),
             ttl: self.ttl,
             version: self.entry.version,
+            preempted: self.entry.record.preempted_by.clone(),
         }))
     }
 
@@ -603,11 +606,21 @@ struct ZkRenewer {
     ttl: Duration,
     /// Our node's version as last seen.
     version: i32,
+    /// A `--preempt` request marked our node before our grant read it.
+    preempted: Option<String>,
 }
 
 impl Renewer for ZkRenewer {
     fn renew(&mut self) -> Result<Renewal, Error> {
         let lost = |e: &CallError| expired(e) || matches!(e, CallError::Zk(zk::Error::NoNode));
+        if let Some(by) = self.preempted.clone() {
+            // Asked to stop already: the node was marked at the version
+            // our grant read, so the check below would not see it.
+            return match check(&self.client, &self.path, self.version) {
+                Err(e) if lost(&e) => Ok(Renewal::Lost),
+                _ => Ok(Renewal::Preempted { by }),
+            };
+        }
         match check(&self.client, &self.path, self.version) {
             Ok(()) => return Ok(Renewal::Renewed { ttl: self.ttl }),
             Err(e) if lost(&e) => return Ok(Renewal::Lost),

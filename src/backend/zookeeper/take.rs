@@ -55,10 +55,22 @@ fn unique() -> Result<String, Error> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Create a container node if it is not there.
-fn container(c: &Client, path: &str) -> Result<(), CallError> {
+/// The ACL of the prefix's node, shared by every identity that locks
+/// under the prefix: anyone may read it and create a name's node in it,
+/// so who came first never decides who may lock a name. Nobody may delete
+/// a child of it (ZooKeeper deletes an empty container itself), set its
+/// data or change its ACL.
+static PREFIX_ACL: std::sync::LazyLock<[zk::Acl; 1]> = std::sync::LazyLock::new(|| {
+    use zk::Permission as P;
+    [zk::Acl::new(
+        P::READ | P::CREATE,
+        zk::AuthId::new("world", "anyone"),
+    )]
+});
+
+/// Create a container node with `acls` if it is not there.
+fn container(c: &Client, path: &str, acls: zk::Acls<'static>) -> Result<(), CallError> {
     let path = path.to_string();
-    let acls = c.acls();
     match c.call(|z| async move {
         let opts = zk::CreateMode::Container.with_acls(acls);
         z.create(&path, b"", &opts).await
@@ -184,8 +196,9 @@ impl Taking<'_> {
             m.sent = true;
             created_at = Some(Boot::now());
             let record = Record::new(req, ttl.as_millis() as u64);
-            let node = create(&c, &self.nodes, &m.id, &record.encode())
-                .map_err(call_failed("creating our node"))?;
+            let doing = format!("creating our node under {}", self.nodes.parent);
+            let node =
+                create(&c, &self.nodes, &m.id, &record.encode()).map_err(call_failed(&doing))?;
             m.node = Some(node);
         }
         let name = match self.quick_look(&c)? {
@@ -261,6 +274,24 @@ impl Taking<'_> {
                 // leader is away: confirm through the leader that our
                 // session is alive and our node as read.
                 let sent = match created_at {
+                    // A --supersede request may be marked replaced by a
+                    // later one that read it as waiting: the grant writes
+                    // its node (at the version read), so a mark made on an
+                    // older read fails, and a mark that came first fails
+                    // the grant. A replaced node is never a holder.
+                    _ if req.group.supersede => {
+                        let at = Boot::now();
+                        match confirm(&c, &self.nodes.child(&entry.node), &entry) {
+                            Ok(version) => {
+                                entry.version = version;
+                                at
+                            }
+                            Err(CallError::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => {
+                                return Ok(Step::Again);
+                            }
+                            Err(e) => return Err(Failed::Call(e, "confirming our turn".into())),
+                        }
+                    }
                     Some(at) => at,
                     None => {
                         let at = Boot::now();
@@ -505,6 +536,36 @@ impl Taking<'_> {
                 let _ = tx.send(());
             });
         }
+        // A watch's event lost with a connection comes back when the
+        // session reconnects (the server resets our watches), but a
+        // release missed meanwhile is read at once on reconnecting: the
+        // session's state wakes us too. Dropping `_stop` ends the task.
+        let (_stop, stop) = tokio::sync::oneshot::channel::<()>();
+        let mut states = c
+            .call(|z| async move { Ok(z.state_watcher()) })
+            .map_err(call_failed("watching the session"))?;
+        c.spawn(async move {
+            let back = async move {
+                let mut lost = !matches!(
+                    states.peek_state(),
+                    zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+                );
+                loop {
+                    match states.changed().await {
+                        zk::SessionState::Disconnected => lost = true,
+                        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+                            if !lost => {}
+                        // Back, or over for good: look again.
+                        _ => return,
+                    }
+                }
+            };
+            if let futures_util::future::Either::Left(_) =
+                futures_util::future::select(Box::pin(back), stop).await
+            {
+                let _ = tx.send(());
+            }
+        });
         let opened = Boot::now();
         loop {
             let mut left = LOOK_AGAIN.saturating_sub(Boot::now().since(opened));
@@ -553,7 +614,13 @@ fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, Ca
                 // ZooKeeper may delete an empty container at any time,
                 // the prefix's between our two creates: try again.
                 tries += 1;
-                match container(c, &nodes.root).and_then(|()| container(c, &nodes.parent)) {
+                // The prefix's node is shared by every identity; a name's
+                // node carries our ACL, as its requests do (a name is one
+                // identity's: another could not read its requests).
+                let prefix = zk::Acls::new(&PREFIX_ACL[..]);
+                match container(c, &nodes.root, prefix)
+                    .and_then(|()| container(c, &nodes.parent, c.acls()))
+                {
                     Ok(()) | Err(CallError::Zk(zk::Error::NoNode)) => {}
                     Err(e) => return Err(e),
                 }
@@ -561,6 +628,15 @@ fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, Ca
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Rewrite our node as read, at the version read: the leader judges it
+/// (our session alive, the node unchanged). Its new version.
+fn confirm(c: &Client, path: &str, e: &Entry) -> Result<i32, CallError> {
+    let path = path.to_string();
+    let (data, version) = (e.record.encode(), e.version);
+    c.call(|z| async move { z.set_data(&path, &data, Some(version)).await })
+        .map(|stat| stat.version)
 }
 
 /// Claim a free `--limit` slot for our node, `first` tried first: None
