@@ -104,10 +104,11 @@ pub fn release(
                         .to_string()
                 } else {
                     format!(
-                        "revoked; its job stops at its next renewal, new grants wait {} until the old lease ends",
+                        "revoked; its job stops at its next renewal, new grants wait {}until the old lease ends",
+                        // A ZooKeeper session does not say how long it has left.
                         h.ttl_left
-                            .map(human)
-                            .unwrap_or_else(|| "until it expires".into())
+                            .map(|l| format!("{} ", human(l)))
+                            .unwrap_or_default()
                     )
                 };
                 let _ = writeln!(

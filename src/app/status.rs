@@ -178,8 +178,11 @@ fn show_status(out: &mut dyn Write, name: &str, st: &backend::Status, json: bool
             [h] if h.revoked && h.mode == Mode::Exclusive => {
                 let _ = writeln!(
                     out,
-                    "{name}: revoked by release --force, free in {} ({}){waiting}",
-                    h.ttl_left.map(human).unwrap_or_else(|| "?".into()),
+                    "{name}: revoked by release --force, free {} ({}){waiting}",
+                    // A ZooKeeper session does not say how long it has left.
+                    h.ttl_left
+                        .map(|l| format!("in {}", human(l)))
+                        .unwrap_or_else(|| "when its lease ends".into()),
                     describe_holder(&Holder {
                         revoked: false,
                         ..h.clone()
