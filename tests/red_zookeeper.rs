@@ -1350,26 +1350,34 @@ fn a_late_supersede_mark_on_a_granted_request() {
 }
 
 /// `doctor` on a server whose maxSessionTimeout (here the default, 20
-/// ticks = 4 s) is below the default ttl (30 s), where a run with a longer
-/// ttl is refused with 64. Protects against a doctor that passes the
-/// session it asked for itself: it learns the server's session bounds and
-/// warns when the default ttl does not fit.
+/// ticks = 4 s) is below the ttl in use, where a run with that ttl is
+/// refused with 64. Protects against a doctor that passes the session it
+/// asked for itself, or checks the default ttl instead of `--ttl`: it
+/// learns the server's session bounds and warns when the ttl does not fit.
 #[test]
-fn doctor_warns_when_the_server_s_sessions_are_shorter_than_the_default_ttl() {
+fn doctor_checks_the_ttl_in_use_against_the_server_s_sessions() {
     let zk = OwnServer::start("");
     let url = zk.url();
-    on(&url).args(["--ttl", "10s", "x", "true"]).code(64);
-    let doc = on(&url).args(["--ttl", "10s", "doctor"]).output();
-    let out = doc.stdout();
-    let session = out
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some("session:"))
-        .unwrap_or_default()
-        .to_string();
+    let session = |ttl: &str| {
+        on(&url)
+            .args(["--ttl", ttl, "x", "true"])
+            .code(if ttl == "3s" { 0 } else { 64 });
+        let doc = on(&url).args(["--ttl", ttl, "doctor"]).output();
+        doc.stdout()
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some("session:"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let long = session("10s");
     assert!(
-        !session.starts_with("ok"),
-        "doctor passes a server that refuses the ttl in use: {session:?} (exit {:?})",
-        doc.out.status.code()
+        long.starts_with("warn") && long.contains("--ttl 10s"),
+        "doctor passes a server that refuses the ttl in use: {long:?}"
+    );
+    let short = session("3s");
+    assert!(
+        short.starts_with("ok"),
+        "doctor warns of a ttl the server grants: {short:?}"
     );
 }
 

@@ -17,7 +17,11 @@ const DOCTOR_TIME: Duration = Duration::from_secs(30);
 pub fn doctor(cli: &Cli) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
     setup_logging(&common);
-    let how = opening(&common, op_budget());
+    // The ttl runs here would ask for (`--ttl`, `LOCKRUN_TTL`): one doctor
+    // cannot read is refused by every run, and checked there.
+    let ttl = config::parse_duration("--ttl", &cli.run.ttl, config::MAX_TTL)
+        .unwrap_or(super::DEFAULT_TTL);
+    let how = opening(&common, op_budget(), ttl);
     let address = common.address.clone();
     let shown = address.shown();
     let checks = backend::bounded(&format!("checking {shown}"), DOCTOR_TIME, move || {

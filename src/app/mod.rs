@@ -69,19 +69,25 @@ fn human(d: Duration) -> String {
 
 /// No lease of our own: the default ttl's bound on one request will do.
 fn op_budget() -> Duration {
-    crate::schedule::Timing::new(Duration::from_secs(30), None)
+    crate::schedule::Timing::new(DEFAULT_TTL, None)
         .map(|t| t.op)
         .unwrap_or(Duration::from_secs(2))
 }
 
-fn opening(common: &Common, op: Duration) -> backend::Opening {
+fn opening(common: &Common, op: Duration, ttl: Duration) -> backend::Opening {
     backend::Opening {
         prefix: common.prefix.clone(),
         op,
         check_settings: common.verbosity >= 2,
+        ttl,
     }
 }
 
+/// lockrun(1)'s default `--ttl`.
+const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
 fn open_engine(common: &Common) -> Result<Box<dyn backend::Engine>, Failure> {
-    Ok(common.address.open(&opening(common, op_budget()))?)
+    Ok(common
+        .address
+        .open(&opening(common, op_budget(), DEFAULT_TTL))?)
 }

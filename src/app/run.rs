@@ -49,10 +49,10 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
     };
     let expires = cfg.common.address.engine().expires;
 
-    let mut engine = cfg
-        .common
-        .address
-        .open(&opening(&cfg.common, cfg.timing.op))?;
+    let mut engine =
+        cfg.common
+            .address
+            .open(&opening(&cfg.common, cfg.timing.op, cfg.timing.ttl))?;
     let lease = loop {
         match engine.acquire(&req, cfg.wait)? {
             // A grant whose lease is already (nearly) over, because lockrun was

@@ -88,6 +88,9 @@ pub struct Opening {
     /// `-v`: worth a round trip to check the server's settings and say
     /// what would break a lock.
     pub check_settings: bool,
+    /// The ttl a run asks for (`--ttl`, `LOCKRUN_TTL`, or the default):
+    /// what `doctor` checks the server's bounds against.
+    pub ttl: Duration,
 }
 
 /// How an engine reads an address of its own (the whole text, scheme

@@ -127,12 +127,9 @@ pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
     out
 }
 
-/// The default ttl (lockrun(1)).
-const DEFAULT_TTL: Duration = Duration::from_secs(30);
-
 /// The session timeouts the server grants (its minSessionTimeout and
 /// maxSessionTimeout), learnt by asking for a session far too short and
-/// one far too long, against the default ttl: a --ttl above the longest
+/// one far too long, against the ttl runs ask for: a --ttl above the longest
 /// is refused with 64, one below the shortest gets the longer session.
 fn session_bounds(url: &ZkUrl, how: &Opening) -> Check {
     let granted = |ask: Duration| {
@@ -154,13 +151,14 @@ fn session_bounds(url: &ZkUrl, how: &Opening) -> Check {
         f(shortest),
         f(longest)
     );
-    if longest < DEFAULT_TTL {
+    let ttl = how.ttl;
+    if longest < ttl {
         Check::warn(
             "session",
             format!(
-                "{bounds}; the default --ttl of {} is refused with 64: pass --ttl {} or less, \
+                "{bounds}; --ttl {} is refused with 64: pass --ttl {} or less, \
                  or raise maxSessionTimeout",
-                f(DEFAULT_TTL),
+                f(ttl),
                 f(longest)
             ),
         )
