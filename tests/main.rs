@@ -33,3 +33,4 @@ mod switching;
 mod terminal;
 mod torture;
 mod zookeeper;
+mod zookeeper_tls;
