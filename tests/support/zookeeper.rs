@@ -559,9 +559,35 @@ pub fn start_zookeeper_tls(certs: &Path) -> ZkTls {
         let cfg = dir.join("zoo.cfg");
         std::fs::create_dir_all(dir.join("data")).unwrap();
         std::fs::write(&cfg, config(&dir.join("data"), port, &extra)).unwrap();
+        // Netty's TLS handler needs its codec jar, which the jar's own
+        // class path leaves out.
+        let args: Vec<String> = java_args("ZooKeeperServerMain")
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("/etc/zookeeper/conf:") {
+                    format!("{a}:/usr/share/java/netty-codec.jar")
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{} {} {} & j=$!; echo $j; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
+                 do sleep 0.5; done; kill -9 $j",
+                java(),
+                args.join(" "),
+                cfg.display(),
+                std::process::id()
+            ))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ZooKeeper");
         let mut s = ZkServer {
             port,
-            child: Some(launch(&cfg, true, "ZooKeeperServerMain")),
+            child: Some(child),
             cfg,
             shared: true,
         };
