@@ -127,18 +127,26 @@ impl Client {
         // Connecting tries every server in turn: give it the bound of one
         // call for each, and a little more.
         let limit = op * (url.servers.len() as u32 + 1);
-        let zk = run(
-            &rt.handle,
-            limit,
-            async move {
-                if secure {
-                    connector.secure_connect(&cs).await
+        let zk = run(&rt.handle, limit, async move {
+            if secure {
+                connector.secure_connect(&cs).await
+            } else {
+                connector.connect(&cs).await
+            }
+        })
+        .map_err(|e| match sort(e, "connecting") {
+            // The client gives no reason for a failed handshake.
+            Error::Transient(t) if url.tls => Error::Transient(format!(
+                "{t} (TLS: is the port a secureClientPort, and does the server's \
+                 certificate check against {}?)",
+                if url.ca_file.is_some() {
+                    "--tls-ca"
                 } else {
-                    connector.connect(&cs).await
+                    "the system's roots"
                 }
-            },
-        )
-        .map_err(|e| sort(e, "connecting"))?;
+            )),
+            e => e,
+        })?;
         let timeout = zk.session_timeout();
         Ok(Client {
             rt,
