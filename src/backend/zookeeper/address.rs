@@ -242,7 +242,9 @@ mod tests {
             "zk://u@h",
             "zk://:p@h",
             "zk://u:s3cret@h/a b",
-            "zks://u:s3cret@h",
+            "zk://u:s3cret@h#insecure",
+            "zks://u:s3cret@h#other",
+            "zks://u:s3cret@h#insecure#insecure",
         ] {
             let e = url(bad).unwrap_err();
             assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
@@ -251,5 +253,17 @@ mod tests {
         let u = url("zk://u:s3cret@h").unwrap();
         assert_eq!(u.display, "zk://u:***@h");
         assert_eq!(u.password.as_deref(), Some("s3cret"));
+    }
+
+    #[test]
+    fn zks_is_tls_and_insecure_only_skips_the_name_check() {
+        let u = url("zks://u:s3cret@a:2281,b:2281/x#insecure").unwrap();
+        assert!(u.tls && u.insecure);
+        assert_eq!(u.servers, ["a:2281", "b:2281"]);
+        assert_eq!(u.chroot.as_deref(), Some("/x"));
+        assert_eq!(u.display, "zks://u:***@a:2281,b:2281/x#insecure");
+        let u = url("zks://h").unwrap();
+        assert!(u.tls && !u.insecure && u.ca_file.is_none());
+        assert!(!url("zk://h").unwrap().tls);
     }
 }
