@@ -84,7 +84,9 @@ pub struct BackendArgs {
     /// redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...],
     /// etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or
     /// postgresql://, PG* variables as libpq reads them),
-    /// mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), or file:///dir.
+    /// mysql://[user[:pass]@]host[:port]/dbname (or mariadb://),
+    /// zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://),
+    /// zks://... (TLS), or file:///dir.
     /// Default: a per-user directory on this machine.
     #[arg(
         short = 'u',
@@ -97,7 +99,7 @@ pub struct BackendArgs {
 
     /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://,
     /// postgres:// with sslmode=require or verify-*, mysql:// with
-    /// ssl-mode=REQUIRED or VERIFY_*) with.
+    /// ssl-mode=REQUIRED or VERIFY_*, zks://) with.
     #[arg(long, env = "LOCKRUN_TLS_CA", value_name = "PATH", global = true)]
     pub tls_ca: Option<std::path::PathBuf>,
 

@@ -36,3 +36,4 @@ mod switching;
 mod terminal;
 mod torture;
 mod zookeeper;
+mod zookeeper_tls;

@@ -524,3 +524,80 @@ pub fn shared_ensemble() -> Vec<u16> {
         })
         .clone()
 }
+
+/// A standalone server of a test file's own that also serves TLS on a
+/// second loopback port, with the server certificate `make_certs` made in
+/// `certs` (the key and the certificate in one PEM file, as ZooKeeper's PEM
+/// key store wants). Runs until the test process is gone.
+pub struct ZkTls {
+    /// The plain client port.
+    pub port: u16,
+    /// The TLS client port.
+    pub tls_port: u16,
+}
+
+pub fn start_zookeeper_tls(certs: &Path) -> ZkTls {
+    let key_and_cert = certs.join("srv-key-and-cert.pem");
+    let pem = std::fs::read_to_string(certs.join("srv.key")).unwrap()
+        + &std::fs::read_to_string(certs.join("srv.crt")).unwrap();
+    std::fs::write(&key_and_cert, pem).unwrap();
+    let dir = scratch_dir().keep();
+    for _ in 0..5 {
+        let port = free_port();
+        let tls_port = free_port();
+        if tls_port == port {
+            continue;
+        }
+        let extra = format!(
+            "secureClientPort={tls_port}\nsecureClientPortAddress=127.0.0.1\n\
+             serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+             ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+             ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth=none\n",
+            key_and_cert.display(),
+            certs.join("ca.crt").display()
+        );
+        let cfg = dir.join("zoo.cfg");
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        std::fs::write(&cfg, config(&dir.join("data"), port, &extra)).unwrap();
+        // Netty's TLS handler needs its codec jar, which the jar's own
+        // class path leaves out.
+        let args: Vec<String> = java_args("ZooKeeperServerMain")
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("/etc/zookeeper/conf:") {
+                    format!("{a}:/usr/share/java/netty-codec.jar")
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{} {} {} & j=$!; echo $j; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
+                 do sleep 0.5; done; kill -9 $j",
+                java(),
+                args.join(" "),
+                cfg.display(),
+                std::process::id()
+            ))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ZooKeeper");
+        let mut s = ZkServer {
+            port,
+            child: Some(child),
+            cfg,
+            shared: true,
+        };
+        let listening = |p: u16| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
+        if s.wait_serving() && wait_until(Duration::from_secs(30), || listening(tls_port)) {
+            // Left running on purpose: its shell stops it with the test process.
+            std::mem::forget(s);
+            return ZkTls { port, tls_port };
+        }
+        s.kill();
+    }
+    panic!("ZooKeeper with TLS did not come up on loopback ports");
+}

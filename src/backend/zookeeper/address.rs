@@ -1,6 +1,8 @@
 //! A ZooKeeper address: `zk://` (and `zookeeper://`) URLs with one or more
-//! servers and an optional chroot, and the digest credentials in them.
+//! servers and an optional chroot, and the digest credentials in them;
+//! `zks://` for TLS, with `#insecure` to skip the host name check.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{ENGINE, Zk};
@@ -20,6 +22,13 @@ pub struct ZkUrl {
     pub display: String,
     pub user: Option<String>,
     pub password: Option<String>,
+    /// `zks://`: every server is reached over TLS.
+    pub tls: bool,
+    /// `#insecure`: the certificate's host name is not checked (its chain
+    /// still is).
+    pub insecure: bool,
+    /// The CA file (`--tls-ca`); None: the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl ZkUrl {
@@ -118,7 +127,8 @@ fn chroot(path: &str) -> Result<Option<String>, String> {
     Ok(Some(path.to_string()))
 }
 
-/// Parse `zk://[user:pass@]h1[:2181][,h2[:2181]…][/chroot]`.
+/// Parse `zk://[user:pass@]h1[:2181][,h2[:2181]…][/chroot]`, or `zks://`
+/// the same with TLS and an optional `#insecure`.
 pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
     Ok(Arc::new(read(raw, opts)?))
 }
@@ -129,6 +139,10 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
         .split_once("://")
         .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
     let scheme = scheme.to_ascii_lowercase();
+    let (rest, insecure) = match rest.strip_suffix("#insecure") {
+        Some(r) => (r, true),
+        None => (rest, false),
+    };
     // Never echo the raw URL: it may hold a password.
     let (userinfo, hosts) = match rest.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
@@ -153,22 +167,21 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
     // Never a query or fragment, which may hold a secret.
     let shown_path = path.split(['?', '#']).next().unwrap_or_default();
     let shown_hosts = hosts.split(['?', '#']).next().unwrap_or_default();
-    let display = format!("{scheme}://{shown_user}{shown_hosts}{shown_path}");
+    let fragment = if insecure { "#insecure" } else { "" };
+    let display = format!("{scheme}://{shown_user}{shown_hosts}{shown_path}{fragment}");
     let bad = |why: String| {
         Error::Request(format!(
             "invalid --url {}: {why}; {expected}",
             display.chars().take(200).collect::<String>()
         ))
     };
-    if scheme == "zks" {
-        return Err(bad(
-            "TLS to ZooKeeper is not supported by this build; use zk:// on a trusted network"
-                .into(),
-        ));
+    let tls = scheme == "zks";
+    if insecure && !tls {
+        return Err(bad("#insecure is for TLS (zks://) only".into()));
     }
     if hosts.contains(['?', '#']) || path.contains(['?', '#']) {
         return Err(bad(
-            "a ZooKeeper URL has no query or fragment, only servers and a chroot".into(),
+            "a ZooKeeper URL has no query, and no fragment but #insecure (zks:// only)".into(),
         ));
     }
     if user.as_deref().is_some_and(str::is_empty) {
@@ -183,7 +196,9 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(bad)?;
     let chroot = chroot(path).map_err(bad)?;
-    opts.no_tls(&display)?;
+    if !tls {
+        opts.no_tls(&display)?;
+    }
     opts.no_replicas(&display)?;
     Ok(ZkUrl {
         servers,
@@ -191,6 +206,9 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
         display,
         user,
         password,
+        tls,
+        insecure,
+        ca_file: if tls { opts.tls_ca.clone() } else { None },
     })
 }
 
@@ -224,7 +242,9 @@ mod tests {
             "zk://u@h",
             "zk://:p@h",
             "zk://u:s3cret@h/a b",
-            "zks://u:s3cret@h",
+            "zk://u:s3cret@h#insecure",
+            "zks://u:s3cret@h#other",
+            "zks://u:s3cret@h#insecure#insecure",
         ] {
             let e = url(bad).unwrap_err();
             assert!(matches!(e, Error::Request(_)), "{bad}: {e}");
@@ -233,5 +253,17 @@ mod tests {
         let u = url("zk://u:s3cret@h").unwrap();
         assert_eq!(u.display, "zk://u:***@h");
         assert_eq!(u.password.as_deref(), Some("s3cret"));
+    }
+
+    #[test]
+    fn zks_is_tls_and_insecure_only_skips_the_name_check() {
+        let u = url("zks://u:s3cret@a:2281,b:2281/x#insecure").unwrap();
+        assert!(u.tls && u.insecure);
+        assert_eq!(u.servers, ["a:2281", "b:2281"]);
+        assert_eq!(u.chroot.as_deref(), Some("/x"));
+        assert_eq!(u.display, "zks://u:***@a:2281,b:2281/x#insecure");
+        let u = url("zks://h").unwrap();
+        assert!(u.tls && !u.insecure && u.ca_file.is_none());
+        assert!(!url("zk://h").unwrap().tls);
     }
 }

@@ -118,16 +118,35 @@ impl Client {
         if let (Some(u), Some(p)) = (&url.user, &url.password) {
             connector = connector.with_auth("digest", format!("{u}:{p}").as_bytes());
         }
+        let tls = tls_options(url)?;
+        let secure = tls.is_some();
+        if let Some(options) = tls {
+            connector = connector.with_tls(options);
+        }
         let cs = url.connect_string();
         // Connecting tries every server in turn: give it the bound of one
         // call for each, and a little more.
         let limit = op * (url.servers.len() as u32 + 1);
-        let zk = run(
-            &rt.handle,
-            limit,
-            async move { connector.connect(&cs).await },
-        )
-        .map_err(|e| sort(e, "connecting"))?;
+        let zk = run(&rt.handle, limit, async move {
+            if secure {
+                connector.secure_connect(&cs).await
+            } else {
+                connector.connect(&cs).await
+            }
+        })
+        .map_err(|e| match sort(e, "connecting") {
+            // The client gives no reason for a failed handshake.
+            Error::Transient(t) if url.tls => Error::Transient(format!(
+                "{t} (TLS: is the port a secureClientPort, and does the server's \
+                 certificate check against {}?)",
+                if url.ca_file.is_some() {
+                    "--tls-ca"
+                } else {
+                    "the system's roots"
+                }
+            )),
+            e => e,
+        })?;
         let timeout = zk.session_timeout();
         Ok(Client {
             rt,
@@ -182,6 +201,62 @@ impl Transport for Client {
     fn shown(&self) -> &str {
         &self.shown
     }
+}
+
+/// The TLS of a `zks://` URL, or None: the roots are the CA file given,
+/// else the system's; `#insecure` skips the host name check only (the
+/// client checks the chain in every case).
+fn tls_options(url: &ZkUrl) -> Result<Option<zk::TlsOptions>, Error> {
+    if !url.tls {
+        return Ok(None);
+    }
+    // The client builds its TLS configuration with the process's default
+    // provider: lockrun's is ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pem = match &url.ca_file {
+        Some(path) => {
+            let pem = std::fs::read_to_string(path).map_err(|e| {
+                Error::Request(format!("cannot read the CA file {}: {e}", path.display()))
+            })?;
+            let certs = rustls::pki_types::pem::PemObject::pem_slice_iter(pem.as_bytes())
+                .filter_map(Result::<rustls::pki_types::CertificateDer, _>::ok)
+                .count();
+            if certs == 0 {
+                return Err(Error::Request(format!(
+                    "the CA file {} holds no PEM certificate",
+                    path.display()
+                )));
+            }
+            pem
+        }
+        None => {
+            use base64::Engine as _;
+            let mut pem = String::new();
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let b64 = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+                pem.push_str("-----BEGIN CERTIFICATE-----\n");
+                for line in b64.as_bytes().chunks(64) {
+                    pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+                    pem.push('\n');
+                }
+                pem.push_str("-----END CERTIFICATE-----\n");
+            }
+            pem
+        }
+    };
+    let options = zk::TlsOptions::new().with_pem_ca(&pem).map_err(|e| {
+        let from = match &url.ca_file {
+            Some(path) => format!("the CA file {}", path.display()),
+            None => "the system's roots".into(),
+        };
+        Error::Request(format!("{from}: no CA certificate lockrun can use: {e}"))
+    })?;
+    if url.insecure {
+        // SAFETY: not memory safety; the name check is skipped as
+        // `#insecure` asks (lockrun-engines(7) "ZOOKEEPER").
+        return Ok(Some(unsafe { options.with_no_hostname_verification() }));
+    }
+    Ok(Some(options))
 }
 
 /// Whether a session is over for good (a new one is needed).

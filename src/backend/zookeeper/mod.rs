@@ -39,7 +39,7 @@ use crate::log;
 pub const ENGINE: EngineInfo = EngineInfo {
     name: "ZooKeeper",
     schemes: &["zk", "zookeeper", "zks"],
-    form: "zk://[user:pass@]host[:port][,host[:port]…][/chroot]",
+    form: "zk://[user:pass@]host[:port][,host[:port]…][/chroot], zks://…[#insecure]",
     parse,
     // Session timeouts are milliseconds; the server bounds them by its
     // minSessionTimeout..maxSessionTimeout, checked when connecting.
