@@ -286,20 +286,27 @@ fn delete_at(
     e: &Entry,
     version: Option<i32>,
 ) -> Result<bool, CallError> {
-    let path = nodes.child(&e.node);
-    let slot = own_slot(c, nodes, e)?;
-    let r = c.call(|z| async move {
-        let mut w = z.new_multi_writer();
-        w.add_delete(&path, version)?;
-        if let Some((s, v)) = &slot {
-            w.add_delete(s, Some(*v))?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let path = nodes.child(&e.node);
+        let slot = own_slot(c, nodes, e)?;
+        let with_slot = slot.is_some();
+        let r = c.call(|z| async move {
+            let mut w = z.new_multi_writer();
+            w.add_delete(&path, version)?;
+            if let Some((s, v)) = &slot {
+                w.add_delete(s, Some(*v))?;
+            }
+            w.commit().await.map_err(zk::Error::from)
+        });
+        match r {
+            Ok(_) => return Ok(true),
+            // Our slot node went since it was read: the request node alone.
+            Err(CallError::Zk(zk::Error::NoNode)) if with_slot && tries < 2 => {}
+            Err(CallError::Zk(zk::Error::NoNode)) => return Ok(false),
+            Err(e) => return Err(e),
         }
-        w.commit().await.map_err(zk::Error::from)
-    });
-    match r {
-        Ok(_) => Ok(true),
-        Err(CallError::Zk(zk::Error::NoNode)) => Ok(false),
-        Err(e) => Err(e),
     }
 }
 
