@@ -256,3 +256,68 @@ fn the_leader_killed_mid_job_keeps_the_lease_or_stops_it() {
     assert!(s[0].end <= s[1].start, "the holders overlapped: {s:?}");
     assert!(s[1].token > s[0].token, "{s:?}");
 }
+
+/// A `--limit` slot's node deleted behind its holder's back is that
+/// holder's lease broken: it stops, and its release leaves alone the node
+/// that the next holder claimed at the same path meanwhile (deleting it
+/// would let a third run in that slot beside the second).
+#[test]
+fn a_deleted_slot_node_stops_its_holder_whose_release_spares_the_next() {
+    let (url, port, chroot) = chroot_url(None);
+    let scratch = Scratch::new();
+    let holder = |who: &str, gate: &str| {
+        on(&url)
+            .args(["--ttl", "3s", "--limit", "3", "slots", "-c"])
+            .arg(format!(
+                "echo $$ > {}; echo $LOCKRUN_SLOT > {}; \
+                 while [ ! -e {} ]; do sleep 0.05; done",
+                scratch.path(&format!("{who}pid")).display(),
+                scratch.path(&format!("{who}slot")).display(),
+                scratch.path(gate).display(),
+            ))
+            .spawn()
+    };
+    let slot_of = |who: &str| {
+        let file = format!("{who}slot");
+        assert!(wait_until(Duration::from_secs(20), || scratch
+            .read(&file)
+            .ends_with('\n')));
+        scratch.read(&file).trim().to_string()
+    };
+    // p in slot 0, a in slot 1; p leaves, so slot 0 is free.
+    let mut p = holder("p", "p-go");
+    assert_eq!(slot_of("p"), "0");
+    let mut a = holder("a", "never");
+    assert_eq!(slot_of("a"), "1");
+    std::fs::write(scratch.path("p-go"), "").unwrap();
+    assert_eq!(wait_child(&mut p, Duration::from_secs(20)).code(), Some(0));
+    let slot = |port: u16| {
+        zk_do(port, Some(&chroot), |z| async move {
+            match z.get_data("/lockrun/slots/s-1").await {
+                Ok((data, _)) => Ok(Some(String::from_utf8_lossy(&data).into_owned())),
+                Err(zookeeper_client::Error::NoNode) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    };
+    let a_node = slot(port).expect("a's slot node");
+    zk_delete(port, Some(&chroot), "/lockrun/slots/s-1");
+    // b takes slot 1 again (a, without a slot node, is counted in slot 0).
+    let mut b = holder("b", "b-go");
+    assert_eq!(slot_of("b"), "1");
+    let b_node = slot(port).expect("b's slot node");
+    assert_ne!(a_node, b_node);
+    let started = Instant::now();
+    assert_eq!(wait_child(&mut a, Duration::from_secs(20)).code(), Some(76));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!alive(scratch.pid_in("apid")));
+    // a's release spared b's slot node: b still holds, alone in slot 1.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(slot(port).as_deref(), Some(b_node.as_str()));
+    std::fs::write(scratch.path("b-go"), "").unwrap();
+    assert_eq!(wait_child(&mut b, Duration::from_secs(20)).code(), Some(0));
+}

@@ -261,6 +261,24 @@ fn delete(c: &Client, nodes: &Nodes, e: &Entry) -> Result<bool, CallError> {
     delete_at(c, nodes, e, None)
 }
 
+/// The slot node of `e` with its version, if it is still `e`'s: it names
+/// `e`'s node and lives on `e`'s session. A slot node deleted behind our
+/// back may have been claimed since by another holder, at the same path:
+/// deleting it by its path alone would take that holder's slot away, and
+/// the next claim would put a second holder in it.
+fn own_slot(c: &Client, nodes: &Nodes, e: &Entry) -> Result<Option<(String, i32)>, CallError> {
+    let Some(s) = e.slot else { return Ok(None) };
+    let path = nodes.slot(s);
+    let p = path.clone();
+    match c.call(|z| async move { z.get_data(&p).await }) {
+        Ok((data, stat)) if data == e.node.as_bytes() && stat.ephemeral_owner == e.owner => {
+            Ok(Some((path, stat.version)))
+        }
+        Ok(_) | Err(CallError::Zk(zk::Error::NoNode)) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
 /// The same, only while the node is at `version` (unmarked since read).
 fn delete_at(
     c: &Client,
@@ -268,20 +286,27 @@ fn delete_at(
     e: &Entry,
     version: Option<i32>,
 ) -> Result<bool, CallError> {
-    let path = nodes.child(&e.node);
-    let slot = e.slot.map(|s| nodes.slot(s));
-    let r = c.call(|z| async move {
-        let mut w = z.new_multi_writer();
-        w.add_delete(&path, version)?;
-        if let Some(s) = &slot {
-            w.add_delete(s, None)?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let path = nodes.child(&e.node);
+        let slot = own_slot(c, nodes, e)?;
+        let with_slot = slot.is_some();
+        let r = c.call(|z| async move {
+            let mut w = z.new_multi_writer();
+            w.add_delete(&path, version)?;
+            if let Some((s, v)) = &slot {
+                w.add_delete(s, Some(*v))?;
+            }
+            w.commit().await.map_err(zk::Error::from)
+        });
+        match r {
+            Ok(_) => return Ok(true),
+            // Our slot node went since it was read: the request node alone.
+            Err(CallError::Zk(zk::Error::NoNode)) if with_slot && tries < 2 => {}
+            Err(CallError::Zk(zk::Error::NoNode)) => return Ok(false),
+            Err(e) => return Err(e),
         }
-        w.commit().await.map_err(zk::Error::from)
-    });
-    match r {
-        Ok(_) => Ok(true),
-        Err(CallError::Zk(zk::Error::NoNode)) => Ok(false),
-        Err(e) => Err(e),
     }
 }
 
@@ -501,15 +526,15 @@ impl ZkHeld {
             ..e.record.clone()
         };
         let path = nodes.child(&e.node);
-        let slot = e.slot.map(|s| nodes.slot(s));
+        let slot = own_slot(c, nodes, e).map_err(|err| sort(err, "releasing"))?;
         let window = nodes.window(&e.id);
         let version = e.version;
         let acls = c.acls();
         let r = c.call(|z| async move {
             let mut w = z.new_multi_writer();
             w.add_delete(&path, Some(version))?;
-            if let Some(s) = &slot {
-                w.add_delete(s, None)?;
+            if let Some((s, v)) = &slot {
+                w.add_delete(s, Some(*v))?;
             }
             let opts = zk::CreateMode::Persistent
                 .with_acls(acls)
@@ -566,6 +591,8 @@ impl Held for ZkHeld {
             ttl: self.ttl,
             version: self.entry.version,
             preempted: self.entry.record.preempted_by.clone(),
+            slot: self.entry.slot.map(|s| self.nodes.slot(s)),
+            node: self.entry.node.clone(),
         }))
     }
 
@@ -608,10 +635,39 @@ struct ZkRenewer {
     version: i32,
     /// A `--preempt` request marked our node before our grant read it.
     preempted: Option<String>,
+    /// Our `--limit` slot's node, and our node's name that it holds.
+    slot: Option<String>,
+    node: String,
 }
 
 impl Renewer for ZkRenewer {
     fn renew(&mut self) -> Result<Renewal, Error> {
+        let renewal = self.renew_node()?;
+        let (Renewal::Renewed { .. }, Some(slot)) = (&renewal, &self.slot) else {
+            return Ok(renewal);
+        };
+        // Our slot's node must be ours still: one deleted behind our back
+        // is the next claimant's to take, so the lease is lost with it.
+        // Read on our session after the check, so no older than it.
+        let path = slot.clone();
+        match self.client.call(|z| async move { z.get_data(&path).await }) {
+            Ok((data, stat))
+                if data == self.node.as_bytes() && stat.ephemeral_owner == self.session =>
+            {
+                Ok(renewal)
+            }
+            Ok(_) => Ok(Renewal::Lost),
+            Err(e) if expired(&e) || matches!(e, CallError::Zk(zk::Error::NoNode)) => {
+                Ok(Renewal::Lost)
+            }
+            Err(e) => Err(sort(e, "renewing")),
+        }
+    }
+}
+
+impl ZkRenewer {
+    /// The renewal of our request node.
+    fn renew_node(&mut self) -> Result<Renewal, Error> {
         let lost = |e: &CallError| expired(e) || matches!(e, CallError::Zk(zk::Error::NoNode));
         if let Some(by) = self.preempted.clone() {
             // Asked to stop already: the node was marked at the version
