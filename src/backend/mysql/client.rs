@@ -149,6 +149,11 @@ impl Client {
             None => o.ip_or_hostname(Some(&url.host)).tcp_port(url.port),
         };
         if tls {
+            // The driver builds its TLS settings with rustls' process-wide
+            // provider, and this build has two (ring, and aws-lc-rs which
+            // the ZooKeeper client brings): name ring, lockrun's own, or
+            // the driver could not choose.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             let mut ssl = SslOpts::default();
             if let Some(ca) = &url.ca_file {
                 if !ca.exists() {
