@@ -617,3 +617,38 @@ fn a_preemption_ends_min_hold_windows() {
     );
     only_known_files(&scratch, "win");
 }
+
+/// A holder caught between taking its flock and writing its grant (here
+/// held there by the holder of a deleted copy of the lock file, which it
+/// must outwait) is a holder to `status`, so to `--preempt` too: a mark
+/// written then stops its job once it runs, even after the preempting
+/// request gave up. The mark used to be taken for an earlier holder's.
+#[test]
+fn a_preemption_reaches_a_holder_still_making_its_grant() {
+    use std::os::fd::AsRawFd;
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    // An old holder whose file was deleted: this test, by hand.
+    let path = scratch.path("locks").join("mid.lock");
+    let old = std::fs::File::create(&path).unwrap();
+    // SAFETY: flock on a descriptor this test owns, open for the call.
+    assert_eq!(unsafe { libc::flock(old.as_raw_fd(), libc::LOCK_EX) }, 0);
+    std::fs::remove_file(&path).unwrap();
+    let h = on(&url)
+        .args(["--ttl", "10s", "--kill-after", "1s", "mid", "-c"])
+        .arg("trap '' TERM; while :; do sleep 0.1; done")
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let held = || {
+        let st = on(&url).args(["status", "--json", "mid"]).output().json();
+        st["held"] == true
+    };
+    assert!(wait_until(Duration::from_secs(20), held));
+    on(&url)
+        .args(["--preempt", "-w", "1s", "--label", "new", "mid", "true"])
+        .code(75);
+    drop(old);
+    let (code, err) = exited(h, Duration::from_secs(30));
+    assert_eq!(code, Some(76), "{err}");
+    assert!(err.contains("new"), "{err}");
+}

@@ -12,10 +12,8 @@ pub(super) struct LocalHeld {
     pub(super) path: PathBuf,
     pub(super) id: (u64, u64),
     pub(super) name: String,
-    /// The grant's token, and when it was made (after its lock was got):
-    /// which preemption marks are meant for it.
-    pub(super) token: u64,
-    pub(super) got_at: Boot,
+    /// The grant's token and times: which preemption marks are meant for it.
+    pub(super) holding: Holding,
 }
 
 impl Held for LocalHeld {
@@ -23,8 +21,7 @@ impl Held for LocalHeld {
         let renewer = LocalRenewer {
             path: self.path.clone(),
             id: self.id,
-            token: self.token,
-            got_at: self.got_at,
+            holding: self.holding,
         };
         Renewing::Anywhere(Box::new(move || Box::new(renewer.clone())))
     }
@@ -39,8 +36,8 @@ impl Held for LocalHeld {
         // holder's too: it stays).
         if let Some(r) = read_record(&self.fd).filter(|r| r.window.is_some())
             && r.mode != Mode::Shared
-            && r.token == self.token
-            && read_preempt(&self.fd).is_some_and(|p| p.stops(self.token, self.got_at))
+            && r.token == self.holding.token
+            && read_preempt(&self.fd).is_some_and(|p| p.stops(self.holding))
         {
             let _ = end_window(&self.fd, &r);
         }
@@ -74,8 +71,7 @@ impl Held for LocalHeld {
 pub(super) struct LocalRenewer {
     path: PathBuf,
     id: (u64, u64),
-    token: u64,
-    got_at: Boot,
+    holding: Holding,
 }
 
 impl Renewer for LocalRenewer {
@@ -96,7 +92,7 @@ impl Renewer for LocalRenewer {
         .ok()
         .filter(|fd| matches!(fstat(fd), Ok(st) if identity(&st) == self.id))
         .and_then(read_preempt)
-        .filter(|p| p.stops(self.token, self.got_at));
+        .filter(|p| p.stops(self.holding));
         Ok(match mark {
             Some(p) => Renewal::Preempted { by: p.by },
             None => Renewal::Renewed { ttl: Duration::MAX },

@@ -54,8 +54,8 @@ use proclocks::{find_orphan_holder, lockers};
 #[cfg(test)]
 use record::write_token;
 use record::{
-    Preempt, Record, Window, end_window, next_token, now_since_epoch, read_preempt, read_readers,
-    read_record, write_preempt, write_record,
+    Holding, Preempt, Record, Window, end_window, next_token, now_since_epoch, read_preempt,
+    read_readers, read_record, write_preempt, write_record,
 };
 
 use super::{Renewal, Renewer, Renewing};

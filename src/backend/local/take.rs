@@ -483,8 +483,11 @@ impl Local {
             path,
             id,
             name: req.name.to_string(),
-            token,
-            got_at: sent_at,
+            holding: Holding {
+                token,
+                got_at: sent_at,
+                asked_at: w.patience.started(),
+            },
         };
         Ok(Some(Acquired::Granted(Lease::new(
             token,
