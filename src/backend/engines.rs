@@ -198,3 +198,112 @@ pub fn bracketed_host<'a>(
     };
     Ok(Some((h, port)))
 }
+
+/// One `host[:port]` (or `[v6][:port]`) of a host list, checked: the host
+/// as it goes in an address (an IPv6 one in brackets) and the port.
+/// `what` names the part in messages ("endpoint", "server").
+pub fn host_and_port(text: &str, what: &str, default_port: u16) -> Result<(String, u16), String> {
+    let (host, port) = if let Some((h, port)) = bracketed_host(text, what)? {
+        (format!("[{h}]"), port)
+    } else {
+        let (h, p) = match text.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        };
+        if h.is_empty() {
+            return Err(format!("{} {what} has no host", article(what)));
+        }
+        if !h
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        {
+            return Err(format!(
+                "{what} host {h:?} may only hold letters, digits, '.', '-' and '_'"
+            ));
+        }
+        (h.to_string(), p)
+    };
+    let port = match port {
+        None => default_port,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{what} port {p:?} is not a number from 1 to 65535"))?,
+    };
+    Ok((host, port))
+}
+
+fn article(word: &str) -> &'static str {
+    if word.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
+/// Percent-decoding as URLs write it; None for an escape that is not one,
+/// or for bytes that are not UTF-8.
+pub fn percent_decoded(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The user and password before the last `@` of a URL's authority (each
+/// %-decoded), and how messages show them: never the password, nor a lone
+/// user name, which some clients read as a password.
+pub struct Credentials {
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub shown: String,
+}
+
+/// `[user[:pass]@]rest`: the credentials, and the rest.
+pub fn credentials(authority: &str) -> (Credentials, &str) {
+    let (userinfo, rest) = match authority.rsplit_once('@') {
+        Some((u, r)) => (Some(u), r),
+        None => (None, authority),
+    };
+    let (user, password) = match userinfo {
+        None => (None, None),
+        Some(u) => match u.split_once(':') {
+            Some((name, pass)) => (
+                Some(percent_decoded_leniently(name)),
+                Some(percent_decoded_leniently(pass)),
+            ),
+            None => (Some(percent_decoded_leniently(u)), None),
+        },
+    };
+    let shown = match (&user, &password) {
+        (Some(u), Some(_)) => format!("{u}:***@"),
+        (Some(_), None) => "***@".to_string(),
+        _ => String::new(),
+    };
+    let c = Credentials {
+        user,
+        password,
+        shown,
+    };
+    (c, rest)
+}
+
+/// Percent-decoding of a user or password as URLs write them, forgiving:
+/// a `%` that starts no escape stays as it is.
+pub fn percent_decoded_leniently(s: &str) -> String {
+    url::form_urlencoded::parse(format!("v={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}

@@ -22,6 +22,7 @@ mod model;
 pub mod mysql;
 pub mod postgres;
 pub mod redis;
+mod table;
 pub mod wait;
 pub mod zookeeper;
 

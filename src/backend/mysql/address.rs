@@ -105,24 +105,6 @@ pub fn tables_of(prefix: &str) -> Result<String, Error> {
     Ok(base.to_string())
 }
 
-/// Percent-decoding as URLs write it; None for an escape that is not one.
-fn decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 /// What the process environment says, for the parser (a function, so
 /// tests can give their own).
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -195,7 +177,8 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
     }
     let display = crate::text::printable(&display).into_owned();
     let user = match url_user {
-        Some(u) => decode(u).ok_or_else(|| bad("the user has a bad %-escape".into()))?,
+        Some(u) => crate::backend::percent_decoded(u)
+            .ok_or_else(|| bad("the user has a bad %-escape".into()))?,
         None => os_user().unwrap_or_else(|| "root".into()),
     };
     if user.is_empty() {
@@ -203,7 +186,10 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
     }
     let (password, password_from_env) = match url_password {
         Some(p) => (
-            Some(decode(p).ok_or_else(|| bad("the password has a bad %-escape".into()))?),
+            Some(
+                crate::backend::percent_decoded(p)
+                    .ok_or_else(|| bad("the password has a bad %-escape".into()))?,
+            ),
             false,
         ),
         None => match env("MYSQL_PWD") {
@@ -227,7 +213,8 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
             ))
         })?,
     };
-    let host = decode(&host).ok_or_else(|| bad("the host has a bad %-escape".into()))?;
+    let host = crate::backend::percent_decoded(&host)
+        .ok_or_else(|| bad("the host has a bad %-escape".into()))?;
     if host
         .chars()
         .any(|c| c.is_whitespace() || c.is_control() || "/@?#".contains(c))
@@ -235,9 +222,8 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
         return Err(bad("the host is not a host name or address".into()));
     }
     let database = match path {
-        Some(p) if !p.is_empty() => {
-            decode(p).ok_or_else(|| bad("the database has a bad %-escape".into()))?
-        }
+        Some(p) if !p.is_empty() => crate::backend::percent_decoded(p)
+            .ok_or_else(|| bad("the database has a bad %-escape".into()))?,
         _ => {
             return Err(bad(
                 "it names no database (…/dbname), where lockrun keeps its tables".into(),
@@ -251,7 +237,8 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
     let mut socket = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = decode(v).ok_or_else(|| bad("a parameter has a bad %-escape".into()))?;
+        let v = crate::backend::percent_decoded(v)
+            .ok_or_else(|| bad("a parameter has a bad %-escape".into()))?;
         match k.to_ascii_lowercase().replace('_', "-").as_str() {
             "ssl-mode" | "sslmode" => {
                 ssl_mode = match v.to_ascii_uppercase().replace('-', "_").as_str() {

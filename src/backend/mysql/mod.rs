@@ -11,24 +11,24 @@
 //! By layer: `address.rs` reads the URL; `client.rs` is the transport
 //! (bounded calls, flights of statements, the error table); `doctor.rs`
 //! the read-only checks; `sql.rs` the tables and every statement;
-//! `queue.rs` judges a name's rows; `take.rs` is the acquire loop. This
-//! file holds the engine's row, status, `release --force`, the lease and
-//! its renewal.
+//! `take.rs` is the acquire loop, judging a name's rows by the rules the
+//! SQL engines share (`backend/table.rs`). This file holds the engine's
+//! row, status, `release --force`, the lease and its renewal.
 
 mod address;
 mod client;
 mod doctor;
-mod queue;
 mod sql;
 mod take;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::backend::table::mode;
+use crate::backend::table::split_label;
 pub use address::{MyUrl, parse};
 use client::{Client, int, text};
-use queue::mode;
-use sql::{Tables, lit, split_label, wake_key};
+use sql::{Tables, lit, wake_key};
 use take::missing;
 
 use super::{

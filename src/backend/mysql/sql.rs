@@ -8,25 +8,7 @@
 
 use std::time::Duration;
 
-/// The owner value of a row kept by `--min-hold` after its job ended:
-/// never an owner secret (those are 32 hex digits).
-pub const KEPT: &str = "min-hold";
-/// A place in the queue asked for by `--supersede`: its owner column
-/// holds this prefix before the owner value.
-pub const SUPERSEDE: &str = "supersede:";
-/// A place taken out of the queue by a newer `--supersede` request.
-pub const REPLACED: &str = "replaced:";
-/// A holder asked to stop by a `--preempt` request: its label continues
-/// with this, then the request's label.
-pub const PREEMPTED: &str = " \u{1f}preempted by ";
-
-/// A stored label and the request that preempted its holder, if one did.
-pub fn split_label(stored: &str) -> (&str, Option<&str>) {
-    match stored.split_once(PREEMPTED) {
-        Some((label, by)) => (label, Some(by)),
-        None => (stored, None),
-    }
-}
+use crate::backend::table::{KEPT, REPLACED, SUPERSEDE};
 
 /// True of a label column that holds no preemption mark.
 const UNMARKED: &str = "LOCATE(X'1f', label) = 0";
@@ -583,12 +565,5 @@ mod tests {
         let t = Tables::new("lockrun");
         assert!(t.look("x';DROP", true).contains("X'78273b44524f50'"));
         assert_eq!(t.leases, "`lockrun_leases`");
-    }
-
-    #[test]
-    fn a_preemption_mark_is_told_from_any_label() {
-        let marked = format!("h:1 (a){PREEMPTED}h:2 (c)");
-        assert_eq!(split_label(&marked), ("h:1 (a)", Some("h:2 (c)")));
-        assert_eq!(split_label("h:1 (x)"), ("h:1 (x)", None));
     }
 }

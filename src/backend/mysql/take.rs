@@ -11,10 +11,11 @@ use std::time::Duration;
 use mysql::Row;
 
 use super::client::{Client, Woke, int, text};
-use super::queue::{Rows, Target, Verdict, entries, judge};
-use super::sql::{self, KEPT, PREEMPTED, SUPERSEDE, Tables, lit, wake_key};
+use super::sql::{self, Tables, lit, wake_key};
 use super::{MyHeld, Mysql};
 use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::table::{Cells, Rows, Target, Verdict, entries, judge};
+use crate::backend::table::{KEPT, PREEMPTED, SUPERSEDE};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
@@ -357,7 +358,17 @@ fn look(
         holders,
         mut waiters,
         replaced,
-    } = entries(&rows)?;
+    } = entries(rows.iter().map(|r| Cells {
+        kind: text(r, 0),
+        pos: int(r, 1),
+        owner: text(r, 2),
+        label: text(r, 3),
+        token: int(r, 4),
+        code: text(r, 5),
+        lim: int(r, 6),
+        left_ms: int(r, 7),
+        live: int(r, 8).unwrap_or(0) != 0,
+    }))?;
     if let Some(mark) = replaced.iter().find(|m| &m.owner == owner) {
         // A newer --supersede request took our place. Its mark goes.
         commit(c, vec![tables.dequeue(name, owner)], Vec::new())?;

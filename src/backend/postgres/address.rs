@@ -117,24 +117,6 @@ pub fn schema_of(prefix: &str) -> Result<String, Error> {
     Ok(schema.to_string())
 }
 
-/// Percent-decoding as URLs write it; None for an escape that is not one.
-fn decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 /// What the process environment says, for the parser (a function, so
 /// tests can give their own).
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -220,7 +202,8 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
     let display: String = display.chars().take(200).collect();
     let bad = |why: String| Error::Request(format!("invalid --url {display}: {why}; {expected}"));
     let text = |what: &str, s: &str| {
-        decode(s).ok_or_else(|| bad(format!("the {what} has a bad %-escape")))
+        crate::backend::percent_decoded(s)
+            .ok_or_else(|| bad(format!("the {what} has a bad %-escape")))
     };
 
     let mut user = url_user.map(|u| text("user name", u)).transpose()?;
@@ -236,8 +219,8 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
     for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
         // libpq decodes the key as well as the value: %70assword is password.
         let (k, v) = match kv.split_once('=') {
-            Some((k, v)) => (decode(k), v),
-            None => (decode(kv), ""),
+            Some((k, v)) => (crate::backend::percent_decoded(k), v),
+            None => (crate::backend::percent_decoded(kv), ""),
         };
         let k = k.ok_or_else(|| bad("a parameter's name has a bad %-escape".into()))?;
         let k: &str = &k;
@@ -353,7 +336,7 @@ fn shown_query(q: &str) -> String {
     q.split('&')
         .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            match decode(k) {
+            match crate::backend::percent_decoded(k) {
                 Some(name) if SHOWN_KEYS.contains(&name.as_str()) => kv.to_string(),
                 Some(_) if !kv.contains('=') => kv.to_string(),
                 Some(_) if v.is_empty() => kv.to_string(),
@@ -375,7 +358,7 @@ fn port(p: &str) -> Result<u16, String> {
 /// One `host[:port]`, `[v6][:port]` or socket directory of the host list
 /// (an empty host: the default, decided later).
 fn server(text: &str, default_port: u16) -> Result<Server, String> {
-    let text = decode(text).ok_or("a host has a bad %-escape")?;
+    let text = crate::backend::percent_decoded(text).ok_or("a host has a bad %-escape")?;
     if text.starts_with('/') {
         return Ok(Server {
             host: text,

@@ -5,19 +5,20 @@
 //! sequence; waiters queue in a second table and sleep until a
 //! notification or the lapse of what is in their way. The concurrency
 //! groups (`--max-waiters`, `--supersede`, `--preempt`) add no column:
-//! their marks live in the owner and label columns (`sql.rs` says how), so
-//! tables made by an older lockrun serve them with the documented grants.
+//! their marks live in the owner and label columns (`backend/table.rs`
+//! says how), so tables made by an older lockrun serve them with the
+//! documented grants.
 //!
 //! By layer: `address.rs` reads the URL and the `PG*` variables;
 //! `client.rs` is the transport (bounded calls, notifications, the error
-//! table); `doctor.rs` the read-only checks; `sql.rs` the tables and every statement; `queue.rs` judges a
-//! name's rows; `take.rs` is the acquire loop. This file holds the
+//! table); `doctor.rs` the read-only checks; `sql.rs` the tables and every
+//! statement; `take.rs` is the acquire loop, judging a name's rows by the
+//! rules the SQL engines share (`backend/table.rs`). This file holds the
 //! engine's row, status, `release --force`, the lease and its renewal.
 
 mod address;
 mod client;
 mod doctor;
-mod queue;
 mod sql;
 mod take;
 mod tls;
@@ -27,10 +28,11 @@ use std::time::Duration;
 
 use tokio_postgres::types::{ToSql, Type};
 
+use crate::backend::table::mode;
+use crate::backend::table::split_label;
 pub use address::{PgUrl, parse};
 use client::{Call, Client};
-use queue::mode;
-use sql::{Tables, split_label};
+use sql::Tables;
 use take::missing;
 
 use super::{
@@ -89,7 +91,7 @@ impl Postgres {
 fn holder_of(r: &tokio_postgres::Row, at: usize) -> Result<Holder, Error> {
     let m = mode(
         &r.get::<_, Option<String>>(at + 3).unwrap_or_default(),
-        r.get::<_, Option<i32>>(at + 4).unwrap_or(1),
+        r.get::<_, Option<i32>>(at + 4).map_or(1, i64::from),
     )?;
     let ms = |v: Option<i64>| Duration::from_millis(v.unwrap_or(0).max(0) as u64);
     let stored = r.get::<_, Option<String>>(at + 1).unwrap_or_default();

@@ -5,41 +5,7 @@
 
 use std::time::Duration;
 
-/// The owner value of a row kept by `--min-hold` after its job ended:
-/// never an owner secret (those are 32 hex digits), so no renewal, release
-/// or grant retry takes it for its own (lockrun(1) "Once per window").
-pub const KEPT: &str = "min-hold";
-
-/// The concurrency groups (lockrun(1) "Concurrency groups") live in the
-/// columns every lockrun's tables have, so tables made by an older lockrun
-/// and the grants lockrun-engines(7) lists serve them unchanged, and an
-/// older lockrun beside a newer one reads every mark safely.
-///
-/// A place in the queue asked for by `--supersede`: its owner column holds
-/// this prefix before the owner value. An older lockrun compares a
-/// waiter's owner with its own value alone, so to it this is anyone's place.
-pub const SUPERSEDE: &str = "supersede:";
-
-/// A place taken out of the queue by a newer `--supersede` request: its
-/// owner column becomes this prefix before what it held, its label the
-/// newer request's, until the waiter reads it (woken at once) or it lapses
-/// as any place does. An older lockrun counts it as a place for that long.
-pub const REPLACED: &str = "replaced:";
-
-/// A holder asked to stop by a `--preempt` request: its label continues
-/// with this, then the request's label. The control character is in no
-/// label (`--label` refuses them), so the two are told apart; an older
-/// lockrun renews the lease as before (its job runs on to its end) and
-/// shows the mark as part of the label.
-pub const PREEMPTED: &str = " \u{1f}preempted by ";
-
-/// A stored label and the request that preempted its holder, if one did.
-pub fn split_label(stored: &str) -> (&str, Option<&str>) {
-    match stored.split_once(PREEMPTED) {
-        Some((label, by)) => (label, Some(by)),
-        None => (stored, None),
-    }
-}
+use crate::backend::table::{KEPT, REPLACED, SUPERSEDE};
 
 /// True of a label column that holds no preemption mark (NULL neither).
 const UNMARKED: &str = "coalesce(strpos(label, chr(31)), 0) = 0";
@@ -406,18 +372,6 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_preemption_mark_is_told_from_any_label() {
-        let marked = format!("h:1 (a preempted by b){PREEMPTED}h:2 (c)");
-        assert_eq!(
-            split_label(&marked),
-            ("h:1 (a preempted by b)", Some("h:2 (c)"))
-        );
-        assert_eq!(split_label("h:1 (x)"), ("h:1 (x)", None));
-        // An older lockrun takes the first word of a label for its host:pid.
-        assert_eq!(marked.split(' ').next(), Some("h:1"));
-    }
 
     #[test]
     fn names_get_their_own_lock_and_channel() {

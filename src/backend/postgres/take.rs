@@ -11,10 +11,11 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::client::{Call, Client, Params};
-use super::queue::{Rows, Verdict, entries, judge};
-use super::sql::{KEPT, PREEMPTED, SUPERSEDE, Tables};
+use super::sql::Tables;
 use super::{PgHeld, Postgres};
 use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::table::{Cells, Rows, Verdict, entries, judge};
+use crate::backend::table::{KEPT, PREEMPTED, SUPERSEDE};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
@@ -270,7 +271,17 @@ fn look(
         holders,
         mut waiters,
         replaced,
-    } = entries(&rows)?;
+    } = entries(rows.iter().map(|r| Cells {
+        kind: r.get(0),
+        pos: r.get(1),
+        owner: r.get(2),
+        label: r.get(3),
+        token: r.get(4),
+        code: r.get(5),
+        lim: r.get::<_, Option<i32>>(6).map(i64::from),
+        left_ms: r.get(7),
+        live: false,
+    }))?;
     let dequeue_sql = tables.dequeue();
     let who: [(&(dyn ToSql + Sync), Type); 2] = [(name, Type::TEXT), (owner, Type::TEXT)];
     let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
@@ -401,7 +412,9 @@ fn look(
             commit(c, &last)?;
             Ok(Outcome::Refused(req.mode.disagreement(req.name, in_force)))
         }
-        Verdict::Blocked { holder, lapses_in } => {
+        Verdict::Blocked {
+            holder, lapses_in, ..
+        } => {
             place.holder = holder.or(place.holder.take());
             if patience.over() {
                 let last: Vec<Call> = leave(place).into_iter().collect();

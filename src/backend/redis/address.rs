@@ -321,14 +321,6 @@ fn userinfo_encoded(raw: &str) -> String {
     format!("{scheme}://{info}@{hosts}")
 }
 
-/// Decode a percent-encoded part of a URL.
-fn decoded(part: &str) -> String {
-    url::form_urlencoded::parse(format!("p={}", part.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
-}
-
 /// `redis+sentinel://[user[:pass]@]h1[:p1][,h2[:p2]…]/MASTER[/db]` and
 /// `redis+cluster://[user[:pass]@]h1[:p1][,h2[:p2]…]`, also with `rediss`
 /// (TLS to every node). `url::Url` cannot read a list of hosts, so this
@@ -353,8 +345,11 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     };
     let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
     let (user, password) = match userinfo.split_once(':') {
-        Some((u, p)) => (decoded(u), Some(decoded(p))),
-        None => (decoded(userinfo), None),
+        Some((u, p)) => (
+            crate::backend::percent_decoded_leniently(u),
+            Some(crate::backend::percent_decoded_leniently(p)),
+        ),
+        None => (crate::backend::percent_decoded_leniently(userinfo), None),
     };
     // As every node's URL carries them: percent-encoded.
     let userinfo = {
@@ -392,7 +387,7 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     let (insecure, ca_file) = tls_options(tls, fragment, &display, opts)?;
     let topology = if sentinel {
         let mut parts = path.split('/');
-        let master = decoded(parts.next().unwrap_or(""));
+        let master = crate::backend::percent_decoded_leniently(parts.next().unwrap_or(""));
         if master.is_empty() {
             return Err(usage("no master name"));
         }

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{ENGINE, Zk};
-use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+use crate::backend::{
+    Address, AddressOptions, Check, Credentials, Engine, EngineInfo, Error, Opening, credentials,
+};
 
 /// ZooKeeper's client port when a URL names none.
 const DEFAULT_PORT: u16 = 2181;
@@ -63,44 +65,9 @@ impl Address for ZkUrl {
     }
 }
 
-/// Percent-decoding of a user or password as URLs write them.
-fn decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("v={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
-}
-
 /// One `host[:port]` (or `[v6][:port]`) of the server list, checked.
 fn server(text: &str) -> Result<String, String> {
-    let (host, port) = if let Some((h, port)) = crate::backend::bracketed_host(text, "server")? {
-        (format!("[{h}]"), port)
-    } else {
-        let (h, p) = match text.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (text, None),
-        };
-        if h.is_empty() {
-            return Err("a server has no host".into());
-        }
-        if !h
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        {
-            return Err(format!(
-                "server host {h:?} may only hold letters, digits, '.', '-' and '_'"
-            ));
-        }
-        (h.to_string(), p)
-    };
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("server port {p:?} is not a number from 1 to 65535"))?,
-    };
+    let (host, port) = crate::backend::host_and_port(text, "server", DEFAULT_PORT)?;
     Ok(format!("{host}:{port}"))
 }
 
@@ -144,22 +111,14 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
         None => (rest, false),
     };
     // Never echo the raw URL: it may hold a password.
-    let (userinfo, hosts) = match rest.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, rest),
-    };
-    let (user, password) = match userinfo {
-        None => (None, None),
-        Some(u) => match u.split_once(':') {
-            Some((name, pass)) => (Some(decode(name)), Some(decode(pass))),
-            None => (Some(decode(u)), None),
+    let (
+        Credentials {
+            user,
+            password,
+            shown: shown_user,
         },
-    };
-    let shown_user = match (&user, &password) {
-        (Some(u), Some(_)) => format!("{u}:***@"),
-        (Some(_), None) => "***@".to_string(),
-        _ => String::new(),
-    };
+        hosts,
+    ) = credentials(rest);
     let (hosts, path) = match hosts.find('/') {
         Some(i) => (&hosts[..i], &hosts[i..]),
         None => (hosts, ""),

@@ -1,16 +1,48 @@
-//! A name's rows read into types and judged: the live leases are the
-//! holders, the live places in the queue the waiters, oldest first. Pure:
-//! what to do about it is `take.rs`'s.
+//! The lease table the SQL engines (PostgreSQL, MySQL and MariaDB) share:
+//! the marks its columns carry, a name's rows read into types, and judged.
+//! The live leases are the holders, the live places in the queue the
+//! waiters, oldest first. Pure: what to do about it is each engine's.
 
 use std::time::Duration;
 
-use mysql::Row;
-
-use super::client::{int, text};
-
-use super::sql::{KEPT, REPLACED, SUPERSEDE, split_label};
 use crate::backend::admit::{self, Place};
 use crate::backend::{Error, Mode, Request};
+
+/// The owner value of a row kept by `--min-hold` after its job ended:
+/// never an owner secret (those are 32 hex digits), so no renewal, release
+/// or grant retry takes it for its own (lockrun(1) "Once per window").
+pub const KEPT: &str = "min-hold";
+
+/// The concurrency groups (lockrun(1) "Concurrency groups") live in the
+/// columns every lockrun's tables have, so tables made by an older lockrun
+/// and the grants lockrun-engines(7) lists serve them unchanged, and an
+/// older lockrun beside a newer one reads every mark safely.
+///
+/// A place in the queue asked for by `--supersede`: its owner column holds
+/// this prefix before the owner value. An older lockrun compares a
+/// waiter's owner with its own value alone, so to it this is anyone's place.
+pub const SUPERSEDE: &str = "supersede:";
+
+/// A place taken out of the queue by a newer `--supersede` request: its
+/// owner column becomes this prefix before what it held, its label the
+/// newer request's, until the waiter reads it (woken at once) or it lapses
+/// as any place does. An older lockrun counts it as a place for that long.
+pub const REPLACED: &str = "replaced:";
+
+/// A holder asked to stop by a `--preempt` request: its label continues
+/// with this, then the request's label. The control character is in no
+/// label (`--label` refuses them), so the two are told apart; an older
+/// lockrun renews the lease as before (its job runs on to its end) and
+/// shows the mark as part of the label.
+pub const PREEMPTED: &str = " \u{1f}preempted by ";
+
+/// A stored label and the request that preempted its holder, if one did.
+pub fn split_label(stored: &str) -> (&str, Option<&str>) {
+    match stored.split_once(PREEMPTED) {
+        Some((label, by)) => (label, Some(by)),
+        None => (stored, None),
+    }
+}
 
 /// One live row of a name.
 #[derive(Debug, Clone)]
@@ -28,7 +60,8 @@ pub struct Entry {
     pub mode: Mode,
     /// Until it lapses, on the server's clock.
     pub left: Duration,
-    /// Its session holds its wake-up lock: a wait on it ends when it goes.
+    /// Its session holds its wake-up lock, so a wait on it ends when it
+    /// goes (MySQL; PostgreSQL wakes waiters by notification instead).
     pub live: bool,
 }
 
@@ -63,13 +96,30 @@ pub struct Rows {
     pub replaced: Vec<Entry>,
 }
 
-/// The rows of `Tables::look`.
-pub fn entries(rows: &[Row]) -> Result<Rows, Error> {
+/// One row as an engine's driver read it: its kind (`h` for a holder),
+/// slot or place, owner and label columns, token, mode letter and limit,
+/// milliseconds until it lapses, and (MySQL) whether its session is alive.
+/// A table made by hand may allow NULLs: they are read as empty.
+#[derive(Debug, Default)]
+pub struct Cells {
+    pub kind: Option<String>,
+    pub pos: Option<i64>,
+    pub owner: Option<String>,
+    pub label: Option<String>,
+    pub token: Option<i64>,
+    pub code: Option<String>,
+    pub lim: Option<i64>,
+    pub left_ms: Option<i64>,
+    pub live: bool,
+}
+
+/// A name's rows, read.
+pub fn entries(rows: impl IntoIterator<Item = Cells>) -> Result<Rows, Error> {
     let mut out = Rows::default();
     for r in rows {
-        let holder = text(r, 0).as_deref() == Some("h");
-        let owner = text(r, 2).unwrap_or_default();
-        let label = text(r, 3).unwrap_or_default();
+        let holder = r.kind.as_deref() == Some("h");
+        let owner = r.owner.unwrap_or_default();
+        let label = r.label.unwrap_or_default();
         let (owner, replaced) = match owner.strip_prefix(REPLACED) {
             Some(o) if !holder => (o.to_string(), true),
             _ => (owner, false),
@@ -80,14 +130,14 @@ pub fn entries(rows: &[Row]) -> Result<Rows, Error> {
         };
         let e = Entry {
             holder,
-            pos: int(r, 1).unwrap_or(0),
+            pos: r.pos.unwrap_or(0),
             owner,
             label: split_label(&label).0.to_string(),
             supersede,
-            token: int(r, 4).unwrap_or(0).max(0) as u64,
-            mode: mode(&text(r, 5).unwrap_or_default(), int(r, 6).unwrap_or(1))?,
-            left: ms(int(r, 7).unwrap_or(0)),
-            live: int(r, 8).unwrap_or(0) != 0,
+            token: r.token.unwrap_or(0).max(0) as u64,
+            mode: mode(&r.code.unwrap_or_default(), r.lim.unwrap_or(1))?,
+            left: ms(r.left_ms.unwrap_or(0)),
+            live: r.live,
         };
         if e.holder {
             out.holders.push(e);
@@ -299,6 +349,59 @@ mod tests {
             } => {
                 assert_eq!(lapses_in, Some(Duration::from_millis(1000)));
                 assert_eq!(holder.as_deref(), Some("h:0"));
+            }
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn a_preemption_mark_is_told_from_any_label() {
+        let marked = format!("h:1 (a preempted by b){PREEMPTED}h:2 (c)");
+        assert_eq!(
+            split_label(&marked),
+            ("h:1 (a preempted by b)", Some("h:2 (c)"))
+        );
+        assert_eq!(split_label("h:1 (x)"), ("h:1 (x)", None));
+        // An older lockrun takes the first word of a label for its host:pid.
+        assert_eq!(marked.split(' ').next(), Some("h:1"));
+    }
+
+    #[test]
+    fn a_waiter_blocks_on_the_nearest_live_row_in_its_way() {
+        let owner = Owner::new(None).unwrap();
+        let req = Request {
+            name: "n",
+            owner: &owner,
+            timing: Timing::new(Duration::from_secs(3), None).unwrap(),
+            mode: X,
+            outer: None,
+            inherited_fd: None,
+            quiet: true,
+            min_hold: None,
+            group: Default::default(),
+        };
+        let holders = [entry(true, 0, X)];
+        let mut waiters = [entry(false, 1, X), entry(false, 2, X), entry(false, 3, X)];
+        waiters[1].live = false;
+        waiters[1].supersede = true;
+        let on = |h: &[Entry], w: &[Entry]| match judge(h, w, Some(3), &req) {
+            Verdict::Blocked { wake_on, .. } => wake_on.map(|t| (t.kind, t.pos)),
+            v => panic!("{v:?}"),
+        };
+        // The place just ahead went quiet: the one before it, then the holder.
+        assert_eq!(on(&holders, &waiters), Some(('w', 1)));
+        waiters[0].live = false;
+        assert_eq!(on(&holders, &waiters), Some(('h', 0)));
+        let mut gone = holders.clone();
+        gone[0].live = false;
+        assert_eq!(on(&gone, &waiters), None);
+        // A superseding place is named as its owner column holds it.
+        waiters[1].live = true;
+        match judge(&holders, &waiters, Some(3), &req) {
+            Verdict::Blocked {
+                wake_on: Some(t), ..
+            } => {
+                assert_eq!(t.owner, format!("{SUPERSEDE}{}", waiters[1].owner));
             }
             v => panic!("{v:?}"),
         }
