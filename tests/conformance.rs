@@ -1334,6 +1334,8 @@ pub fn max_waiters_coalesces(e: &dyn Fixture) {
 /// Twenty requests fired at once with `--max-waiters 2` leave exactly two
 /// queued: the count is read in the step that joins the queue.
 pub fn max_waiters_counts_in_the_joining_step(e: &dyn Fixture) {
+    // Dozens of lockruns at once: one such test at a time on the machine.
+    let _alone = heavy();
     let scratch = Scratch::new();
     let (mut h, _) = holder(e, &scratch, "h", &["burst"]);
     let children: Vec<Child> = (0..20)

@@ -447,27 +447,6 @@ fn doctor_checks_the_server_and_the_user_creating_nothing() {
     on(&my.url()).arg("doctor").succeeds();
 }
 
-/// The shell block of README's "Guard a migration with MySQL or MariaDB",
-/// less its install line.
-fn guide_script() -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme
-        .split("### Guard a migration with MySQL or MariaDB")
-        .nth(1)
-        .expect("README has the guide");
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .expect("the guide has a shell block");
-    block
-        .lines()
-        .filter(|l| !l.starts_with("apt-get "))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[test]
 fn the_readme_guide_guards_an_alembic_migration_as_written() {
     // Debian's python3 with Debian's alembic and PyMySQL.
@@ -482,7 +461,11 @@ fn the_readme_guide_guards_an_alembic_migration_as_written() {
     }
     let my = MyDb::new();
     let scratch = Scratch::new();
-    std::fs::write(scratch.path("guide.sh"), guide_script()).unwrap();
+    std::fs::write(
+        scratch.path("guide.sh"),
+        readme_guide("Guard a migration with MySQL or MariaDB"),
+    )
+    .unwrap();
     let bin_dir = std::path::Path::new(BIN)
         .parent()
         .unwrap()

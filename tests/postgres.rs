@@ -531,27 +531,6 @@ fn a_server_defaulting_to_repeatable_read_still_never_lets_a_writer_beside_anyon
     }
 }
 
-/// The shell block of README's "Guard a migration with PostgreSQL", less
-/// its install line.
-fn guide_script() -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme
-        .split("### Guard a migration with PostgreSQL")
-        .nth(1)
-        .expect("README has the guide");
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .expect("the guide has a shell block");
-    block
-        .lines()
-        .filter(|l| !l.starts_with("apt-get "))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[test]
 fn the_readme_guide_guards_an_alembic_migration_as_written() {
     // Debian's python3 with Debian's alembic and psycopg2.
@@ -566,7 +545,11 @@ fn the_readme_guide_guards_an_alembic_migration_as_written() {
     }
     let pg = Postgres::start();
     let scratch = Scratch::new();
-    std::fs::write(scratch.path("guide.sh"), guide_script()).unwrap();
+    std::fs::write(
+        scratch.path("guide.sh"),
+        readme_guide("Guard a migration with PostgreSQL"),
+    )
+    .unwrap();
     let bin_dir = std::path::Path::new(BIN)
         .parent()
         .unwrap()

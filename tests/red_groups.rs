@@ -90,6 +90,8 @@ fn nothing_endless(e: &dyn Fixture) {
 /// 30 requests at once with `--max-waiters 2`, three rounds: never more than
 /// two queued (watched all along), never more than two run afterwards.
 pub fn burst_30_never_queues_more_than_n(e: &dyn Fixture) {
+    // Dozens of lockruns at once: one such test at a time on the machine.
+    let _alone = heavy();
     for round in 0..3 {
         let scratch = Scratch::new();
         let name = format!("burst{round}");
@@ -150,6 +152,8 @@ pub fn burst_30_never_queues_more_than_n(e: &dyn Fixture) {
 /// stays, every other ends 75 with one line naming its replacement, the
 /// plain ones all run, and nothing is left behind.
 pub fn burst_30_supersede_keeps_one(e: &dyn Fixture) {
+    // Dozens of lockruns at once: one such test at a time on the machine.
+    let _alone = heavy();
     let scratch = Scratch::new();
     let name = "sburst";
     let mut h = holder(e, &scratch, "h", &[], name);
@@ -202,6 +206,8 @@ pub fn burst_30_supersede_keeps_one(e: &dyn Fixture) {
 
 /// `--supersede --max-waiters 1`, 30 at once, three rounds: one pending.
 pub fn burst_supersede_with_max_waiters_1(e: &dyn Fixture) {
+    // Dozens of lockruns at once: one such test at a time on the machine.
+    let _alone = heavy();
     for round in 0..3 {
         let scratch = Scratch::new();
         let name = format!("ci{round}");
@@ -659,6 +665,8 @@ pub fn preempt_racing_release_force(e: &dyn Fixture) {
 /// Grants racing `--preempt` and `--supersede` and plain requests, all at
 /// once: jobs never overlap and tokens only grow.
 pub fn mixed_storm_never_overlaps(e: &dyn Fixture) {
+    // Dozens of lockruns at once: one such test at a time on the machine.
+    let _alone = heavy();
     let scratch = Scratch::new();
     let name = "storm";
     let mut kids = Vec::new();

@@ -1279,7 +1279,8 @@ fn a_late_supersede_mark_on_a_granted_request() {
             g = scratch.path(gate).display()
         )
     };
-    for offset in (700..=2100).step_by(100) {
+    // Steps shorter than the 300 ms delay: one of them lands in the window.
+    for offset in (700..=2100).step_by(200) {
         let scratch = Scratch::new();
         let name = format!("late{offset}");
         let holder = Reap(

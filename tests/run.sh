@@ -61,4 +61,10 @@ fi
 # package).
 cargo deb --version >/dev/null 2>&1 || cargo install cargo-deb --version 3.8.0 --locked
 
+# Most tests wait on leases and servers, not on the CPU (three quarters of
+# it idle with one test per core), so a machine with few cores runs three
+# at once; those that start dozens of lockruns take turns (support::heavy).
+cores=$(nproc 2>/dev/null || echo 1)
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-$((cores > 3 ? cores : 3))}"
+
 exec cargo test "$@"

@@ -1070,3 +1070,24 @@ fn etcd_healthy(port: u16) -> bool {
         && s.read_to_string(&mut reply).is_ok()
         && reply.contains("\"health\":\"true\"")
 }
+
+/// The shell block of README's section `heading` (a guide), less its
+/// install line: the guide as a user would paste it.
+pub fn readme_guide(heading: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split(&format!("### {heading}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("README has no section {heading:?}"));
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("the guide has a shell block");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("apt-get "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
