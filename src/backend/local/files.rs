@@ -8,6 +8,7 @@ use rustix::fs::{FlockOperation, Mode as FileMode, OFlags, flock, lstat, mkdir, 
 use rustix::io::Errno;
 
 use crate::backend::{Check, Error};
+use crate::clock::Boot;
 
 /// The per-user default directory; it depends only on the uid, so cron and a
 /// login shell find the same files.
@@ -292,10 +293,10 @@ pub(super) fn identity(st: &rustix::fs::Stat) -> (u64, u64) {
 }
 
 /// Block in flock(2) until it is ours, retrying interrupted calls.
-pub(super) fn flock_blocking(fd: impl AsFd + Copy, op: FlockOperation) -> std::io::Result<()> {
+pub(super) fn flock_blocking(fd: impl AsFd + Copy, op: FlockOperation) -> std::io::Result<Boot> {
     loop {
         match flock(fd, op) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(Boot::now()),
             Err(Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }

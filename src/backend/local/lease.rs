@@ -12,8 +12,10 @@ pub(super) struct LocalHeld {
     pub(super) path: PathBuf,
     pub(super) id: (u64, u64),
     pub(super) name: String,
-    /// The grant's token and times: which preemption marks are meant for it.
-    pub(super) holding: Holding,
+    /// The grant's token, and when its lock came (just after): which
+    /// preemption marks are meant for it.
+    pub(super) token: u64,
+    pub(super) got_at: Boot,
 }
 
 impl Held for LocalHeld {
@@ -21,7 +23,8 @@ impl Held for LocalHeld {
         let renewer = LocalRenewer {
             path: self.path.clone(),
             id: self.id,
-            holding: self.holding,
+            token: self.token,
+            got_at: self.got_at,
         };
         Renewing::Anywhere(Box::new(move || Box::new(renewer.clone())))
     }
@@ -36,8 +39,8 @@ impl Held for LocalHeld {
         // holder's too: it stays).
         if let Some(r) = read_record(&self.fd).filter(|r| r.window.is_some())
             && r.mode != Mode::Shared
-            && r.token == self.holding.token
-            && read_preempt(&self.fd).is_some_and(|p| p.stops(self.holding))
+            && r.token == self.token
+            && read_preempt(&self.fd).is_some_and(|p| p.stops(self.token, self.got_at))
         {
             let _ = end_window(&self.fd, &r);
         }
@@ -71,7 +74,8 @@ impl Held for LocalHeld {
 pub(super) struct LocalRenewer {
     path: PathBuf,
     id: (u64, u64),
-    holding: Holding,
+    token: u64,
+    got_at: Boot,
 }
 
 impl Renewer for LocalRenewer {
@@ -92,7 +96,7 @@ impl Renewer for LocalRenewer {
         .ok()
         .filter(|fd| matches!(fstat(fd), Ok(st) if identity(&st) == self.id))
         .and_then(read_preempt)
-        .filter(|p| p.stops(self.holding));
+        .filter(|p| p.stops(self.token, self.got_at));
         Ok(match mark {
             Some(p) => Renewal::Preempted { by: p.by },
             None => Renewal::Renewed { ttl: Duration::MAX },

@@ -65,19 +65,25 @@ impl Local {
         else {
             return Ok(Locked::Not(Try::Retry));
         };
-        match flock(&fd, nonblocking(op)) {
-            Ok(()) => {}
+        let locked_at = match flock(&fd, nonblocking(op)) {
+            Ok(()) => Boot::now(),
             Err(Errno::WOULDBLOCK) => {
                 let holder = read_record(&fd).map(|r| r.label).filter(|l| !l.is_empty());
                 if w.req.is_own_outer_holder(holder.as_deref()) {
                     return Err(crate::backend::nested(w.name));
                 }
-                if !block || !w.block(&fd, op, holder.as_deref())? {
-                    return Ok(Locked::Not(Try::Busy(holder)));
+                let came = if block {
+                    w.block(&fd, op, holder.as_deref())?
+                } else {
+                    None
+                };
+                match came {
+                    Some(at) => at,
+                    None => return Ok(Locked::Not(Try::Busy(holder))),
                 }
             }
             Err(e) => return Err(self.unavailable("cannot lock", path, e)),
-        }
+        };
         // The path must still name the file we locked: a file deleted or
         // replaced meanwhile would let someone else lock the new one.
         let ours = fstat(&fd).map_err(|e| self.unavailable("fstat", path, e))?;
@@ -98,7 +104,10 @@ impl Local {
                     path.display()
                 ));
                 let holder = read_record(&orphan).map(|r| r.label);
-                if !block || !w.block(&orphan, FlockOperation::LockExclusive, holder.as_deref())? {
+                if !block
+                    || w.block(&orphan, FlockOperation::LockExclusive, holder.as_deref())?
+                        .is_none()
+                {
                     return Ok(Locked::Not(Try::Busy(holder)));
                 }
             }
@@ -120,6 +129,7 @@ impl Local {
             id: identity(&ours),
             main: None,
             slot: None,
+            locked_at,
         }))
     }
 
@@ -198,10 +208,10 @@ impl Local {
             let (tx, won) = (tx.clone(), won.clone());
             std::thread::Builder::new()
                 .spawn(move || {
-                    if flock_blocking(&fd, FlockOperation::LockExclusive).is_ok()
+                    if let Ok(at) = flock_blocking(&fd, FlockOperation::LockExclusive)
                         && !won.swap(true, Ordering::SeqCst)
                     {
-                        let _ = tx.send((k, fd));
+                        let _ = tx.send((k, fd, at));
                     }
                     // Otherwise the descriptor closes here, letting the slot go.
                 })
@@ -212,9 +222,9 @@ impl Local {
         // Giving up: a slot locked after this is let go by its thread.
         won.store(true, Ordering::SeqCst);
         Ok(match heard {
-            Heard::Got((k, fd)) => Slot::Got(k, fd),
+            Heard::Got((k, fd, at)) => Slot::Got(k, fd, at),
             other => match rx.try_recv() {
-                Ok((k, fd)) => Slot::Got(k, fd),
+                Ok((k, fd, at)) => Slot::Got(k, fd, at),
                 Err(_) if matches!(other, Heard::Woke) => Slot::Woke,
                 Err(_) => Slot::Over,
             },
@@ -247,7 +257,7 @@ impl Local {
                     FlockOperation::LockExclusive,
                     false,
                 )? {
-                    Locked::Got(got) => return Ok(slotted(main, k, got.fd, got.id)),
+                    Locked::Got(got) => return Ok(slotted(main, k, got)),
                     Locked::Not(Try::Busy(h)) => holder = holder.or(h),
                     Locked::Not(_) => return Ok(Try::Retry),
                     Locked::Kept { holder: h, left } => {
@@ -265,7 +275,7 @@ impl Local {
                 Slot::Over => return Ok(Try::Busy(holder)),
                 // A window ran out (or is looked at again): try every slot.
                 Slot::Woke => {}
-                Slot::Got(k, fd) => {
+                Slot::Got(k, fd, locked_at) => {
                     let ours =
                         fstat(&fd).map_err(|e| self.unavailable("fstat", &files.slot(k), e))?;
                     match stat(files.slot(k)) {
@@ -282,7 +292,14 @@ impl Local {
                             .is_some()
                     });
                     if !windowed {
-                        return Ok(slotted(main, k, fd, identity(&ours)));
+                        let got = Got {
+                            fd,
+                            id: identity(&ours),
+                            main: None,
+                            slot: None,
+                            locked_at,
+                        };
+                        return Ok(slotted(main, k, got));
                     }
                 }
             }
@@ -292,18 +309,19 @@ impl Local {
 
 /// What a wait for any of the slots ended with.
 pub(super) enum Slot {
-    Got(u32, OwnedFd),
+    /// A slot, its lock, and when it came.
+    Got(u32, OwnedFd, Boot),
     /// The time asked for came.
     Woke,
     /// Gave up, or our place lapsed.
     Over,
 }
 
-pub(super) fn slotted(main: OwnedFd, k: u32, fd: OwnedFd, id: (u64, u64)) -> Try {
+/// A slot's lock, with the main file's shared lock beside it.
+pub(super) fn slotted(main: OwnedFd, k: u32, slot: Got) -> Try {
     Try::Locked(Got {
-        fd,
-        id,
         main: Some(main),
         slot: Some(k),
+        ..slot
     })
 }

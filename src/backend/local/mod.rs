@@ -54,8 +54,8 @@ use proclocks::{find_orphan_holder, lockers};
 #[cfg(test)]
 use record::write_token;
 use record::{
-    Holding, Preempt, Record, Window, end_window, next_token, now_since_epoch, read_preempt,
-    read_readers, read_record, write_preempt, write_record,
+    Preempt, Record, Window, end_window, next_token, now_since_epoch, read_preempt, read_readers,
+    read_record, write_preempt, write_record,
 };
 
 use super::{Renewal, Renewer, Renewing};
@@ -70,6 +70,9 @@ struct Got {
     id: (u64, u64),
     main: Option<OwnedFd>,
     slot: Option<u32>,
+    /// Just after the lock came: from then on `status` and `--preempt`
+    /// see a holder, so a preemption mark made later is meant for it.
+    locked_at: Boot,
 }
 
 /// One try at a lock file.

@@ -13,6 +13,7 @@ use rustix::io::Errno;
 use super::files::{flock_blocking, suffixed};
 use crate::backend::wait::Patience;
 use crate::backend::{Error, Request, Wait};
+use crate::clock::Boot;
 
 /// CLOCK_MONOTONIC in nanoseconds: the queue's clock. Every process of the
 /// machine reads the same one, and unlike CLOCK_BOOTTIME it stands still
@@ -363,15 +364,16 @@ impl Waiter<'_> {
         matches!(self.hear(&rx, holder, Some(wake)), Heard::Woke)
     }
 
-    /// Block on `fd`'s lock as the wait allows. Ok(false): gave up (or `-n`).
+    /// Block on `fd`'s lock as the wait allows: when it came, just after.
+    /// Ok(None): gave up (or `-n`).
     pub(super) fn block(
         &mut self,
         fd: &OwnedFd,
         op: FlockOperation,
         holder: Option<&str>,
-    ) -> Result<bool, Error> {
+    ) -> Result<Option<Boot>, Error> {
         if self.wait == Wait::No {
-            return Ok(false);
+            return Ok(None);
         }
         // A helper thread blocks in flock on a duplicate of the same open file
         // (the lock belongs to the open file, so it is ours when it comes). If
@@ -385,9 +387,9 @@ impl Waiter<'_> {
             })
             .map_err(|e| self.unavailable("cannot start a thread to wait for", e))?;
         match self.receive(&rx, holder) {
-            Some(Ok(())) => Ok(true),
+            Some(Ok(at)) => Ok(Some(at)),
             Some(Err(e)) => Err(self.unavailable("locking", e)),
-            None => Ok(false),
+            None => Ok(None),
         }
     }
 }

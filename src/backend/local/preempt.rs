@@ -46,16 +46,9 @@ impl Local {
                 Err(e) => return Err(self.unavailable("cannot open lock file", &path, e)),
             };
             // The record may have moved on to a later holder meanwhile: the
-            // mark names the highest token of the moment, its time, and who
-            // holds the file (a holder yet to write its grant among them).
+            // mark names the highest token of the moment, and its time.
             let upto = read_record(&fd).map_or(upto, |r| r.token.max(upto));
-            let pids: Vec<u32> = fstat(&fd)
-                .map(|st| lockers(st.st_dev, st.st_ino))
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(pid, _)| pid)
-                .collect();
-            write_preempt(&fd, &Preempt::now(upto, &req.owner.shown, &pids))
+            write_preempt(&fd, &Preempt::now(upto, &req.owner.shown))
                 .map_err(|e| self.unavailable("writing", &path, e))?;
             log::info(format!(
                 "asked the holder of {} to stop (--preempt)",

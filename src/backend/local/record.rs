@@ -52,21 +52,6 @@ pub(super) fn boot_id() -> &'static str {
     })
 }
 
-/// This process's pid namespace, by its inode (0 if unknown): the
-/// namespace a mark's pids are numbered in.
-fn pid_namespace() -> u64 {
-    static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *NS.get_or_init(|| {
-        std::fs::read_link("/proc/self/ns/pid")
-            .ok()
-            .and_then(|l| {
-                let l = l.to_string_lossy().into_owned();
-                l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
-            })
-            .unwrap_or(0)
-    })
-}
-
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -274,48 +259,27 @@ const MARK: usize = 256;
 /// A `--preempt` request's mark on a lock file (lockrun-engines(7)
 /// "LOCAL"): who asked, and which holders it meant: those that held the
 /// file when it was written. On the boot that wrote it, the boot clock
-/// tells them (a holder that got its lock before `at_ns`), and so do the
-/// pids that held a flock on the file just before (`pids`, as the pid
-/// namespace `pidns` numbers them): they catch a holder that had its lock
-/// but had not yet noted when. Under another boot, the token tells them (a
-/// holder whose token is at most `upto`, the highest token recorded then).
-/// Tokens only grow and a later lock is got later, so a mark never applies
-/// to a later holder.
+/// tells them (a holder that got its lock before `at_ns`); under another
+/// boot, the token (a holder whose token is at most `upto`, the highest
+/// token recorded then). Tokens only grow and a later lock is got later,
+/// so a mark never applies to a later holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Preempt {
     pub(super) upto: u64,
     boot: String,
     at_ns: u64,
     wall_ms: u64,
-    pidns: u64,
-    pids: Vec<u32>,
     pub(super) by: String,
 }
 
-/// The most pids a mark names: with its other fields they leave room for
-/// 40 characters of `by` in the mark's 256 bytes.
-const MARK_PIDS: usize = 8;
-
-/// A holder as a preemption mark is checked against: its token, when it
-/// got its lock (noted just after) and when it asked for it.
-#[derive(Clone, Copy)]
-pub(super) struct Holding {
-    pub(super) token: u64,
-    pub(super) got_at: Boot,
-    pub(super) asked_at: Boot,
-}
-
 impl Preempt {
-    /// A mark made now for holders whose tokens are at most `upto`, and
-    /// for the processes `pids` (those holding a flock on the file).
-    pub(super) fn now(upto: u64, by: &str, pids: &[u32]) -> Preempt {
+    /// A mark made now for holders whose tokens are at most `upto`.
+    pub(super) fn now(upto: u64, by: &str) -> Preempt {
         Preempt {
             upto,
             boot: boot_id().to_string(),
             at_ns: u64::try_from(Boot::now().0.as_nanos()).unwrap_or(u64::MAX),
             wall_ms: ms(now_since_epoch()),
-            pidns: pid_namespace(),
-            pids: pids.iter().copied().take(MARK_PIDS).collect(),
             by: by
                 .chars()
                 .map(|c| if c.is_control() { ' ' } else { c })
@@ -324,20 +288,14 @@ impl Preempt {
         }
     }
 
-    /// Whether the mark stops this process's holder `h`.
-    pub(super) fn stops(&self, h: Holding) -> bool {
-        if self.boot.is_empty() || self.boot != boot_id() {
-            return h.token <= self.upto;
+    /// Whether the mark stops the holder with `token`, granted at `got_at`
+    /// (on the boot clock, after it got its lock).
+    pub(super) fn stops(&self, token: u64, got_at: Boot) -> bool {
+        if !self.boot.is_empty() && self.boot == boot_id() {
+            got_at.0.as_nanos() < u128::from(self.at_ns)
+        } else {
+            token <= self.upto
         }
-        let before = |t: Boot| t.0.as_nanos() < u128::from(self.at_ns);
-        // A pid that held the file as the mark was made, of a process that
-        // was already asking then: this holder, caught between its lock
-        // and its note of the time (a pid used again later belongs to a
-        // process that asked later).
-        let ours = self.pidns != 0
-            && self.pidns == pid_namespace()
-            && self.pids.contains(&std::process::id());
-        before(h.got_at) || (ours && before(h.asked_at))
     }
 
     /// Whether `status` shows a holder with `token`, granted at `granted_ms`
@@ -349,16 +307,9 @@ impl Preempt {
 
 /// Write a preemption mark after the record of a lock file.
 pub(super) fn write_preempt(fd: impl AsFd, p: &Preempt) -> std::io::Result<()> {
-    let pids: Vec<String> = p.pids.iter().map(u32::to_string).collect();
     let mut text = format!(
-        "preempt upto={} boot={} at_ns={} wall_ms={} pidns={} pids={} by={}",
-        p.upto,
-        p.boot,
-        p.at_ns,
-        p.wall_ms,
-        p.pidns,
-        pids.join(","),
-        p.by
+        "preempt upto={} boot={} at_ns={} wall_ms={} by={}",
+        p.upto, p.boot, p.at_ns, p.wall_ms, p.by
     );
     let mut cut = text.len().min(MARK - 1);
     while !text.is_char_boundary(cut) {
@@ -385,8 +336,6 @@ pub(super) fn read_preempt(fd: impl AsFd) -> Option<Preempt> {
     let text = std::str::from_utf8(&buf).ok()?.strip_prefix("preempt ")?;
     let (fields, by) = text.split_once(" by=")?;
     let (mut upto, mut boot, mut at_ns, mut wall_ms) = (None, None, None, None);
-    // Not in the marks of older versions.
-    let (mut pidns, mut pids) = (0, Vec::new());
     for field in fields.split(' ') {
         if let Some(v) = field.strip_prefix("upto=") {
             upto = v.parse().ok();
@@ -396,10 +345,6 @@ pub(super) fn read_preempt(fd: impl AsFd) -> Option<Preempt> {
             at_ns = v.parse().ok();
         } else if let Some(v) = field.strip_prefix("wall_ms=") {
             wall_ms = v.parse().ok();
-        } else if let Some(v) = field.strip_prefix("pidns=") {
-            pidns = v.parse().unwrap_or(0);
-        } else if let Some(v) = field.strip_prefix("pids=") {
-            pids = v.split(',').filter_map(|p| p.parse().ok()).collect();
         }
     }
     Some(Preempt {
@@ -407,8 +352,6 @@ pub(super) fn read_preempt(fd: impl AsFd) -> Option<Preempt> {
         boot: boot?,
         at_ns: at_ns?,
         wall_ms: wall_ms?,
-        pidns,
-        pids,
         by: by.trim_end().to_string(),
     })
 }
@@ -485,13 +428,8 @@ mod tests {
         let (_dir, f) = scratch();
         write_record(&f, 7, "h:1 (old)", Mode::Exclusive, None).unwrap();
         let before = Boot::now();
-        let holding = |token, got_at| Holding {
-            token,
-            got_at,
-            asked_at: got_at,
-        };
         std::thread::sleep(Duration::from_millis(2));
-        let mark = Preempt::now(7, "h:2 (new)", &[]);
+        let mark = Preempt::now(7, "h:2 (new)");
         write_preempt(&f, &mark).unwrap();
         // The record beside it reads (and is rewritten) as before.
         assert_eq!(read_record(&f).unwrap().label, "h:1 (old)");
@@ -499,49 +437,13 @@ mod tests {
         let read = read_preempt(&f).unwrap();
         assert_eq!(read, mark);
         assert_eq!(read.by, "h:2 (new)");
-        assert!(read.stops(holding(7, before)), "the holder of its moment");
+        assert!(read.stops(7, before), "the holder of its moment");
         std::thread::sleep(Duration::from_millis(2));
-        let later = holding(8, Boot::now());
-        assert!(!read.stops(later), "a later holder");
+        assert!(!read.stops(8, Boot::now()), "a later holder");
         // Under another boot, the token decides.
         let mut other = read.clone();
         other.boot = "0".repeat(16);
-        assert!(other.stops(holding(7, Boot::now())) && !other.stops(holding(8, before)));
-        // A holder that had its lock as the mark was made, but noted the
-        // time only after: its pid is in the mark, and it asked before.
-        let me = std::process::id();
-        let asked = Boot::now();
-        std::thread::sleep(Duration::from_millis(2));
-        let mark = Preempt::now(7, &"x".repeat(300), &[1, 2, 3, 4, 5, 6, 7, me]);
-        std::thread::sleep(Duration::from_millis(2));
-        let caught = Holding {
-            token: 8,
-            got_at: Boot::now(),
-            asked_at: asked,
-        };
-        assert!(!mark.stops(holding(8, caught.got_at)), "by time alone");
-        write_preempt(&f, &mark).unwrap();
-        let read = read_preempt(&f).unwrap();
-        assert_eq!(read.pids, [1, 2, 3, 4, 5, 6, 7, me]);
-        assert!(
-            read.by.starts_with("xxxx") && read.by.len() >= 40,
-            "{read:?}"
-        );
-        assert!(read.stops(caught), "{read:?}");
-        let crowded = Preempt::now(7, "y", &[1, 2, 3, 4, 5, 6, 7, 4_194_304, me]);
-        assert_eq!(crowded.pids.len(), MARK_PIDS, "as many as it has room for");
-        // ... but not a process that asked after the mark (its pid used
-        // again), nor one numbered in another pid namespace.
-        let mark = Preempt::now(7, "y", &[me]);
-        let mut elsewhere = mark.clone();
-        elsewhere.pidns += 1;
-        std::thread::sleep(Duration::from_millis(2));
-        let caught = Holding {
-            got_at: Boot::now(),
-            ..caught
-        };
-        assert!(mark.stops(caught) && !elsewhere.stops(caught));
-        assert!(!mark.stops(holding(8, Boot::now())));
+        assert!(other.stops(7, Boot::now()) && !other.stops(8, before));
         // A file with no mark, or half of one, has none.
         let (_dir, g) = scratch();
         write_record(&g, 1, "h:1", Mode::Exclusive, None).unwrap();

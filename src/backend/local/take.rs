@@ -343,7 +343,7 @@ impl Local {
             let mut until = ahead.until;
             loop {
                 match w.hear(&rx, holder.as_deref(), Some(until)) {
-                    Heard::Got(Ok(())) => break,
+                    Heard::Got(Ok(_)) => break,
                     Heard::Got(Err(e)) => return Err(w.unavailable("waiting in the queue of", e)),
                     // Taken again at the back: look again who is ahead.
                     Heard::Over if std::mem::take(&mut w.lapsed) => break,
@@ -391,7 +391,7 @@ impl Local {
                     Err(e) => return Err(self.unavailable("cannot lock", &files.grant, e)),
                 }
             }
-            if !locked && !w.block(&fd, FlockOperation::LockExclusive, None)? {
+            if !locked && w.block(&fd, FlockOperation::LockExclusive, None)?.is_none() {
                 return Ok(None);
             }
             // A replaced file would let two grants write at once.
@@ -441,7 +441,13 @@ impl Local {
         if req.mode != Mode::Exclusive {
             self.refuse_disagreement(req, files)?;
         }
-        let Got { fd, id, main, slot } = got;
+        let Got {
+            fd,
+            id,
+            main,
+            slot,
+            locked_at,
+        } = got;
         let sent_at = Boot::now();
         let store = main.as_ref().unwrap_or(&fd);
         let token = next_token(store);
@@ -483,11 +489,8 @@ impl Local {
             path,
             id,
             name: req.name.to_string(),
-            holding: Holding {
-                token,
-                got_at: sent_at,
-                asked_at: w.patience.started(),
-            },
+            token,
+            got_at: locked_at,
         };
         Ok(Some(Acquired::Granted(Lease::new(
             token,
