@@ -498,6 +498,14 @@ pub fn preempt_a_paused_holder(e: &dyn Fixture) {
         ))
         .stderr(Stdio::piped())
         .spawn();
+    let mut h = h;
+    let started = wait_until(Duration::from_secs(20), || {
+        scratch.exists("oldpid") || h.try_wait().is_ok_and(|s| s.is_some())
+    });
+    if !scratch.exists("oldpid") {
+        let (code, err) = exited(h, Duration::from_secs(20));
+        panic!("the first holder never started its job (started: {started}): {code:?} {err}");
+    }
     let old_job = scratch.pid_in("oldpid");
     let hpid = h.id() as i32;
     let h = Reap(h);
