@@ -108,6 +108,11 @@ pub fn alert(msg: impl AsRef<str>) {
     emit(line(&format!("warning: {}", msg.as_ref())));
 }
 
+/// The reason for lockrun's exit code, shown even under -q.
+pub fn reason(msg: impl AsRef<str>) {
+    emit(line(msg.as_ref()));
+}
+
 /// From now on, write through a background thread, started on the first line
 /// (most runs print nothing and never pay for the thread).
 pub fn start_async() {

@@ -112,6 +112,25 @@ impl Timing {
         deadline.sub(self.grace + self.slack)
     }
 
+    /// When the job starts being stopped if no renewal moved `deadline`:
+    /// `lost_at`, earlier by the kill's `cost` as far as the spare time
+    /// allows (beyond it, the grace shrinks instead). lockrun and its guard
+    /// both keep to it.
+    pub fn stop_at(&self, deadline: Boot, cost: Duration) -> Boot {
+        self.lost_at(deadline).sub(cost.min(self.spare()))
+    }
+
+    /// When SIGKILL goes out for a stop that started at `since`: after the
+    /// grace, and early enough that a kill taking `cost` is over `slack`
+    /// before the lease's end.
+    pub fn kill_at(&self, since: Boot, deadline: Option<Boot>, cost: Duration) -> Boot {
+        let mut at = since.add(self.grace);
+        if let Some(d) = deadline {
+            at = at.min(d.sub(self.slack + cost));
+        }
+        at.max(since)
+    }
+
     /// Last moment a renewal attempt may start and still finish before `lost_at`.
     pub fn last_attempt(&self, deadline: Boot) -> Boot {
         self.lost_at(deadline).sub(self.op)

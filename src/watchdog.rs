@@ -5,9 +5,9 @@
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, poll};
@@ -16,19 +16,39 @@ use crate::backend::{Error, Fresh, Renewal, Renewer, Renewing};
 use crate::clock::{Boot, BootTimer, backoff};
 use crate::schedule::Timing;
 
-/// The lease deadline, shared between the watchdog (writer) and the supervisor.
-#[derive(Debug)]
-pub struct Deadline(AtomicU64);
+/// The lease deadline, shared between the watchdog (writer) and the
+/// supervisor, and told to a watcher (the guard) the moment it moves.
+pub struct Deadline {
+    at: AtomicU64,
+    watcher: OnceLock<Box<dyn Fn(Boot) + Send + Sync>>,
+}
 
 impl Deadline {
     pub fn new(at: Boot) -> Deadline {
-        Deadline(AtomicU64::new(at.nanos()))
+        Deadline {
+            at: AtomicU64::new(at.nanos()),
+            watcher: OnceLock::new(),
+        }
     }
     pub fn get(&self) -> Boot {
-        Boot::from_nanos(self.0.load(Ordering::SeqCst))
+        Boot::from_nanos(self.at.load(Ordering::SeqCst))
     }
     fn set(&self, at: Boot) {
-        self.0.store(at.nanos(), Ordering::SeqCst);
+        self.at.store(at.nanos(), Ordering::SeqCst);
+        if let Some(tell) = self.watcher.get() {
+            tell(at);
+        }
+    }
+    /// From now on, `tell` hears of every new deadline, on the thread that
+    /// set it, so that nothing else lockrun does can delay the news.
+    pub fn watch(&self, tell: impl Fn(Boot) + Send + Sync + 'static) {
+        let _ = self.watcher.set(Box::new(tell));
+    }
+}
+
+impl std::fmt::Debug for Deadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Deadline").field(&self.get()).finish()
     }
 }
 
@@ -216,6 +236,16 @@ fn final_error(e: &Error) -> Option<String> {
     }
 }
 
+/// Why a lease that no renewal moved in time was lost: the last attempt's
+/// failure when there was one (no answer, a refused connection, the
+/// server's error).
+pub fn lost_in_time(last_failure: Option<&str>) -> String {
+    match last_failure {
+        Some(e) => format!("could not renew the lease in time (last attempt: {e})"),
+        None => "could not renew the lease in time".into(),
+    }
+}
+
 fn renew_loop(
     renewing: Renewing,
     timing: &Timing,
@@ -226,6 +256,7 @@ fn renew_loop(
 ) {
     let mut renewers = Renewers::new(renewing);
     let mut failures: u32 = 0;
+    let mut last_failure: Option<String> = None;
     loop {
         let current = deadline.map(Deadline::get);
         let now = Boot::now();
@@ -233,7 +264,7 @@ fn renew_loop(
             && now > timing.last_attempt(c)
         {
             send(Event::Lost {
-                reason: "could not renew the lease in time".into(),
+                reason: lost_in_time(last_failure.as_deref()),
             });
             return;
         }
@@ -283,6 +314,7 @@ fn renew_loop(
             ),
         };
         failures += 1;
+        last_failure = Some(error.clone());
         send(Event::Retrying { error });
         let cap = (timing.renew_every / 4).max(Duration::from_millis(10));
         let mut retry_at = Boot::now().add(backoff(failures, Duration::from_millis(20), cap));

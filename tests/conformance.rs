@@ -24,6 +24,10 @@ pub trait Fixture {
     /// What is stored that will never go on its own, once every lockrun of
     /// the test has ended (empty: nothing).
     fn endless(&self) -> Vec<String>;
+    /// A lease lapses when nobody renews it (a flock does not).
+    fn lapses(&self) -> bool {
+        true
+    }
 }
 
 pub struct LocalEngine {
@@ -42,6 +46,9 @@ impl LocalEngine {
 impl Fixture for LocalEngine {
     fn url(&self) -> String {
         self.url.clone()
+    }
+    fn lapses(&self) -> bool {
+        false
     }
     fn breaks(&self) -> bool {
         false
@@ -827,6 +834,85 @@ pub fn a_lost_lease_stops_the_job(e: &dyn Fixture) {
     assert!(!alive(job), "the job outlived its lost lease");
 }
 
+/// lockrun stopped (SIGSTOP, a debugger) while its job runs: its guard stops
+/// every process of the job before the lease can lapse, so the next holder
+/// never runs beside it, and lockrun, once continued, exits 76 and says why.
+/// A flock never lapses: there the job runs on and the name stays held.
+pub fn a_stopped_lockrun_never_lets_its_job_outlive_the_lease(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let d = scratch.dir.path().display();
+    let ttl = Duration::from_secs(3);
+    // A job of two processes, one in a session of its own that ignores SIGTERM.
+    let mut lr = on(&url)
+        .args(["--ttl", "3s", "paused", "-c"])
+        .arg(format!(
+            "setsid sh -c 'trap \"\" TERM; echo $$ > {d}/bg; exec sleep 120' & echo $$ > {d}/pid; wait"
+        ))
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let pids = [scratch.pid_in("pid"), scratch.pid_in("bg")];
+    let gone = |p: i32| matches!(state_of(p), None | Some('Z') | Some('X'));
+    signal(lr.id() as i32, libc::SIGSTOP);
+    let stopped = Instant::now();
+    if !e.lapses() {
+        // Nothing renews a flock: a whole ttl later the job still runs, and
+        // the name is still held.
+        std::thread::sleep(ttl + Duration::from_millis(500));
+        assert!(pids.iter().all(|&p| !gone(p)), "the job was stopped");
+        on(&url).args(["-n", "paused", "true"]).code(75);
+        signal(lr.id() as i32, libc::SIGCONT);
+        assert_eq!(stop(&mut lr), Some(143));
+        return;
+    }
+    // The next request waits, then looks at the old job from inside its own.
+    let next = on(&url)
+        .args(["--ttl", "3s", "-w", "60", "paused", "-c"])
+        .arg(format!(
+            "for p in {} {}; do cat /proc/$p/stat 2>/dev/null; done > {d}/seen; echo checked >> {d}/seen",
+            pids[0], pids[1]
+        ))
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let died = wait_until(Duration::from_secs(60), || pids.iter().all(|&p| gone(p)));
+    let took = stopped.elapsed();
+    let (code, next_err) = exited(next, Duration::from_secs(60));
+    let out = scratch.read("seen");
+    signal(lr.id() as i32, libc::SIGCONT);
+    let status = wait_child(&mut lr, Duration::from_secs(30));
+    let mut err = String::new();
+    if let Some(mut s) = lr.stderr.take() {
+        use std::io::Read;
+        let _ = s.read_to_string(&mut err);
+    }
+    assert!(
+        died,
+        "the stopped lockrun's job still ran {took:?} after the stop"
+    );
+    assert!(
+        took < ttl,
+        "the job of a lockrun stopped {took:?} ago outlived its ttl of {ttl:?}"
+    );
+    assert_eq!(code, Some(0), "the next request: {next_err}");
+    assert!(out.contains("checked"), "the next job did not run: {out}");
+    for line in out.lines().filter(|l| *l != "checked") {
+        let state = line.rsplit(')').next().unwrap_or("").trim_start();
+        assert!(
+            state.starts_with('Z') || state.starts_with('X'),
+            "the next holder ran beside a process of the stopped holder's job: {line}"
+        );
+    }
+    assert_eq!(
+        status.code(),
+        Some(76),
+        "the stopped holder, continued: {err}"
+    );
+    assert!(
+        err.contains("lease on paused lost") && err.contains("guard") && !err.contains("warning"),
+        "the line says why the lease was lost: {err}"
+    );
+}
+
 /// `kill -9` of a holder's lockrun: the next holder starts only once every
 /// process of the old job, one in a session of its own included, is dead.
 pub fn kill_9_frees_the_name_only_after_the_job(e: &dyn Fixture) {
@@ -1529,6 +1615,7 @@ macro_rules! conformance {
             #[test] fn status_lists_holders_and_waiters() { super::status_lists_holders_and_waiters(&$fixture) }
             #[test] fn release_force_token_and_now() { super::release_force_token_and_now(&$fixture) }
             #[test] fn a_lost_lease_stops_the_job() { super::a_lost_lease_stops_the_job(&$fixture) }
+            #[test] fn a_stopped_lockrun_never_lets_its_job_outlive_the_lease() { super::a_stopped_lockrun_never_lets_its_job_outlive_the_lease(&$fixture) }
             #[test] fn kill_9_frees_the_name_only_after_the_job() { super::kill_9_frees_the_name_only_after_the_job(&$fixture) }
             #[test] fn bad_input_is_refused_before_anything_happens() { super::bad_input_is_refused_before_anything_happens(&$fixture) }
             #[test] fn unreachable_is_69() { super::unreachable_is_69(&$fixture) }

@@ -121,6 +121,16 @@ fn etcd_stopped_past_the_ttl_stops_the_job_before_the_lease_could_expire() {
         "the job outlived its lease by {late:?}"
     );
     assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    // The line that explains the 76 names the cause, not as a warning.
+    let err = scratch.read("err");
+    let line = err
+        .lines()
+        .find(|l| l.contains("lease on stall lost"))
+        .unwrap_or_else(|| panic!("no line says the lease was lost: {err}"));
+    assert!(
+        line.contains("last attempt: no answer within") && !line.contains("warning"),
+        "{line}"
+    );
 }
 
 #[test]

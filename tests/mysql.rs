@@ -181,6 +181,12 @@ fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() {
     assert_eq!(code, Some(76), "{}", scratch.read("err"));
     assert!(!alive(job), "the job outlived its lease");
     assert!(took < Duration::from_secs(4), "stopped after {took:?}");
+    let err = scratch.read("err");
+    assert!(
+        err.lines()
+            .any(|l| l.contains("lease on stall lost") && l.contains("(last attempt: ")),
+        "the line does not say why the lease was lost: {err}"
+    );
 }
 
 #[test]

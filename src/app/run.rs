@@ -164,7 +164,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
     let released = pending.release(&releasing, cfg.timing.op);
     if let Some(reason) = outcome.lost {
         report.lost = true;
-        log::alert(format!(
+        log::reason(format!(
             "lease on {} lost: {reason}; the job was stopped",
             cfg.name
         ));

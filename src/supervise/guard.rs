@@ -6,6 +6,12 @@
 //! It learns of lockrun's death through a pidfd, which no process of the job
 //! can hold open on lockrun's behalf (a pipe from lockrun, reopened by a job
 //! through /proc, could be).
+//!
+//! The guard also holds the lease's deadline: lockrun tells it each deadline
+//! its renewals earn, and if one comes near without lockrun moving it
+//! (lockrun stopped, traced, hung or starved), the guard stops the job on the
+//! schedule lockrun would have kept. A pause of lockrun alone never lets its
+//! job outlive the lease.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -13,7 +19,13 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::process::{Pid, WaitOptions, WaitStatus, wait, waitpid};
 
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::clock::{Boot, BootTimer};
 use crate::exit::JobEnd;
+use crate::schedule::Timing;
 use crate::spawn::Prepared;
 use crate::sys;
 
@@ -31,6 +43,9 @@ pub enum Report {
     NotStarted(i32),
     /// The job's main process ended (others may remain).
     Ended(JobEnd),
+    /// A deadline came near that lockrun had not moved: the guard is
+    /// stopping the job itself.
+    TookOver,
 }
 
 const MSG: usize = 5;
@@ -42,6 +57,7 @@ impl Report {
             Report::NotStarted(e) => (b'N', e),
             Report::Ended(JobEnd::Exited(c)) => (b'X', c),
             Report::Ended(JobEnd::Signaled(s)) => (b'K', s),
+            Report::TookOver => (b'T', 0),
         };
         let mut m = [0u8; MSG];
         m[0] = tag;
@@ -56,14 +72,87 @@ impl Report {
             b'N' => Report::NotStarted(n),
             b'X' => Report::Ended(JobEnd::Exited(n)),
             b'K' => Report::Ended(JobEnd::Signaled(n)),
+            b'T' => Report::TookOver,
             _ => return None,
         })
     }
 }
 
+/// What lockrun tells the guard about the lease, one fixed-size message
+/// each: a tag and a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// The lease's deadline moved to this boot time.
+    Deadline(Boot),
+    /// Killing the job is now expected to take this long.
+    Cost(Duration),
+    /// lockrun is stopping the job itself: the guard sends no SIGTERM, only
+    /// the SIGKILL of the schedule should lockrun stop before it.
+    Stopping,
+}
+
+const ORDER: usize = 9;
+
+impl Order {
+    fn encode(self) -> [u8; ORDER] {
+        let (tag, n) = match self {
+            Order::Deadline(at) => (b'D', at.nanos()),
+            Order::Cost(d) => (b'C', u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            Order::Stopping => (b'S', 0),
+        };
+        let mut m = [0u8; ORDER];
+        m[0] = tag;
+        m[1..].copy_from_slice(&n.to_le_bytes());
+        m
+    }
+
+    fn decode(m: &[u8]) -> Option<Order> {
+        let n = u64::from_le_bytes(m.get(1..ORDER)?.try_into().ok()?);
+        Some(match m[0] {
+            b'D' => Order::Deadline(Boot::from_nanos(n)),
+            b'C' => Order::Cost(Duration::from_nanos(n)),
+            b'S' => Order::Stopping,
+            _ => return None,
+        })
+    }
+}
+
+/// lockrun's end of the guard's orders. Writes never block: one message is
+/// far below PIPE_BUF (written whole or not at all, whichever thread
+/// writes), and a guard that stopped reading cannot act on it anyway.
+#[derive(Clone)]
+pub struct Orders(std::sync::Arc<OwnedFd>);
+
+impl Orders {
+    fn send(&self, o: Order) {
+        let _ = rustix::io::write(&*self.0, &o.encode());
+    }
+    pub fn deadline(&self, at: Boot) {
+        self.send(Order::Deadline(at));
+    }
+    pub fn cost(&self, d: Duration) {
+        self.send(Order::Cost(d));
+    }
+    pub fn stopping(&self) {
+        self.send(Order::Stopping);
+    }
+}
+
+/// What the guard knows of the lease when it starts.
+pub struct Watch {
+    pub timing: Timing,
+    /// None for a lease that cannot lapse (a flock).
+    pub deadline: Option<Boot>,
+    /// The job stays in lockrun's process group (at a terminal): the guard
+    /// never signals that group, which holds lockrun and the caller's
+    /// pipeline too.
+    pub shares_group: bool,
+}
+
 /// lockrun's side of a running guard.
 pub struct Guard {
     pub pid: i32,
+    pub orders: Orders,
     reports: std::fs::File,
     /// Bytes read but not yet handed out (whole messages are handed out in order).
     partial: Vec<u8>,
@@ -73,8 +162,11 @@ impl Guard {
     /// Fork the guard, which starts the job from `job`. The guard is a copy
     /// of this process without its other threads: it takes no lock but
     /// malloc's (see `sys::fork`).
-    pub fn start(job: &mut Prepared, dumpable: bool) -> std::io::Result<Guard> {
+    pub fn start(job: &mut Prepared, dumpable: bool, watch: Watch) -> std::io::Result<Guard> {
         let (rep_rx, rep_tx) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )?;
+        let (ord_rx, ord_tx) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )?;
         // The guard runs with every signal blocked: the terminal's keys and
@@ -85,6 +177,7 @@ impl Guard {
         match forked {
             Ok(sys::Forked::Child) => {
                 drop(rep_rx);
+                drop(ord_tx);
                 // lockrun itself is never dumpable. The guard is, unless
                 // lockrun holds a password: it keeps the local lock's
                 // descriptor for as long as the job runs, and a request that
@@ -94,13 +187,15 @@ impl Guard {
                 if dumpable {
                     sys::set_dumpable(true);
                 }
-                guard_main(job, lockrun, rep_tx)
+                guard_main(job, lockrun, rep_tx, ord_rx, watch)
             }
             Ok(sys::Forked::Parent(pid)) => {
                 sys::set_mask(&mask);
                 drop(rep_tx);
+                drop(ord_rx);
                 Ok(Guard {
                     pid,
+                    orders: Orders(std::sync::Arc::new(ord_tx)),
                     reports: std::fs::File::from(rep_rx),
                     partial: Vec::new(),
                 })
@@ -173,8 +268,93 @@ fn job_end(st: WaitStatus) -> Option<JobEnd> {
     }
 }
 
+/// How long after lockrun's own stop time the guard takes over, at most
+/// (and never more than half the grace): a live lockrun says it is stopping
+/// the job before then, so that the job is never told twice.
+const TAKEOVER_LAG: Duration = Duration::from_millis(100);
+
+/// The guard's hold on the lease's deadline.
+struct Holding {
+    timing: Timing,
+    deadline: Option<Boot>,
+    cost: Duration,
+    /// lockrun said it is stopping the job itself.
+    lockrun_stops: bool,
+    /// The guard took over: the processes it told to stop so far.
+    took_over: Option<HashSet<i32>>,
+    /// lockrun's orders, until it closes its end.
+    orders: Option<std::fs::File>,
+    partial: Vec<u8>,
+}
+
+impl Holding {
+    /// Take in every order that arrived, without blocking. Lost is final:
+    /// once the guard took over, no deadline moves it back.
+    fn read_orders(&mut self) {
+        let Some(file) = self.orders.as_mut() else {
+            return;
+        };
+        let mut buf = [0u8; 16 * ORDER];
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => {
+                    self.orders = None;
+                    break;
+                }
+                Ok(n) => self.partial.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let whole = self.partial.len() / ORDER * ORDER;
+        for m in self.partial[..whole].chunks(ORDER) {
+            match Order::decode(m) {
+                Some(Order::Deadline(at)) if self.took_over.is_none() => self.deadline = Some(at),
+                Some(Order::Cost(d)) => self.cost = d,
+                Some(Order::Stopping) => self.lockrun_stops = true,
+                _ => {}
+            }
+        }
+        self.partial.drain(..whole);
+    }
+
+    /// When the guard sends SIGTERM and when SIGKILL, for a lease that can
+    /// lapse: lockrun's own schedule, SIGTERM a moment later.
+    fn times(&self) -> Option<(Boot, Boot)> {
+        let d = self.deadline?;
+        let stop = self.timing.stop_at(d, self.cost);
+        let kill = self.timing.kill_at(stop, Some(d), self.cost);
+        let term = stop.add(TAKEOVER_LAG.min(self.timing.grace / 2)).min(kill);
+        Some((term, kill))
+    }
+
+    /// Whether the guard sends SIGTERM now (lockrun is not doing it).
+    fn terms(&self, now: Boot) -> bool {
+        !self.lockrun_stops && self.times().is_some_and(|(term, _)| now >= term)
+    }
+
+    /// When to look again at the latest.
+    fn next(&self, now: Boot) -> Option<Boot> {
+        let (term, kill) = self.times()?;
+        Some(if self.took_over.is_some() && !self.lockrun_stops {
+            // Processes forked during the grace get SIGTERM too.
+            kill.min(now.add(Duration::from_millis(50)))
+        } else if self.lockrun_stops {
+            kill
+        } else {
+            term
+        })
+    }
+}
+
 /// The guard's whole life. Never returns.
-fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
+fn guard_main(
+    job: &mut Prepared,
+    lockrun: i32,
+    reports: OwnedFd,
+    orders: OwnedFd,
+    watch: Watch,
+) -> ! {
     let mut out = std::fs::File::from(reports);
     // lockrun's pidfd: its own, inherited (opened before any job could
     // start), or else opened while lockrun is still our parent; neither can
@@ -200,6 +380,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
     let mut keep = [
         life.map_or(-1, |f| f.as_raw_fd()),
         out.as_raw_fd(),
+        orders.as_raw_fd(),
         job.inherit_fd().unwrap_or(-1),
     ];
     sys::close_all_but(&mut keep);
@@ -207,6 +388,17 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
         send(&mut out, Report::NotStarted(libc::EPERM));
         sys::exit_now(1);
     }
+    // Without a timer the guard looks at the clock every 50 ms instead.
+    let timer = BootTimer::new().ok();
+    let mut holding = Holding {
+        timing: watch.timing,
+        deadline: watch.deadline,
+        cost: Duration::ZERO,
+        lockrun_stops: false,
+        took_over: None,
+        orders: Some(std::fs::File::from(orders)),
+        partial: Vec::new(),
+    };
     let chld = sys::signal_fd(&[libc::SIGCHLD, KILL_REQUEST]);
     let main = match job.launch() {
         Ok(pid) => pid,
@@ -219,6 +411,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
     // through it, the job's group is signalled and never a group that
     // reused its number.
     let main_fd = sys::pidfd(main);
+    let group = (!watch.shares_group).then_some(main_fd.as_ref()).flatten();
     send(&mut out, Report::Started(main));
     let mut main_ended = false;
     loop {
@@ -240,26 +433,63 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
                 Err(_) => break,
             }
         }
-        let mut fds = Vec::with_capacity(2);
+        // The deadline: lockrun's renewals move it; if lockrun does not,
+        // the guard keeps the schedule itself, whatever lockrun is doing.
+        holding.read_orders();
+        let now = Boot::now();
+        if holding.terms(now) {
+            let told = holding.took_over.get_or_insert_with(|| {
+                send(&mut out, Report::TookOver);
+                HashSet::new()
+            });
+            stop_new(told, group, main);
+        }
+        if let Some((_, kill)) = holding.times()
+            && now >= kill
+        {
+            if holding.took_over.is_none() && !holding.lockrun_stops {
+                send(&mut out, Report::TookOver);
+            }
+            let report = (!main_ended).then_some(&mut out);
+            kill_everything(group, main, job.inherit_fd(), report);
+        }
+
+        let next = holding.next(now);
+        let armed = match (next, &timer) {
+            (Some(at), Some(t)) => t.arm(at).is_ok(),
+            _ => false,
+        };
+        let mut fds = Vec::with_capacity(4);
         if let Some(l) = life {
             fds.push(PollFd::from_borrowed_fd(l, PollFlags::IN));
         }
         if let Ok(c) = &chld {
             fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
         }
+        if let Some(o) = &holding.orders {
+            fds.push(PollFd::from_borrowed_fd(o.as_fd(), PollFlags::IN));
+        }
+        if let (true, Some(t)) = (armed, &timer) {
+            fds.push(PollFd::from_borrowed_fd(t.fd(), PollFlags::IN));
+        }
         // Without one of the descriptors above, look again every 50 ms.
         let limit = rustix::time::Timespec {
             tv_sec: 0,
             tv_nsec: 50_000_000,
         };
-        let blind = life.is_none() || chld.is_err();
+        let blind = life.is_none() || chld.is_err() || (next.is_some() && !armed);
         let _ = poll(&mut fds, blind.then_some(&limit));
+        if let (true, Some(t)) = (armed, &timer) {
+            // Reading the timer resets it.
+            let mut buf = [0u8; 8];
+            let _ = rustix::io::read(t.fd(), &mut buf);
+        }
         let lockrun_died = match &life {
             Some(_) => !fds[0].revents().is_empty(),
             None => parent() != lockrun,
         };
         if lockrun_died {
-            kill_everything(main_fd.as_ref(), main, job.inherit_fd(), None);
+            kill_everything(group, main, job.inherit_fd(), None);
         }
         if let Ok(c) = &chld
             && sys::read_signals(c.as_fd())
@@ -267,8 +497,38 @@ fn guard_main(job: &mut Prepared, lockrun: i32, reports: OwnedFd) -> ! {
                 .any(|&(sig, from)| sig == KILL_REQUEST && from == lockrun)
         {
             let report = (!main_ended).then_some(&mut out);
-            kill_everything(main_fd.as_ref(), main, job.inherit_fd(), report);
+            kill_everything(group, main, job.inherit_fd(), report);
         }
+    }
+}
+
+/// SIGTERM, with SIGCONT so that a stopped process sees it, to every
+/// process of the job not yet told; each is frozen the moment the walk
+/// finds it, so that none forks behind the walk, and told once everything
+/// below it was found. The job's own group first gets it in one call.
+fn stop_new(told: &mut HashSet<i32>, group: Option<&OwnedFd>, main: i32) {
+    let first = told.is_empty();
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let told = RefCell::new(told);
+    let fresh = RefCell::new(HashSet::new());
+    sys::walk(
+        me,
+        |fd, p| {
+            if told.borrow_mut().insert(p) {
+                sys::signal_pidfd(fd, libc::SIGSTOP);
+                fresh.borrow_mut().insert(p);
+            }
+        },
+        |fd, p| {
+            if fresh.borrow().contains(&p) {
+                sys::signal_pidfd(fd, libc::SIGTERM);
+                sys::signal_pidfd(fd, libc::SIGCONT);
+            }
+        },
+    );
+    if first && let Some(fd) = group {
+        sys::signal_group_of(fd.as_fd(), main, libc::SIGTERM);
+        sys::signal_group_of(fd.as_fd(), main, libc::SIGCONT);
     }
 }
 
@@ -281,7 +541,7 @@ fn parent() -> i32 {
 /// process's end). The job's group first, in one call; then every process
 /// the moment a walk finds it, so that none forks again behind the walk.
 fn kill_everything(
-    main_fd: Option<&OwnedFd>,
+    group: Option<&OwnedFd>,
     main: i32,
     lock: Option<std::os::fd::RawFd>,
     mut report: Option<&mut std::fs::File>,
@@ -292,13 +552,13 @@ fn kill_everything(
     // may still be listening.
     let mut keep = [
         lock.unwrap_or(-1),
-        main_fd.map_or(-1, |f| f.as_raw_fd()),
+        group.map_or(-1, |f| f.as_raw_fd()),
         report.as_ref().map_or(-1, |r| r.as_raw_fd()),
     ];
     sys::close_all_but(&mut keep);
     let me = rustix::process::getpid().as_raw_nonzero().get();
     loop {
-        if let Some(fd) = main_fd {
+        if let Some(fd) = group {
             sys::signal_group_of(fd.as_fd(), main, libc::SIGKILL);
         }
         sys::walk(me, |fd, _| sys::signal_pidfd(fd, libc::SIGKILL), |_, _| {});
@@ -331,9 +591,74 @@ mod tests {
             Report::NotStarted(libc::ENOENT),
             Report::Ended(JobEnd::Exited(3)),
             Report::Ended(JobEnd::Signaled(9)),
+            Report::TookOver,
         ] {
             assert_eq!(Report::decode(&r.encode()), Some(r));
         }
         assert_eq!(Report::decode(b"?0000"), None);
+    }
+
+    #[test]
+    fn orders_survive_the_pipe() {
+        for o in [
+            Order::Deadline(Boot::from_nanos(123_456_789_012)),
+            Order::Cost(Duration::from_micros(2500)),
+            Order::Stopping,
+        ] {
+            assert_eq!(Order::decode(&o.encode()), Some(o));
+        }
+    }
+
+    fn holding(ttl_ms: u64, deadline: Boot) -> Holding {
+        let timing = Timing::new(Duration::from_millis(ttl_ms), None).unwrap();
+        Holding {
+            timing,
+            deadline: Some(deadline),
+            cost: Duration::ZERO,
+            lockrun_stops: false,
+            took_over: None,
+            orders: None,
+            partial: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_guard_keeps_lockrun_s_schedule_a_moment_later() {
+        let d = Boot::from_nanos(100_000_000_000);
+        let h = holding(30_000, d);
+        let t = h.timing;
+        let (term, kill) = h.times().unwrap();
+        // SIGTERM just after lockrun's own time, never before it.
+        assert!(term > t.lost_at(d));
+        assert!(term <= t.lost_at(d).add(TAKEOVER_LAG));
+        // Every process dead `slack` before the lease can end.
+        assert!(kill.add(t.slack) <= d);
+        assert_eq!(kill, t.lost_at(d).add(t.grace));
+        assert!(!h.terms(term.sub(Duration::from_millis(1))));
+        assert!(h.terms(term));
+    }
+
+    #[test]
+    fn a_costly_kill_starts_earlier_in_the_guard_too() {
+        let d = Boot::from_nanos(100_000_000_000);
+        let mut h = holding(30_000, d);
+        let (term0, _) = h.times().unwrap();
+        h.cost = Duration::from_millis(800);
+        let (term, kill) = h.times().unwrap();
+        assert!(term < term0);
+        assert!(kill.add(h.timing.slack + h.cost) <= d);
+    }
+
+    #[test]
+    fn no_deadline_no_takeover_and_lockrun_stopping_means_no_sigterm() {
+        let mut h = holding(30_000, Boot::from_nanos(1));
+        h.deadline = None;
+        assert_eq!(h.times(), None);
+        assert!(!h.terms(Boot::from_nanos(u64::MAX / 2)));
+        let mut h = holding(30_000, Boot::from_nanos(10_000_000_000));
+        h.lockrun_stops = true;
+        assert!(!h.terms(Boot::from_nanos(u64::MAX / 2)));
+        // Its SIGKILL stays due.
+        assert!(h.next(Boot::from_nanos(0)).is_some());
     }
 }

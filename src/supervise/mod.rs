@@ -93,7 +93,7 @@ fn first_report(guard: &mut Guard) -> Result<i32, SpawnError> {
                     guard.reap();
                     return Err(SpawnError::from_errno(errno));
                 }
-                Report::Ended(_) => {}
+                Report::Ended(_) | Report::TookOver => {}
             }
         }
         if closed {
@@ -149,12 +149,23 @@ pub fn supervise_job(
     let shown = job.command[0].to_string_lossy().into_owned();
     let mut prepared =
         Prepared::new(&spec).map_err(|e| spawn_failure(&shown, SpawnError::Other(e)))?;
-    let mut guard = Guard::start(&mut prepared, !job.secret).map_err(|e| {
+    let watch = guard::Watch {
+        timing: job.timing,
+        deadline: deadline.as_ref().map(|d| d.get()),
+        shares_group,
+    };
+    let mut guard = Guard::start(&mut prepared, !job.secret, watch).map_err(|e| {
         fail(
             Class::Internal,
             format!("cannot start the guard process: {e}"),
         )
     })?;
+    // The guard hears of every deadline the renewals earn, from the thread
+    // that renewed: should lockrun stop, it stops the job in time itself.
+    if let Some(d) = &deadline {
+        let orders = guard.orders.clone();
+        d.watch(move |at| orders.deadline(at));
+    }
     let main = first_report(&mut guard).map_err(|e| spawn_failure(&shown, e))?;
     log::info(format!("started job as pid {main}"));
     log::start_async();
@@ -178,6 +189,8 @@ pub fn supervise_job(
         probed: std::collections::HashSet::new(),
         known_groups: known_groups(),
         next_count: job.sent_at.add(job.timing.renew_every),
+        told_cost: std::time::Duration::ZERO,
+        told_stopping: false,
     };
     let (ev_tx, ev_rx) = channel::<LeaseEvent>();
     loop {
@@ -211,6 +224,11 @@ pub fn supervise_job(
         // then measures can no longer undo it (a walk that stopped processes
         // is always followed by their SIGTERM and SIGCONT).
         actions.extend(sup.policy.check_time(now, dl));
+        if sup.policy_is_stopping() && !sup.told_stopping {
+            // Before the first SIGTERM: the guard must not send its own.
+            sup.told_stopping = true;
+            sup.guard.orders.stopping();
+        }
         // Right after the main process ended, the guard usually exits within
         // microseconds (nothing left): look for leftovers a moment later
         // rather than walk /proc on every run.
@@ -234,6 +252,11 @@ pub fn supervise_job(
         if let Some((w, took)) = &walked {
             // After tick, which decided with the cost the walk used.
             sup.policy.measured(w.pids.len(), *took);
+            let cost = sup.policy.kill_cost();
+            if cost != sup.told_cost {
+                sup.told_cost = cost;
+                sup.guard.orders.cost(cost);
+            }
             if !w.complete && sup.policy_is_stopping() {
                 // lockrun could not see every process (out of descriptors):
                 // its guard, the subreaper of them all, kills the job.
@@ -283,7 +306,8 @@ fn lease_events(rx: &Receiver<LeaseEvent>) -> Vec<Event> {
         match rx.try_recv() {
             Ok(LeaseEvent::Renewed { took }) => log::debug(format!("renewed in {took:.1?}")),
             Ok(LeaseEvent::Retrying { error }) => {
-                log::info(format!("renewal failed: {error}; retrying"))
+                log::info(format!("renewal failed: {error}; retrying"));
+                out.push(Event::RenewalFailed(error));
             }
             Ok(LeaseEvent::Lost { reason }) => out.push(Event::Lost(reason)),
             Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => return out,
@@ -323,6 +347,10 @@ struct Supervisor {
     delegated: bool,
     /// When to count the job's processes next (see `Policy::measured`).
     next_count: Boot,
+    /// The kill's cost as the guard knows it.
+    told_cost: std::time::Duration,
+    /// The guard knows lockrun is stopping the job.
+    told_stopping: bool,
 }
 
 /// Two descriptors (copies of stdin) to free when lockrun needs to open files
@@ -344,9 +372,17 @@ impl Supervisor {
         if !self.guard_gone {
             let mut closed = false;
             for r in self.guard.read(&mut closed) {
-                if let Report::Ended(end) = r {
-                    log::info(format!("job {}", describe_end(end)));
-                    out.push(Event::JobEnded(end));
+                match r {
+                    Report::Ended(end) => {
+                        log::info(format!("job {}", describe_end(end)));
+                        out.push(Event::JobEnded(end));
+                    }
+                    Report::TookOver => out.push(Event::Lost(
+                        "lockrun did not run when the lease had to be renewed (it was stopped, \
+                         traced or starved), and its guard process took over"
+                            .into(),
+                    )),
+                    Report::Started(_) | Report::NotStarted(_) => {}
                 }
             }
             if closed {

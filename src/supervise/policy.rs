@@ -46,6 +46,8 @@ pub enum Event {
     Lost(String),
     /// lockrun itself failed after the job started: stop the job as on loss.
     Failed(String),
+    /// A renewal attempt failed; it is retried while time allows.
+    RenewalFailed(String),
 }
 
 /// Something to do now.
@@ -143,6 +145,9 @@ pub struct Policy {
     /// How many processes the last walk found.
     found: usize,
     warned_size: bool,
+    /// Why the last renewal attempt failed, for the line that says why the
+    /// lease was lost.
+    last_failure: Option<String>,
 }
 
 impl Policy {
@@ -156,6 +161,7 @@ impl Policy {
             kill_cost: Duration::ZERO,
             found: 0,
             warned_size: false,
+            last_failure: None,
         }
     }
 
@@ -182,23 +188,19 @@ impl Policy {
         )))
     }
 
-    /// When the job must start being stopped if no renewal succeeded: the
-    /// schedule's own time, earlier by the kill's cost as far as the lease's
-    /// spare time allows (beyond it, the grace shrinks instead).
+    /// When the job must start being stopped if no renewal succeeded.
     fn lost_at(&self, deadline: Boot) -> Boot {
-        self.timing
-            .lost_at(deadline)
-            .sub(self.kill_cost.min(self.timing.spare()))
+        self.timing.stop_at(deadline, self.kill_cost)
     }
 
-    /// When SIGKILL goes out: after the grace, and early enough before the
-    /// lease's end that the kill itself is over `slack` before it.
+    /// When SIGKILL goes out in the schedule under way.
     fn kill_at(&self, s: &Stopping, deadline: Option<Boot>) -> Boot {
-        let mut at = s.since.add(self.timing.grace);
-        if let Some(d) = deadline {
-            at = at.min(d.sub(self.timing.slack + self.kill_cost));
-        }
-        at.max(s.since)
+        self.timing.kill_at(s.since, deadline, self.kill_cost)
+    }
+
+    /// What killing the job is expected to take, as last measured.
+    pub fn kill_cost(&self) -> Duration {
+        self.kill_cost
     }
 
     /// How to walk the job's processes now, if the next `tick` needs them.
@@ -265,6 +267,10 @@ impl Policy {
             }
             Event::Lost(reason) => self.stop(Why::Lost(reason), now),
             Event::Failed(reason) => self.stop(Why::Failed(reason), now),
+            Event::RenewalFailed(error) => {
+                self.last_failure = Some(error);
+                Vec::new()
+            }
         }
     }
 
@@ -307,10 +313,8 @@ impl Policy {
     /// schedule now. Lost is final.
     pub fn check_time(&mut self, now: Boot, deadline: Option<Boot>) -> Vec<Action> {
         if !self.is_stopping() && self.loses(now, deadline) {
-            return self.stop(
-                Why::Lost("the lease could not be renewed in time".into()),
-                now,
-            );
+            let why = crate::watchdog::lost_in_time(self.last_failure.as_deref());
+            return self.stop(Why::Lost(why), now);
         }
         Vec::new()
     }
