@@ -169,6 +169,11 @@ pub struct RunArgs {
     pub command: Option<OsString>,
 
     /// Lease length, e.g. 500ms, 30s, 2m, "1h 30m".
+    ///
+    /// A job rides out an outage of the engine of at least
+    /// ttl - ttl/3 - op - grace - slack - drift (13s at 30s, 28s at 60s;
+    /// lockrun-safety(7) has the terms), up to about 25s at 30s when it began
+    /// right after a renewal; a longer one stops the job (76).
     #[arg(
         short,
         long,

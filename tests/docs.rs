@@ -235,3 +235,221 @@ pub fn documented_postgres_grants(role: &str) -> String {
     );
     grants.join("; ")
 }
+
+/// A page of the manual as `man` shows it: rendered by groff, as plain text.
+fn rendered(page: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("man").join(page);
+    let out = std::process::Command::new("groff")
+        .args(["-t", "-man", "-Tutf8", "-P-cbou"])
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|_| {
+            panic!("groff not found: this test needs it (apt-get install -y groff-base)")
+        });
+    assert!(out.status.success(), "{page}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// A rendered section (a heading at the margin) or subsection (indented
+/// three): its heading and its lines.
+struct Part {
+    heading: String,
+    subsections: Vec<Part>,
+    lines: Vec<String>,
+}
+
+impl Part {
+    fn subsection(&self, heading: &str) -> &Part {
+        self.subsections
+            .iter()
+            .find(|s| s.heading == heading)
+            .unwrap_or_else(|| panic!("{}: no subsection {heading}", self.heading))
+    }
+
+    /// Its text, on one line, with the subsections' after its own.
+    fn flat(&self) -> String {
+        let mut all: Vec<&str> = self.lines.iter().map(|l| l.trim()).collect();
+        for sub in &self.subsections {
+            all.extend(sub.lines.iter().map(|l| l.trim()));
+        }
+        all.join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The tags of its tagged paragraphs (`.TP`), in order: a paragraph
+    /// whose first line starts at the margin of the text and whose other
+    /// lines are indented further.
+    fn items(&self) -> Vec<String> {
+        let mut items = Vec::new();
+        for block in self.lines.split(|l| l.trim().is_empty()) {
+            let Some((first, rest)) = block.split_first() else {
+                continue;
+            };
+            let indent = |l: &str| l.len() - l.trim_start().len();
+            if rest.is_empty() || !rest.iter().all(|l| indent(l) > indent(first)) {
+                continue;
+            }
+            let tag = first.trim_start();
+            items.push(tag.split("  ").next().unwrap_or(tag).to_string());
+        }
+        items
+    }
+}
+
+/// A rendered page cut into its sections and their subsections (the page's
+/// running header and footer left out).
+fn parts(page: &str) -> Vec<Part> {
+    let rendered = rendered(page);
+    let title = rendered.lines().next().unwrap_or("").to_string();
+    let running = title.split_whitespace().next().unwrap_or("").to_string();
+    let mut parts: Vec<Part> = Vec::new();
+    for line in rendered.lines() {
+        if line == title || line.ends_with(running.as_str()) {
+            continue;
+        }
+        let new = |heading: &str| Part {
+            heading: heading.trim().to_string(),
+            subsections: Vec::new(),
+            lines: Vec::new(),
+        };
+        if !line.is_empty() && !line.starts_with(' ') {
+            parts.push(new(line));
+        } else if line.starts_with("   ") && !line.starts_with("    ") {
+            if let Some(section) = parts.last_mut() {
+                section.subsections.push(new(line));
+            }
+        } else if let Some(section) = parts.last_mut() {
+            match section.subsections.last_mut() {
+                Some(sub) => sub.lines.push(line.to_string()),
+                None => section.lines.push(line.to_string()),
+            }
+        }
+    }
+    parts
+}
+
+/// lockrun-engines(7) as a reader sees it: every engine's section with the
+/// same subsections in the same order, "In short" and CONCURRENCY GROUPS
+/// with one item for each engine, and what each engine's operators and
+/// tested versions say standing under that engine.
+#[test]
+fn the_engines_page_renders_one_part_per_engine() {
+    const ACL: &[&str] = &[
+        "URL",
+        "Set-up",
+        "ACL",
+        "How it holds",
+        "Tokens",
+        "Failover",
+        "Operators",
+        "Tested versions",
+    ];
+    const GRANTS: &[&str] = &[
+        "URL",
+        "Set-up",
+        "Grants",
+        "How it holds",
+        "Tokens",
+        "Failover",
+        "Operators",
+        "Tested versions",
+    ];
+    // Section, its subsections, the server its tested versions name, and
+    // whether its operators say what `release --force` does to a
+    // --min-hold window (Sentinel and Cluster do as Redis does).
+    let engines: &[(&str, &[&str], &str, bool)] = &[
+        (
+            "LOCAL",
+            &[
+                "URL",
+                "Set-up",
+                "How it holds",
+                "Tokens",
+                "Failover",
+                "Operators",
+                "Tested versions",
+            ],
+            "Linux",
+            true,
+        ),
+        ("REDIS", ACL, "redis-server", true),
+        ("REDIS SENTINEL", ACL, "redis-server", false),
+        ("REDIS CLUSTER", ACL, "redis-server", false),
+        ("ETCD", GRANTS, "etcd-server", true),
+        ("POSTGRESQL", GRANTS, "PostgreSQL", true),
+        ("MYSQL AND MARIADB", GRANTS, "mariadb-server", true),
+        ("ZOOKEEPER", ACL, "zookeeper", true),
+    ];
+    let parts = parts("lockrun-engines.7");
+    let headings: Vec<&str> = parts.iter().map(|p| p.heading.as_str()).collect();
+    let section = |name: &str| {
+        parts
+            .iter()
+            .find(|p| p.heading == name)
+            .unwrap_or_else(|| panic!("no section {name} in {headings:?}"))
+    };
+    let order: Vec<&str> = headings
+        .iter()
+        .copied()
+        .filter(|h| engines.iter().any(|e| e.0 == *h))
+        .collect();
+    let want: Vec<&str> = engines.iter().map(|e| e.0).collect();
+    assert_eq!(order, want, "the engines' sections");
+
+    for (name, subsections, server, min_hold) in engines {
+        let part = section(name);
+        let got: Vec<&str> = part
+            .subsections
+            .iter()
+            .map(|s| s.heading.as_str())
+            .collect();
+        assert_eq!(&got, subsections, "{name}: its subsections, in order");
+        let tested = part.subsection("Tested versions").flat();
+        assert!(
+            tested.contains(server),
+            "{name}: its tested versions do not name {server}: {tested:?}"
+        );
+        let operators = part.subsection("Operators").flat();
+        let windows = operators.matches("--min-hold window").count();
+        assert_eq!(
+            windows,
+            usize::from(*min_hold),
+            "{name}: what release --force does to a --min-hold window: {operators:?}"
+        );
+    }
+
+    let items = section("DESCRIPTION").items();
+    assert_eq!(
+        items,
+        [
+            "local",
+            "Redis",
+            "Redis Sentinel",
+            "Redis Cluster",
+            "etcd",
+            "PostgreSQL",
+            "MySQL",
+            "ZooKeeper"
+        ],
+        "\"In short\": one item per engine"
+    );
+    let items = section("CONCURRENCY GROUPS").items();
+    assert_eq!(
+        items,
+        ["local", "Redis", "etcd", "PostgreSQL", "MySQL", "ZooKeeper"],
+        "CONCURRENCY GROUPS: one item per engine"
+    );
+    let errors = section("ERRORS");
+    for sub in &errors.subsections {
+        if sub.heading != "local" {
+            assert_eq!(
+                sub.items(),
+                ["Transient", "Final"],
+                "ERRORS: {}",
+                sub.heading
+            );
+        }
+    }
+}
