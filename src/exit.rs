@@ -74,10 +74,10 @@ pub const TABLE: &[Row] = &[
         code: "76",
         short: "76 lease lost, job stopped",
         meaning: "the lease was lost, or a `--preempt` request asked for the name, while a \
-                  process of the job was alive; lockrun stopped the job",
+                  process of the job was alive; lockrun (or its guard) stopped the job",
         check: "the line lockrun printed on stderr says which of: the lease no longer ours \
-                (revoked, deleted, a failover), not renewed in time (the engine unreachable or \
-                lockrun paused), preempted by another request, or refused by the engine \
+                (revoked, deleted, a failover), not renewed in time (the engine unreachable, or \
+                lockrun stopped and its guard took over), preempted by another request, or refused by the engine \
                 (TROUBLESHOOTING); `lockrun doctor` shows whether the engine is healthy now",
         action: "the job may have stopped half-way: let it fence on `LOCKRUN_TOKEN`, then run it \
                  again; a longer `--ttl` rides out longer outages of the engine",
