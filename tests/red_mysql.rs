@@ -747,3 +747,92 @@ fn tables_without_transactions_are_refused_or_still_exclusive() {
         }
     }
 }
+
+/// A waiter stopped (SIGSTOP, a debugger, a frozen container) between the
+/// two round trips of one look keeps its transaction open, and with it the
+/// row lock on the name's counter: every later request then fails on lock
+/// wait timeouts. The server ends such a connection once it has been idle in
+/// the transaction for twice the bound on one request, so the name is free
+/// again within seconds, not after the server's `wait_timeout` (8 hours).
+#[test]
+fn a_waiter_stopped_inside_its_look_blocks_the_name_for_seconds_only() {
+    let db = MyDb::new();
+    let url = db.url();
+    on(&url).args(["sw", "true"]).succeeds();
+    let tokens = format!("`{}`.`lockrun_tokens`", db.db);
+    let scratch = Scratch::new();
+    let go = scratch.path("go");
+    let holder = on(&url)
+        .args(["sw", "-c"])
+        .arg(format!(
+            "while [ ! -e {} ]; do sleep 0.05; done",
+            go.display()
+        ))
+        .spawn();
+    let _holder = Reap(holder);
+    wait_until(Duration::from_secs(20), || {
+        status_json(&url, "sw")["holders"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    });
+    // A short ttl: the waiter looks again every second.
+    let waiter = on(&url)
+        .args(["--ttl", "3s", "-w", "60", "sw", "true"])
+        .stderr(Stdio::null())
+        .spawn();
+    let wpid = waiter.id() as i32;
+    let _waiter = Reap(waiter);
+    let trx = |state: &str| {
+        db.sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE {state}"
+        ))
+        .trim()
+            != "0"
+    };
+    // An operator's transaction holds the counter row; the waiter's look
+    // blocks on it and is stopped right there; the operator commits, and
+    // the stopped waiter's transaction has the row. (Tried again in the
+    // rare case that its lock wait ran out in between.)
+    let mut held = false;
+    for _ in 0..5 {
+        let mut root = std::process::Command::new("mariadb")
+            .arg("--no-defaults")
+            .arg(format!("--socket={}", db.server.socket().display()))
+            .args(["--skip-ssl", "-uroot"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("run mariadb");
+        let mut sql = root.stdin.take().unwrap();
+        use std::io::Write;
+        writeln!(
+            sql,
+            "START TRANSACTION; SELECT token FROM {tokens} WHERE name = 'sw' FOR UPDATE;"
+        )
+        .unwrap();
+        let blocked = wait_until(Duration::from_secs(20), || trx("trx_state = 'LOCK WAIT'"));
+        signal(wpid, libc::SIGSTOP);
+        writeln!(sql, "COMMIT;").unwrap();
+        drop(sql);
+        let _ = root.wait();
+        assert!(blocked, "the waiter's look never waited on the row lock");
+        if wait_until(Duration::from_secs(5), || trx("trx_rows_locked > 0")) {
+            held = true;
+            break;
+        }
+        signal(wpid, libc::SIGCONT);
+    }
+    assert!(held, "the stopped waiter never held the row");
+    std::fs::write(&go, "").unwrap();
+    // The stopped waiter now holds the row lock in an open transaction.
+    let started = std::time::Instant::now();
+    let out = on(&url).args(["-w", "30", "sw", "true"]).output();
+    let took = started.elapsed();
+    assert_eq!(
+        out.out.status.code(),
+        Some(0),
+        "a request behind a stopped waiter, after {took:?}: {}",
+        out.stderr()
+    );
+    assert!(took < Duration::from_secs(15), "granted after {took:?}");
+}

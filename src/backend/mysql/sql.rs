@@ -75,6 +75,9 @@ pub fn session(op: Duration, row_binlog: bool) -> String {
     s
 }
 
+/// The session's own idle limit back, set aside by `Tables::begin`.
+pub const UNBOUND: &str = "SET SESSION wait_timeout = @lockrun_wait_timeout";
+
 /// Whether the server logs for replication, and in which format.
 pub const BINLOG: &str = "SELECT @@GLOBAL.log_bin, @@SESSION.binlog_format";
 
@@ -194,8 +197,18 @@ impl Tables {
 
     /// Start a name's decision: a transaction holding the row lock on the
     /// name's counter until it ends. No row: the counter is not made yet.
-    pub fn begin(&self, name: &str) -> [String; 2] {
+    /// While it is open, the server ends the connection once it has been
+    /// idle for `idle` (whole seconds, at least 1): a lockrun stopped
+    /// between the transaction's two round trips (SIGSTOP, a debugger, a
+    /// frozen container) holds the row lock that long, not for the
+    /// server's `wait_timeout` (8 hours by default). `UNBOUND` sets the
+    /// session's own value back before the transaction ends.
+    pub fn begin(&self, name: &str, idle: Duration) -> [String; 3] {
+        let secs = idle.as_secs_f64().ceil().max(1.0) as u64;
         [
+            format!(
+                "SET @lockrun_wait_timeout = @@SESSION.wait_timeout, SESSION wait_timeout = {secs}"
+            ),
             "START TRANSACTION".into(),
             format!(
                 "SELECT token FROM {} WHERE name = {} FOR UPDATE",

@@ -270,6 +270,15 @@ impl Mysql {
     }
 }
 
+/// How long a transaction of lockrun's may sit idle on the server before
+/// the server ends its connection: twice the bound on one request (ttl/3
+/// up to a 12 s ttl, 4 s beyond; whole seconds), far more than lockrun
+/// takes between its two round trips, and no more than the ttl/3 a stopped
+/// waiter may delay the others.
+fn idle_in_transaction(op: Duration) -> Duration {
+    op * 2
+}
+
 /// Run a transaction under the name's row lock: its start, the lock and
 /// `first` in one flight, then `f` with the rows of `first`; `f` ends it
 /// (`commit`). None: the name had no counter row yet, which is made now
@@ -281,13 +290,13 @@ pub(super) fn transaction<T>(
     first: String,
     f: impl FnOnce(&mut Client, Vec<Row>) -> Result<T, Error>,
 ) -> Result<Option<T>, Error> {
-    let [begin, lock] = tables.begin(name);
-    let mut sets = c.run(&[begin, lock, first])?;
-    if sets[1].is_empty() {
-        c.run(&["ROLLBACK".into(), tables.counter(name)])?;
+    let [bound, begin, lock] = tables.begin(name, idle_in_transaction(c.op));
+    let mut sets = c.run(&[bound, begin, lock, first])?;
+    if sets[2].is_empty() {
+        c.run(&[sql::UNBOUND.into(), "ROLLBACK".into(), tables.counter(name)])?;
         return Ok(None);
     }
-    let rows = sets.remove(2);
+    let rows = sets.remove(3);
     let done = f(c, rows);
     if done.is_err() {
         let code = c.last_code.take();
@@ -307,11 +316,16 @@ pub(super) fn commit(
 ) -> Result<Vec<Vec<Row>>, Error> {
     let n = last.len();
     let mut stmts = last;
+    stmts.push(sql::UNBOUND.into());
     stmts.push("COMMIT".into());
     stmts.extend(after);
-    let f = c.flight(&stmts);
+    let mut f = c.flight(&stmts);
+    // The callers count the sets of `last`, COMMIT and `after`.
+    if f.sets.len() > n {
+        f.sets.remove(n);
+    }
     match f.failed {
-        Some((at, e)) if at <= n => Err(e),
+        Some((at, e)) if at <= n + 1 => Err(e),
         Some((_, e)) => {
             if !e.is_transient() {
                 c.no_wake = true;
