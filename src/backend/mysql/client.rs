@@ -410,7 +410,7 @@ fn describe(e: &mysql::Error) -> String {
         mysql::Error::TlsError(t) => format!("TLS: {t}"),
         other => other.to_string(),
     };
-    log::scrub(text.lines().next().unwrap_or(""))
+    log::redact(text.lines().next().unwrap_or(""))
 }
 
 /// The server's error numbers that are worth another try.

@@ -276,7 +276,7 @@ pub fn sort(e: CallError, doing: &str) -> Error {
         CallError::Zk(e) => e,
     };
     use zk::Error as Z;
-    let text = format!("{doing}: {e}");
+    let text = format!("{doing}: {}", crate::log::redact(&e.to_string()));
     match e {
         Z::ConnectionLoss
         | Z::Timeout
