@@ -453,15 +453,20 @@ pub fn classify(e: &mysql::Error, url: &MyUrl) -> Error {
     kind(m.code, text, url)
 }
 
+/// The server's errors for a privilege the user lacks.
+pub const DENIED: [u16; 5] = [1044, 1142, 1143, 1227, 1370];
+
+/// What a run adds to them.
+pub const GRANTS_HINT: &str =
+    "; the user needs the grants lockrun-engines(7) \"MYSQL AND MARIADB\" lists";
+
 fn kind(code: u16, text: String, url: &MyUrl) -> Error {
     if transient_code(code) {
         return Error::Transient(text);
     }
     let hint = match code {
         1045 | 1698 => format!("; check the user {:?} and its password", url.user),
-        1044 | 1142 | 1143 | 1227 | 1370 => {
-            "; the user needs the grants lockrun-engines(7) \"MYSQL AND MARIADB\" lists".into()
-        }
+        c if DENIED.contains(&c) => GRANTS_HINT.into(),
         1290 | 1836 | 1792 => {
             "; the server is read-only (read_only or super_read_only, a replica): point \
              lockrun at the primary"
