@@ -112,9 +112,12 @@ impl Client {
         ttl: Duration,
         op: Duration,
     ) -> Result<Client, Error> {
+        // Each server tried once, then the failure said (lockrun retries as
+        // it retries every engine), rather than tried again until the bound.
         let mut connector = zk::Client::connector()
             .with_session_timeout(ttl)
-            .with_connection_timeout(op);
+            .with_connection_timeout(op)
+            .with_fail_eagerly();
         if let (Some(u), Some(p)) = (&url.user, &url.password) {
             connector = connector.with_auth("digest", format!("{u}:{p}").as_bytes());
         }
@@ -134,18 +137,28 @@ impl Client {
                 connector.connect(&cs).await
             }
         })
-        .map_err(|e| match sort(e, "connecting") {
-            // The client gives no reason for a failed handshake.
-            Error::Transient(t) if url.tls => Error::Transient(format!(
-                "{t} (TLS: is the port a secureClientPort, and does the server's \
+        .map_err(|e| {
+            let unreached = matches!(
+                e,
+                CallError::Timeout
+                    | CallError::Zk(
+                        zk::Error::NoHosts | zk::Error::Timeout | zk::Error::ConnectionLoss
+                    )
+            );
+            let why = unreached.then(|| refused(url, op)).flatten();
+            match why.map_or_else(|| sort(e, "connecting"), Error::Transient) {
+                // The client gives no reason for a failed handshake.
+                Error::Transient(t) if url.tls => Error::Transient(format!(
+                    "{t} (TLS: is the port a secureClientPort, and does the server's \
                  certificate check against {}?)",
-                if url.ca_file.is_some() {
-                    "--tls-ca"
-                } else {
-                    "the system's roots"
-                }
-            )),
-            e => e,
+                    if url.ca_file.is_some() {
+                        "--tls-ca"
+                    } else {
+                        "the system's roots"
+                    }
+                )),
+                e => e,
+            }
         })?;
         let timeout = zk.session_timeout();
         Ok(Client {
@@ -257,6 +270,32 @@ fn tls_options(url: &ZkUrl) -> Result<Option<zk::TlsOptions>, Error> {
         return Ok(Some(unsafe { options.with_no_hostname_verification() }));
     }
     Ok(Some(options))
+}
+
+/// Why no session could be had, when every server refused the connection:
+/// the client says only that no server could be reached. Asked of the
+/// servers again, each by a connection that the server refuses or that is
+/// closed at once.
+fn refused(url: &ZkUrl, op: Duration) -> Option<String> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let limit = op.min(Duration::from_secs(1));
+    let mut closed = Vec::new();
+    for server in &url.servers {
+        let addrs: Vec<_> = server.to_socket_addrs().ok()?.collect();
+        let all_refused = !addrs.is_empty()
+            && addrs.iter().all(|a| {
+                TcpStream::connect_timeout(a, limit)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            });
+        if !all_refused {
+            return None;
+        }
+        closed.push(server.as_str());
+    }
+    Some(format!(
+        "connecting: connection refused at {}",
+        closed.join(", ")
+    ))
 }
 
 /// Whether a session is over for good (a new one is needed).
