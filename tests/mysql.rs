@@ -184,6 +184,32 @@ fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() {
 }
 
 #[test]
+fn a_stopped_server_is_said_not_to_answer_within_the_bound() {
+    let my = Mariadb::start();
+    let url = my.url();
+    my.pause();
+    let mut said = Vec::new();
+    for args in [
+        &["doctor"][..],
+        &["--ttl", "2s", "--wait", "0", "x", "true"],
+        &["status", "x"],
+        &["release", "--force", "x"],
+    ] {
+        let started = Instant::now();
+        let ran = on(&url).args(args).output();
+        let took = started.elapsed();
+        let out = format!("{}{}", ran.stdout(), ran.stderr());
+        assert_ne!(ran.out.status.code(), Some(0), "{args:?}: {out}");
+        assert!(out.contains("no answer within"), "{args:?}: {out}");
+        assert!(!out.contains("os error"), "{args:?}: {out}");
+        assert!(took < Duration::from_secs(10), "{args:?} took {took:?}");
+        said.push(out);
+    }
+    my.resume();
+    println!("{said:#?}");
+}
+
+#[test]
 fn a_read_only_server_is_refused_at_once_with_one_line() {
     let my = Mariadb::start();
     on(&my.url()).args(["ro", "true"]).succeeds();
