@@ -1,4 +1,4 @@
-//! Progress and warning lines on stderr, timestamped, with secrets scrubbed.
+//! Progress and warning lines on stderr, timestamped, each on one line.
 //! While a job runs, lines go through a writer thread so that a job that
 //! fills stderr can never block the supervisor.
 
@@ -27,7 +27,8 @@ pub fn level() -> u8 {
     LEVEL.load(Ordering::Relaxed)
 }
 
-/// Never print this string (a password, the owner value).
+/// Never print this string (a password, the owner value): what a client
+/// library or a server says is cleared of it by [`redact`].
 pub fn add_secret(s: &str) {
     if !s.is_empty() {
         SECRETS
@@ -37,20 +38,50 @@ pub fn add_secret(s: &str) {
     }
 }
 
-/// Replace every registered secret in `s`, and show what a server may
-/// have put in it (a label, an error's text) on one line, escaped.
-pub fn scrub(s: &str) -> String {
+/// What a client library or a server said (an error's text, a reply),
+/// ready to print: every registered secret that stands on its own in it
+/// (not inside a longer word, so that a short password leaves the words
+/// around it alone) replaced, on one line, escaped. Only for such text:
+/// lockrun's own words and addresses (shown without their password) go
+/// through [`printable`].
+pub fn redact(s: &str) -> String {
     let secrets = SECRETS.lock().unwrap_or_else(|e| e.into_inner());
     let mut out = s.to_string();
     for secret in secrets.iter() {
-        out = out.replace(secret.as_str(), "***");
+        out = without(&out, secret);
     }
-    crate::text::printable(&out).into_owned()
+    printable(&out)
+}
+
+/// `text` with each occurrence of `secret` that no letter or digit touches
+/// replaced.
+fn without(text: &str, secret: &str) -> String {
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = 0;
+    for (at, _) in text.match_indices(secret) {
+        let end = at + secret.len();
+        if at < rest || word(text[..at].chars().next_back()) || word(text[end..].chars().next()) {
+            continue;
+        }
+        out.push_str(&text[rest..at]);
+        out.push_str("***");
+        rest = end;
+    }
+    out.push_str(&text[rest..]);
+    out
+}
+
+/// A line to print: on one line, and what a server may have put in it (a
+/// label, a name) shown escaped. Nothing in it is masked: a secret never
+/// gets this far.
+pub fn printable(s: &str) -> String {
+    crate::text::printable(s).into_owned()
 }
 
 fn line(msg: &str) -> String {
     let now = humantime::format_rfc3339_millis(SystemTime::now());
-    format!("{now} lockrun: {}\n", scrub(msg))
+    format!("{now} lockrun: {}\n", printable(msg))
 }
 
 fn emit(text: String) {
@@ -135,11 +166,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn secrets_are_scrubbed() {
+    fn a_secret_is_redacted_where_it_stands_alone() {
         add_secret("hunter2");
+        add_secret("ok");
         assert_eq!(
-            scrub("redis://u:hunter2@h failed"),
+            redact("redis://u:hunter2@h failed"),
             "redis://u:***@h failed"
         );
+        assert_eq!(
+            redact("password=ok; connection broken: ok"),
+            "password=***; connection broken: ***"
+        );
+        assert_eq!(printable("ok tokens"), "ok tokens");
     }
 }

@@ -66,7 +66,11 @@ fn lockrun() -> u8 {
             exit::JobEnd::Signaled(sig).code()
         }
         Err(f) => {
-            let _ = writeln!(std::io::stderr(), "lockrun: {}", log::scrub(&f.to_string()));
+            let _ = writeln!(
+                std::io::stderr(),
+                "lockrun: {}",
+                log::printable(&f.to_string())
+            );
             f.class.code()
         }
     }
@@ -126,7 +130,7 @@ fn usage_error(e: clap::Error) -> u8 {
     let _ = writeln!(
         std::io::stderr(),
         "lockrun: {}; see lockrun --help",
-        log::scrub(&line)
+        log::printable(&line)
     );
     exit::USAGE
 }

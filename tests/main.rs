@@ -30,6 +30,7 @@ mod red_zookeeper;
 mod redis_core;
 mod redis_groups;
 mod refused;
+mod secrets;
 mod sentinel;
 mod supervise;
 mod switching;

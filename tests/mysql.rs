@@ -190,6 +190,32 @@ fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() {
 }
 
 #[test]
+fn a_stopped_server_is_said_not_to_answer_within_the_bound() {
+    let my = Mariadb::start();
+    let url = my.url();
+    my.pause();
+    let mut said = Vec::new();
+    for args in [
+        &["doctor"][..],
+        &["--ttl", "2s", "--wait", "0", "x", "true"],
+        &["status", "x"],
+        &["release", "--force", "x"],
+    ] {
+        let started = Instant::now();
+        let ran = on(&url).args(args).output();
+        let took = started.elapsed();
+        let out = format!("{}{}", ran.stdout(), ran.stderr());
+        assert_ne!(ran.out.status.code(), Some(0), "{args:?}: {out}");
+        assert!(out.contains("no answer within"), "{args:?}: {out}");
+        assert!(!out.contains("os error"), "{args:?}: {out}");
+        assert!(took < Duration::from_secs(10), "{args:?} took {took:?}");
+        said.push(out);
+    }
+    my.resume();
+    println!("{said:#?}");
+}
+
+#[test]
 fn a_read_only_server_is_refused_at_once_with_one_line() {
     let my = Mariadb::start();
     on(&my.url()).args(["ro", "true"]).succeeds();
@@ -250,9 +276,13 @@ fn the_grants_the_manual_lists_are_enough() {
         documented_mysql_grants(&user, &my.db)
     ));
     let url = my.server.url_as(&user, "ci-pw", &my.db);
-    // doctor sees it may create the tables; it creates them on first use,
-    // then holds, waits and is woken.
-    on(&url).arg("doctor").succeeds();
+    // doctor sees it may create the tables (and warns that it cannot read
+    // the replication state); it creates them on first use, then holds,
+    // waits and is woken.
+    let out = on(&url).arg("doctor").code(1).stdout();
+    let warned: Vec<&str> = out.lines().filter(|l| !l.starts_with("ok  ")).collect();
+    assert_eq!(warned.len(), 1, "{out}");
+    assert!(warned[0].starts_with("warn  replication:"), "{out}");
     assert!(run_token(&url, "x") > 0);
     let scratch = Scratch::new();
     let (mut h, _) = holder(&url, &scratch, "g", "3s");
@@ -585,6 +615,56 @@ fn tls_as_ssl_mode_asks_checked_as_the_mysql_client_checks_it() {
 }
 
 #[test]
+fn doctor_gives_the_grants_a_user_lacks() {
+    let my = MyDb::new();
+    let user = format!("ng_{}", my.db);
+    my.sql(&format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY 'ng-pw'; GRANT USAGE ON *.* TO '{user}'@'%'"
+    ));
+    on(&my.url()).args(["x", "true"]).succeeds();
+    let url = my.server.url_as(&user, "ng-pw", &my.db);
+    // No right to the database at all: the statement that gives it.
+    let out = on(&url).arg("doctor").code(69).stdout();
+    assert!(out.starts_with("fail  reachable:"), "{out}");
+    assert!(out.matches("lockrun-engines(7)").count() <= 1, "{out}");
+    let grant = &out[out.find("GRANT ").expect(&out)..].trim_end();
+    assert_eq!(
+        *grant,
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON `{}`.* TO '{user}'@'%'",
+            my.db
+        )
+    );
+    // Rights to read, not write: the statement that gives the rest.
+    my.sql(&format!("GRANT SELECT ON `{}`.* TO '{user}'@'%'", my.db));
+    let out = on(&url).arg("doctor").code(69).stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    // Not knowing whether the server is a replica is no "ok".
+    let repl = lines
+        .iter()
+        .find(|l| l.contains("replication:"))
+        .expect(&out);
+    assert!(repl.starts_with("warn  "), "{out}");
+    assert!(repl.contains(&format!("TO '{user}'@'%'")), "{out}");
+    let tables = lines.iter().find(|l| l.contains("tables:")).expect(&out);
+    assert!(
+        tables.matches("lockrun-engines(7)").count() <= 1,
+        "{tables}"
+    );
+    // The statement it prints is the one to run: after it, the tables are ok.
+    let grant = &tables[tables.find("GRANT ").expect("a GRANT statement")..];
+    assert!(grant.contains(&format!("`{}`.*", my.db)), "{grant}");
+    my.sql(grant);
+    let out = on(&url).arg("doctor").code(1).stdout();
+    assert!(out.contains("ok    tables:"), "{out}");
+    // The grant to read the replication state, likewise.
+    let grant = &repl[repl.find("GRANT ").unwrap()..];
+    my.sql(grant);
+    let out = on(&url).arg("doctor").succeeds().stdout();
+    assert!(out.contains("ok    replication:"), "{out}");
+}
+
+#[test]
 fn doctor_fails_a_user_that_may_neither_find_nor_create_the_tables() {
     let my = MyDb::new();
     let user = format!("nc_{}", my.db);
@@ -597,6 +677,14 @@ fn doctor_fails_a_user_that_may_neither_find_nor_create_the_tables() {
         .arg("doctor")
         .code(69);
     assert!(out.stdout().contains("no CREATE"), "{}", out.stdout());
+    assert!(
+        out.stdout().contains(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON `{}`.* TO '{user}'@'%'",
+            my.db
+        )),
+        "{}",
+        out.stdout()
+    );
     assert!(!my.server.has_tables(&my.db));
 }
 

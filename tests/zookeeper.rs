@@ -321,3 +321,23 @@ fn a_deleted_slot_node_stops_its_holder_whose_release_spares_the_next() {
     std::fs::write(scratch.path("b-go"), "").unwrap();
     assert_eq!(wait_child(&mut b, Duration::from_secs(20)).code(), Some(0));
 }
+
+#[test]
+fn a_closed_port_is_said_refused_at_once_with_its_address() {
+    let port = free_port();
+    let url = format!("zk://locker:s3cret-zk@127.0.0.1:{port}");
+    let started = Instant::now();
+    let out = on(&url).arg("doctor").code(69).stdout();
+    assert!(out.contains("connection refused"), "{out}");
+    assert!(out.contains(&format!("127.0.0.1:{port}")), "{out}");
+    assert!(!out.contains("s3cret-zk"), "{out}");
+    on(&url)
+        .args(["x", "true"])
+        .code(69)
+        .says(&["connection refused", &format!("127.0.0.1:{port}")]);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -30,7 +30,7 @@ pub fn doctor(cli: &Cli) -> Result<Ending, Failure> {
     let mut out = std::io::stdout().lock();
     for c in &checks {
         let line = format!("{:<4}  {}: {}", c.verdict.word(), c.topic, c.said);
-        let _ = writeln!(out, "{}", log::scrub(&line));
+        let _ = writeln!(out, "{}", log::printable(&line));
     }
     let worst = checks.iter().map(|c| c.verdict).max();
     Ok(Ending::Exit(match worst {

@@ -55,6 +55,14 @@ fn setup_logging(common: &Common) {
     crate::sys::set_dumpable(false);
     if let Some(p) = common.address.secret() {
         log::add_secret(p);
+        // As a URL writes it, for a client that echoes its URL.
+        let mut u = url::Url::parse("x://u@h").expect("a valid URL");
+        if u.set_password(Some(p)).is_ok()
+            && let Some(encoded) = u.password()
+            && encoded != p
+        {
+            log::add_secret(encoded);
+        }
     }
 }
 

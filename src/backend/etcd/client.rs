@@ -122,7 +122,7 @@ const CODE_UNAUTHENTICATED: i64 = 16;
 
 /// What an error reply from etcd means to lockrun.
 fn classify(code: i64, message: &str, display: &str) -> Error {
-    let message = log::scrub(message);
+    let message = log::redact(message);
     if TRANSIENT_CODES.contains(&code) || TRANSIENT_TEXT.iter().any(|t| message.contains(t)) {
         return Error::Transient(message);
     }
@@ -174,7 +174,7 @@ enum Try {
 }
 
 fn describe(e: &ureq::Error) -> String {
-    let text = log::scrub(&e.to_string());
+    let text = log::redact(&e.to_string());
     if text.contains("certificate") || text.contains("UnknownIssuer") {
         return format!(
             "TLS: the server's certificate is not trusted ({text}); pass its CA with --tls-ca"

@@ -94,7 +94,7 @@ fn member_checks(status: &serde_json::Value) -> Vec<Check> {
             "leader",
             format!(
                 "the member reports: {}",
-                crate::log::scrub(&errors.join("; "))
+                crate::log::redact(&errors.join("; "))
             ),
         )
     } else {

@@ -86,7 +86,7 @@ fn grant(c: &mut Client, ttl: Duration) -> Result<(i64, Duration), Error> {
         (Some(id), Some(t)) => Ok((id, Duration::from_secs(t as u64))),
         _ => Err(Error::Internal(format!(
             "etcd granted no lease: {}",
-            log::scrub(&v.to_string())
+            log::redact(&v.to_string())
         ))),
     }
 }

@@ -143,7 +143,12 @@ impl super::Etcd {
         // holders arrived first.
         let token = int(&v["header"]["revision"])
             .filter(|r| *r > 0)
-            .ok_or_else(|| Error::Internal(format!("etcd's reply has no revision: {v}")))?;
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "etcd's reply has no revision: {}",
+                    crate::log::redact(&v.to_string())
+                ))
+            })?;
         Ok(Step::Done(self.granted(m, req, slot, token as u64)))
     }
 

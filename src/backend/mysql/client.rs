@@ -202,7 +202,7 @@ impl Client {
                     self.replied = true;
                     self.last_code = Some(m.code);
                 }
-                Err(match classify(&e, &self.url) {
+                Err(match classify(&e, &self.url, self.op + self.wait) {
                     Error::Transient(m) => {
                         Error::Transient(format!("cannot reach MySQL at {}: {m}", self.url.display))
                     }
@@ -279,7 +279,7 @@ impl Client {
             if !matches!(self.last_code, Some(c) if keep.contains(&c)) {
                 self.drop_connection();
             }
-            (at, classify(&e, &self.url))
+            (at, classify(&e, &self.url, self.op + self.wait))
         });
         if sets.len() >= skip {
             sets.drain(..skip);
@@ -390,8 +390,28 @@ pub enum Woke {
 }
 
 /// A client error in one line, without anything secret.
-fn describe(e: &mysql::Error) -> String {
+fn describe(e: &mysql::Error, bound: Duration) -> String {
+    let no_answer = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )
+    };
+    let within = || {
+        format!(
+            "no answer within {}",
+            humantime::format_duration(Duration::from_millis(bound.as_millis() as u64))
+        )
+    };
     let text = match e {
+        mysql::Error::IoError(io) if no_answer(io) => within(),
+        mysql::Error::CodecError(c)
+            if std::error::Error::source(c)
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .is_some_and(no_answer) =>
+        {
+            within()
+        }
         mysql::Error::MySqlError(m) => format!("{} ({})", m.message, m.code),
         mysql::Error::DriverError(mysql::DriverError::CouldNotConnect(Some((a, d, _)))) => {
             format!("could not connect to {a}: {d}")
@@ -410,7 +430,7 @@ fn describe(e: &mysql::Error) -> String {
         mysql::Error::TlsError(t) => format!("TLS: {t}"),
         other => other.to_string(),
     };
-    log::scrub(text.lines().next().unwrap_or(""))
+    log::redact(text.lines().next().unwrap_or(""))
 }
 
 /// The server's error numbers that are worth another try.
@@ -440,8 +460,10 @@ fn transient_code(code: u16) -> bool {
 
 /// The server's errors in lockrun's kinds (lockrun-engines(7) "MYSQL AND
 /// MARIADB").
-pub fn classify(e: &mysql::Error, url: &MyUrl) -> Error {
-    let text = describe(e);
+/// `bound`: how long a read waits for the server (a stopped server is
+/// told by a read that ran out of it).
+pub fn classify(e: &mysql::Error, url: &MyUrl, bound: Duration) -> Error {
+    let text = describe(e, bound);
     let mysql::Error::MySqlError(m) = e else {
         return match e {
             mysql::Error::DriverError(mysql::DriverError::TlsNotSupported) => Error::Refused(text),
@@ -453,15 +475,20 @@ pub fn classify(e: &mysql::Error, url: &MyUrl) -> Error {
     kind(m.code, text, url)
 }
 
+/// The server's errors for a privilege the user lacks.
+pub const DENIED: [u16; 5] = [1044, 1142, 1143, 1227, 1370];
+
+/// What a run adds to them.
+pub const GRANTS_HINT: &str =
+    "; the user needs the grants lockrun-engines(7) \"MYSQL AND MARIADB\" lists";
+
 fn kind(code: u16, text: String, url: &MyUrl) -> Error {
     if transient_code(code) {
         return Error::Transient(text);
     }
     let hint = match code {
         1045 | 1698 => format!("; check the user {:?} and its password", url.user),
-        1044 | 1142 | 1143 | 1227 | 1370 => {
-            "; the user needs the grants lockrun-engines(7) \"MYSQL AND MARIADB\" lists".into()
-        }
+        c if DENIED.contains(&c) => GRANTS_HINT.into(),
         1290 | 1836 | 1792 => {
             "; the server is read-only (read_only or super_read_only, a replica): point \
              lockrun at the primary"

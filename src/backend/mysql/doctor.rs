@@ -30,6 +30,16 @@ pub fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
         Err(e) => {
             let what = match e {
                 Error::Transient(m) => format!("{m}; check the address and that the server runs"),
+                // No right to the database: the grant, to the user as the server named it.
+                e if client.last_code == Some(1044) => {
+                    let said = denied(&e);
+                    let who = said
+                        .split_once("for user ")
+                        .and_then(|(_, r)| r.split_once(" to database"))
+                        .map(|(who, _)| who.to_string())
+                        .unwrap_or_else(|| grantee(&format!("{}@%", url.user)));
+                    format!("{said}: {}", grant(&url.database, &who, true))
+                }
                 e => e.to_string(),
             };
             out.push(Check::fail("reachable", what));
@@ -109,15 +119,42 @@ pub fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
             text(about, 5).unwrap_or_default()
         ),
     ));
-    out.extend(replication(&mut client, mariadb));
+    let grantee = grantee(&user);
+    out.extend(replication(&mut client, mariadb, &grantee));
     out.push(wake_check(&mut client));
     out.push(binlog(&mut client));
-    out.push(tables(&mut client, &base));
+    let database = text(about, 2).unwrap_or_default();
+    out.push(tables(&mut client, &base, &database, &grantee));
     out
 }
 
+/// `'user'@'host'` of `CURRENT_USER()`'s `user@host`, as a GRANT names it.
+fn grantee(current: &str) -> String {
+    let (user, host) = current.rsplit_once('@').unwrap_or((current, "%"));
+    let q = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "''"));
+    format!("{}@{}", q(user), q(host))
+}
+
+/// The statement that gives `grantee` what lockrun needs in `database`
+/// (lockrun-engines(7) "MYSQL AND MARIADB"), creating the tables included.
+fn grant(database: &str, grantee: &str, create: bool) -> String {
+    format!(
+        "GRANT SELECT, INSERT, UPDATE, DELETE{} ON `{}`.* TO {grantee}",
+        if create { ", CREATE" } else { "" },
+        database.replace('`', "``")
+    )
+}
+
+/// A refusal as the server said it, without what a run adds to it.
+fn denied(e: &Error) -> String {
+    let text = e.to_string();
+    text.strip_suffix(super::client::GRANTS_HINT)
+        .unwrap_or(&text)
+        .to_string()
+}
+
 /// A replica, and whether a failover could lose a grant; Galera.
-fn replication(client: &mut Client, mariadb: bool) -> Vec<Check> {
+fn replication(client: &mut Client, mariadb: bool, grantee: &str) -> Vec<Check> {
     let mut out = Vec::new();
     let galera = client
         .query("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'".into())
@@ -170,9 +207,18 @@ fn replication(client: &mut Client, mariadb: bool) -> Vec<Check> {
                 Check::ok("replication", "a primary (no replication source)")
             });
         }
-        Err(_) => out.push(Check::ok(
+        Err(_) => out.push(Check::warn(
             "replication",
-            "not readable by this user (REPLICATION CLIENT); a primary as far as lockrun can tell",
+            format!(
+                "not readable by this user: whether this server is a replica, or has \
+                 replicas a failover could lose grants to, is unknown; to let doctor tell: \
+                 GRANT {} ON *.* TO {grantee}",
+                if mariadb {
+                    "SLAVE MONITOR"
+                } else {
+                    "REPLICATION CLIENT"
+                }
+            ),
         )),
     }
     out
@@ -225,7 +271,7 @@ fn binlog(client: &mut Client) -> Check {
 /// tables' engine. Existing tables are tried: each write lockrun makes,
 /// with a condition no row meets, in a transaction rolled back (the server
 /// checks every privilege, roles and patterns included; nothing is written).
-fn tables(client: &mut Client, base: &str) -> Check {
+fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Check {
     let t = Tables::new(base);
     let names = format!("{base}_leases, {base}_waiters, {base}_tokens");
     let mut probe = vec!["START TRANSACTION".to_string()];
@@ -236,7 +282,21 @@ fn tables(client: &mut Client, base: &str) -> Check {
         Ok(_) => {}
         Err(_) if client.last_code == Some(1146) => {
             let _ = client.run(&["ROLLBACK".into()]);
-            return missing_tables(client, &names);
+            return missing_tables(client, &names, &grant(database, grantee, true));
+        }
+        Err(e)
+            if client
+                .last_code
+                .is_some_and(|c| super::client::DENIED.contains(&c)) =>
+        {
+            return Check::fail(
+                "tables",
+                format!(
+                    "{names} exist, but this user may not read them ({}): {}",
+                    denied(&e),
+                    grant(database, grantee, false)
+                ),
+            );
         }
         Err(e) => return Check::fail("tables", e.to_string()),
     }
@@ -264,8 +324,9 @@ fn tables(client: &mut Client, base: &str) -> Check {
             return Check::fail(
                 "tables",
                 format!(
-                    "{names} exist, but this user may not write them ({e}); grant what \
-                     lockrun-engines(7) \"MYSQL AND MARIADB\" lists"
+                    "{names} exist, but this user may not write them ({}): {}",
+                    denied(&e),
+                    grant(database, grantee, false)
                 ),
             );
         }
@@ -290,7 +351,7 @@ fn tables(client: &mut Client, base: &str) -> Check {
 /// The tables are not there yet: whether the user may create them (a
 /// CREATE privilege on every database, or on a pattern this database
 /// matches, as the server's own privilege tables show it), and in InnoDB.
-fn missing_tables(client: &mut Client, names: &str) -> Check {
+fn missing_tables(client: &mut Client, names: &str, grant: &str) -> Check {
     // 'user'@'host', as GRANTEE writes it.
     let me = "CONCAT(X'27', SUBSTRING_INDEX(CURRENT_USER(), X'40', 1), X'274027', \
               SUBSTRING_INDEX(CURRENT_USER(), X'40', -1), X'27')";
@@ -343,8 +404,7 @@ fn missing_tables(client: &mut Client, names: &str) -> Check {
             "tables",
             format!(
                 "{names} do not exist yet, and the server gives this user no CREATE on the \
-                 database: create them once as a user that may, or grant what \
-                 lockrun-engines(7) \"MYSQL AND MARIADB\" lists"
+                 database: create them once as a user that may, or {grant}"
             ),
         )
     }

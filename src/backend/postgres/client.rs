@@ -377,7 +377,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
             t
         }
     };
-    log::scrub(&text)
+    log::redact(&text)
 }
 
 /// The server's errors in lockrun's kinds (lockrun-engines(7) "POSTGRESQL").

@@ -105,8 +105,13 @@ impl RedisUrl {
     /// request to a node, and a request follows one redirection at most
     /// (a slot moved) before it fails and is retried as lockrun retries.
     pub fn cluster(&self, nodes: &[Node], op: Duration) -> Result<ClusterClient, Error> {
-        let bad_url =
-            |e: redis::RedisError| Error::Request(format!("invalid --url {}: {e}", self.display));
+        let bad_url = |e: redis::RedisError| {
+            Error::Request(format!(
+                "invalid --url {}: {}",
+                self.display,
+                crate::log::redact(&e.to_string())
+            ))
+        };
         let scheme = if self.tls { "rediss" } else { "redis" };
         let userinfo = match &self.topology {
             Topology::Cluster { userinfo, .. } if !userinfo.is_empty() => format!("{userinfo}@"),
@@ -142,8 +147,13 @@ impl RedisUrl {
     }
 
     fn client_from(&self, url: &str) -> Result<Client, Error> {
-        let bad_url =
-            |e: redis::RedisError| Error::Request(format!("invalid --url {}: {e}", self.display));
+        let bad_url = |e: redis::RedisError| {
+            Error::Request(format!(
+                "invalid --url {}: {}",
+                self.display,
+                crate::log::redact(&e.to_string())
+            ))
+        };
         let info = url.into_connection_info().map_err(bad_url)?;
         // CLIENT SETINFO costs a round trip on every connect and tells the server nothing it needs.
         let settings = info.redis_settings().clone().set_skip_set_lib_name();

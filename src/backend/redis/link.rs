@@ -186,7 +186,7 @@ pub fn describe(e: &redis::RedisError) -> String {
     let text = said(e);
     // Nothing below may span lines: an error is one line of stderr. Then
     // no secret, and what the server wrote shown escaped.
-    log::scrub(&text.split_whitespace().collect::<Vec<_>>().join(" "))
+    log::redact(&text.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 fn said(e: &redis::RedisError) -> String {

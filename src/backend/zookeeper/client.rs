@@ -112,41 +112,73 @@ impl Client {
         ttl: Duration,
         op: Duration,
     ) -> Result<Client, Error> {
-        let mut connector = zk::Client::connector()
-            .with_session_timeout(ttl)
-            .with_connection_timeout(op);
-        if let (Some(u), Some(p)) = (&url.user, &url.password) {
-            connector = connector.with_auth("digest", format!("{u}:{p}").as_bytes());
-        }
         let tls = tls_options(url)?;
         let secure = tls.is_some();
-        if let Some(options) = tls {
-            connector = connector.with_tls(options);
-        }
+        let connector = |eager: bool| {
+            let mut c = zk::Client::connector()
+                .with_session_timeout(ttl)
+                .with_connection_timeout(op);
+            if eager {
+                c = c.with_fail_eagerly();
+            }
+            if let (Some(u), Some(p)) = (&url.user, &url.password) {
+                c = c.with_auth("digest", format!("{u}:{p}").as_bytes());
+            }
+            if let Some(options) = tls.clone() {
+                c = c.with_tls(options);
+            }
+            c
+        };
         let cs = url.connect_string();
+        let connect = |c: zk::Connector, limit: Duration| {
+            let cs = cs.clone();
+            run(&rt.handle, limit, async move {
+                if secure {
+                    c.secure_connect(&cs).await
+                } else {
+                    c.connect(&cs).await
+                }
+            })
+        };
         // Connecting tries every server in turn: give it the bound of one
         // call for each, and a little more.
         let limit = op * (url.servers.len() as u32 + 1);
-        let zk = run(&rt.handle, limit, async move {
-            if secure {
-                connector.secure_connect(&cs).await
-            } else {
-                connector.connect(&cs).await
-            }
-        })
-        .map_err(|e| match sort(e, "connecting") {
-            // The client gives no reason for a failed handshake.
-            Error::Transient(t) if url.tls => Error::Transient(format!(
-                "{t} (TLS: is the port a secureClientPort, and does the server's \
+        let started = crate::clock::Boot::now();
+        // Each server once first: when every one refuses the connection,
+        // that is said at once. Otherwise (a server that answered but gave
+        // no session, in an election say) they are tried again until the
+        // bound, as the client does.
+        let zk = connect(connector(true), limit)
+            .or_else(|e| match e {
+                CallError::Zk(zk::Error::NoHosts) if refused(url, op).is_none() => connect(
+                    connector(false),
+                    limit.saturating_sub(crate::clock::Boot::now().since(started)),
+                ),
+                e => Err(e),
+            })
+            .map_err(|e| {
+                let unreached = matches!(
+                    e,
+                    CallError::Timeout
+                        | CallError::Zk(
+                            zk::Error::NoHosts | zk::Error::Timeout | zk::Error::ConnectionLoss
+                        )
+                );
+                let why = unreached.then(|| refused(url, op)).flatten();
+                match why.map_or_else(|| sort(e, "connecting"), Error::Transient) {
+                    // The client gives no reason for a failed handshake.
+                    Error::Transient(t) if url.tls => Error::Transient(format!(
+                        "{t} (TLS: is the port a secureClientPort, and does the server's \
                  certificate check against {}?)",
-                if url.ca_file.is_some() {
-                    "--tls-ca"
-                } else {
-                    "the system's roots"
+                        if url.ca_file.is_some() {
+                            "--tls-ca"
+                        } else {
+                            "the system's roots"
+                        }
+                    )),
+                    e => e,
                 }
-            )),
-            e => e,
-        })?;
+            })?;
         let timeout = zk.session_timeout();
         Ok(Client {
             rt,
@@ -259,6 +291,32 @@ fn tls_options(url: &ZkUrl) -> Result<Option<zk::TlsOptions>, Error> {
     Ok(Some(options))
 }
 
+/// Why no session could be had, when every server refused the connection:
+/// the client says only that no server could be reached. Asked of the
+/// servers again, each by a connection that the server refuses or that is
+/// closed at once.
+fn refused(url: &ZkUrl, op: Duration) -> Option<String> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let limit = op.min(Duration::from_secs(1));
+    let mut closed = Vec::new();
+    for server in &url.servers {
+        let addrs: Vec<_> = server.to_socket_addrs().ok()?.collect();
+        let all_refused = !addrs.is_empty()
+            && addrs.iter().all(|a| {
+                TcpStream::connect_timeout(a, limit)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            });
+        if !all_refused {
+            return None;
+        }
+        closed.push(server.as_str());
+    }
+    Some(format!(
+        "connecting: connection refused at {}",
+        closed.join(", ")
+    ))
+}
+
 /// Whether a session is over for good (a new one is needed).
 pub fn expired(e: &CallError) -> bool {
     matches!(
@@ -276,7 +334,7 @@ pub fn sort(e: CallError, doing: &str) -> Error {
         CallError::Zk(e) => e,
     };
     use zk::Error as Z;
-    let text = format!("{doing}: {e}");
+    let text = format!("{doing}: {}", crate::log::redact(&e.to_string()));
     match e {
         Z::ConnectionLoss
         | Z::Timeout
