@@ -97,6 +97,10 @@ pub struct BackendArgs {
     )]
     pub url: Option<String>,
 
+    /// --url came from LOCKRUN_URL: a refusal names the variable.
+    #[arg(skip)]
+    pub url_from_env: bool,
+
     /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://,
     /// postgres:// with sslmode=require or verify-*, mysql:// with
     /// ssl-mode=REQUIRED or VERIFY_*, zks://) with.
@@ -115,7 +119,8 @@ pub struct BackendArgs {
         env = "LOCKRUN_REPLICAS",
         value_name = "N",
         default_value_t = 0,
-        global = true
+        global = true,
+        allow_negative_numbers = true
     )]
     pub replicas: u32,
 
@@ -174,7 +179,8 @@ pub struct RunArgs {
         long,
         env = "LOCKRUN_TTL",
         default_value = "30s",
-        value_name = "DUR"
+        value_name = "DUR",
+        allow_hyphen_values = true
     )]
     pub ttl: String,
 
@@ -184,7 +190,13 @@ pub struct RunArgs {
 
     /// Give up after waiting this long for the lock (default: wait forever);
     /// DUR may be a bare number of seconds, as flock's -w takes it.
-    #[arg(short, long, value_name = "DUR", visible_alias = "timeout")]
+    #[arg(
+        short,
+        long,
+        value_name = "DUR",
+        visible_alias = "timeout",
+        allow_hyphen_values = true
+    )]
     pub wait: Option<String>,
 
     /// An exclusive lock, the default (as flock's -x and -e).
@@ -198,12 +210,18 @@ pub struct RunArgs {
 
     /// Up to N holders at once (a counting semaphore); each job gets its
     /// place 0..N-1 in LOCKRUN_SLOT. Every user of the name must agree on N.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub limit: Option<String>,
 
     /// Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips
     /// quietly, as with flock -n -E 0 in a crontab).
-    #[arg(short = 'E', long, value_name = "N", default_value_t = crate::exit::NOT_ACQUIRED.to_string())]
+    #[arg(
+        short = 'E',
+        long,
+        value_name = "N",
+        default_value_t = crate::exit::NOT_ACQUIRED.to_string(),
+        allow_negative_numbers = true
+    )]
     pub conflict_exit_code: String,
 
     /// A note shown by `status` and in waiting messages beside host:pid
@@ -219,7 +237,7 @@ pub struct RunArgs {
     #[arg(long, env = "LOCKRUN_METRICS_FILE", value_name = "PATH")]
     pub metrics_file: Option<std::path::PathBuf>,
     /// Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10).
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub kill_after: Option<String>,
 
     /// Keep the lock held at least DUR after it was granted, also once the
@@ -231,7 +249,12 @@ pub struct RunArgs {
     /// Wait only while fewer than N requests of this name wait; otherwise
     /// give up at once with the conflict code (-E). --max-waiters 1
     /// coalesces: the running job plus one queued run.
-    #[arg(long, env = "LOCKRUN_MAX_WAITERS", value_name = "N")]
+    #[arg(
+        long,
+        env = "LOCKRUN_MAX_WAITERS",
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
     pub max_waiters: Option<String>,
 
     /// --max-waiters came from LOCKRUN_MAX_WAITERS: a default for every run,

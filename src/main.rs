@@ -77,6 +77,7 @@ fn parse() -> Result<cli::Cli, clap::Error> {
     use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
     let matches = cli::Cli::command().try_get_matches()?;
     let mut cli = cli::Cli::from_arg_matches(&matches)?;
+    cli.backend.url_from_env = matches.value_source("url") == Some(ValueSource::EnvVariable);
     cli.backend.tls_ca_from_env = matches.value_source("tls_ca") == Some(ValueSource::EnvVariable);
     cli.backend.replicas_from_env =
         matches.value_source("replicas") == Some(ValueSource::EnvVariable);
