@@ -27,22 +27,37 @@ pub fn long_version() -> &'static str {
     })
 }
 
+/// `--help`'s description, with the URL schemes of every engine that has a
+/// server, from the scheme table.
+pub fn long_about() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let schemes: Vec<String> = crate::backend::ENGINES[1..]
+            .iter()
+            .flat_map(|engine| engine.schemes.iter().map(|s| format!("{s}://")))
+            .collect();
+        format!(
+            "Run a command while holding a named lease, so that only one copy runs at a time \
+             across many machines.\n\n\
+             Without --url, the lock is local to this machine (flock on a file). With a \
+             server's URL ({}), the lease lives there and is renewed while the job runs; the \
+             job is stopped before the lease could lapse. The job gets a fencing token in \
+             LOCKRUN_TOKEN that grows with every grant.\n\n\
+             To run a job under a lock named like a subcommand, put `--` before the name: \
+             `lockrun -- status -- ./job`.",
+            schemes.join(", ")
+        )
+    })
+}
+
 /// Run a command while holding a named lease, so that only one copy runs at a
 /// time across many machines.
-///
-/// Without --url, the lock is local to this machine (flock on a file). With a
-/// server's URL (redis://, rediss://, redis+sentinel://, redis+cluster://,
-/// etcd://, etcds://, postgres://, mysql://), the lease lives there and is renewed while the job
-/// runs; the job is stopped before the lease could lapse. The job gets a
-/// fencing token in LOCKRUN_TOKEN that grows with every grant.
-///
-/// To run a job under a lock named like a subcommand, put `--` before the name:
-/// `lockrun -- status -- ./job`.
 #[derive(Debug, Parser)]
 #[command(
     name = "lockrun",
     version,
     long_version = long_version(),
+    long_about = long_about(),
     subcommand_negates_reqs = true,
     override_usage = "lockrun [OPTIONS] <NAME> [--] <COMMAND> [ARGS]...\n       \
 lockrun [OPTIONS] <NAME> -c <SHELL_COMMAND>\n       \
@@ -81,7 +96,8 @@ pub enum Generate {
 pub struct BackendArgs {
     /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS),
     /// redis+sentinel://host[:port][,host...]/MASTER[/db],
-    /// redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...],
+    /// redis+cluster://host[:port][,host...] (rediss+sentinel://,
+    /// rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...],
     /// etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or
     /// postgresql://, PG* variables as libpq reads them),
     /// mysql://[user[:pass]@]host[:port]/dbname (or mariadb://),
@@ -277,12 +293,16 @@ pub struct RunArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
-    /// Show whether NAME is held: every holder (who, token, slot, mode, time
-    /// left) and the number of waiters. Without NAME (or as `list`): every
-    /// name under the prefix, one line each, sorted (read name by name, not
-    /// as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free
-    /// (none held), 69 backend unreachable.
-    #[command(visible_alias = "list")]
+    /// Show whether NAME is held; without NAME (or as `list`), every name.
+    ///
+    /// With NAME: every holder (who, token, slot, mode, time left) and the
+    /// number of waiters. Without NAME (or as `list`): every name under the
+    /// prefix, one line each, sorted; read name by name, not as one
+    /// snapshot, except on PostgreSQL, MySQL and MariaDB (one statement).
+    #[command(
+        visible_alias = "list",
+        after_help = crate::exit::command_help(&[&crate::exit::STATUS_CODES, &crate::exit::LIST_CODES])
+    )]
     Status {
         /// Print one JSON object (without NAME: an array of them) instead of text.
         #[arg(long)]
@@ -290,11 +310,12 @@ pub enum OperatorCommand {
         /// Name of the lock (default: every name).
         name: Option<String>,
     },
-    /// Break a lock (operators). By default the holder is revoked: its job is
-    /// stopped at its next renewal and new grants wait until the old lease would
-    /// have expired, so no two jobs overlap.
-    /// Exit 0 broken, 1 not held (or token mismatch), 64 on the local engine
-    /// for anything but a --min-hold window, 69 backend unreachable.
+    /// Break a lock (operators).
+    ///
+    /// By default the holder is revoked: its job is stopped at its next
+    /// renewal and new grants wait until the old lease would have expired,
+    /// so no two jobs overlap.
+    #[command(after_help = crate::exit::command_help(&[&crate::exit::RELEASE_CODES]))]
     Release {
         /// Required: breaking a lock someone holds is deliberate.
         #[arg(long)]
@@ -309,13 +330,15 @@ pub enum OperatorCommand {
         /// Name of the lock.
         name: String,
     },
-    /// Check an engine before the first incident: one line per check, ok,
-    /// warn or fail, with what to do. Read-only: it runs nothing but reads
-    /// and dry runs and creates nothing that outlives it (no key, no lock
-    /// file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has
-    /// its permissions checked by a read-only script, which stays in the
-    /// script cache as lockrun's own scripts do). Exit 0 all ok, 1 a
-    /// warning, 69 unreachable or a check failed.
+    /// Check an engine before the first incident, read-only.
+    ///
+    /// One line per check, ok, warn or fail, with what to do. Read-only: it
+    /// runs nothing but reads and dry runs and creates nothing that outlives
+    /// it (no key, no lock file, no directory, no table or schema; on Redis,
+    /// a user that may not run ACL DRYRUN has its permissions checked by a
+    /// read-only script, which stays in the script cache as lockrun's own
+    /// scripts do).
+    #[command(after_help = crate::exit::command_help(&[&crate::exit::DOCTOR_CODES]))]
     Doctor {},
 }
 

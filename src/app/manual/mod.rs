@@ -11,18 +11,22 @@ use crate::exit::{Class, Failure, ResultExt};
 
 /// lockrun(1): the written page, with the synopsis and options rendered
 /// from the command line's definition (as clap shows them in `--help`) and
-/// the exit status from its table, so neither can drift from the binary.
+/// the exit status and each command's exit codes from their tables, so
+/// none can drift from the binary.
 fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
     let man = clap_mangen::Man::new(cmd);
     let mut synopsis = Vec::new();
     man.render_synopsis_section(&mut synopsis)?;
     let mut options = Vec::new();
     man.render_options_section(&mut options)?;
-    let page = PAGE
+    let mut page = PAGE
         .replace("@VERSION@", env!("CARGO_PKG_VERSION"))
         .replace("@SYNOPSIS@\n", &String::from_utf8_lossy(&synopsis))
         .replace("@OPTIONS@\n", &String::from_utf8_lossy(&options))
         .replace("@EXIT_STATUS@\n", &crate::exit::roff());
+    for codes in crate::exit::COMMAND_CODES {
+        page = page.replace(&codes.placeholder(), &codes.roff());
+    }
     out.write_all(page.as_bytes())
 }
 
@@ -43,4 +47,23 @@ pub fn generate(kind: Generate) -> Result<(), Failure> {
     };
     clap_complete::generate(shell, &mut cmd, "lockrun", &mut out);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every placeholder of the written page is filled in.
+    #[test]
+    fn no_placeholder_is_left() {
+        let mut page = Vec::new();
+        man_page(Cli::command(), &mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        let left: Vec<&str> = page
+            .lines()
+            .filter(|l| l.len() > 2 && l.starts_with('@') && l.ends_with('@'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(!page.contains("@VERSION@"));
+    }
 }
