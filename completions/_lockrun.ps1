@@ -41,7 +41,6 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--kill-after', '--kill-after', [CompletionResultType]::ParameterName, 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)')
             [CompletionResult]::new('--min-hold', '--min-hold', [CompletionResultType]::ParameterName, 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine''s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end')
             [CompletionResult]::new('--max-waiters', '--max-waiters', [CompletionResultType]::ParameterName, 'Wait only while fewer than N requests of this name wait; otherwise give up at once with the conflict code (-E). --max-waiters 1 coalesces: the running job plus one queued run')
-            [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print a shell completion script or the man page to stdout')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Timestamped progress on stderr (-vv also shows every renewal)')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print only errors')
@@ -130,12 +129,16 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
         }
         'lockrun;help' {
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'Show whether NAME is held; without NAME (or as `list`), every name')
+            [CompletionResult]::new('list', 'list', [CompletionResultType]::ParameterValue, 'Show whether NAME is held; without NAME (or as `list`), every name')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lock (operators)')
             [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Check an engine before the first incident, read-only')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
         'lockrun;help;status' {
+            break
+        }
+        'lockrun;help;list' {
             break
         }
         'lockrun;help;release' {

@@ -38,7 +38,6 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --kill-after 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)'
             cand --min-hold 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine''s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end'
             cand --max-waiters 'Wait only while fewer than N requests of this name wait; otherwise give up at once with the conflict code (-E). --max-waiters 1 coalesces: the running job plus one queued run'
-            cand --generate 'Print a shell completion script or the man page to stdout'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand -q 'Print only errors'
@@ -122,11 +121,14 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         }
         &'lockrun;help'= {
             cand status 'Show whether NAME is held; without NAME (or as `list`), every name'
+            cand list 'Show whether NAME is held; without NAME (or as `list`), every name'
             cand release 'Break a lock (operators)'
             cand doctor 'Check an engine before the first incident, read-only'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;help;status'= {
+        }
+        &'lockrun;help;list'= {
         }
         &'lockrun;help;release'= {
         }

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n u/url= tls-ca= replicas= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive s/shared limit= E/conflict-exit-code= label= metrics-file= kill-after= min-hold= max-waiters= supersede preempt generate= h/help V/version
+    string join \n u/url= tls-ca= replicas= prefix= v/verbose q/quiet c/command= t/ttl= n/no-wait w/wait= x/exclusive s/shared limit= E/conflict-exit-code= label= metrics-file= kill-after= min-hold= max-waiters= supersede preempt h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -38,12 +38,6 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -l metrics-file -d 'At the
 complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l min-hold -d 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine\'s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l max-waiters -d 'Wait only while fewer than N requests of this name wait; otherwise give up at once with the conflict code (-E). --max-waiters 1 coalesces: the running job plus one queued run' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l generate -d 'Print a shell completion script or the man page to stdout' -r -f -a "man\t''
-bash\t''
-zsh\t''
-fish\t''
-elvish\t''
-powershell\t''"
 complete -c lockrun -n "__fish_lockrun_needs_command" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -l nonblock -l nb -d 'Give up at once if the lock is held (flock\'s --nonblock and --nb work too)'
@@ -91,7 +85,8 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -l prefix -d 'Ke
 complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s v -l verbose -d 'Timestamped progress on stderr (-vv also shows every renewal)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s q -l quiet -d 'Print only errors'
 complete -c lockrun -n "__fish_lockrun_using_subcommand doctor" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release doctor help" -f -a "status" -d 'Show whether NAME is held; without NAME (or as `list`), every name'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release doctor help" -f -a "release" -d 'Break a lock (operators)'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release doctor help" -f -a "doctor" -d 'Check an engine before the first incident, read-only'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release doctor help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status list release doctor help" -f -a "status" -d 'Show whether NAME is held; without NAME (or as `list`), every name'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status list release doctor help" -f -a "list" -d 'Show whether NAME is held; without NAME (or as `list`), every name'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status list release doctor help" -f -a "release" -d 'Break a lock (operators)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status list release doctor help" -f -a "doctor" -d 'Check an engine before the first incident, read-only'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status list release doctor help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

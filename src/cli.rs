@@ -5,6 +5,9 @@ use std::ffi::OsString;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `status`'s other name, for the list of every name.
+pub const LIST: &str = "list";
+
 /// `--prefix` when none is given.
 pub const DEFAULT_PREFIX: &str = "lockrun:";
 
@@ -76,9 +79,28 @@ pub struct Cli {
     #[command(flatten)]
     pub run: RunArgs,
 
-    /// Print a shell completion script or the man page to stdout.
-    #[arg(long, hide = true, value_name = "KIND", exclusive = true)]
+    /// `--generate KIND`: not part of this definition, which the completions
+    /// and the man page are made from, but added where lockrun parses (see
+    /// [`command`]).
+    #[arg(skip)]
     pub generate: Option<Generate>,
+}
+
+/// The command line lockrun parses: [`Cli`], and the packagers' hidden
+/// `--generate KIND`, which prints a shell completion script or the man
+/// page. It is added here rather than in `Cli` because clap_complete
+/// offers hidden options too: the completions are made from `Cli` alone.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().arg(
+        clap::Arg::new("generate")
+            .long("generate")
+            .hide(true)
+            .value_name("KIND")
+            .exclusive(true)
+            .value_parser(clap::value_parser!(Generate))
+            .help("Print a shell completion script or the man page to stdout"),
+    )
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -300,7 +322,7 @@ pub enum OperatorCommand {
     /// prefix, one line each, sorted; read name by name, not as one
     /// snapshot, except on PostgreSQL, MySQL and MariaDB (one statement).
     #[command(
-        visible_alias = "list",
+        visible_alias = LIST,
         after_help = crate::exit::command_help(&[&crate::exit::STATUS_CODES, &crate::exit::LIST_CODES])
     )]
     Status {
@@ -431,6 +453,7 @@ mod tests {
     #[test]
     fn definition_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
     }
 
     /// `--version` names every engine of the scheme table, each with all
@@ -451,6 +474,23 @@ mod tests {
 
     fn parse(args: &[&str]) -> Cli {
         Cli::try_parse_from(args).unwrap()
+    }
+
+    #[test]
+    fn generate_is_parsed_but_not_in_the_definition() {
+        let m = command().try_get_matches_from(["lockrun", "--generate", "bash"]);
+        let kind = m.unwrap().get_one::<Generate>("generate").copied();
+        assert!(matches!(kind, Some(Generate::Bash)));
+        assert!(
+            Cli::command()
+                .get_arguments()
+                .all(|a| a.get_id() != "generate")
+        );
+        assert!(
+            command()
+                .try_get_matches_from(["lockrun", "--generate", "bash", "x", "true"])
+                .is_err()
+        );
     }
 
     #[test]

@@ -33,12 +33,28 @@ fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
 /// Everything of lockrun(1) that is written rather than generated.
 const PAGE: &str = include_str!("lockrun.1.in");
 
+/// What the completions are made from: the command line, with `list`
+/// offered after `help` too (`lockrun help list` works, but clap's own
+/// `help` command lists names only, not aliases).
+fn completed() -> clap::Command {
+    let mut cmd = Cli::command();
+    cmd.build();
+    // mut_subcommands, not mut_subcommand: the commands keep their order.
+    cmd.mut_subcommands(|help| match help.get_name() {
+        "help" => help.mut_subcommands(|status| match status.get_name() {
+            "status" => status.visible_alias(crate::cli::LIST),
+            _ => status,
+        }),
+        _ => help,
+    })
+}
+
 pub fn generate(kind: Generate) -> Result<(), Failure> {
     use clap_complete::Shell;
-    let mut cmd = Cli::command();
+    let mut cmd = completed();
     let mut out = std::io::stdout().lock();
     let shell = match kind {
-        Generate::Man => return man_page(cmd, &mut out).exit_as(Class::Internal),
+        Generate::Man => return man_page(Cli::command(), &mut out).exit_as(Class::Internal),
         Generate::Bash => Shell::Bash,
         Generate::Zsh => Shell::Zsh,
         Generate::Fish => Shell::Fish,
