@@ -111,11 +111,11 @@ pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
         if !args.url_from_env {
             return f;
         }
-        // The engines speak of --url; the URL came from the environment.
-        let said = f.to_string();
-        match said.strip_prefix("invalid --url") {
+        // The engines refuse an address as "invalid --url"; this one came
+        // from the environment.
+        match f.to_string().strip_prefix("invalid --url") {
             Some(rest) => fail(f.class, format!("invalid LOCKRUN_URL{rest}")),
-            None => fail(f.class, format!("LOCKRUN_URL: {said}")),
+            None => f,
         }
     })?;
     address.check_prefix(&args.prefix)?;
