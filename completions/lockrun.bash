@@ -37,6 +37,9 @@ _lockrun() {
             lockrun__subcmd__help,help)
                 cmd="lockrun__subcmd__help__subcmd__help"
                 ;;
+            lockrun__subcmd__help,list)
+                cmd="lockrun__subcmd__help__subcmd__status"
+                ;;
             lockrun__subcmd__help,release)
                 cmd="lockrun__subcmd__help__subcmd__release"
                 ;;
@@ -50,7 +53,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --replicas --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --metrics-file --kill-after --min-hold --max-waiters --supersede --preempt --generate --help --version status list release doctor help"
+            opts="-u -v -q -c -t -n -w -x -s -E -h -V --url --tls-ca --replicas --prefix --verbose --quiet --command --ttl --nonblock --nb --no-wait --timeout --wait --exclusive --shared --limit --conflict-exit-code --label --metrics-file --kill-after --min-hold --max-waiters --supersede --preempt --help --version status list release doctor help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -136,10 +139,6 @@ _lockrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --generate)
-                    COMPREPLY=($(compgen -W "man bash zsh fish elvish powershell" -- "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -182,7 +181,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__help)
-            opts="status release doctor help"
+            opts="status list release doctor help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

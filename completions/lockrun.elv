@@ -18,8 +18,8 @@ set edit:completion:arg-completer[lockrun] = {|@words|
     }
     var completions = [
         &'lockrun'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*, zks://) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
@@ -38,7 +38,6 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --kill-after 'Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10)'
             cand --min-hold 'Keep the lock held at least DUR after it was granted, also once the job ended, counted on the engine''s clock: a crontab line on several hosts then runs once per window. A longer job releases at its end'
             cand --max-waiters 'Wait only while fewer than N requests of this name wait; otherwise give up at once with the conflict code (-E). --max-waiters 1 coalesces: the running job plus one queued run'
-            cand --generate 'Print a shell completion script or the man page to stdout'
             cand -v 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand -q 'Print only errors'
@@ -57,15 +56,15 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
             cand -V 'Print version'
             cand --version 'Print version'
-            cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted (read name by name, not as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
-            cand list 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted (read name by name, not as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
-            cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 64 on the local engine for anything but a --min-hold window, 69 backend unreachable'
-            cand doctor 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
+            cand status 'Show whether NAME is held; without NAME (or as `list`), every name'
+            cand list 'Show whether NAME is held; without NAME (or as `list`), every name'
+            cand release 'Break a lock (operators)'
+            cand doctor 'Check an engine before the first incident, read-only'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;status'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*, zks://) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
@@ -74,12 +73,12 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand -q 'Print only errors'
             cand --quiet 'Print only errors'
-            cand -h 'Print help'
-            cand --help 'Print help'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
         }
         &'lockrun;list'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*, zks://) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
@@ -88,13 +87,13 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand -q 'Print only errors'
             cand --quiet 'Print only errors'
-            cand -h 'Print help'
-            cand --help 'Print help'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
         }
         &'lockrun;release'= {
             cand --token 'Break only the holder with token T (default: every holder)'
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*, zks://) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
@@ -104,12 +103,12 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand -q 'Print only errors'
             cand --quiet 'Print only errors'
-            cand -h 'Print help'
-            cand --help 'Print help'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
         }
         &'lockrun;doctor'= {
-            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
-            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand -u 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
+            cand --url 'Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS), redis+sentinel://host[:port][,host...]/MASTER[/db], redis+cluster://host[:port][,host...] (rediss+sentinel://, rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...], etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or postgresql://, PG* variables as libpq reads them), mysql://[user[:pass]@]host[:port]/dbname (or mariadb://), zk://[user:pass@]host[:port][,host...][/chroot] (or zookeeper://), zks://... (TLS), or file:///dir. Default: a per-user directory on this machine'
             cand --tls-ca 'CA certificate file (PEM) to verify a TLS server (rediss://, etcds://, postgres:// with sslmode=require or verify-*, mysql:// with ssl-mode=REQUIRED or VERIFY_*, zks://) with'
             cand --replicas 'A grant or renewal counts only once N replicas acknowledged it (engines with replicas: Redis, also behind Sentinel)'
             cand --prefix 'Key namespace on the server'
@@ -117,16 +116,19 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --verbose 'Timestamped progress on stderr (-vv also shows every renewal)'
             cand -q 'Print only errors'
             cand --quiet 'Print only errors'
-            cand -h 'Print help'
-            cand --help 'Print help'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
         }
         &'lockrun;help'= {
-            cand status 'Show whether NAME is held: every holder (who, token, slot, mode, time left) and the number of waiters. Without NAME (or as `list`): every name under the prefix, one line each, sorted (read name by name, not as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free (none held), 69 backend unreachable'
-            cand release 'Break a lock (operators). By default the holder is revoked: its job is stopped at its next renewal and new grants wait until the old lease would have expired, so no two jobs overlap. Exit 0 broken, 1 not held (or token mismatch), 64 on the local engine for anything but a --min-hold window, 69 backend unreachable'
-            cand doctor 'Check an engine before the first incident: one line per check, ok, warn or fail, with what to do. Read-only: it runs nothing but reads and dry runs and creates nothing that outlives it (no key, no lock file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has its permissions checked by a read-only script, which stays in the script cache as lockrun''s own scripts do). Exit 0 all ok, 1 a warning, 69 unreachable or a check failed'
+            cand status 'Show whether NAME is held; without NAME (or as `list`), every name'
+            cand list 'Show whether NAME is held; without NAME (or as `list`), every name'
+            cand release 'Break a lock (operators)'
+            cand doctor 'Check an engine before the first incident, read-only'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;help;status'= {
+        }
+        &'lockrun;help;list'= {
         }
         &'lockrun;help;release'= {
         }

@@ -5,6 +5,9 @@ use std::ffi::OsString;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `status`'s other name, for the list of every name.
+pub const LIST: &str = "list";
+
 /// `--prefix` when none is given.
 pub const DEFAULT_PREFIX: &str = "lockrun:";
 
@@ -27,22 +30,37 @@ pub fn long_version() -> &'static str {
     })
 }
 
+/// `--help`'s description, with the URL schemes of every engine that has a
+/// server, from the scheme table.
+pub fn long_about() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let schemes: Vec<String> = crate::backend::ENGINES[1..]
+            .iter()
+            .flat_map(|engine| engine.schemes.iter().map(|s| format!("{s}://")))
+            .collect();
+        format!(
+            "Run a command while holding a named lease, so that only one copy runs at a time \
+             across many machines.\n\n\
+             Without --url, the lock is local to this machine (flock on a file). With a \
+             server's URL ({}), the lease lives there and is renewed while the job runs; the \
+             job is stopped before the lease could lapse. The job gets a fencing token in \
+             LOCKRUN_TOKEN that grows with every grant.\n\n\
+             To run a job under a lock named like a subcommand, put `--` before the name: \
+             `lockrun -- status -- ./job`.",
+            schemes.join(", ")
+        )
+    })
+}
+
 /// Run a command while holding a named lease, so that only one copy runs at a
 /// time across many machines.
-///
-/// Without --url, the lock is local to this machine (flock on a file). With a
-/// server's URL (redis://, rediss://, redis+sentinel://, redis+cluster://,
-/// etcd://, etcds://, postgres://, mysql://), the lease lives there and is renewed while the job
-/// runs; the job is stopped before the lease could lapse. The job gets a
-/// fencing token in LOCKRUN_TOKEN that grows with every grant.
-///
-/// To run a job under a lock named like a subcommand, put `--` before the name:
-/// `lockrun -- status -- ./job`.
 #[derive(Debug, Parser)]
 #[command(
     name = "lockrun",
     version,
     long_version = long_version(),
+    long_about = long_about(),
     subcommand_negates_reqs = true,
     override_usage = "lockrun [OPTIONS] <NAME> [--] <COMMAND> [ARGS]...\n       \
 lockrun [OPTIONS] <NAME> -c <SHELL_COMMAND>\n       \
@@ -61,9 +79,28 @@ pub struct Cli {
     #[command(flatten)]
     pub run: RunArgs,
 
-    /// Print a shell completion script or the man page to stdout.
-    #[arg(long, hide = true, value_name = "KIND", exclusive = true)]
+    /// `--generate KIND`: not part of this definition, which the completions
+    /// and the man page are made from, but added where lockrun parses (see
+    /// [`command`]).
+    #[arg(skip)]
     pub generate: Option<Generate>,
+}
+
+/// The command line lockrun parses: [`Cli`], and the packagers' hidden
+/// `--generate KIND`, which prints a shell completion script or the man
+/// page. It is added here rather than in `Cli` because clap_complete
+/// offers hidden options too: the completions are made from `Cli` alone.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().arg(
+        clap::Arg::new("generate")
+            .long("generate")
+            .hide(true)
+            .value_name("KIND")
+            .exclusive(true)
+            .value_parser(clap::value_parser!(Generate))
+            .help("Print a shell completion script or the man page to stdout"),
+    )
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -81,7 +118,8 @@ pub enum Generate {
 pub struct BackendArgs {
     /// Lock backend: redis://[user][:pass@]host[:port][/db], rediss://... (TLS),
     /// redis+sentinel://host[:port][,host...]/MASTER[/db],
-    /// redis+cluster://host[:port][,host...], etcd://[user:pass@]host[:port][,host...],
+    /// redis+cluster://host[:port][,host...] (rediss+sentinel://,
+    /// rediss+cluster://: TLS), etcd://[user:pass@]host[:port][,host...],
     /// etcds://... (TLS), postgres://[user[:pass]@]host[:port][/dbname] (or
     /// postgresql://, PG* variables as libpq reads them),
     /// mysql://[user[:pass]@]host[:port]/dbname (or mariadb://),
@@ -96,6 +134,10 @@ pub struct BackendArgs {
         hide_env_values = true
     )]
     pub url: Option<String>,
+
+    /// --url came from LOCKRUN_URL: a refusal names the variable.
+    #[arg(skip)]
+    pub url_from_env: bool,
 
     /// CA certificate file (PEM) to verify a TLS server (rediss://, etcds://,
     /// postgres:// with sslmode=require or verify-*, mysql:// with
@@ -115,7 +157,8 @@ pub struct BackendArgs {
         env = "LOCKRUN_REPLICAS",
         value_name = "N",
         default_value_t = 0,
-        global = true
+        global = true,
+        allow_negative_numbers = true
     )]
     pub replicas: u32,
 
@@ -179,7 +222,8 @@ pub struct RunArgs {
         long,
         env = "LOCKRUN_TTL",
         default_value = "30s",
-        value_name = "DUR"
+        value_name = "DUR",
+        allow_hyphen_values = true
     )]
     pub ttl: String,
 
@@ -189,7 +233,13 @@ pub struct RunArgs {
 
     /// Give up after waiting this long for the lock (default: wait forever);
     /// DUR may be a bare number of seconds, as flock's -w takes it.
-    #[arg(short, long, value_name = "DUR", visible_alias = "timeout")]
+    #[arg(
+        short,
+        long,
+        value_name = "DUR",
+        visible_alias = "timeout",
+        allow_hyphen_values = true
+    )]
     pub wait: Option<String>,
 
     /// An exclusive lock, the default (as flock's -x and -e).
@@ -203,12 +253,18 @@ pub struct RunArgs {
 
     /// Up to N holders at once (a counting semaphore); each job gets its
     /// place 0..N-1 in LOCKRUN_SLOT. Every user of the name must agree on N.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub limit: Option<String>,
 
     /// Exit code when the lock was not acquired: 0 to 255 but 76 (-E 0 skips
     /// quietly, as with flock -n -E 0 in a crontab).
-    #[arg(short = 'E', long, value_name = "N", default_value_t = crate::exit::NOT_ACQUIRED.to_string())]
+    #[arg(
+        short = 'E',
+        long,
+        value_name = "N",
+        default_value_t = crate::exit::NOT_ACQUIRED.to_string(),
+        allow_negative_numbers = true
+    )]
     pub conflict_exit_code: String,
 
     /// A note shown by `status` and in waiting messages beside host:pid
@@ -224,7 +280,7 @@ pub struct RunArgs {
     #[arg(long, env = "LOCKRUN_METRICS_FILE", value_name = "PATH")]
     pub metrics_file: Option<std::path::PathBuf>,
     /// Grace between SIGTERM and SIGKILL when the job must stop (default: ttl/10).
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub kill_after: Option<String>,
 
     /// Keep the lock held at least DUR after it was granted, also once the
@@ -236,7 +292,12 @@ pub struct RunArgs {
     /// Wait only while fewer than N requests of this name wait; otherwise
     /// give up at once with the conflict code (-E). --max-waiters 1
     /// coalesces: the running job plus one queued run.
-    #[arg(long, env = "LOCKRUN_MAX_WAITERS", value_name = "N")]
+    #[arg(
+        long,
+        env = "LOCKRUN_MAX_WAITERS",
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
     pub max_waiters: Option<String>,
 
     /// --max-waiters came from LOCKRUN_MAX_WAITERS: a default for every run,
@@ -259,12 +320,16 @@ pub struct RunArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
-    /// Show whether NAME is held: every holder (who, token, slot, mode, time
-    /// left) and the number of waiters. Without NAME (or as `list`): every
-    /// name under the prefix, one line each, sorted (read name by name, not
-    /// as a snapshot, except on PostgreSQL). Exit 0 held (any held), 1 free
-    /// (none held), 69 backend unreachable.
-    #[command(visible_alias = "list")]
+    /// Show whether NAME is held; without NAME (or as `list`), every name.
+    ///
+    /// With NAME: every holder (who, token, slot, mode, time left) and the
+    /// number of waiters. Without NAME (or as `list`): every name under the
+    /// prefix, one line each, sorted; read name by name, not as one
+    /// snapshot, except on PostgreSQL, MySQL and MariaDB (one statement).
+    #[command(
+        visible_alias = LIST,
+        after_help = crate::exit::command_help(&[&crate::exit::STATUS_CODES, &crate::exit::LIST_CODES])
+    )]
     Status {
         /// Print one JSON object (without NAME: an array of them) instead of text.
         #[arg(long)]
@@ -272,11 +337,12 @@ pub enum OperatorCommand {
         /// Name of the lock (default: every name).
         name: Option<String>,
     },
-    /// Break a lock (operators). By default the holder is revoked: its job is
-    /// stopped at its next renewal and new grants wait until the old lease would
-    /// have expired, so no two jobs overlap.
-    /// Exit 0 broken, 1 not held (or token mismatch), 64 on the local engine
-    /// for anything but a --min-hold window, 69 backend unreachable.
+    /// Break a lock (operators).
+    ///
+    /// By default the holder is revoked: its job is stopped at its next
+    /// renewal and new grants wait until the old lease would have expired,
+    /// so no two jobs overlap.
+    #[command(after_help = crate::exit::command_help(&[&crate::exit::RELEASE_CODES]))]
     Release {
         /// Required: breaking a lock someone holds is deliberate.
         #[arg(long)]
@@ -291,13 +357,15 @@ pub enum OperatorCommand {
         /// Name of the lock.
         name: String,
     },
-    /// Check an engine before the first incident: one line per check, ok,
-    /// warn or fail, with what to do. Read-only: it runs nothing but reads
-    /// and dry runs and creates nothing that outlives it (no key, no lock
-    /// file, no directory, no table or schema; on Redis, a user that may not run ACL DRYRUN has
-    /// its permissions checked by a read-only script, which stays in the
-    /// script cache as lockrun's own scripts do). Exit 0 all ok, 1 a
-    /// warning, 69 unreachable or a check failed.
+    /// Check an engine before the first incident, read-only.
+    ///
+    /// One line per check, ok, warn or fail, with what to do. Read-only: it
+    /// runs nothing but reads and dry runs and creates nothing that outlives
+    /// it (no key, no lock file, no directory, no table or schema; on Redis,
+    /// a user that may not run ACL DRYRUN has its permissions checked by a
+    /// read-only script, which stays in the script cache as lockrun's own
+    /// scripts do).
+    #[command(after_help = crate::exit::command_help(&[&crate::exit::DOCTOR_CODES]))]
     Doctor {},
 }
 
@@ -390,6 +458,7 @@ mod tests {
     #[test]
     fn definition_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
     }
 
     /// `--version` names every engine of the scheme table, each with all
@@ -410,6 +479,23 @@ mod tests {
 
     fn parse(args: &[&str]) -> Cli {
         Cli::try_parse_from(args).unwrap()
+    }
+
+    #[test]
+    fn generate_is_parsed_but_not_in_the_definition() {
+        let m = command().try_get_matches_from(["lockrun", "--generate", "bash"]);
+        let kind = m.unwrap().get_one::<Generate>("generate").copied();
+        assert!(matches!(kind, Some(Generate::Bash)));
+        assert!(
+            Cli::command()
+                .get_arguments()
+                .all(|a| a.get_id() != "generate")
+        );
+        assert!(
+            command()
+                .try_get_matches_from(["lockrun", "--generate", "bash", "x", "true"])
+                .is_err()
+        );
     }
 
     #[test]

@@ -63,21 +63,35 @@ pub fn parse_duration(what: &str, s: &str, max: Duration) -> Result<Duration, Fa
         // f64 keeps far more than the bound needs; a number too large for a
         // Duration is past every bound, and said so below.
         t.parse::<f64>()
-            .map_err(|_| format!("{t} is not a number of seconds"))
             .map(|secs| Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+            .map_err(|_| "not a duration".to_string())
+    } else if t
+        .strip_prefix('-')
+        .is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit() || c == '.'))
+    {
+        Err("a duration cannot be negative".to_string())
     } else {
-        humantime::parse_duration(t).map_err(|e| e.to_string())
+        // humantime's own words ("expected number at 0") name its parser's
+        // state, not what the user should write.
+        match humantime::parse_duration(t) {
+            Ok(d) => Ok(d),
+            Err(humantime::DurationError::NumberOverflow) => Ok(Duration::MAX),
+            Err(humantime::DurationError::UnknownUnit { unit, .. }) => {
+                Err(format!("unknown unit {unit:?}"))
+            }
+            Err(_) => Err("not a duration".to_string()),
+        }
     };
-    let d = parsed.map_err(|e| {
+    let d = parsed.map_err(|why| {
         usage(format!(
-            "invalid {what} {s:?}: {e}; expected a duration such as 500ms, 30s, 2m, \"1h 30m\" \
-             or a number of seconds such as 10 or 0.5"
+            "invalid {what} {s:?}: {why} (examples: 500ms, 30s, 5m, \"1h 30m\", 2d; \
+             a bare number is seconds, 10 or 0.5)"
         ))
     })?;
     if d > max {
         return Err(usage(format!(
             "invalid {what} {s:?}: longer than the limit of {}",
-            humantime::format_duration(max)
+            crate::text::duration(max)
         )));
     }
     Ok(d)
@@ -92,7 +106,18 @@ pub fn common(args: &BackendArgs) -> Result<Common, Failure> {
         replicas_from_env: args.replicas_from_env,
         prefix_from_env: args.prefix_from_env,
     };
-    let address = crate::backend::address(url, &opts)?;
+    let address = crate::backend::address(url, &opts).map_err(|e| {
+        let f = Failure::from(e);
+        if !args.url_from_env {
+            return f;
+        }
+        // The engines refuse an address as "invalid --url"; this one came
+        // from the environment.
+        match f.to_string().strip_prefix("invalid --url") {
+            Some(rest) => fail(f.class, format!("invalid LOCKRUN_URL{rest}")),
+            None => f,
+        }
+    })?;
     address.check_prefix(&args.prefix)?;
     let verbosity = if args.quiet { 0 } else { 1 + args.verbose };
     Ok(Common {
@@ -409,7 +434,7 @@ mod tests {
         ] {
             let e = parse_duration("--ttl", s, max).unwrap_err();
             assert_eq!(e.class, Class::Usage, "{s}");
-            let bound = format!("limit of {}", humantime::format_duration(max));
+            let bound = format!("limit of {}", crate::text::duration(max));
             assert!(e.to_string().contains(&bound), "{s}: {e}");
         }
         assert!(parse_duration("--ttl", "7days", MAX_TTL).is_ok());

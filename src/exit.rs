@@ -129,6 +129,109 @@ pub fn help_summary() -> String {
     )
 }
 
+/// The exit codes of one operator command: the single source of its
+/// `--help`, of the sentence closing its entry in lockrun(1)'s COMMANDS and
+/// of its line in README (a test holds README to it).
+pub struct Codes {
+    /// The command as the documents write it.
+    pub form: &'static str,
+    /// Each code with a few words; markdown's `code` for options.
+    pub codes: &'static [(u8, &'static str)],
+}
+
+pub const STATUS_CODES: Codes = Codes {
+    form: "status NAME",
+    codes: &[
+        (STATUS_HELD, "held"),
+        (STATUS_FREE, "free"),
+        (USAGE, "usage"),
+        (UNAVAILABLE, "unreachable"),
+    ],
+};
+
+pub const LIST_CODES: Codes = Codes {
+    form: "list",
+    codes: &[
+        (STATUS_HELD, "any name held"),
+        (STATUS_FREE, "none held"),
+        (USAGE, "usage"),
+        (UNAVAILABLE, "unreachable"),
+    ],
+};
+
+pub const RELEASE_CODES: Codes = Codes {
+    form: "release --force NAME",
+    codes: &[
+        (0, "broken"),
+        (STATUS_FREE, "not held, already revoked or token mismatch"),
+        (
+            USAGE,
+            "usage, or on the local engine anything but a `--min-hold` window",
+        ),
+        (UNAVAILABLE, "unreachable"),
+    ],
+};
+
+pub const DOCTOR_CODES: Codes = Codes {
+    form: "doctor",
+    codes: &[
+        (0, "all ok"),
+        (DOCTOR_WARNED, "a warning"),
+        (USAGE, "usage"),
+        (UNAVAILABLE, "unreachable or a check failed"),
+    ],
+};
+
+/// Every operator command's codes, in the order the documents give them.
+pub const COMMAND_CODES: [&Codes; 4] = [&STATUS_CODES, &LIST_CODES, &RELEASE_CODES, &DOCTOR_CODES];
+
+impl Codes {
+    /// `0 held; 1 free; …`, with markdown's backquotes.
+    fn list(&self) -> String {
+        let codes: Vec<String> = self
+            .codes
+            .iter()
+            .map(|(code, meaning)| format!("{code} {meaning}"))
+            .collect();
+        codes.join("; ")
+    }
+
+    /// As `--help` shows it: plain text.
+    pub fn plain(&self) -> String {
+        self.list().replace('`', "")
+    }
+
+    /// The sentence closing the command's entry in lockrun(1), in roff.
+    pub fn roff(&self) -> String {
+        format!("Exit {}.\n", roff_text(&self.list()))
+    }
+
+    /// The written page's placeholder for [`Codes::roff`]: `@CODES_LIST@`.
+    pub fn placeholder(&self) -> String {
+        let word = self.form.split(' ').next().unwrap_or_default();
+        format!("@CODES_{}@\n", word.to_ascii_uppercase())
+    }
+}
+
+/// `--help`'s closing lines: the codes of each form of a command.
+pub fn command_help(codes: &[&Codes]) -> String {
+    let lines: Vec<String> = codes
+        .iter()
+        .map(|c| format!("Exit codes of {}: {}.", c.form, c.plain()))
+        .collect();
+    lines.join("\n")
+}
+
+/// README's lines for the operator commands.
+#[cfg(test)]
+pub fn commands_markdown() -> String {
+    let mut out = String::new();
+    for c in COMMAND_CODES {
+        out.push_str(&format!("- `lockrun {}`: {}\n", c.form, c.list()));
+    }
+    out
+}
+
 /// The table as README shows it.
 #[cfg(test)]
 pub fn markdown() -> String {
@@ -293,6 +396,17 @@ mod tests {
             readme.contains(&markdown()),
             "README's exit code table differs from exit::TABLE; it should read:\n{}",
             markdown()
+        );
+    }
+
+    #[test]
+    fn readme_gives_each_commands_codes() {
+        let readme = include_str!("../README.md");
+        assert!(
+            readme.contains(&commands_markdown()),
+            "README's exit codes of the commands differ from exit::COMMAND_CODES; they \
+             should read:\n{}",
+            commands_markdown()
         );
     }
 

@@ -78,9 +78,11 @@ fn lockrun() -> u8 {
 
 /// Parse the command line, noting which settings came from the environment.
 fn parse() -> Result<cli::Cli, clap::Error> {
-    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
-    let matches = cli::Cli::command().try_get_matches()?;
+    use clap::{FromArgMatches, parser::ValueSource};
+    let matches = cli::command().try_get_matches()?;
     let mut cli = cli::Cli::from_arg_matches(&matches)?;
+    cli.generate = matches.get_one::<cli::Generate>("generate").copied();
+    cli.backend.url_from_env = matches.value_source("url") == Some(ValueSource::EnvVariable);
     cli.backend.tls_ca_from_env = matches.value_source("tls_ca") == Some(ValueSource::EnvVariable);
     cli.backend.replicas_from_env =
         matches.value_source("replicas") == Some(ValueSource::EnvVariable);

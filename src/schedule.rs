@@ -56,14 +56,14 @@ impl Timing {
         }
         let min = Timing::min_ttl(kill_after);
         let grace = match kill_after {
-            Some(g) => format!("--kill-after {}", humantime::format_duration(g)),
+            Some(g) => format!("--kill-after {}", crate::text::duration(g)),
             None => "the default --kill-after of ttl/10".to_string(),
         };
         Err(format!(
             "--ttl {} is too short to renew and stop the job in time with {grace}; \
              the smallest ttl that works is {}",
-            humantime::format_duration(ttl),
-            humantime::format_duration(min)
+            crate::text::duration(ttl),
+            crate::text::duration(min)
         ))
     }
 
@@ -167,10 +167,7 @@ mod tests {
         let min = Timing::min_ttl(None);
         assert!(Timing::new(min, None).is_ok());
         let e = Timing::new(min - ms(1), None).unwrap_err();
-        assert!(
-            e.contains(&humantime::format_duration(min).to_string()),
-            "{e}"
-        );
+        assert!(e.contains(&crate::text::duration(min).to_string()), "{e}");
         assert!(Timing::new(Duration::ZERO, None).is_err());
         // A long grace needs a long ttl.
         assert!(Timing::new(Duration::from_secs(10), Some(Duration::from_secs(8))).is_err());

@@ -3,6 +3,7 @@
 //! nothing that hides itself or changes how the rest looks.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 /// Characters that change how text looks without showing themselves:
 /// Unicode's default-ignorable code points (bidirectional controls,
@@ -38,6 +39,35 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A duration as a user writes it to lockrun (`7d`, `1h 30m`, `500ms`): the
+/// units `--ttl` and `--wait` take, days the largest but for a whole number
+/// of years (`1y`, as humantime counts it: 365.25 days).
+pub fn duration(d: Duration) -> String {
+    const YEAR: u64 = 31_557_600;
+    let (secs, nanos) = (d.as_secs(), u64::from(d.subsec_nanos()));
+    if secs == 0 && nanos == 0 {
+        return "0s".to_string();
+    }
+    if nanos == 0 && secs % YEAR == 0 {
+        return format!("{}y", secs / YEAR);
+    }
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+        (nanos / 1_000_000, "ms"),
+        (nanos / 1000 % 1000, "us"),
+        (nanos % 1000, "ns"),
+    ];
+    let shown: Vec<String> = parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect();
+    shown.join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +95,23 @@ mod tests {
             assert_ne!(printable(&s), s, "U+{:04X}", c as u32);
         }
         assert_eq!(printable("naïve 日本 ✓"), "naïve 日本 ✓");
+    }
+
+    #[test]
+    fn durations_read_as_they_are_written() {
+        let ms = Duration::from_millis;
+        let s = Duration::from_secs;
+        assert_eq!(duration(Duration::ZERO), "0s");
+        assert_eq!(duration(ms(500)), "500ms");
+        assert_eq!(duration(s(30)), "30s");
+        assert_eq!(duration(s(5400)), "1h 30m");
+        assert_eq!(duration(s(7 * 86_400)), "7d");
+        assert_eq!(duration(s(40 * 86_400 + 1)), "40d 1s");
+        assert_eq!(duration(s(31_557_600)), "1y");
+        assert_eq!(duration(Duration::new(1, 2_003_004)), "1s 2ms 3us 4ns");
+        // What is shown parses back to the same duration.
+        for d in [ms(134), s(7 * 86_400), s(31_557_600), s(90_061), ms(61_001)] {
+            assert_eq!(humantime::parse_duration(&duration(d)).unwrap(), d);
+        }
     }
 }

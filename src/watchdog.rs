@@ -310,7 +310,7 @@ fn renew_loop(
             },
             Attempt::Abandoned => format!(
                 "no answer within {}",
-                humantime::format_duration(Duration::from_millis(limit.as_millis() as u64))
+                crate::text::duration(Duration::from_millis(limit.as_millis() as u64))
             ),
         };
         failures += 1;

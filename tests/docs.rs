@@ -175,6 +175,146 @@ fn variables(text: &str) -> BTreeSet<String> {
     found
 }
 
+/// A page as the words it shows: roff's dashes, quotes and font changes
+/// resolved, lines joined (a request line keeps its words).
+fn page_words(file: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let src = std::fs::read_to_string(path).unwrap();
+    let lines: Vec<&str> = src
+        .lines()
+        .map(|l| match l.strip_prefix('.') {
+            Some(request) => request.split_once(' ').map_or("", |(_, words)| words),
+            None => l,
+        })
+        .collect();
+    let mut text = lines.join(" ");
+    for (roff, shown) in [
+        ("\\-", "-"),
+        ("\\(aq", "'"),
+        ("\\fB", ""),
+        ("\\fI", ""),
+        ("\\fR", ""),
+        ("\"", ""),
+    ] {
+        text = text.replace(roff, shown);
+    }
+    text
+}
+
+/// What `lockrun ARGS --help` prints.
+fn help(args: &[&str]) -> String {
+    let out = run(lockrun().args(args).arg("--help"));
+    assert_eq!(out.status.code(), Some(0), "{args:?}");
+    text(&out.stdout)
+}
+
+/// Every URL scheme `--version` lists (each engine's line after its name).
+fn schemes() -> Vec<String> {
+    let out = run(lockrun().arg("--version"));
+    let schemes: Vec<String> = text(&out.stdout)
+        .lines()
+        .skip(2)
+        .flat_map(|l| l.split_whitespace().skip(1).map(str::to_string))
+        .filter(|w| w.ends_with("://"))
+        .collect();
+    assert!(schemes.len() > 10, "{schemes:?}");
+    schemes
+}
+
+/// `--help`'s description and its --url, and the pages, name every scheme
+/// lockrun takes.
+#[test]
+fn help_and_pages_name_every_url_scheme() {
+    let top = help(&[]);
+    let (description, rest) = top.split_once("Usage:").unwrap();
+    let url = rest
+        .split_once("--url <URL>")
+        .unwrap()
+        .1
+        .split("\n  -")
+        .next()
+        .unwrap();
+    let engines = page_words("man/lockrun-engines.7");
+    for scheme in schemes() {
+        if scheme != "file://" {
+            assert!(
+                description.contains(&scheme),
+                "--help's description lacks {scheme}:\n{description}"
+            );
+        }
+        assert!(url.contains(&scheme), "--url's help lacks {scheme}:\n{url}");
+        assert!(
+            engines.contains(&scheme),
+            "lockrun-engines(7) lacks {scheme}"
+        );
+    }
+}
+
+/// The engines `status --help` says list in one snapshot are those
+/// lockrun(1) says list in one statement.
+#[test]
+fn status_help_and_the_page_agree_on_snapshots() {
+    let engines = |list: &str| -> BTreeSet<String> {
+        list.replace(" and ", ", ")
+            .split(", ")
+            .map(|e| e.trim().to_string())
+            .collect()
+    };
+    let help = help(&["status"])
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let said = help
+        .split_once("not as one snapshot, except on ")
+        .and_then(|(_, rest)| rest.split_once(" (one statement)"))
+        .unwrap_or_else(|| {
+            panic!("status --help no longer says which engines list in one snapshot:\n{help}")
+        })
+        .0;
+    let page = page_words("man/lockrun.1");
+    let written = page
+        .split_once(" every name with a row, read in one statement")
+        .and_then(|(before, _)| before.rsplit_once(" on "))
+        .unwrap_or_else(|| panic!("lockrun(1) no longer says which engines list in one statement"))
+        .1;
+    assert_eq!(
+        engines(said),
+        engines(written),
+        "status --help and lockrun(1) name different engines as listing in one snapshot"
+    );
+}
+
+/// Each command's `--help` gives the exit codes lockrun(1) gives it.
+#[test]
+fn each_commands_help_gives_the_pages_exit_codes() {
+    let page = page_words("man/lockrun.1");
+    for (args, forms) in [
+        (&["status"][..], &["status NAME", "list"][..]),
+        (&["list"], &["status NAME", "list"]),
+        (&["release"], &["release --force NAME"]),
+        (&["doctor"], &["doctor"]),
+    ] {
+        let help = help(args).split_whitespace().collect::<Vec<_>>().join(" ");
+        for form in forms {
+            let lead = format!("Exit codes of {form}: ");
+            let codes = help
+                .split_once(&lead)
+                .and_then(|(_, rest)| rest.split_once(". "))
+                .or_else(|| {
+                    help.split_once(&lead)
+                        .map(|(_, rest)| (rest.trim_end_matches('.'), ""))
+                })
+                .unwrap_or_else(|| panic!("{args:?} --help gives no {lead:?}:\n{help}"))
+                .0;
+            assert!(codes.contains("; 69 "), "{args:?}: {codes}");
+            assert!(
+                page.contains(&format!("Exit {codes}.")),
+                "lockrun(1) does not give {form}'s codes as --help does: {codes}"
+            );
+        }
+    }
+}
+
 /// lockrun-engines(7) as plain text: roff's dashes and quotes resolved.
 fn engines_page() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("man/lockrun-engines.7");

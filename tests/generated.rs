@@ -129,3 +129,75 @@ fn every_page_is_clean_groff() {
         assert!(main.contains(section), "lockrun.1: no {section}");
     }
 }
+
+/// What the committed bash completion offers for `lockrun WORDS…` (the
+/// last word is the one being completed), run in a real bash.
+fn bash_offers(words: &[&str]) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("completions/lockrun.bash");
+    let out = std::process::Command::new("bash")
+        .args(["--norc", "--noprofile", "-c"])
+        .arg(
+            r#"source "$0" || exit 9
+            COMP_WORDS=(lockrun "$@")
+            COMP_CWORD=$#
+            COMP_LINE="${COMP_WORDS[*]}"
+            COMP_POINT=${#COMP_LINE}
+            _lockrun lockrun "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+            printf '%s\n' "${COMPREPLY[@]}""#,
+        )
+        .arg(&script)
+        .args(words)
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{words:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// The bash completion offers what lockrun takes and shows in --help: not
+/// the packagers' hidden --generate, and after `help` every command,
+/// `list` too.
+#[test]
+fn bash_completion_offers_the_commands_and_visible_options() {
+    let help = text(&run(lockrun().arg("--help")).stdout);
+    let options = bash_offers(&["--"]);
+    for want in ["--ttl", "--wait", "--url", "--min-hold", "--nb", "--help"] {
+        assert!(options.iter().any(|o| o == want), "{want}: {options:?}");
+    }
+    for option in &options {
+        assert!(
+            help.contains(option.as_str()),
+            "`lockrun --<TAB>` offers {option}, which --help does not show"
+        );
+    }
+    let first = bash_offers(&[""]);
+    let commands: Vec<String> = first.into_iter().filter(|w| !w.starts_with('-')).collect();
+    assert_eq!(
+        commands,
+        ["status", "list", "release", "doctor", "help"],
+        "`lockrun <TAB>`"
+    );
+    assert_eq!(bash_offers(&["help", ""]), commands, "`lockrun help <TAB>`");
+    assert_eq!(
+        bash_offers(&["help", "l"]),
+        ["list"],
+        "`lockrun help l<TAB>`"
+    );
+    // What follows `help list` is completed as after `help status`.
+    assert_eq!(
+        bash_offers(&["help", "list", ""]),
+        bash_offers(&["help", "status", ""])
+    );
+    // No shell is offered the hidden flag.
+    for (kind, file) in FILES.iter().skip(1) {
+        let body =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+        assert!(
+            !body.contains("generate"),
+            "{kind}: {file} offers --generate"
+        );
+    }
+}

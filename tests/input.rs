@@ -209,3 +209,74 @@ fn a_secret_in_a_query_or_a_lone_user_is_never_echoed() {
         }
     }
 }
+
+/// A refused duration or URL says what lockrun expects in the words a user
+/// writes: no parser's state, no option the user did not give, and a bound
+/// written as one would write it.
+#[test]
+fn refusals_speak_the_users_words() {
+    let scratch = Scratch::new();
+    let local = scratch.file_url();
+    // A negative wait is a bad wait, not an unknown option.
+    for wait in ["-5", "-5s", "-0.5"] {
+        on(&local)
+            .args(["-w", wait, "x", "--", "true"])
+            .code(64)
+            .says(&["--wait", "cannot be negative", "30s"]);
+    }
+    on(&local)
+        .args(["--ttl", "-5s", "x", "true"])
+        .code(64)
+        .says(&["--ttl", "cannot be negative"]);
+    on(&local)
+        .args(["-E", "-1", "x", "true"])
+        .code(64)
+        .says(&["-E \"-1\"", "0 to 255"]);
+    // A word where a duration goes: what is expected, with examples.
+    let ran = on(&local)
+        .args(["--ttl", "abc", "x", "true"])
+        .code(64)
+        .says(&["--ttl \"abc\": not a duration", "30s", "5m"]);
+    assert!(
+        !ran.stderr().contains("expected number"),
+        "{}",
+        ran.stderr()
+    );
+    on(&local)
+        .args(["--ttl", "5x", "x", "true"])
+        .code(64)
+        .says(&["unknown unit \"x\""]);
+    // Bounds and times left as one writes them: 7d, 1y, 2d 23h.
+    on(&local)
+        .args(["--ttl", "8d", "x", "true"])
+        .code(64)
+        .says(&["limit of 7d"]);
+    on(&local)
+        .args(["--wait", "2y", "x", "true"])
+        .code(64)
+        .says(&["limit of 1y"]);
+    on(&local)
+        .args(["--min-hold", "3d", "x", "true"])
+        .succeeds();
+    let shown = on(&local).args(["status", "x"]).succeeds().stdout();
+    assert!(shown.contains("(2d 23h 59m"), "{shown}");
+    assert!(!shown.contains("days"), "{shown}");
+    assert!(!scratch.exists("ran"));
+}
+
+/// A URL that came from LOCKRUN_URL is refused naming the variable: the
+/// user gave no --url to look for.
+#[test]
+fn a_bad_lockrun_url_names_the_variable() {
+    for args in [vec!["x", "true"], vec!["status", "x"], vec!["doctor"]] {
+        let ran = run(lockrun().env("LOCKRUN_URL", "bogus://h").args(&args));
+        let err = text(&ran.stderr);
+        assert_eq!(ran.status.code(), Some(64), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains("invalid LOCKRUN_URL"), "{args:?}: {err}");
+        assert!(!err.contains("--url"), "{args:?}: {err}");
+    }
+    // Given on the command line, it is still --url's.
+    let ran = run(lockrun().args(["--url", "bogus://h", "x", "true"]));
+    assert!(text(&ran.stderr).contains("invalid --url"));
+}

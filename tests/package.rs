@@ -1,6 +1,7 @@
 //! The Debian package (`cargo deb`, metadata in Cargo.toml) holds the binary
-//! under test, every man page, the completions and the README, where
-//! Debian's tools look for them. The binary is packaged as built for the
+//! under test, every man page, the completions, the README, the changelog
+//! and the copyright, where Debian's tools look for them, and lintian finds
+//! nothing wrong with it. The binary is packaged as built for the
 //! tests, never built again: the release build takes minutes.
 
 use std::collections::BTreeSet;
@@ -52,9 +53,11 @@ fn ok(out: Output, what: &str) -> String {
 /// Package the binary under test with `cargo deb --no-build`. cargo-deb
 /// takes the release binary from `$CARGO_TARGET_DIR/release/`, so that
 /// directory is a scratch one holding a link to the binary under test
-/// (no build, and parallel runs never share it). Returns the .deb and the
+/// (no build, and parallel runs never share it). With `strip`, cargo-deb
+/// strips a copy of it, as `cargo deb` does for a user; without, the
+/// package holds the binary under test itself. Returns the .deb and the
 /// directory holding it.
-fn build_deb() -> (PathBuf, tempfile::TempDir) {
+fn build_deb(strip: bool) -> (PathBuf, tempfile::TempDir) {
     let version = tool(
         Command::new(env!("CARGO")).args(["deb", "--version"]),
         "cargo install cargo-deb --locked",
@@ -78,7 +81,8 @@ fn build_deb() -> (PathBuf, tempfile::TempDir) {
     ok(
         tool(
             Command::new(env!("CARGO"))
-                .args(["deb", "--no-build", "--no-strip", "--no-dbgsym"])
+                .args(["deb", "--no-build", "--no-dbgsym"])
+                .arg(if strip { "--strip" } else { "--no-strip" })
                 .args(["--no-separate-debug-symbols", "--fast", "--output"])
                 .arg(out_dir.path())
                 .arg("--manifest-path")
@@ -151,7 +155,7 @@ fn render(page: &Path) -> String {
 
 #[test]
 fn the_debian_package_installs_the_binary_man_pages_and_completions() {
-    let (deb, _out_dir) = build_deb();
+    let (deb, _out_dir) = build_deb(false);
 
     // The control fields.
     let fields = dpkg_deb(&["-f"], &deb);
@@ -165,6 +169,10 @@ fn the_debian_package_installs_the_binary_man_pages_and_completions() {
         assert!(fields.contains(want), "no {want:?} in\n{fields}");
     }
     assert!(fields.contains("Depends: libc6"), "{fields}");
+    assert!(
+        fields.contains("Maintainer: lockrun developers <lockrun@example.org>\n"),
+        "{fields}"
+    );
 
     // Exactly these files, nothing else.
     let listing = dpkg_deb(&["-c"], &deb);
@@ -180,7 +188,9 @@ fn the_debian_package_installs_the_binary_man_pages_and_completions() {
     let mut want: BTreeSet<String> = [
         "usr/bin/lockrun",
         "usr/share/doc/lockrun/README.md",
+        "usr/share/doc/lockrun/changelog.Debian.gz",
         "usr/share/doc/lockrun/copyright",
+        "usr/share/lintian/overrides/lockrun",
     ]
     .into_iter()
     .map(String::from)
@@ -234,8 +244,84 @@ fn the_debian_package_installs_the_binary_man_pages_and_completions() {
             "{to} differs from {from}"
         );
     }
-    let copyright = std::fs::read_to_string(dest.join("usr/share/doc/lockrun/copyright")).unwrap();
-    assert!(copyright.contains("License: MIT"), "{copyright}");
+
+    // The copyright file as written, and its notice and license text those
+    // of LICENSE.
+    let doc = dest.join("usr/share/doc/lockrun");
+    let copyright = std::fs::read_to_string(doc.join("copyright")).unwrap();
+    assert_eq!(
+        copyright,
+        std::fs::read_to_string(root().join("tests/debian/copyright")).unwrap()
+    );
+    let license = std::fs::read_to_string(root().join("LICENSE")).unwrap();
+    let notice = license
+        .lines()
+        .find_map(|l| l.strip_prefix("Copyright (c) "))
+        .expect("LICENSE has a copyright notice");
+    assert!(
+        copyright.contains(&format!("\nCopyright: {notice}\n")),
+        "the copyright file's notice is not LICENSE's ({notice}):\n{copyright}"
+    );
+    let terms = license
+        .split_once("Permission is hereby granted")
+        .expect("LICENSE is the MIT license")
+        .1;
+    let indented: Vec<String> = format!("Permission is hereby granted{terms}")
+        .trim_end()
+        .lines()
+        .map(|l| {
+            if l.is_empty() {
+                " .".into()
+            } else {
+                format!(" {l}")
+            }
+        })
+        .collect();
+    assert!(
+        copyright.contains(&format!("License: Expat\n{}\n", indented.join("\n"))),
+        "the copyright file's license text is not LICENSE's:\n{copyright}"
+    );
+
+    // The changelog, gzipped, as written, its latest entry this version.
+    let changelog = ok(
+        tool(
+            Command::new("gzip")
+                .arg("-dc")
+                .arg(doc.join("changelog.Debian.gz")),
+            "apt-get install -y gzip",
+        ),
+        "gzip -dc changelog.Debian.gz",
+    );
+    assert_eq!(
+        changelog,
+        std::fs::read_to_string(root().join("tests/debian/changelog")).unwrap()
+    );
+    let latest = format!("lockrun ({}-1) ", env!("CARGO_PKG_VERSION"));
+    assert!(
+        changelog.starts_with(&latest),
+        "tests/debian/changelog has no entry for this version ({latest}); add one:\n{changelog}"
+    );
+
+    // lintian, Debian's own check, finds no error and no warning in the
+    // package as `cargo deb` makes it, its binary stripped.
+    let (stripped, _stripped_dir) = build_deb(true);
+    let out = tool(
+        Command::new("lintian")
+            .args(["--fail-on", "error,warning", "--tag-display-limit", "0"])
+            .arg(&stripped),
+        "apt-get install -y lintian",
+    );
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    let tags: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with("E: ") || l.starts_with("W: "))
+        .collect();
+    assert!(
+        out.status.success() && tags.is_empty(),
+        "lintian {}: {}\n{said}",
+        stripped.display(),
+        out.status
+    );
 }
 
 /// `--version` is the version, then every engine with its URL schemes;

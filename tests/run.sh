@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
 # need (redis-server, etcd, postgresql, pgbouncer, alembic, openssl, perl,
-# bash, util-linux, man-db, Python's prometheus_client, zookeeper (with a Java
-# runtime), mariadb-server, mariadb-client, cargo-deb) when it is missing,
-# then run `cargo test` with any arguments given.
+# bash, util-linux, man-db, lintian, Python's prometheus_client, zookeeper
+# (with a Java runtime), mariadb-server, mariadb-client, cargo-deb) when it is
+# missing, then run `cargo test` with any arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +18,8 @@ command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 command -v groff >/dev/null 2>&1 || missing+=(groff-base)
 # The Debian package's man pages are read back with man -l.
 command -v man >/dev/null 2>&1 || missing+=(man-db)
+# The Debian package is checked with lintian, which must find nothing.
+command -v lintian >/dev/null 2>&1 || missing+=(lintian)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 # The metrics file is read back with a real Prometheus text parser.

@@ -72,7 +72,7 @@ fn millis(d: Option<Duration>) -> serde_json::Value {
 
 fn human(d: Duration) -> String {
     // Whole milliseconds read better than nanoseconds at 3 a.m.
-    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+    crate::text::duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
 /// No lease of our own: the default ttl's bound on one request will do.

@@ -184,7 +184,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
         )),
         Err(e) => log::alert(format!(
             "{e}; the lease expires on its own within {}",
-            humantime::format_duration(cfg.timing.ttl)
+            crate::text::duration(cfg.timing.ttl)
         )),
     }
     Ok(match outcome.end {

@@ -57,7 +57,7 @@ const SAMPLES: usize = 5;
 
 /// A duration as the doctor shows it: to the microsecond.
 pub fn shown(d: Duration) -> String {
-    humantime::format_duration(Duration::from_micros(d.as_micros() as u64)).to_string()
+    crate::text::duration(Duration::from_micros(d.as_micros() as u64)).to_string()
 }
 
 /// What the timed round trips found.

@@ -128,9 +128,9 @@ impl EngineInfo {
         if ttl < self.ttl_min {
             return Err(Error::Request(format!(
                 "--ttl {} is below the {} engine's smallest lease of {}",
-                humantime::format_duration(asked),
+                crate::text::duration(asked),
                 self.name,
-                humantime::format_duration(self.ttl_min)
+                crate::text::duration(self.ttl_min)
             )));
         }
         Ok(ttl)

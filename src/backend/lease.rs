@@ -236,7 +236,7 @@ impl Releaser {
         self.done.recv_timeout(limit).unwrap_or_else(|_| {
             Err(Error::Transient(format!(
                 "{doing}: no answer within {}",
-                humantime::format_duration(limit)
+                crate::text::duration(limit)
             )))
         })
     }

@@ -66,7 +66,7 @@ pub fn bounded<T: Send + 'static>(
     rx.recv_timeout(limit).unwrap_or_else(|_| {
         Err(Error::Transient(format!(
             "{doing}: no answer within {}",
-            humantime::format_duration(limit)
+            crate::text::duration(limit)
         )))
     })
 }

@@ -183,8 +183,8 @@ impl Policy {
              leaves, so on a lost lease some could outlive it; use --ttl {} or more",
             self.found,
             self.kill_cost,
-            humantime::format_duration(self.timing.ttl),
-            humantime::format_duration(self.timing.ttl_for_kill(self.kill_cost)),
+            crate::text::duration(self.timing.ttl),
+            crate::text::duration(self.timing.ttl_for_kill(self.kill_cost)),
         )))
     }
 

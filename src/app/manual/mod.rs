@@ -11,30 +11,50 @@ use crate::exit::{Class, Failure, ResultExt};
 
 /// lockrun(1): the written page, with the synopsis and options rendered
 /// from the command line's definition (as clap shows them in `--help`) and
-/// the exit status from its table, so neither can drift from the binary.
+/// the exit status and each command's exit codes from their tables, so
+/// none can drift from the binary.
 fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
     let man = clap_mangen::Man::new(cmd);
     let mut synopsis = Vec::new();
     man.render_synopsis_section(&mut synopsis)?;
     let mut options = Vec::new();
     man.render_options_section(&mut options)?;
-    let page = PAGE
+    let mut page = PAGE
         .replace("@VERSION@", env!("CARGO_PKG_VERSION"))
         .replace("@SYNOPSIS@\n", &String::from_utf8_lossy(&synopsis))
         .replace("@OPTIONS@\n", &String::from_utf8_lossy(&options))
         .replace("@EXIT_STATUS@\n", &crate::exit::roff());
+    for codes in crate::exit::COMMAND_CODES {
+        page = page.replace(&codes.placeholder(), &codes.roff());
+    }
     out.write_all(page.as_bytes())
 }
 
 /// Everything of lockrun(1) that is written rather than generated.
 const PAGE: &str = include_str!("lockrun.1.in");
 
+/// What the completions are made from: the command line, with `list`
+/// offered after `help` too (`lockrun help list` works, but clap's own
+/// `help` command lists names only, not aliases).
+fn completed() -> clap::Command {
+    let mut cmd = Cli::command();
+    cmd.build();
+    // mut_subcommands, not mut_subcommand: the commands keep their order.
+    cmd.mut_subcommands(|help| match help.get_name() {
+        "help" => help.mut_subcommands(|status| match status.get_name() {
+            "status" => status.visible_alias(crate::cli::LIST),
+            _ => status,
+        }),
+        _ => help,
+    })
+}
+
 pub fn generate(kind: Generate) -> Result<(), Failure> {
     use clap_complete::Shell;
-    let mut cmd = Cli::command();
+    let mut cmd = completed();
     let mut out = std::io::stdout().lock();
     let shell = match kind {
-        Generate::Man => return man_page(cmd, &mut out).exit_as(Class::Internal),
+        Generate::Man => return man_page(Cli::command(), &mut out).exit_as(Class::Internal),
         Generate::Bash => Shell::Bash,
         Generate::Zsh => Shell::Zsh,
         Generate::Fish => Shell::Fish,
@@ -43,4 +63,23 @@ pub fn generate(kind: Generate) -> Result<(), Failure> {
     };
     clap_complete::generate(shell, &mut cmd, "lockrun", &mut out);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every placeholder of the written page is filled in.
+    #[test]
+    fn no_placeholder_is_left() {
+        let mut page = Vec::new();
+        man_page(Cli::command(), &mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        let left: Vec<&str> = page
+            .lines()
+            .filter(|l| l.len() > 2 && l.starts_with('@') && l.ends_with('@'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(!page.contains("@VERSION@"));
+    }
 }

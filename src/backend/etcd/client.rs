@@ -309,7 +309,7 @@ impl Client {
         Err(Error::Transient(format!(
             "no answer from etcd at {} within {}",
             self.setup.display,
-            humantime::format_duration(Duration::from_millis(self.op.as_millis() as u64))
+            crate::text::duration(Duration::from_millis(self.op.as_millis() as u64))
         )))
     }
 

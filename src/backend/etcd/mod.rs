@@ -411,7 +411,7 @@ impl EtcdHeld {
         log::info(format!(
             "released {}; kept by --min-hold for {}",
             self.name,
-            humantime::format_duration(Duration::from_secs(secs))
+            crate::text::duration(Duration::from_secs(secs))
         ));
         Ok(true)
     }

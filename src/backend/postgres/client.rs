@@ -242,7 +242,7 @@ impl Client {
                 return Err(Error::Transient(format!(
                     "no answer from PostgreSQL at {} within {}",
                     url.display,
-                    humantime::format_duration(Duration::from_millis(self.op.as_millis() as u64))
+                    crate::text::duration(Duration::from_millis(self.op.as_millis() as u64))
                 )));
             }
         };

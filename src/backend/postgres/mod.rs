@@ -342,7 +342,7 @@ impl Held for PgHeld {
             log::info(format!(
                 "released {}; kept by --min-hold until {} after its grant",
                 r.name,
-                humantime::format_duration(self.min_hold.unwrap_or_default())
+                crate::text::duration(self.min_hold.unwrap_or_default())
             ));
         } else {
             log::info(format!("released {}", r.name));

@@ -331,7 +331,7 @@ impl Sentinels {
                     "only {answered} of the {n} sentinels answered{}: a majority ({majority}) \
                      must name the master of {}{failed}",
                     if silent {
-                        format!(" within {}", humantime::format_duration(timeout))
+                        format!(" within {}", crate::text::duration(timeout))
                     } else {
                         String::new()
                     },

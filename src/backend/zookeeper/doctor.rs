@@ -144,7 +144,7 @@ fn session_bounds(url: &ZkUrl, how: &Opening) -> Check {
         (Ok(s), Ok(l)) => (s, l),
         (Err(c), _) | (_, Err(c)) => return c,
     };
-    let f = humantime::format_duration;
+    let f = crate::text::duration;
     let bounds = format!(
         "the server grants sessions of {} to {} (minSessionTimeout, maxSessionTimeout): \
          a --ttl in that range is the session timeout",

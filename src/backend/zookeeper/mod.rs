@@ -547,7 +547,7 @@ impl ZkHeld {
                 log::info(format!(
                     "released {}; kept by --min-hold for {}",
                     self.name,
-                    humantime::format_duration(Duration::from_millis(ms))
+                    crate::text::duration(Duration::from_millis(ms))
                 ));
                 Ok(true)
             }

@@ -155,10 +155,10 @@ impl Zk {
             return Err(Error::Request(format!(
                 "--ttl {} is longer than the longest session {} grants ({}, its \
                  maxSessionTimeout): use --ttl {} or less, or raise maxSessionTimeout",
-                humantime::format_duration(ttl),
+                crate::text::duration(ttl),
                 self.url.display,
-                humantime::format_duration(client.timeout),
-                humantime::format_duration(client.timeout),
+                crate::text::duration(client.timeout),
+                crate::text::duration(client.timeout),
             )));
         }
         let mut taking = Taking {
