@@ -53,6 +53,10 @@ logl("start", now());
 my $child = fork() // die;
 if ($child) { waitpid($child, 0); logl("end", now()); exit($? >> 8); }
 open(my $g, '>', "$dir/grandchild-$w") or die; print $g "$$\n"; close $g;
+# The fence's lock while this process holds it. A swarm started then must
+# not keep it: a process forked with it shares the lock, and this one, its
+# next write waiting for it, would never end.
+my $held;
 # SIGUSR1 (the chaos thread's "swarm"): thousands of processes that ignore
 # SIGTERM, in groups and sessions of their own, two per group logging ticks
 # until they are killed: none may tick once the next holder has started.
@@ -62,6 +66,9 @@ $SIG{USR1} = sub {
   for my $j (1 .. 4) {
     my $p = fork() // next;
     next if $p;
+    # Closing our copy leaves the lock to this job's writer (LOCK_UN
+    # would take it from the writer too).
+    close($held) if $held;
     if ($j % 2) { require POSIX; POSIX::setsid() } else { setpgrp(0, 0) }
     for my $k (1 .. $n / 4) {
       my $c = fork() // last;
@@ -79,7 +86,12 @@ for (1 .. $writes) {
     sleep(0.02 + rand(0.04));
     next;
   }
-  open(my $l, '>>', "$fence.lock") or die; flock($l, LOCK_EX) or die;
+  open(my $l, '>>', "$fence.lock") or die;
+  # Set before the lock is taken and cleared after it is let go: a swarm
+  # starting at any point in between does not keep it.
+  $held = $l;
+  # A swarm's signal may come while this waits for the lock: wait on.
+  until (flock($l, LOCK_EX)) { die "flock: $!" unless $!{EINTR} }
   my $last = 0;
   if (open(my $r, '<', $fence)) { $last = <$r> // 0; chomp $last; close $r; }
   $last = 0 if $last eq '';
@@ -90,6 +102,7 @@ for (1 .. $writes) {
     logl("reject", now());
   }
   close $l;
+  undef $held;
   sleep(0.02 + rand(0.04));
 }
 "#;
@@ -1400,6 +1413,77 @@ fn torture(servers: Servers, url: String, proxy: Option<Proxy>, secs: u64) {
         history.jobs.len() >= 10,
         "too few grants to mean anything: {summary}"
     );
+}
+
+/// Whether `pid` holds a flock on the file with inode `inode` (/proc/locks).
+fn holds_flock(pid: i32, inode: u64) -> bool {
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks.lines().filter(|l| !l.contains("->")).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 5
+            && f[1] == "FLOCK"
+            && f[4] == pid.to_string()
+            && f[5].rsplit(':').next() == Some(&inode.to_string())
+    })
+}
+
+/// The chaos thread's swarm may start while the job's writer holds the
+/// fence's lock. Its processes must not keep that lock: the writer's next
+/// write would wait for them, and they for the job's end, so the job and
+/// its lockrun would never end. Caught in the act: the writer is stopped
+/// until it holds the lock, then told to swarm.
+#[test]
+fn a_swarm_started_inside_a_fenced_write_leaves_the_fence_to_the_writer() {
+    use std::os::unix::fs::MetadataExt;
+    let scratch = Scratch::new();
+    std::fs::write(scratch.path("job.pl"), JOB).unwrap();
+    // The fence of name f, with no slot.
+    let lock = scratch.path("fence-f--.lock");
+    std::fs::write(&lock, "").unwrap();
+    let inode = std::fs::metadata(&lock).unwrap().ino();
+    let mut child = lockrun()
+        .args(["--url", &scratch.file_url(), "f", "--", "perl"])
+        .arg(scratch.path("job.pl"))
+        .arg(scratch.dir.path())
+        .args(["40", "f"])
+        .env("WORKER", "0")
+        .env("MODE", "x")
+        .env("SWARM", "40")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let writer = scratch.pid_in("grandchild-0");
+    let mut caught = false;
+    let start = Instant::now();
+    while !caught && start.elapsed() < Duration::from_secs(20) && alive(writer) {
+        signal(writer, libc::SIGSTOP);
+        caught = holds_flock(writer, inode);
+        if caught {
+            signal(writer, libc::SIGUSR1);
+        }
+        signal(writer, libc::SIGCONT);
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    assert!(caught, "the writer was never seen holding the fence's lock");
+    let Some(st) = wait_within(&mut child, Duration::from_secs(30)) else {
+        let wchan = proc_text(format!("/proc/{writer}/wchan"));
+        let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+        let on_fence: Vec<&str> = locks
+            .lines()
+            .filter(|l| l.contains(&format!(":{inode} ")))
+            .collect();
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "lockrun did not finish within 30 s: the writer {writer} waits in {wchan}; \
+             the fence's locks: {on_fence:?}"
+        );
+    };
+    assert_eq!(st.code(), Some(0), "{st:?}");
+    let events = scratch.read("events.log");
+    let accepted = events.lines().filter(|l| l.starts_with("accept")).count();
+    assert_eq!(accepted, 40, "{accepted} writes accepted of 40");
 }
 
 #[test]
