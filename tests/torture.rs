@@ -53,6 +53,10 @@ logl("start", now());
 my $child = fork() // die;
 if ($child) { waitpid($child, 0); logl("end", now()); exit($? >> 8); }
 open(my $g, '>', "$dir/grandchild-$w") or die; print $g "$$\n"; close $g;
+# The fence's lock while this process holds it. A swarm started then must
+# not keep it: a process forked with it shares the lock, and this one, its
+# next write waiting for it, would never end.
+my $held;
 # SIGUSR1 (the chaos thread's "swarm"): thousands of processes that ignore
 # SIGTERM, in groups and sessions of their own, two per group logging ticks
 # until they are killed: none may tick once the next holder has started.
@@ -62,6 +66,9 @@ $SIG{USR1} = sub {
   for my $j (1 .. 4) {
     my $p = fork() // next;
     next if $p;
+    # Closing our copy leaves the lock to this job's writer (LOCK_UN
+    # would take it from the writer too).
+    close($held) if $held;
     if ($j % 2) { require POSIX; POSIX::setsid() } else { setpgrp(0, 0) }
     for my $k (1 .. $n / 4) {
       my $c = fork() // last;
@@ -79,7 +86,12 @@ for (1 .. $writes) {
     sleep(0.02 + rand(0.04));
     next;
   }
-  open(my $l, '>>', "$fence.lock") or die; flock($l, LOCK_EX) or die;
+  open(my $l, '>>', "$fence.lock") or die;
+  # Set before the lock is taken and cleared after it is let go: a swarm
+  # starting at any point in between does not keep it.
+  $held = $l;
+  # A swarm's signal may come while this waits for the lock: wait on.
+  until (flock($l, LOCK_EX)) { die "flock: $!" unless $!{EINTR} }
   my $last = 0;
   if (open(my $r, '<', $fence)) { $last = <$r> // 0; chomp $last; close $r; }
   $last = 0 if $last eq '';
@@ -90,6 +102,7 @@ for (1 .. $writes) {
     logl("reject", now());
   }
   close $l;
+  undef $held;
   sleep(0.02 + rand(0.04));
 }
 "#;
@@ -192,7 +205,7 @@ struct Shared {
     exits: Mutex<HashMap<i32, u64>>,
 }
 
-fn worker(i: usize, sh: Arc<Shared>, seed: u64) {
+fn worker(i: usize, sh: Arc<Shared>, servers: Arc<Servers>, seed: u64) {
     let job = sh.dir.join("job.pl");
     let pidfile = sh.dir.join(format!("pid-{i}"));
     let grandfile = sh.dir.join(format!("grandchild-{i}"));
@@ -230,6 +243,11 @@ fn worker(i: usize, sh: Arc<Shared>, seed: u64) {
         if mode == "s" {
             cmd.arg("-s");
         }
+        // Every line lockrun has (-vv: each step and renewal) goes to the
+        // worker's log; what one run wrote starts at this offset.
+        let stderr_log = sh.dir.join(format!("stderr-{i}.log"));
+        let offset = std::fs::metadata(&stderr_log).map_or(0, |m| m.len());
+        let started = now_us();
         let mut child = cmd
             .args(flags)
             .args([
@@ -237,7 +255,7 @@ fn worker(i: usize, sh: Arc<Shared>, seed: u64) {
                 &sh.url,
                 "--ttl",
                 &format!("{TTL_MS}ms"),
-                "-q",
+                "-vv",
                 name,
                 "--",
                 "perl",
@@ -253,13 +271,31 @@ fn worker(i: usize, sh: Arc<Shared>, seed: u64) {
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(sh.dir.join(format!("stderr-{i}.log")))
+                    .open(&stderr_log)
                     .unwrap(),
             )
             .spawn()
             .unwrap();
-        sh.lockrun_pid[i].store(child.id() as i32, Ordering::SeqCst);
-        let st = wait_child(&mut child, Duration::from_secs(120));
+        let pid = child.id() as i32;
+        sh.lockrun_pid[i].store(pid, Ordering::SeqCst);
+        let Some(st) = wait_within(&mut child, STUCK_AFTER) else {
+            // Every wait of lockrun's is bounded by its op time or the
+            // ttl: one still running is stuck. Say where, then end it.
+            let what = stuck(pid, &stderr_log, offset, &sh, &servers, name);
+            let _ = child.kill();
+            let _ = child.wait();
+            sh.lockrun_pid[i].store(0, Ordering::SeqCst);
+            sh.violations.lock().unwrap().push(format!(
+                "worker {i}: lockrun {pid} (-{mode} on {name}{}, started at {started}) did not \
+                 finish within {STUCK_AFTER:?}\n{what}",
+                if limited {
+                    ", under a descriptor limit"
+                } else {
+                    ""
+                }
+            ));
+            return;
+        };
         sh.lockrun_pid[i].store(0, Ordering::SeqCst);
         use std::os::unix::process::ExitStatusExt;
         // -9: the chaos thread killed this lockrun outright.
@@ -306,6 +342,229 @@ fn running_job(sh: &Shared, rng: &mut Rng) -> Option<(usize, i32, i32)> {
     })
 }
 
+/// How long one lockrun may run: its job takes a fraction of a second, and
+/// every wait of lockrun's is bounded by its op time, the ttl or the time
+/// its place in the queue lasts, so one still running after this is stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(120);
+
+/// The child's exit status, or None if it still runs after `limit`.
+fn wait_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A file under /proc, NULs as spaces, or why it could not be read.
+fn proc_text(path: impl AsRef<Path>) -> String {
+    match std::fs::read(path.as_ref()) {
+        Ok(b) => String::from_utf8_lossy(&b)
+            .replace('\0', " ")
+            .trim_end()
+            .to_string(),
+        Err(e) => format!("({e})"),
+    }
+}
+
+/// The fields of /proc/PID/stat after the command's name: state, ppid,
+/// process group, session, ...
+fn stat_fields(pid: i32) -> Vec<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    s.rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// One process in a line: its state, wchan, group, session and command.
+fn process_line(pid: i32) -> String {
+    let f = stat_fields(pid);
+    let at = |k: usize| f.get(k).map_or("?", String::as_str);
+    let mut cmdline = proc_text(format!("/proc/{pid}/cmdline"));
+    cmdline.truncate(160);
+    format!(
+        "pid {pid} ppid {} pgrp {} sid {} state {} wchan {} comm {} cmd {cmdline}",
+        at(1),
+        at(2),
+        at(3),
+        at(0),
+        proc_text(format!("/proc/{pid}/wchan")),
+        proc_text(format!("/proc/{pid}/comm")),
+    )
+}
+
+/// Every thread of `pid`: its name, state, wchan and kernel stack.
+fn threads_of(pid: i32) -> String {
+    let mut out = String::new();
+    let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect();
+    tids.sort();
+    for tid in tids {
+        let t = format!("/proc/{pid}/task/{tid}");
+        let stat = std::fs::read_to_string(format!("{t}/stat")).unwrap_or_default();
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        let state = state.split_whitespace().next().unwrap_or("?");
+        out += &format!(
+            "  thread {tid} {} state {state} wchan {}\n",
+            proc_text(format!("{t}/comm")),
+            proc_text(format!("{t}/wchan")),
+        );
+        for frame in proc_text(format!("{t}/stack")).lines() {
+            out += &format!("    {frame}\n");
+        }
+    }
+    out
+}
+
+/// Every descendant of `root`, parents before children.
+fn descendants(root: i32) -> Vec<i32> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Some(ppid) = stat_fields(pid).get(1).and_then(|p| p.parse().ok()) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = Vec::new();
+    let mut next = vec![root];
+    while let Some(p) = next.pop() {
+        for &c in children.get(&p).into_iter().flatten() {
+            out.push(c);
+            next.push(c);
+        }
+    }
+    out
+}
+
+/// The TCP sockets `pid` has open: local and remote address, state and
+/// queues, as /proc/net/tcp says (hex).
+fn sockets_of(pid: i32) -> (String, Vec<u16>) {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let l = std::fs::read_link(e.path()).ok()?;
+            let l = l.to_string_lossy();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut out = String::new();
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        for line in proc_text(format!("/proc/{pid}/net/{table}"))
+            .lines()
+            .skip(1)
+        {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9 && inodes.iter().any(|i| i == f[9]) {
+                let port = f[1].rsplit(':').next().unwrap_or("0");
+                ports.extend(u16::from_str_radix(port, 16).ok());
+                out += &format!(
+                    "  {table} local {} remote {} state {} queues {}\n",
+                    f[1], f[2], f[3], f[4]
+                );
+            }
+        }
+    }
+    (out, ports)
+}
+
+/// Userspace stacks of every thread, when gdb is there to take them.
+fn backtraces(pid: i32) -> String {
+    let child = Command::new("gdb")
+        .args(["-p", &pid.to_string(), "-batch", "-nx"])
+        .args(["-ex", "thread apply all bt 30"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return "(no gdb)".into();
+    };
+    if wait_within(&mut child, Duration::from_secs(30)).is_none() {
+        let _ = child.kill();
+    }
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        use std::io::Read;
+        let _ = o.read_to_string(&mut out);
+    }
+    let _ = child.wait();
+    out.lines()
+        .filter(|l| l.starts_with("Thread") || l.starts_with('#'))
+        .map(|l| format!("  {}\n", l.chars().take(240).collect::<String>()))
+        .collect()
+}
+
+/// What a stuck lockrun was doing: what it wrote, its threads (state,
+/// wchan, kernel and user stacks), its sockets, its children (the guard,
+/// the job and what the job forked) and the server's view of the name.
+fn stuck(pid: i32, log: &Path, offset: u64, sh: &Shared, servers: &Servers, name: &str) -> String {
+    let mut out = String::new();
+    let written = std::fs::read(log).unwrap_or_default();
+    let written = String::from_utf8_lossy(&written[(offset as usize).min(written.len())..]);
+    // The end of it, where it stopped.
+    let lines: Vec<&str> = written.lines().collect();
+    let from = lines.len().saturating_sub(200);
+    out += &format!(
+        "its stderr ({} lines, the last {}):\n",
+        lines.len(),
+        lines.len() - from
+    );
+    for l in &lines[from..] {
+        out += &format!("  {l}\n");
+    }
+    out += &format!("lockrun: {}\n", process_line(pid));
+    out += &threads_of(pid);
+    let (sockets, ports) = sockets_of(pid);
+    out += &format!("its TCP sockets:\n{sockets}");
+    let family = descendants(pid);
+    out += &format!("its descendants ({}):\n", family.len());
+    for &p in family.iter().take(12) {
+        out += &format!("  {}\n", process_line(p));
+    }
+    if family.len() > 12 {
+        let mut states: HashMap<String, usize> = HashMap::new();
+        for &p in &family[12..] {
+            let key = format!(
+                "{} {}",
+                proc_text(format!("/proc/{p}/comm")),
+                stat_fields(p).first().map_or("?", String::as_str)
+            );
+            *states.entry(key).or_default() += 1;
+        }
+        out += &format!("  and more, by command and state: {states:?}\n");
+    }
+    for &p in family.iter().take(2) {
+        out += &format!("threads of {p}:\n{}", threads_of(p));
+    }
+    out += &format!(
+        "the server's view of {name}:\n{}",
+        servers.view(&sh.url, name, &ports)
+    );
+    // Last: attaching takes a while, and stops it for as long.
+    out += &format!("its threads in userspace:\n{}", backtraces(pid));
+    out
+}
+
 /// The servers the workers use: one Redis, or a master and a replica
 /// behind sentinels.
 enum Servers {
@@ -318,6 +577,90 @@ enum Servers {
 }
 
 impl Servers {
+    /// What the server says of `name`, for a stuck lockrun's report
+    /// (`ports`: its connections' local ports). On PostgreSQL: the name's
+    /// rows, lockrun's connections and the advisory locks; elsewhere
+    /// `lockrun status --json`.
+    fn view(&self, url: &str, name: &str, ports: &[u16]) -> String {
+        let Servers::Postgres(pg) = self else {
+            let child = lockrun()
+                .args(["--url", url, "status", "--json", name])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn();
+            let Ok(mut child) = child else {
+                return "  (status did not start)\n".into();
+            };
+            if wait_within(&mut child, Duration::from_secs(20)).is_none() {
+                let _ = child.kill();
+            }
+            return match child.wait_with_output() {
+                Ok(o) => format!("  status: {} {}\n", text(&o.stdout), text(&o.stderr)),
+                Err(e) => format!("  status: {e}\n"),
+            };
+        };
+        let pg = pg.lock().unwrap();
+        let mine = if ports.is_empty() {
+            "false".to_string()
+        } else {
+            format!(
+                "client_port IN ({})",
+                ports
+                    .iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        };
+        let queries = [
+            (
+                "leases (slot|label|token|mode|lim|revoked|left|age)",
+                format!(
+                    "SELECT slot, label, token, mode, lim, revoked, \
+                     expires_at - clock_timestamp(), clock_timestamp() - granted_at \
+                     FROM lockrun.lockrun_leases WHERE name = '{name}' ORDER BY slot"
+                ),
+            ),
+            (
+                "waiters (seq|label|mode|lim|left)",
+                format!(
+                    "SELECT seq, label, mode, lim, expires_at - clock_timestamp() \
+                     FROM lockrun.lockrun_waiters WHERE name = '{name}' ORDER BY seq"
+                ),
+            ),
+            (
+                "lockrun's connections (this lockrun's|pid|port|state|wait event|since \
+                 connect|in transaction for|in state for|query)",
+                format!(
+                    "SELECT {mine}, pid, client_port, state, wait_event_type || ':' || wait_event, \
+                     now() - backend_start, now() - xact_start, now() - state_change, \
+                     left(regexp_replace(query, '\\s+', ' ', 'g'), 160) \
+                     FROM pg_stat_activity WHERE application_name = 'lockrun' \
+                     ORDER BY 1 DESC, client_port"
+                ),
+            ),
+            (
+                "advisory locks (pid|granted|key)",
+                "SELECT pid, granted, (classid::bigint << 32) | objid::bigint FROM pg_locks \
+                 WHERE locktype = 'advisory' ORDER BY granted DESC, pid"
+                    .to_string(),
+            ),
+        ];
+        let mut out = String::new();
+        for (what, sql) in queries {
+            out += &format!("  {what}:\n");
+            match pg.try_sql(&sql) {
+                Some(rows) => {
+                    for r in rows.lines() {
+                        out += &format!("    {r}\n");
+                    }
+                }
+                None => out += "    (the query failed)\n",
+            }
+        }
+        out
+    }
+
     /// A connection to the node that holds the leases now.
     /// Delete the lease of `name` behind lockrun's back.
     fn delete(&self, name: &str) {
@@ -983,7 +1326,8 @@ fn torture(servers: Servers, url: String, proxy: Option<Proxy>, secs: u64) {
     let handles: Vec<_> = (0..workers)
         .map(|i| {
             let sh = Arc::clone(&sh);
-            std::thread::spawn(move || worker(i, sh, seed))
+            let servers = Arc::clone(&servers);
+            std::thread::spawn(move || worker(i, sh, servers, seed))
         })
         .collect();
     let chaos_log = {
@@ -1058,10 +1402,6 @@ fn torture(servers: Servers, url: String, proxy: Option<Proxy>, secs: u64) {
     for trouble in sh.setup.lock().unwrap().iter() {
         println!("torture: servers: {trouble}");
     }
-    assert!(
-        history.jobs.len() >= 10,
-        "too few grants to mean anything: {summary}"
-    );
     let timeline: Vec<String> = chaos_log.iter().map(describe).collect();
     assert!(
         bad.is_empty(),
@@ -1069,6 +1409,81 @@ fn torture(servers: Servers, url: String, proxy: Option<Proxy>, secs: u64) {
         bad.join("\n"),
         timeline.join("\n")
     );
+    assert!(
+        history.jobs.len() >= 10,
+        "too few grants to mean anything: {summary}"
+    );
+}
+
+/// Whether `pid` holds a flock on the file with inode `inode` (/proc/locks).
+fn holds_flock(pid: i32, inode: u64) -> bool {
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks.lines().filter(|l| !l.contains("->")).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 5
+            && f[1] == "FLOCK"
+            && f[4] == pid.to_string()
+            && f[5].rsplit(':').next() == Some(&inode.to_string())
+    })
+}
+
+/// The chaos thread's swarm may start while the job's writer holds the
+/// fence's lock. Its processes must not keep that lock: the writer's next
+/// write would wait for them, and they for the job's end, so the job and
+/// its lockrun would never end. Caught in the act: the writer is stopped
+/// until it holds the lock, then told to swarm.
+#[test]
+fn a_swarm_started_inside_a_fenced_write_leaves_the_fence_to_the_writer() {
+    use std::os::unix::fs::MetadataExt;
+    let scratch = Scratch::new();
+    std::fs::write(scratch.path("job.pl"), JOB).unwrap();
+    // The fence of name f, with no slot.
+    let lock = scratch.path("fence-f--.lock");
+    std::fs::write(&lock, "").unwrap();
+    let inode = std::fs::metadata(&lock).unwrap().ino();
+    let mut child = lockrun()
+        .args(["--url", &scratch.file_url(), "f", "--", "perl"])
+        .arg(scratch.path("job.pl"))
+        .arg(scratch.dir.path())
+        .args(["40", "f"])
+        .env("WORKER", "0")
+        .env("MODE", "x")
+        .env("SWARM", "40")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let writer = scratch.pid_in("grandchild-0");
+    let mut caught = false;
+    let start = Instant::now();
+    while !caught && start.elapsed() < Duration::from_secs(20) && alive(writer) {
+        signal(writer, libc::SIGSTOP);
+        caught = holds_flock(writer, inode);
+        if caught {
+            signal(writer, libc::SIGUSR1);
+        }
+        signal(writer, libc::SIGCONT);
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    assert!(caught, "the writer was never seen holding the fence's lock");
+    let Some(st) = wait_within(&mut child, Duration::from_secs(30)) else {
+        let wchan = proc_text(format!("/proc/{writer}/wchan"));
+        let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+        let on_fence: Vec<&str> = locks
+            .lines()
+            .filter(|l| l.contains(&format!(":{inode} ")))
+            .collect();
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "lockrun did not finish within 30 s: the writer {writer} waits in {wchan}; \
+             the fence's locks: {on_fence:?}"
+        );
+    };
+    assert_eq!(st.code(), Some(0), "{st:?}");
+    let events = scratch.read("events.log");
+    let accepted = events.lines().filter(|l| l.starts_with("accept")).count();
+    assert_eq!(accepted, 40, "{accepted} writes accepted of 40");
 }
 
 #[test]

@@ -280,7 +280,7 @@ impl Postgres {
         )
     }
 
-    fn try_sql(&self, sql: &str) -> Option<String> {
+    pub fn try_sql(&self, sql: &str) -> Option<String> {
         let out = Command::new(bin("psql"))
             .arg("-h")
             .arg(self.dir.path())
