@@ -13,7 +13,7 @@
 //! schedule lockrun would have kept. A pause of lockrun alone never lets its
 //! job outlive the lease.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use rustix::event::{PollFd, PollFlags, poll};
@@ -117,15 +117,16 @@ impl Order {
     }
 }
 
-/// lockrun's end of the guard's orders. Writes never block: one message is
-/// far below PIPE_BUF (written whole or not at all, whichever thread
-/// writes), and a guard that stopped reading cannot act on it anyway.
+/// lockrun's end of the guard's orders. Writes never block, and each
+/// message is one record of the socket, written whole or not at all,
+/// whichever thread writes; a guard that stopped reading cannot act on it
+/// anyway.
 #[derive(Clone)]
 pub struct Orders(std::sync::Arc<OwnedFd>);
 
 impl Orders {
     fn send(&self, o: Order) {
-        let _ = rustix::io::write(&*self.0, &o.encode());
+        let _ = rustix::net::send(&*self.0, &o.encode(), rustix::net::SendFlags::NOSIGNAL);
     }
     pub fn deadline(&self, at: Boot) {
         self.send(Order::Deadline(at));
@@ -153,7 +154,9 @@ pub struct Watch {
 pub struct Guard {
     pub pid: i32,
     pub orders: Orders,
-    reports: std::fs::File,
+    /// lockrun's end of the one socket it shares with the guard: reports
+    /// come in, orders go out (one descriptor, for lockrun at its limit).
+    line: std::sync::Arc<OwnedFd>,
     /// Bytes read but not yet handed out (whole messages are handed out in order).
     partial: Vec<u8>,
 }
@@ -163,11 +166,11 @@ impl Guard {
     /// of this process without its other threads: it takes no lock but
     /// malloc's (see `sys::fork`).
     pub fn start(job: &mut Prepared, dumpable: bool, watch: Watch) -> std::io::Result<Guard> {
-        let (rep_rx, rep_tx) = rustix::pipe::pipe_with(
-            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
-        )?;
-        let (ord_rx, ord_tx) = rustix::pipe::pipe_with(
-            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        let (ours, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+            None,
         )?;
         // The guard runs with every signal blocked: the terminal's keys and
         // lockrun's forwarding are for the job, never for the guard.
@@ -176,8 +179,7 @@ impl Guard {
         let forked = sys::fork();
         match forked {
             Ok(sys::Forked::Child) => {
-                drop(rep_rx);
-                drop(ord_tx);
+                drop(ours);
                 // lockrun itself is never dumpable. The guard is, unless
                 // lockrun holds a password: it keeps the local lock's
                 // descriptor for as long as the job runs, and a request that
@@ -187,16 +189,16 @@ impl Guard {
                 if dumpable {
                     sys::set_dumpable(true);
                 }
-                guard_main(job, lockrun, rep_tx, ord_rx, watch)
+                guard_main(job, lockrun, theirs, watch)
             }
             Ok(sys::Forked::Parent(pid)) => {
                 sys::set_mask(&mask);
-                drop(rep_tx);
-                drop(ord_rx);
+                drop(theirs);
+                let line = std::sync::Arc::new(ours);
                 Ok(Guard {
                     pid,
-                    orders: Orders(std::sync::Arc::new(ord_tx)),
-                    reports: std::fs::File::from(rep_rx),
+                    orders: Orders(std::sync::Arc::clone(&line)),
+                    line,
                     partial: Vec::new(),
                 })
             }
@@ -208,7 +210,7 @@ impl Guard {
     }
 
     pub fn reports_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.reports.as_fd()
+        self.line.as_fd()
     }
 
     /// Reports that arrived, without blocking. `closed` becomes true once the
@@ -216,13 +218,13 @@ impl Guard {
     pub fn read(&mut self, closed: &mut bool) -> Vec<Report> {
         let mut buf = [0u8; 64];
         loop {
-            match self.reports.read(&mut buf) {
+            match rustix::io::read(&*self.line, &mut buf) {
                 Ok(0) => {
                     *closed = true;
                     break;
                 }
                 Ok(n) => self.partial.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => break,
             }
         }
@@ -242,7 +244,7 @@ impl Guard {
         self.partial = bytes;
     }
 
-    /// Block until the guard is reaped (its reports pipe has closed, so it is
+    /// Block until the guard is reaped (its end of the line has closed, so it is
     /// exiting). True when it ended on its own after the last process of the job.
     pub fn reap(&self) -> bool {
         loop {
@@ -256,8 +258,8 @@ impl Guard {
 }
 
 fn send(out: &mut std::fs::File, r: Report) {
-    // One message is far below PIPE_BUF, so it is written whole or not at all.
-    let _ = out.write_all(&r.encode());
+    // One record of the socket: written whole or not at all.
+    let _ = rustix::net::send(&*out, &r.encode(), rustix::net::SendFlags::NOSIGNAL);
 }
 
 fn job_end(st: WaitStatus) -> Option<JobEnd> {
@@ -282,23 +284,23 @@ struct Holding {
     lockrun_stops: bool,
     /// The guard took over: the processes it told to stop so far.
     took_over: Option<HashSet<i32>>,
-    /// lockrun's orders, until it closes its end.
-    orders: Option<std::fs::File>,
+    /// lockrun's end of the line is open (its orders may still come).
+    open: bool,
     partial: Vec<u8>,
 }
 
 impl Holding {
     /// Take in every order that arrived, without blocking. Lost is final:
     /// once the guard took over, no deadline moves it back.
-    fn read_orders(&mut self) {
-        let Some(file) = self.orders.as_mut() else {
+    fn read_orders(&mut self, line: &mut std::fs::File) {
+        if !self.open {
             return;
-        };
+        }
         let mut buf = [0u8; 16 * ORDER];
         loop {
-            match file.read(&mut buf) {
+            match line.read(&mut buf) {
                 Ok(0) => {
-                    self.orders = None;
+                    self.open = false;
                     break;
                 }
                 Ok(n) => self.partial.extend_from_slice(&buf[..n]),
@@ -348,14 +350,9 @@ impl Holding {
 }
 
 /// The guard's whole life. Never returns.
-fn guard_main(
-    job: &mut Prepared,
-    lockrun: i32,
-    reports: OwnedFd,
-    orders: OwnedFd,
-    watch: Watch,
-) -> ! {
-    let mut out = std::fs::File::from(reports);
+fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> ! {
+    // Reports go out and orders come in on this one socket.
+    let mut out = std::fs::File::from(line);
     // lockrun's pidfd: its own, inherited (opened before any job could
     // start), or else opened while lockrun is still our parent; neither can
     // refer to a recycled pid. Without one, look at our parent every 50 ms.
@@ -380,7 +377,6 @@ fn guard_main(
     let mut keep = [
         life.map_or(-1, |f| f.as_raw_fd()),
         out.as_raw_fd(),
-        orders.as_raw_fd(),
         job.inherit_fd().unwrap_or(-1),
     ];
     sys::close_all_but(&mut keep);
@@ -388,15 +384,13 @@ fn guard_main(
         send(&mut out, Report::NotStarted(libc::EPERM));
         sys::exit_now(1);
     }
-    // Without a timer the guard looks at the clock every 50 ms instead.
-    let timer = BootTimer::new().ok();
     let mut holding = Holding {
         timing: watch.timing,
         deadline: watch.deadline,
         cost: Duration::ZERO,
         lockrun_stops: false,
         took_over: None,
-        orders: Some(std::fs::File::from(orders)),
+        open: true,
         partial: Vec::new(),
     };
     let chld = sys::signal_fd(&[libc::SIGCHLD, KILL_REQUEST]);
@@ -412,6 +406,9 @@ fn guard_main(
     // reused its number.
     let main_fd = sys::pidfd(main);
     let group = (!watch.shares_group).then_some(main_fd.as_ref()).flatten();
+    // Last, as it matters least at a descriptor limit: without a timer the
+    // guard looks at the clock every 50 ms instead.
+    let timer = BootTimer::new().ok();
     send(&mut out, Report::Started(main));
     let mut main_ended = false;
     loop {
@@ -435,7 +432,7 @@ fn guard_main(
         }
         // The deadline: lockrun's renewals move it; if lockrun does not,
         // the guard keeps the schedule itself, whatever lockrun is doing.
-        holding.read_orders();
+        holding.read_orders(&mut out);
         let now = Boot::now();
         if holding.terms(now) {
             let told = holding.took_over.get_or_insert_with(|| {
@@ -466,8 +463,8 @@ fn guard_main(
         if let Ok(c) = &chld {
             fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
         }
-        if let Some(o) = &holding.orders {
-            fds.push(PollFd::from_borrowed_fd(o.as_fd(), PollFlags::IN));
+        if holding.open {
+            fds.push(PollFd::from_borrowed_fd(out.as_fd(), PollFlags::IN));
         }
         if let (true, Some(t)) = (armed, &timer) {
             fds.push(PollFd::from_borrowed_fd(t.fd(), PollFlags::IN));
@@ -585,7 +582,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reports_survive_the_pipe() {
+    fn reports_survive_the_line() {
         for r in [
             Report::Started(1234),
             Report::NotStarted(libc::ENOENT),
@@ -599,7 +596,7 @@ mod tests {
     }
 
     #[test]
-    fn orders_survive_the_pipe() {
+    fn orders_survive_the_line() {
         for o in [
             Order::Deadline(Boot::from_nanos(123_456_789_012)),
             Order::Cost(Duration::from_micros(2500)),
@@ -617,7 +614,7 @@ mod tests {
             cost: Duration::ZERO,
             lockrun_stops: false,
             took_over: None,
-            orders: None,
+            open: false,
             partial: Vec::new(),
         }
     }
