@@ -159,8 +159,9 @@ type Answer = (Result<Renewal, Error>, Box<dyn Renewer>);
 struct Renewers {
     /// The renewer the next attempt uses, when the last one came back.
     idle: Option<Box<dyn Renewer>>,
-    /// An attempt that overran its bound and is still out there.
-    out: Option<Receiver<Answer>>,
+    /// An attempt that overran its bound and is still out there, and when
+    /// it was sent.
+    out: Option<(Receiver<Answer>, Boot)>,
     /// Where a new renewer comes from, for a lease any connection can
     /// renew; None when only the lease's own connection can.
     fresh: Option<Fresh>,
@@ -184,32 +185,36 @@ impl Renewers {
     /// `limit`. A lease any connection can renew starts over on a fresh
     /// renewer after an abandoned attempt; one that lives on its connection
     /// waits on for the attempt still out, the only one that can renew it.
-    fn attempt(&mut self, limit: Duration) -> Attempt {
+    /// The attempt's answer comes back with when its request was sent: for
+    /// an attempt still out from before, that is when it started, not now.
+    fn attempt(&mut self, limit: Duration) -> (Attempt, Boot) {
+        let now = Boot::now();
         let rx = match (self.idle.take(), self.out.take(), &self.fresh) {
-            (Some(renewer), _, _) => self.start(renewer),
-            (None, Some(rx), None) => Ok(rx),
-            (None, _, Some(fresh)) => self.start(fresh()),
+            (Some(renewer), _, _) => self.start(renewer).map(|rx| (rx, now)),
+            (None, Some(out), None) => Ok(out),
+            (None, _, Some(fresh)) => self.start(fresh()).map(|rx| (rx, now)),
             (None, None, None) => Err(Error::Internal(
                 "the renewal on the lease's own connection ended without an answer".into(),
             )),
         };
-        let rx = match rx {
-            Ok(rx) => rx,
-            Err(e) => return Attempt::Done(Err(e)),
+        let (rx, sent_at) = match rx {
+            Ok(out) => out,
+            Err(e) => return (Attempt::Done(Err(e)), now),
         };
-        match rx.recv_timeout(limit) {
+        let attempt = match rx.recv_timeout(limit) {
             Ok((r, renewer)) => {
                 self.idle = Some(renewer);
                 Attempt::Done(r)
             }
             Err(RecvTimeoutError::Timeout) => {
-                self.out = Some(rx);
+                self.out = Some((rx, sent_at));
                 Attempt::Abandoned
             }
             Err(RecvTimeoutError::Disconnected) => Attempt::Done(Err(Error::Internal(
                 "the renewal ended without an answer".into(),
             ))),
-        }
+        };
+        (attempt, sent_at)
     }
 
     fn start(&self, mut renewer: Box<dyn Renewer>) -> Result<Receiver<Answer>, Error> {
@@ -272,8 +277,8 @@ fn renew_loop(
             Some(c) => timing.op.min(timing.lost_at(c).since(now)),
             None => timing.op,
         };
-        let sent_at = Boot::now();
-        let error = match renewers.attempt(limit) {
+        let (attempt, sent_at) = renewers.attempt(limit);
+        let error = match attempt {
             Attempt::Done(Ok(Renewal::Renewed { ttl })) => {
                 failures = 0;
                 // A late success cannot undo "lost": the supervisor also checks
@@ -432,6 +437,45 @@ mod tests {
         let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_renewal_waited_on_counts_from_when_it_was_sent() {
+        // op is 500 ms; the renewal on the lease's own connection answers
+        // after 800 ms, during the second attempt that waits on for it. The
+        // lease runs from the first attempt's request, not the second's.
+        let timing = Timing::new(Duration::from_secs(3), None).unwrap();
+        let before = Boot::now();
+        let deadline = Arc::new(Deadline::new(before.add(timing.ttl)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (_wake_rx, wake_tx) = UnixStream::pair().unwrap();
+        wake_tx.set_nonblocking(true).unwrap();
+        let _w = Watchdog::spawn(
+            Renewing::OnItsConnection(Box::new(Says {
+                answers: vec![Ok(Renewal::Renewed { ttl: timing.ttl })],
+                delay: timing.op + Duration::from_millis(300),
+                calls: Arc::new(AtomicU64::new(0)),
+            })),
+            timing,
+            Some(Arc::clone(&deadline)),
+            tx,
+            wake_tx,
+        )
+        .unwrap();
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Retrying { .. }), "{ev:?}");
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
+        let latest = timing
+            .deadline_for(before, timing.ttl)
+            .add(Duration::from_millis(100));
+        assert!(
+            deadline.get() <= latest,
+            "the deadline is {:?} past the first request's",
+            deadline
+                .get()
+                .since(timing.deadline_for(before, timing.ttl))
+        );
     }
 
     #[test]

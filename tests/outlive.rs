@@ -510,3 +510,57 @@ fn a_walk_never_descends_into_a_recycled_pid() {
         scratch.read("W-signalled").trim()
     );
 }
+
+/// lockrun stopped between the grant and the job's start (here held by a
+/// debugger for longer than the ttl): the job is never started outside its
+/// lease; lockrun says so and exits 76.
+#[test]
+fn a_job_is_never_started_after_its_lease_ran_out() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let out = Command::new("gdb")
+        .args([
+            "-nx",
+            "-batch",
+            "-ex",
+            "set breakpoint pending on",
+            "-ex",
+            "break lockrun::supervise::guard::Guard::start",
+            "-ex",
+            "run",
+            "-ex",
+            "shell sleep 2",
+            "-ex",
+            "continue",
+            "--args",
+            BIN,
+            "--url",
+            &redis.url(),
+            "--ttl",
+            "1s",
+            "late",
+            "touch",
+        ])
+        .arg(&ran)
+        .stdin(Stdio::null())
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => panic!("gdb: {e}; the test needs it (apt-get install -y gdb)"),
+    };
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        said.contains("Breakpoint 1,"),
+        "the debugger never held lockrun before its job's start:\n{said}"
+    );
+    assert!(
+        !ran.exists(),
+        "the job ran after its lease ran out:\n{said}"
+    );
+    // gdb gives the exit code in octal: 76 is 0114.
+    assert!(
+        said.contains("exited with code 0114") && said.contains("before the job could start"),
+        "{said}"
+    );
+}

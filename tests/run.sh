@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run lockrun's tests on a fresh Debian or Ubuntu machine: install what they
 # need (redis-server, etcd, postgresql, pgbouncer, alembic, openssl, perl,
-# bash, util-linux, man-db, lintian, Python's prometheus_client, zookeeper
+# bash, util-linux, man-db, lintian, gdb, Python's prometheus_client, zookeeper
 # (with a Java runtime), mariadb-server, mariadb-client, cargo-deb) when it is
 # missing, then run `cargo test` with any arguments given.
 set -euo pipefail
@@ -41,6 +41,8 @@ command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 # Debian keeps mariadbd in /usr/sbin, off a user's PATH.
 { command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]; } || missing+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
+# A test holds lockrun in a debugger between its grant and its job's start.
+command -v gdb >/dev/null 2>&1 || missing+=(gdb)
 
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -351,3 +351,59 @@ fn no_descriptor_of_lockrun_leaks_into_the_job() {
         "local backend: only the lock descriptor is added"
     );
 }
+
+/// A job that traps SIGTERM and keeps forking (a loop of short sleeps) gets
+/// SIGTERM once when its lease is lost, whoever stops it: lockrun (the
+/// server stopped answering), its guard (lockrun stopped), or both (lockrun
+/// continued while its guard stops the job). A second one would run the
+/// job's TERM trap again.
+#[test]
+fn a_lost_lease_tells_each_process_to_stop_once() {
+    let redis = Redis::start();
+    for how in ["the server stopped", "lockrun stopped", "lockrun continued"] {
+        let scratch = Scratch::new();
+        let terms = scratch.path("terms");
+        let mut lr = on(&redis)
+            .args(["--ttl", "3s", "--kill-after", "1s", "once", "bash", "-c"])
+            .arg(format!(
+                "trap 'echo TERM >> {}' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+                terms.display(),
+                scratch.path("pid").display()
+            ))
+            .stderr(Stdio::piped())
+            .spawn();
+        let job = scratch.pid_in("pid");
+        let told = || scratch.exists("terms");
+        match how {
+            "the server stopped" => redis.pause(),
+            _ => signal(lr.id() as i32, libc::SIGSTOP),
+        }
+        assert!(
+            wait_until(Duration::from_secs(20), told),
+            "{how}: the job was never told to stop"
+        );
+        if how == "lockrun continued" {
+            // Within the grace: lockrun runs again while the job is stopping.
+            signal(lr.id() as i32, libc::SIGCONT);
+        }
+        let code = {
+            if how == "lockrun stopped" {
+                // The guard kills the job whatever lockrun does.
+                let _ = wait_until(Duration::from_secs(20), || !alive(job));
+                signal(lr.id() as i32, libc::SIGCONT);
+            }
+            wait_child(&mut lr, Duration::from_secs(30)).code()
+        };
+        if how == "the server stopped" {
+            redis.resume();
+        }
+        let seen = scratch.read("terms");
+        assert_eq!(code, Some(76), "{how}");
+        assert_eq!(
+            seen.lines().count(),
+            1,
+            "{how}: the job's TERM trap ran {} times",
+            seen.lines().count()
+        );
+    }
+}

@@ -162,6 +162,14 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
     // Nothing of the job is left: only now may the lease go, within one
     // request's budget whatever the server does.
     let released = pending.release(&releasing, cfg.timing.op);
+    if !outcome.started {
+        log::reason(format!(
+            "lease on {} lost before the job could start: {}; the job was not started",
+            cfg.name,
+            outcome.lost.as_deref().unwrap_or("its time was up")
+        ));
+        return Ok(Ending::Exit(exit::LEASE_LOST));
+    }
     if let Some(reason) = outcome.lost {
         report.lost = true;
         log::reason(format!(

@@ -46,6 +46,8 @@ pub enum Report {
     /// A deadline came near that lockrun had not moved: the guard is
     /// stopping the job itself.
     TookOver,
+    /// The lease's time was up before the job could start: nothing runs.
+    Late,
 }
 
 const MSG: usize = 5;
@@ -58,6 +60,7 @@ impl Report {
             Report::Ended(JobEnd::Exited(c)) => (b'X', c),
             Report::Ended(JobEnd::Signaled(s)) => (b'K', s),
             Report::TookOver => (b'T', 0),
+            Report::Late => (b'L', 0),
         };
         let mut m = [0u8; MSG];
         m[0] = tag;
@@ -73,6 +76,7 @@ impl Report {
             b'X' => Report::Ended(JobEnd::Exited(n)),
             b'K' => Report::Ended(JobEnd::Signaled(n)),
             b'T' => Report::TookOver,
+            b'L' => Report::Late,
             _ => return None,
         })
     }
@@ -394,6 +398,14 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
         partial: Vec::new(),
     };
     let chld = sys::signal_fd(&[libc::SIGCHLD, KILL_REQUEST]);
+    // lockrun may have been stopped since the grant: a job started now
+    // would run outside its lease.
+    if let Some(d) = holding.deadline
+        && Boot::now() >= holding.timing.stop_at(d, Duration::ZERO)
+    {
+        send(&mut out, Report::Late);
+        sys::exit_now(0);
+    }
     let main = match job.launch() {
         Ok(pid) => pid,
         Err(errno) => {
@@ -439,7 +451,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
                 send(&mut out, Report::TookOver);
                 HashSet::new()
             });
-            stop_new(told, group, main);
+            stop_new(told);
         }
         if let Some((_, kill)) = holding.times()
             && now >= kill
@@ -500,11 +512,10 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
 }
 
 /// SIGTERM, with SIGCONT so that a stopped process sees it, to every
-/// process of the job not yet told; each is frozen the moment the walk
-/// finds it, so that none forks behind the walk, and told once everything
-/// below it was found. The job's own group first gets it in one call.
-fn stop_new(told: &mut HashSet<i32>, group: Option<&OwnedFd>, main: i32) {
-    let first = told.is_empty();
+/// process of the job not yet told, once; each is frozen the moment the
+/// walk finds it, so that none forks behind the walk, and told once
+/// everything below it was found.
+fn stop_new(told: &mut HashSet<i32>) {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let told = RefCell::new(told);
     let fresh = RefCell::new(HashSet::new());
@@ -523,10 +534,6 @@ fn stop_new(told: &mut HashSet<i32>, group: Option<&OwnedFd>, main: i32) {
             }
         },
     );
-    if first && let Some(fd) = group {
-        sys::signal_group_of(fd.as_fd(), main, libc::SIGTERM);
-        sys::signal_group_of(fd.as_fd(), main, libc::SIGCONT);
-    }
 }
 
 fn parent() -> i32 {
@@ -589,6 +596,7 @@ mod tests {
             Report::Ended(JobEnd::Exited(3)),
             Report::Ended(JobEnd::Signaled(9)),
             Report::TookOver,
+            Report::Late,
         ] {
             assert_eq!(Report::decode(&r.encode()), Some(r));
         }

@@ -77,8 +77,9 @@ fn spawn_failure(shown: &str, e: SpawnError) -> Failure {
     }
 }
 
-/// Wait for the guard's first word: the job started, or could not.
-fn first_report(guard: &mut Guard) -> Result<i32, SpawnError> {
+/// Wait for the guard's first word: the job started (Some), could not, or
+/// was not started because the lease's time was up (None).
+fn first_report(guard: &mut Guard) -> Result<Option<i32>, SpawnError> {
     loop {
         let mut closed = false;
         let reports = guard.read(&mut closed);
@@ -87,7 +88,11 @@ fn first_report(guard: &mut Guard) -> Result<i32, SpawnError> {
                 Report::Started(pid) => {
                     // A short job may have ended already: keep that for the loop.
                     guard.unread(&reports[i + 1..]);
-                    return Ok(pid);
+                    return Ok(Some(pid));
+                }
+                Report::Late => {
+                    guard.reap();
+                    return Ok(None);
                 }
                 Report::NotStarted(errno) => {
                     guard.reap();
@@ -166,7 +171,16 @@ pub fn supervise_job(
         let orders = guard.orders.clone();
         d.watch(move |at| orders.deadline(at));
     }
-    let main = first_report(&mut guard).map_err(|e| spawn_failure(&shown, e))?;
+    let Some(main) = first_report(&mut guard).map_err(|e| spawn_failure(&shown, e))? else {
+        return Ok(Outcome {
+            end: None,
+            lost: Some(
+                "lockrun was stopped or starved between the grant and the job's start".into(),
+            ),
+            failed: None,
+            started: false,
+        });
+    };
     log::info(format!("started job as pid {main}"));
     log::start_async();
     started();
@@ -377,12 +391,12 @@ impl Supervisor {
                         log::info(format!("job {}", describe_end(end)));
                         out.push(Event::JobEnded(end));
                     }
-                    Report::TookOver => out.push(Event::Lost(
+                    Report::TookOver => out.push(Event::GuardTookOver(
                         "lockrun did not run when the lease had to be renewed (it was stopped, \
                          traced or starved), and its guard process took over"
                             .into(),
                     )),
-                    Report::Started(_) | Report::NotStarted(_) => {}
+                    Report::Started(_) | Report::NotStarted(_) | Report::Late => {}
                 }
             }
             if closed {
@@ -544,8 +558,11 @@ impl Supervisor {
                 if sig == libc::SIGTERM {
                     log::info(format!("stopping {} process(es) of the job", pids.len()));
                 }
-                // The job's own group too, in case a walk of /proc missed some.
-                if matches!(sig, libc::SIGTERM | libc::SIGKILL | libc::SIGCONT) {
+                // The job's own group gets SIGKILL too, in case a walk of
+                // /proc missed some; never SIGTERM, which each process got
+                // from the walk once already (a second one would run a
+                // job's TERM trap twice).
+                if sig == libc::SIGKILL {
                     self.signal_group(sig);
                 }
             }

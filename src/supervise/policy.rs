@@ -46,6 +46,9 @@ pub enum Event {
     Lost(String),
     /// lockrun itself failed after the job started: stop the job as on loss.
     Failed(String),
+    /// The guard found the lease's time near with no renewal from lockrun
+    /// (lockrun was stopped or starved) and is stopping the job: lost.
+    GuardTookOver(String),
     /// A renewal attempt failed; it is retried while time allows.
     RenewalFailed(String),
 }
@@ -80,6 +83,9 @@ struct Stopping {
     since_kill: Option<Boot>,
     /// Processes that got SIGTERM already.
     told: HashSet<i32>,
+    /// The guard is stopping the job (lockrun was stopped past its time):
+    /// it tells each process itself, lockrun only sees to the SIGKILL.
+    by_guard: bool,
 }
 
 const NONE: &[i32] = &[];
@@ -128,6 +134,8 @@ pub struct Outcome {
     pub lost: Option<String>,
     /// lockrun failed after the job started (exit 70 once all is gone).
     pub failed: Option<String>,
+    /// The job was started (false: the lease's time was up first).
+    pub started: bool,
 }
 
 pub struct Policy {
@@ -242,7 +250,7 @@ impl Policy {
             Phase::Stopping(s) if s.since_kill.is_some() || now >= self.kill_at(s, deadline) => {
                 (KILL, NONE)
             }
-            Phase::Stopping(s) if s.told.contains(&pid) => (NONE, NONE),
+            Phase::Stopping(s) if s.by_guard || s.told.contains(&pid) => (NONE, NONE),
             Phase::Stopping(_) => (FREEZE, TERM),
             Phase::Draining(left) => match left.get(&pid) {
                 None => (NONE, TERM),
@@ -266,6 +274,15 @@ impl Policy {
                 Vec::new()
             }
             Event::Lost(reason) => self.stop(Why::Lost(reason), now),
+            Event::GuardTookOver(reason) => {
+                let out = self.stop(Why::Lost(reason), now);
+                if let Phase::Stopping(s) = &mut self.phase
+                    && s.told.is_empty()
+                {
+                    s.by_guard = true;
+                }
+                out
+            }
             Event::Failed(reason) => self.stop(Why::Failed(reason), now),
             Event::RenewalFailed(error) => {
                 self.last_failure = Some(error);
@@ -304,6 +321,7 @@ impl Policy {
                 since: now,
                 since_kill: None,
                 told: HashSet::new(),
+                by_guard: false,
             });
         }
         Vec::new()
@@ -346,7 +364,7 @@ impl Policy {
                         procs[0]
                     )));
                 }
-            } else if !procs.is_empty() {
+            } else if !procs.is_empty() && !s.by_guard {
                 // SIGTERM to everything not yet told, with SIGCONT so that a
                 // stopped process sees it.
                 let fresh: Vec<i32> = procs
@@ -425,6 +443,7 @@ impl Policy {
             end: self.end,
             lost,
             failed,
+            started: true,
         }
     }
 
