@@ -836,3 +836,59 @@ fn a_waiter_stopped_inside_its_look_blocks_the_name_for_seconds_only() {
     );
     assert!(took < Duration::from_secs(15), "granted after {took:?}");
 }
+
+/// The tables as lockrun-engines(7) shows them, made by hand with the
+/// name a `VARCHAR(255)`: a name longer than that is cut by the counter's
+/// `INSERT IGNORE`, its counter row is never found, and `-n` looked again
+/// at once for ever (thousands of statements a second); doctor passed the
+/// tables. A run must give up after a few tries, one line naming the
+/// table and its column (69); doctor must name the column that differs.
+#[test]
+fn hand_made_tables_with_a_short_name_column_are_refused_not_spun_on() {
+    let my = MyDb::new();
+    let db = &my.db;
+    my.sql(&format!(
+        "CREATE TABLE {db}.lockrun_tokens ( \
+           name VARCHAR(255) NOT NULL, token BIGINT NOT NULL, \
+           PRIMARY KEY (name)) ENGINE=InnoDB; \
+         CREATE TABLE {db}.lockrun_leases ( \
+           name VARCHAR(255) NOT NULL, slot INT NOT NULL, \
+           owner VARBINARY(128) NOT NULL, label VARBINARY(2048) NOT NULL, \
+           token BIGINT NOT NULL, mode VARBINARY(8) NOT NULL, lim INT NOT NULL, \
+           expires_at DATETIME(6) NOT NULL, granted_at DATETIME(6) NOT NULL, \
+           revoked BOOLEAN NOT NULL DEFAULT FALSE, \
+           PRIMARY KEY (name, slot)) ENGINE=InnoDB; \
+         CREATE TABLE {db}.lockrun_waiters ( \
+           seq BIGINT NOT NULL AUTO_INCREMENT, name VARCHAR(255) NOT NULL, \
+           owner VARBINARY(128) NOT NULL, label VARBINARY(2048) NOT NULL, \
+           mode VARBINARY(8) NOT NULL, lim INT NOT NULL, \
+           expires_at DATETIME(6) NOT NULL, conn BIGINT NOT NULL DEFAULT 0, \
+           PRIMARY KEY (seq), KEY (name, seq)) ENGINE=InnoDB"
+    ));
+    let name = "n".repeat(300);
+    let started = std::time::Instant::now();
+    let run = on(&my.url())
+        .args(["-n", &name, "true"])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut run = Reap(run);
+    let limit = Duration::from_secs(15);
+    let ended = wait_until(limit, || matches!(run.0.try_wait(), Ok(Some(_))));
+    assert!(ended, "-n on a 300-byte name still runs after {limit:?}");
+    let code = run.0.try_wait().unwrap().and_then(|s| s.code());
+    let mut err = String::new();
+    std::io::Read::read_to_string(run.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(code, Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("lockrun_tokens") && err.contains("name"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    let out = on(&my.url()).arg("doctor").code(69);
+    let text = out.stdout();
+    assert!(
+        text.contains("lockrun_tokens.name") && text.contains("varchar(255)"),
+        "{text}"
+    );
+}

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::address::{MyUrl, tables_of};
 use super::client::{Client, float, int, text};
+use super::shape;
 use super::sql::{self, Tables};
 use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
 use crate::backend::{Check, Error, Opening};
@@ -342,9 +343,23 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
             ),
         );
     }
+    let f = client.flight(&shape::describe(&t));
+    if let Some((_, e)) = f.failed {
+        return Check::warn(
+            "tables",
+            format!("{names} exist in InnoDB, but their columns could not be read: {e}"),
+        );
+    }
+    let diffs = shape::differences(base, &f.sets);
+    if !diffs.is_empty() {
+        return Check::fail("tables", shape::said(database, &diffs));
+    }
     Check::ok(
         "tables",
-        format!("{names} exist in InnoDB; the user may read and write them"),
+        format!(
+            "{names} exist in InnoDB with the columns and keys lockrun needs; the user may \
+             read and write them"
+        ),
     )
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use mysql::Row;
 
 use super::client::{Client, Woke, int, text};
+use super::shape;
 use super::sql::{self, Tables, lit, wake_key};
 use super::{MyHeld, Mysql};
 use crate::backend::drive::{Step, Take, Transport, drive};
@@ -18,7 +19,7 @@ use crate::backend::table::{Cells, Rows, Target, Verdict, entries, judge};
 use crate::backend::table::{KEPT, PREEMPTED, SUPERSEDE};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
-use crate::clock::Boot;
+use crate::clock::{Boot, backoff};
 use crate::log;
 
 /// A waiter's place lasts a third of the ttl unless kept, so one killed
@@ -37,7 +38,15 @@ struct Place {
     seq: Option<i64>,
     joined: bool,
     holder: Option<String>,
+    /// Looks in a row that neither waited nor decided: the name's counter
+    /// row made but not found, a grant not found after it was made.
+    stalls: u32,
 }
+
+/// Looks in a row that may stall before the run gives up: a name's first
+/// request makes its counter row once and looks again; tables that cut
+/// or lose what lockrun writes stall every time.
+const STALLS: u32 = 4;
 
 enum Outcome {
     Granted {
@@ -86,6 +95,20 @@ impl Take for Taking<'_> {
                     if let Err(e) = made {
                         return Ok(Step::Over(self.my.client.failed(&doing(), e)));
                     }
+                }
+                Ok(Step::Again) if self.place.stalls >= STALLS => {
+                    let e = self.my.stalled(self.place.stalls);
+                    self.leave();
+                    return Ok(Step::Over(self.my.client.failed(&doing(), e)));
+                }
+                Ok(Step::Again) if self.place.stalls > 1 => {
+                    // Again without waiting: not at once.
+                    std::thread::sleep(backoff(
+                        self.place.stalls - 1,
+                        Duration::from_millis(10),
+                        Duration::from_millis(500),
+                    ));
+                    return Ok(Step::Again);
                 }
                 done => return done,
             }
@@ -196,8 +219,15 @@ impl Mysql {
             look(c, rows, &tables, req, place, patience)
         })?;
         let Some(outcome) = outcome else {
+            // The counter row was made: look again.
+            place.stalls += 1;
             return Ok(Step::Again);
         };
+        if matches!(outcome, Outcome::Again) {
+            place.stalls += 1;
+        } else {
+            place.stalls = 0;
+        }
         match outcome {
             Outcome::Granted { slot, token } => {
                 let fresh = self.client.fresh();
@@ -259,6 +289,25 @@ impl Mysql {
                 }
             }
         }
+    }
+
+    /// Why a name's looks keep stalling: how lockrun's tables differ from
+    /// what it needs, read from the server, or else what did not happen.
+    fn stalled(&mut self, tries: u32) -> Error {
+        let database = self.client.url().database.clone();
+        let f = self.client.flight(&shape::describe(&self.tables));
+        let diffs = shape::differences(&self.tables.base, &f.sets);
+        if !diffs.is_empty() {
+            return Error::Refused(shape::said(&database, &diffs));
+        }
+        Error::Refused(format!(
+            "after {tries} tries, the name's rows in database {}'s {}_tokens and {}_leases \
+             are still not as lockrun wrote them (something changes or removes them); \
+             run lockrun doctor",
+            crate::text::printable(&database),
+            self.tables.base,
+            self.tables.base,
+        ))
     }
 
     /// Keep our place, on condition that the row we block on is still there.
