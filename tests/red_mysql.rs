@@ -892,3 +892,29 @@ fn hand_made_tables_with_a_short_name_column_are_refused_not_spun_on() {
         "{text}"
     );
 }
+
+/// A server that makes every new table in MyISAM
+/// (`enforce_storage_engine`): with NO_ENGINE_SUBSTITUTION (the default
+/// sql_mode) the CREATE TABLE was refused with a line calling the server
+/// read-only and sending the operator to the primary; without it, with
+/// "Specified key was too long (1071)". Either way the line must name the
+/// table and the engine, and say InnoDB is required; nothing is made.
+#[test]
+fn enforce_storage_engine_myisam_is_named_with_the_table() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--enforce-storage-engine=MyISAM"]);
+    for sql_mode in ["NO_ENGINE_SUBSTITUTION", ""] {
+        my.sql(&format!("SET GLOBAL sql_mode = '{sql_mode}'"));
+        let out = on(&my.url()).args(["-n", "es", "true"]).code(69).says(&[
+            "lockrun_tokens",
+            "MyISAM",
+            "InnoDB",
+            "enforce_storage_engine",
+        ]);
+        assert!(!out.stderr().contains("read-only"), "{}", out.stderr());
+        assert!(
+            !my.has_tables("app"),
+            "sql_mode {sql_mode:?}: a table was made"
+        );
+    }
+}

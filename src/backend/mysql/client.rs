@@ -489,6 +489,7 @@ fn kind(code: u16, text: String, url: &MyUrl) -> Error {
     let hint = match code {
         1045 | 1698 => format!("; check the user {:?} and its password", url.user),
         c if DENIED.contains(&c) => GRANTS_HINT.into(),
+        1290 if !text.to_ascii_lowercase().contains("read") => String::new(),
         1290 | 1836 | 1792 => {
             "; the server is read-only (read_only or super_read_only, a replica): point \
              lockrun at the primary"
@@ -519,10 +520,17 @@ mod tests {
             let e = kind(code, "x".into(), &url);
             assert!(matches!(e, Error::Refused(_)), "{code}: {e:?}");
         }
+        let read_only = "The MariaDB server is running with the --read-only option";
         assert!(
-            kind(1290, "x".into(), &url)
+            kind(1290, read_only.into(), &url)
                 .to_string()
-                .contains("read-only")
+                .contains("point lockrun at the primary")
+        );
+        let enforced = "The MariaDB server is running with the NO_ENGINE_SUBSTITUTION option";
+        assert!(
+            !kind(1290, enforced.into(), &url)
+                .to_string()
+                .contains("primary")
         );
         assert!(
             kind(1054, "x".into(), &url)

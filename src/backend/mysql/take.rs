@@ -150,17 +150,49 @@ impl Mysql {
             "creating lockrun's tables {}_leases, {}_waiters and {}_tokens",
             self.tables.base, self.tables.base, self.tables.base
         ));
-        match self.client.run(&self.tables.create()) {
-            Ok(_) => Ok(()),
-            Err(Error::Refused(m)) if matches!(self.client.last_code, Some(1142 | 1044)) => {
+        let f = self.client.flight(&self.tables.create());
+        let Some((at, e)) = f.failed else {
+            return Ok(());
+        };
+        let code = self.client.last_code;
+        let database = crate::text::printable(&self.client.url().database).into_owned();
+        match e {
+            Error::Refused(m) if matches!(code, Some(1142 | 1044)) => Err(Error::Refused(format!(
+                "cannot create lockrun's tables in database {database}: {m}; create them once \
+                 as a user that may (lockrun-engines(7) \"MYSQL AND MARIADB\")"
+            ))),
+            Error::Refused(m) => {
+                let table = ["tokens", "leases", "waiters"]
+                    .get(at)
+                    .map_or(String::new(), |t| format!("{}_{t}", self.tables.base));
+                // A server that makes new tables in another engine refuses
+                // InnoDB (1290), or makes one whose keys are too long (1071).
+                if let Some(engine) = self.enforced_engine() {
+                    return Err(Error::Refused(format!(
+                        "cannot create lockrun's table {database}.{table}: the server makes \
+                         every new table in {engine} (enforce_storage_engine), and lockrun \
+                         needs InnoDB, whose transactions and row locks keep two holders \
+                         apart: set enforce_storage_engine to InnoDB, or to nothing"
+                    )));
+                }
                 Err(Error::Refused(format!(
-                    "cannot create lockrun's tables in database {}: {m}; create them once as \
-                     a user that may (lockrun-engines(7) \"MYSQL AND MARIADB\")",
-                    self.client.url().database
+                    "cannot create lockrun's table {database}.{table} in InnoDB: {m}"
                 )))
             }
-            Err(e) => Err(e),
+            e => Err(e),
         }
+    }
+
+    /// The engine `enforce_storage_engine` makes every new table in, when
+    /// it is set and is not InnoDB (MariaDB; MySQL has no such setting).
+    fn enforced_engine(&mut self) -> Option<String> {
+        let rows = self
+            .client
+            .flight_keeping(&["SELECT @@GLOBAL.enforce_storage_engine".into()], &[1193])
+            .sets;
+        let engine = rows.first()?.first().and_then(|r| text(r, 0))?;
+        (!engine.is_empty() && !engine.eq_ignore_ascii_case("InnoDB"))
+            .then(|| crate::text::printable(&engine).into_owned())
     }
 
     /// Refuse tables that are not InnoDB (`Tables::engines`); tables not
