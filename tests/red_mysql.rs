@@ -918,3 +918,30 @@ fn enforce_storage_engine_myisam_is_named_with_the_table() {
         );
     }
 }
+
+/// A server whose new InnoDB tables are COMPACT or REDUNDANT
+/// (`innodb_default_row_format`), whose index keys hold 767 bytes: every
+/// first run failed with "Index column size too large" (1709), naming
+/// neither the setting nor a fix, and doctor passed. lockrun's tables must
+/// be made so that they work there.
+#[test]
+fn an_old_default_row_format_still_makes_working_tables() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--innodb-default-row-format=COMPACT"]);
+    for format in ["COMPACT", "REDUNDANT"] {
+        my.sql(&format!(
+            "SET GLOBAL innodb_default_row_format = '{format}'"
+        ));
+        let db = my.database();
+        let url = my.url_in(&db);
+        on(&url).arg("doctor").succeeds();
+        let out = on(&url).args(["-n", "rf", "-c", "echo ran"]).output();
+        assert_eq!(
+            out.out.status.code(),
+            Some(0),
+            "innodb_default_row_format = {format}: {}",
+            out.stderr()
+        );
+        on(&url).arg("doctor").succeeds();
+    }
+}

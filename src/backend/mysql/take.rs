@@ -175,8 +175,15 @@ impl Mysql {
                          apart: set enforce_storage_engine to InnoDB, or to nothing"
                     )));
                 }
+                let keys = if matches!(code, Some(1071 | 1709)) {
+                    "; lockrun's keys on names need InnoDB's DYNAMIC rows (keys up to 3072 \
+                     bytes): allow ROW_FORMAT=DYNAMIC on the server (innodb_default_row_format, \
+                     innodb_file_per_table)"
+                } else {
+                    ""
+                };
                 Err(Error::Refused(format!(
-                    "cannot create lockrun's table {database}.{table} in InnoDB: {m}"
+                    "cannot create lockrun's table {database}.{table} in InnoDB: {m}{keys}"
                 )))
             }
             e => Err(e),
