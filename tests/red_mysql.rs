@@ -945,3 +945,27 @@ fn an_old_default_row_format_still_makes_working_tables() {
         on(&url).arg("doctor").succeeds();
     }
 }
+
+/// A server whose InnoDB is read-only (`innodb_read_only`): without
+/// lockrun's tables doctor passed while every run failed with "Table is
+/// read only"; with them doctor failed but advised grants. Doctor must say
+/// the server is read-only, without a GRANT, and a run must say so too.
+#[test]
+fn doctor_on_an_innodb_read_only_server_says_so_and_advises_no_grant() {
+    let _h = heavy();
+    let mut my = Mariadb::start();
+    on(&my.url()).args(["ro", "true"]).succeeds();
+    my.sql("CREATE DATABASE bare");
+    my.restart_with(&["--innodb-read-only"]);
+    for db in ["app", "bare"] {
+        let url = my.url_in(db);
+        let out = on(&url).arg("doctor").code(69);
+        let text = out.stdout();
+        assert!(text.contains("innodb_read_only"), "{db}: {text}");
+        assert!(!text.contains("GRANT"), "{db}: {text}");
+        on(&url)
+            .args(["-n", "ro", "true"])
+            .code(69)
+            .says(&["innodb_read_only"]);
+    }
+}

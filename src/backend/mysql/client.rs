@@ -490,6 +490,9 @@ fn kind(code: u16, text: String, url: &MyUrl) -> Error {
         1045 | 1698 => format!("; check the user {:?} and its password", url.user),
         c if DENIED.contains(&c) => GRANTS_HINT.into(),
         1290 if !text.to_ascii_lowercase().contains("read") => String::new(),
+        1036 => "; the server is read-only (innodb_read_only, read_only or super_read_only): \
+                 point lockrun at a server that may write"
+            .into(),
         1290 | 1836 | 1792 => {
             "; the server is read-only (read_only or super_read_only, a replica): point \
              lockrun at the primary"

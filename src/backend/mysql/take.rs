@@ -175,6 +175,13 @@ impl Mysql {
                          apart: set enforce_storage_engine to InnoDB, or to nothing"
                     )));
                 }
+                if self.innodb_read_only() {
+                    return Err(Error::Refused(format!(
+                        "cannot create lockrun's table {database}.{table}: the server's InnoDB \
+                         is read-only (innodb_read_only = ON); point lockrun at a server that \
+                         may write"
+                    )));
+                }
                 let keys = if matches!(code, Some(1071 | 1709)) {
                     "; lockrun's keys on names need InnoDB's DYNAMIC rows (keys up to 3072 \
                      bytes): allow ROW_FORMAT=DYNAMIC on the server (innodb_default_row_format, \
@@ -188,6 +195,18 @@ impl Mysql {
             }
             e => Err(e),
         }
+    }
+
+    /// The server's InnoDB creates and writes nothing (`innodb_read_only`).
+    fn innodb_read_only(&mut self) -> bool {
+        let rows = self
+            .client
+            .flight_keeping(&["SELECT @@GLOBAL.innodb_read_only".into()], &[1193])
+            .sets;
+        rows.first()
+            .and_then(|s| s.first())
+            .and_then(|r| int(r, 0))
+            .is_some_and(|v| v != 0)
     }
 
     /// The engine `enforce_storage_engine` makes every new table in, when
