@@ -345,7 +345,10 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
         Err(_) if client.last_code == Some(1665) => {
             return Check::fail("tables", sql::STATEMENT_BINLOG);
         }
-        Err(e) if matches!(client.last_code, Some(1036 | 1792 | 1836)) => {
+        Err(e)
+            if matches!(client.last_code, Some(1036 | 1792 | 1836))
+                || (client.last_code == Some(1290) && denied(&e).contains("read")) =>
+        {
             return Check::fail(
                 "tables",
                 format!(
