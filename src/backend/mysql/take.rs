@@ -96,6 +96,12 @@ impl Take for Taking<'_> {
                         return Ok(Step::Over(self.my.client.failed(&doing(), e)));
                     }
                 }
+                Err(_) if self.my.client.last_code == Some(1690) => {
+                    // BIGINT out of range: a token past the largest.
+                    let e = self.my.tokens_used_up(self.req.name);
+                    self.leave();
+                    return Ok(Step::Over(self.my.client.failed(&doing(), e)));
+                }
                 Ok(Step::Again) if self.place.stalls >= STALLS => {
                     let e = self.my.stalled(self.place.stalls);
                     self.leave();
@@ -365,6 +371,26 @@ impl Mysql {
             crate::text::printable(&database),
             self.tables.base,
             self.tables.base,
+        ))
+    }
+
+    /// A name whose counter (or a lease row's token) is at BIGINT's
+    /// largest: no greater token can be given, and lockrun gives none
+    /// lower. Clearing the row is the operator's choice, said with what
+    /// it costs.
+    fn tokens_used_up(&self, name: &str) -> Error {
+        let database = crate::text::printable(&self.client.url().database).into_owned();
+        let t = &self.tables;
+        Error::Refused(format!(
+            "the name's token counter is at its maximum ({}, BIGINT's largest; set by hand or \
+             imported), so no greater token can be given: to clear it, while nothing holds \
+             the name, DELETE FROM {database}.{tokens} WHERE name = {n}, and its rows from \
+             {leases}; its tokens then start again from the server's clock in microseconds, \
+             below those given before",
+            i64::MAX,
+            tokens = t.tokens,
+            leases = t.leases,
+            n = lit(name),
         ))
     }
 
