@@ -181,7 +181,30 @@ impl Client {
         Ok(o)
     }
 
+    /// Connect; a server whose connections are all taken (1040, 1203) is
+    /// asked again, backing off, within the bound on one call: a moment
+    /// later one may be free.
     fn open(&mut self) -> Result<Conn, Error> {
+        let started = crate::clock::Boot::now();
+        let mut tries = 0;
+        loop {
+            let got = self.open_once();
+            let full = matches!(self.last_code, Some(1040 | 1203));
+            if got.is_ok() || !full {
+                return got;
+            }
+            tries += 1;
+            let pause =
+                crate::clock::backoff(tries, Duration::from_millis(20), Duration::from_millis(250));
+            if crate::clock::Boot::now().since(started) + pause >= self.op {
+                return got;
+            }
+            std::thread::sleep(pause);
+            self.last_code = None;
+        }
+    }
+
+    fn open_once(&mut self) -> Result<Conn, Error> {
         let tls = self.url.socket.is_none() && self.url.ssl_mode != SslMode::Disabled;
         let got = Conn::new(self.options(tls)?);
         let got = match got {
@@ -484,7 +507,15 @@ pub const GRANTS_HINT: &str =
 
 fn kind(code: u16, text: String, url: &MyUrl) -> Error {
     if transient_code(code) {
-        return Error::Transient(text);
+        return Error::Transient(match code {
+            1040 => {
+                format!("{text}: every connection the server allows (max_connections) is taken")
+            }
+            1203 => format!(
+                "{text}: every connection this user may have (max_user_connections) is taken"
+            ),
+            _ => text,
+        });
     }
     let hint = match code {
         1045 | 1698 => format!("; check the user {:?} and its password", url.user),
