@@ -233,6 +233,7 @@ fn a_read_only_server_is_refused_at_once_with_one_line() {
         .arg("doctor")
         .code(69);
     assert!(out.stdout().contains("read-only"), "{}", out.stdout());
+    assert!(!out.stdout().contains("GRANT SELECT"), "{}", out.stdout());
 }
 
 #[test]

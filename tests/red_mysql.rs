@@ -836,3 +836,308 @@ fn a_waiter_stopped_inside_its_look_blocks_the_name_for_seconds_only() {
     );
     assert!(took < Duration::from_secs(15), "granted after {took:?}");
 }
+
+/// The tables as lockrun-engines(7) shows them, made by hand with the
+/// name a `VARCHAR(255)`: a name longer than that is cut by the counter's
+/// `INSERT IGNORE`, its counter row is never found, and `-n` looked again
+/// at once for ever (thousands of statements a second); doctor passed the
+/// tables. A run must give up after a few tries, one line naming the
+/// table and its column (69); doctor must name the column that differs.
+#[test]
+fn hand_made_tables_with_a_short_name_column_are_refused_not_spun_on() {
+    let my = MyDb::new();
+    let db = &my.db;
+    my.sql(&format!(
+        "CREATE TABLE {db}.lockrun_tokens ( \
+           name VARCHAR(255) NOT NULL, token BIGINT NOT NULL, \
+           PRIMARY KEY (name)) ENGINE=InnoDB; \
+         CREATE TABLE {db}.lockrun_leases ( \
+           name VARCHAR(255) NOT NULL, slot INT NOT NULL, \
+           owner VARBINARY(128) NOT NULL, label VARBINARY(2048) NOT NULL, \
+           token BIGINT NOT NULL, mode VARBINARY(8) NOT NULL, lim INT NOT NULL, \
+           expires_at DATETIME(6) NOT NULL, granted_at DATETIME(6) NOT NULL, \
+           revoked BOOLEAN NOT NULL DEFAULT FALSE, \
+           PRIMARY KEY (name, slot)) ENGINE=InnoDB; \
+         CREATE TABLE {db}.lockrun_waiters ( \
+           seq BIGINT NOT NULL AUTO_INCREMENT, name VARCHAR(255) NOT NULL, \
+           owner VARBINARY(128) NOT NULL, label VARBINARY(2048) NOT NULL, \
+           mode VARBINARY(8) NOT NULL, lim INT NOT NULL, \
+           expires_at DATETIME(6) NOT NULL, conn BIGINT NOT NULL DEFAULT 0, \
+           PRIMARY KEY (seq), KEY (name, seq)) ENGINE=InnoDB"
+    ));
+    let name = "n".repeat(300);
+    let started = std::time::Instant::now();
+    let run = on(&my.url())
+        .args(["-n", &name, "true"])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut run = Reap(run);
+    let limit = Duration::from_secs(15);
+    let ended = wait_until(limit, || matches!(run.0.try_wait(), Ok(Some(_))));
+    assert!(ended, "-n on a 300-byte name still runs after {limit:?}");
+    let code = run.0.try_wait().unwrap().and_then(|s| s.code());
+    let mut err = String::new();
+    std::io::Read::read_to_string(run.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(code, Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("lockrun_tokens") && err.contains("name"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    let out = on(&my.url()).arg("doctor").code(69);
+    let text = out.stdout();
+    assert!(
+        text.contains("lockrun_tokens.name") && text.contains("varchar(255)"),
+        "{text}"
+    );
+}
+
+/// A server that makes every new table in MyISAM
+/// (`enforce_storage_engine`): with NO_ENGINE_SUBSTITUTION (the default
+/// sql_mode) the CREATE TABLE was refused with a line calling the server
+/// read-only and sending the operator to the primary; without it, with
+/// "Specified key was too long (1071)". Either way the line must name the
+/// table and the engine, and say InnoDB is required; nothing is made.
+#[test]
+fn enforce_storage_engine_myisam_is_named_with_the_table() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--enforce-storage-engine=MyISAM"]);
+    for sql_mode in ["NO_ENGINE_SUBSTITUTION", ""] {
+        my.sql(&format!("SET GLOBAL sql_mode = '{sql_mode}'"));
+        let out = on(&my.url()).args(["-n", "es", "true"]).code(69).says(&[
+            "lockrun_tokens",
+            "MyISAM",
+            "InnoDB",
+            "enforce_storage_engine",
+        ]);
+        assert!(!out.stderr().contains("read-only"), "{}", out.stderr());
+        assert!(
+            !my.has_tables("app"),
+            "sql_mode {sql_mode:?}: a table was made"
+        );
+    }
+}
+
+/// A server whose new InnoDB tables are COMPACT or REDUNDANT
+/// (`innodb_default_row_format`), whose index keys hold 767 bytes: every
+/// first run failed with "Index column size too large" (1709), naming
+/// neither the setting nor a fix, and doctor passed. lockrun's tables must
+/// be made so that they work there.
+#[test]
+fn an_old_default_row_format_still_makes_working_tables() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--innodb-default-row-format=COMPACT"]);
+    for format in ["COMPACT", "REDUNDANT"] {
+        my.sql(&format!(
+            "SET GLOBAL innodb_default_row_format = '{format}'"
+        ));
+        let db = my.database();
+        let url = my.url_in(&db);
+        on(&url).arg("doctor").succeeds();
+        let out = on(&url).args(["-n", "rf", "-c", "echo ran"]).output();
+        assert_eq!(
+            out.out.status.code(),
+            Some(0),
+            "innodb_default_row_format = {format}: {}",
+            out.stderr()
+        );
+        on(&url).arg("doctor").succeeds();
+    }
+}
+
+/// A server whose InnoDB is read-only (`innodb_read_only`): without
+/// lockrun's tables doctor passed while every run failed with "Table is
+/// read only"; with them doctor failed but advised grants. Doctor must say
+/// the server is read-only, without a GRANT, and a run must say so too.
+#[test]
+fn doctor_on_an_innodb_read_only_server_says_so_and_advises_no_grant() {
+    let _h = heavy();
+    let mut my = Mariadb::start();
+    on(&my.url()).args(["ro", "true"]).succeeds();
+    my.sql("CREATE DATABASE bare");
+    my.restart_with(&["--innodb-read-only"]);
+    for db in ["app", "bare"] {
+        let url = my.url_in(db);
+        let out = on(&url).arg("doctor").code(69);
+        let text = out.stdout();
+        assert!(text.contains("innodb_read_only"), "{db}: {text}");
+        assert!(!text.contains("GRANT"), "{db}: {text}");
+        on(&url)
+            .args(["-n", "ro", "true"])
+            .code(69)
+            .says(&["innodb_read_only"]);
+    }
+}
+
+/// A lease row written by hand with a mode lockrun never writes: `status`
+/// without a name failed (69) for every name. That row is left out, with
+/// a warning, and the other names are listed.
+#[test]
+fn a_hand_written_lease_row_of_an_unknown_mode_does_not_hide_the_others() {
+    let my = MyDb::new();
+    let url = my.url();
+    on(&url).args(["good", "true"]).succeeds();
+    let scratch = Scratch::new();
+    let _h = Reap(hold(Some(&url), "held", "30s", &scratch));
+    wait_until(Duration::from_secs(20), || {
+        status_json(&url, "held")["holders"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    });
+    my.sql(&format!(
+        "INSERT INTO {}.lockrun_leases VALUES ('odd', 0, 'o', 'by hand', 7, 'q', 1, \
+         UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6), FALSE)",
+        my.db
+    ));
+    let out = on(&url).arg("status").output();
+    assert_eq!(out.out.status.code(), Some(0), "{}", out.stderr());
+    assert!(out.stdout().contains("held"), "{}", out.stdout());
+    assert!(out.stderr().contains("odd"), "{}", out.stderr());
+}
+
+/// A counter row at BIGINT's maximum (written by hand, or imported): the
+/// name failed 69 for ever with "BIGINT value is out of range". The line
+/// must say what it is and how to clear it, naming the row.
+#[test]
+fn a_counter_at_its_maximum_is_said_with_the_row_to_clear() {
+    let my = MyDb::new();
+    let url = my.url();
+    on(&url).args(["mx", "true"]).succeeds();
+    my.sql(&format!(
+        "UPDATE {}.lockrun_tokens SET token = 9223372036854775807 WHERE name = 'mx'",
+        my.db
+    ));
+    let started = std::time::Instant::now();
+    let out =
+        on(&url)
+            .args(["mx", "true"])
+            .code(69)
+            .says(&["lockrun_tokens", "maximum", "mx", "DELETE"]);
+    assert!(!out.stderr().contains("out of range"), "{}", out.stderr());
+    assert!(started.elapsed() < Duration::from_secs(5), "retried");
+    on(&url).args(["other", "true"]).succeeds();
+}
+
+/// Database names the server accepts (a backtick in it, 40 Cyrillic
+/// letters: 80 bytes, 40 characters) were refused with 64.
+#[test]
+fn database_names_the_server_accepts_are_accepted() {
+    let my = Mariadb::shared();
+    let cyrillic = "б".repeat(40);
+    for (db, in_url) in [
+        ("a`b", "a%60b".to_string()),
+        (cyrillic.as_str(), cyrillic.clone()),
+    ] {
+        my.sql(&format!(
+            "CREATE DATABASE IF NOT EXISTS `{}`",
+            db.replace('`', "``")
+        ));
+        let url = my.url_in(&in_url);
+        let out = on(&url).args(["db", "-c", "echo ran"]).output();
+        assert_eq!(out.out.status.code(), Some(0), "{db}: {}", out.stderr());
+        on(&url).arg("doctor").succeeds();
+    }
+}
+
+/// A socket path with an `@` in it was read as the end of a user, and
+/// the URL then "names no database"; a `#fragment` became part of the
+/// database's name; a socket that is not there was not named.
+#[test]
+fn socket_urls_read_and_say_their_socket() {
+    let my = MyDb::new();
+    let scratch = Scratch::new();
+    let dir = scratch.path("a@b");
+    std::fs::create_dir(&dir).unwrap();
+    let link = dir.join("sock");
+    std::os::unix::fs::symlink(my.server.socket(), &link).unwrap();
+    let url = format!(
+        "mariadb://root@localhost/{}?socket={}",
+        my.db,
+        link.display()
+    );
+    let out = on(&url).args(["at", "-c", "echo ran"]).output();
+    assert_eq!(out.out.status.code(), Some(0), "{}", out.stderr());
+    on(&format!("{}#frag", my.url()))
+        .args(["fr", "true"])
+        .code(64)
+        .says(&["--url", "fragment"]);
+    let gone = scratch.path("gone.sock");
+    let url = format!(
+        "mariadb://root@localhost/{}?socket={}",
+        my.db,
+        gone.display()
+    );
+    on(&url)
+        .args(["-n", "gs", "true"])
+        .code(69)
+        .says(&[&gone.display().to_string()]);
+}
+
+/// A server whose connections are all taken (1040, Too many connections):
+/// `-n` gave up at once. It is transient: tried again within the bound on
+/// one request, and given up with a line naming the server's limit.
+#[test]
+fn too_many_connections_is_waited_out_within_the_bound() {
+    let _h = heavy();
+    let my = Mariadb::start();
+    my.sql(
+        "CREATE USER 'app'@'%' IDENTIFIED BY 'app-pw'; GRANT ALL ON app.* TO 'app'@'%'; \
+         SET GLOBAL max_connections = 10",
+    );
+    let url = my.url_as("app", "app-pw", "app");
+    let client = |sql: &str| {
+        let mut c = std::process::Command::new("mariadb");
+        c.arg("--no-defaults")
+            .args(["--protocol=TCP", "-h127.0.0.1"])
+            .arg(format!("-P{}", my.port))
+            .args(["--skip-ssl", "-uapp", "-papp-pw", "-e", sql]);
+        c
+    };
+    // Every connection taken (MariaDB's least max_connections is 10).
+    let take_all = || -> Vec<Reap> {
+        let mut takers = Vec::new();
+        for _ in 0..30 {
+            let o = client("SELECT 1").output().unwrap();
+            if text(&o.stderr).contains("Too many connections") {
+                return takers;
+            }
+            for _ in 0..3 {
+                let c = client("SELECT SLEEP(60)")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                takers.push(Reap(c));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        panic!("the connections were not all taken");
+    };
+    let free_all = || {
+        let ids = my.sql("SELECT id FROM information_schema.processlist WHERE user = 'app'");
+        for id in ids.split_whitespace() {
+            my.try_kill(id);
+        }
+    };
+    // Taken when -n starts, free a moment later: granted.
+    let takers = take_all();
+    let run = on(&url)
+        .args(["-n", "tm", "-c", "echo ran"])
+        .stderr(Stdio::piped())
+        .spawn();
+    std::thread::sleep(Duration::from_millis(500));
+    free_all();
+    drop(takers);
+    let (code, err) = exited(run, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "{err}");
+    // Taken for longer than the bound: one line naming the limit.
+    let _takers = take_all();
+    let started = std::time::Instant::now();
+    on(&url)
+        .args(["-n", "tm", "true"])
+        .code(69)
+        .says(&["max_connections"]);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    free_all();
+}

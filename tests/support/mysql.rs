@@ -370,6 +370,24 @@ impl Mariadb {
         self.launch(true);
     }
 
+    /// Shut down cleanly (nothing left to recover, as `--innodb-read-only`
+    /// needs) and start again on the same port and data with these settings.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.sql("SET GLOBAL innodb_fast_shutdown = 0; SHUTDOWN");
+        if let Some(mut c) = self.child.take() {
+            let pid = c.id() as i32;
+            let gone = wait_until(Duration::from_secs(60), || {
+                matches!(c.try_wait(), Ok(Some(_)))
+            });
+            if !gone {
+                signal(pid, libc::SIGKILL);
+            }
+            let _ = c.wait();
+        }
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.launch(true);
+    }
+
     pub fn pause(&self) {
         signal(self.pid(), libc::SIGSTOP);
     }

@@ -145,11 +145,19 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
     let scheme = scheme.to_ascii_lowercase();
     // The user and password run to the last '@', before the path and the
     // query are split off: a password may hold '/', '?' or '@' unencoded.
-    // Never echo the raw URL, nor any part of what precedes that '@'.
-    let (userinfo, rest) = match rest.rsplit_once('@') {
-        Some((u, r)) => (Some(u), r),
+    // An '@' in a socket's path is not that one. Never echo the raw URL,
+    // nor any part of what precedes that '@'.
+    let (userinfo, rest) = match user_end(rest) {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
     };
+    if rest.contains('#') {
+        return Err(bad(
+            "it has a fragment (#…), which no MySQL URL has (write a '#' in a database \
+             or socket name as %23)"
+                .into(),
+        ));
+    }
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
@@ -230,7 +238,9 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
             ));
         }
     };
-    if database.len() > 64 || database.contains(['/', '`', '\0']) {
+    // At most 64 characters, not bytes; any other rule is the server's to
+    // apply (the name is sent as it is, never written into a statement).
+    if database.chars().count() > 64 || database.contains('\0') {
         return Err(bad("the database name is not one MySQL allows".into()));
     }
     let mut ssl_mode = SslMode::Preferred;
@@ -274,6 +284,11 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
     if host.is_empty() && socket.is_none() {
         return Err(bad("it names no host".into()));
     }
+    // The socket is no secret, and says which server a message is about.
+    let display = match &socket {
+        Some(s) => format!("{display}?socket={}", crate::text::printable(s)),
+        None => display,
+    };
     Ok(MyUrl {
         host: if host.is_empty() {
             "localhost".into()
@@ -290,6 +305,24 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
         ca_file: None,
         display,
     })
+}
+
+/// Where the user and password end: the last '@' that is not in the
+/// value of a `socket` parameter; failing that, the last '@'.
+fn user_end(rest: &str) -> Option<usize> {
+    let last = rest.rfind('@')?;
+    let in_socket = |at: usize| {
+        let before = &rest[..at];
+        let param = before.rsplit(['?', '&']).next().unwrap_or("");
+        before.contains('?') && param.to_ascii_lowercase().starts_with("socket=")
+    };
+    Some(
+        rest.match_indices('@')
+            .map(|(i, _)| i)
+            .rev()
+            .find(|&i| !in_socket(i))
+            .unwrap_or(last),
+    )
 }
 
 #[cfg(test)]
@@ -336,6 +369,30 @@ mod tests {
         );
         assert_eq!(s.ssl_mode, SslMode::Disabled);
         assert!(!s.display.contains("a/b"), "{}", s.display);
+        let at = read(
+            "mysql://u:p@ss@localhost/d?socket=/run/a@b/s.sock",
+            &env_none,
+        )
+        .unwrap();
+        assert_eq!(at.socket.as_deref(), Some("/run/a@b/s.sock"));
+        assert_eq!(
+            (at.user.as_str(), at.password.as_deref()),
+            ("u", Some("p@ss"))
+        );
+        assert!(
+            at.display.ends_with("?socket=/run/a@b/s.sock"),
+            "{}",
+            at.display
+        );
+        let q = read("mysql://u@h/a%60b", &env_none).unwrap();
+        assert_eq!(q.database, "a`b");
+        let long = "б".repeat(64);
+        assert_eq!(
+            read(&format!("mysql://u@h/{long}"), &env_none)
+                .unwrap()
+                .database,
+            long
+        );
         for bad in [
             "mysql://u:s3cret@h",
             "mysql://u:s3cret@h:0/d",
@@ -345,7 +402,9 @@ mod tests {
             "mysql://u:s3cret@h/d?socket=relative",
             "mysql://u:s3cret@/d",
             "mysql://u:s3cret@h/d%zz",
-            "mysql://u:s3cret@h/a`b",
+            &format!("mysql://u:s3cret@h/{}", "d".repeat(65)),
+            "mysql://u:s3cret@h/d#frag",
+            "mysql://u:s3c#ret@h/d#frag",
             "mysql://u:s3c?ret@h",
             "mysql://u:s3c/ret@h:1x/d",
         ] {

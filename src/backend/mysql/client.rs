@@ -181,7 +181,30 @@ impl Client {
         Ok(o)
     }
 
+    /// Connect; a server whose connections are all taken (1040, 1203) is
+    /// asked again, backing off, within the bound on one call: a moment
+    /// later one may be free.
     fn open(&mut self) -> Result<Conn, Error> {
+        let started = crate::clock::Boot::now();
+        let mut tries = 0;
+        loop {
+            let got = self.open_once();
+            let full = matches!(self.last_code, Some(1040 | 1203));
+            if got.is_ok() || !full {
+                return got;
+            }
+            tries += 1;
+            let pause =
+                crate::clock::backoff(tries, Duration::from_millis(20), Duration::from_millis(250));
+            if crate::clock::Boot::now().since(started) + pause >= self.op {
+                return got;
+            }
+            std::thread::sleep(pause);
+            self.last_code = None;
+        }
+    }
+
+    fn open_once(&mut self) -> Result<Conn, Error> {
         let tls = self.url.socket.is_none() && self.url.ssl_mode != SslMode::Disabled;
         let got = Conn::new(self.options(tls)?);
         let got = match got {
@@ -484,11 +507,23 @@ pub const GRANTS_HINT: &str =
 
 fn kind(code: u16, text: String, url: &MyUrl) -> Error {
     if transient_code(code) {
-        return Error::Transient(text);
+        return Error::Transient(match code {
+            1040 => {
+                format!("{text}: every connection the server allows (max_connections) is taken")
+            }
+            1203 => format!(
+                "{text}: every connection this user may have (max_user_connections) is taken"
+            ),
+            _ => text,
+        });
     }
     let hint = match code {
         1045 | 1698 => format!("; check the user {:?} and its password", url.user),
         c if DENIED.contains(&c) => GRANTS_HINT.into(),
+        1290 if !text.to_ascii_lowercase().contains("read") => String::new(),
+        1036 => "; the server is read-only (innodb_read_only, read_only or super_read_only): \
+                 point lockrun at a server that may write"
+            .into(),
         1290 | 1836 | 1792 => {
             "; the server is read-only (read_only or super_read_only, a replica): point \
              lockrun at the primary"
@@ -519,10 +554,17 @@ mod tests {
             let e = kind(code, "x".into(), &url);
             assert!(matches!(e, Error::Refused(_)), "{code}: {e:?}");
         }
+        let read_only = "The MariaDB server is running with the --read-only option";
         assert!(
-            kind(1290, "x".into(), &url)
+            kind(1290, read_only.into(), &url)
                 .to_string()
-                .contains("read-only")
+                .contains("point lockrun at the primary")
+        );
+        let enforced = "The MariaDB server is running with the NO_ENGINE_SUBSTITUTION option";
+        assert!(
+            !kind(1290, enforced.into(), &url)
+                .to_string()
+                .contains("primary")
         );
         assert!(
             kind(1054, "x".into(), &url)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::address::{MyUrl, tables_of};
 use super::client::{Client, float, int, text};
+use super::shape;
 use super::sql::{self, Tables};
 use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
 use crate::backend::{Check, Error, Opening};
@@ -102,14 +103,26 @@ pub fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
             format!("{version}: lockrun is tested on MariaDB 10.11; MariaDB 10.5 or MySQL 8 or later is expected"),
         )
     });
-    if int(about, 3).unwrap_or(0) != 0 {
+    // Not in the first query: a server without InnoDB has no such variable.
+    let innodb_read_only = client
+        .query("SELECT @@GLOBAL.innodb_read_only".into())
+        .ok()
+        .and_then(|r| r.first().and_then(|r| int(r, 0)))
+        .unwrap_or(0)
+        != 0;
+    if innodb_read_only {
+        out.push(Check::fail("read-only", INNODB_READ_ONLY));
+    } else if int(about, 3).unwrap_or(0) != 0 {
         out.push(Check::fail(
             "read-only",
             "the server is read-only (read_only = ON): every grant fails; point lockrun at \
              the primary",
         ));
     } else {
-        out.push(Check::ok("read-only", "read_only = OFF"));
+        out.push(Check::ok(
+            "read-only",
+            "read_only = OFF, innodb_read_only = OFF",
+        ));
     }
     out.push(Check::ok(
         "time_zone",
@@ -124,9 +137,21 @@ pub fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
     out.push(wake_check(&mut client));
     out.push(binlog(&mut client));
     let database = text(about, 2).unwrap_or_default();
-    out.push(tables(&mut client, &base, &database, &grantee));
+    out.push(if innodb_read_only {
+        Check::fail(
+            "tables",
+            "neither created nor written while InnoDB is read-only (innodb_read_only = ON)",
+        )
+    } else {
+        tables(&mut client, &base, &database, &grantee)
+    });
     out
 }
+
+/// Why nothing can be done on a server whose InnoDB is read-only.
+const INNODB_READ_ONLY: &str = "the server's InnoDB is read-only (innodb_read_only = ON): no \
+    table can be created or written, so every run fails; start the server without \
+    innodb_read_only, or point lockrun at one that may write";
 
 /// `'user'@'host'` of `CURRENT_USER()`'s `user@host`, as a GRANT names it.
 fn grantee(current: &str) -> String {
@@ -320,6 +345,19 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
         Err(_) if client.last_code == Some(1665) => {
             return Check::fail("tables", sql::STATEMENT_BINLOG);
         }
+        Err(e)
+            if matches!(client.last_code, Some(1036 | 1792 | 1836))
+                || (client.last_code == Some(1290) && denied(&e).contains("read")) =>
+        {
+            return Check::fail(
+                "tables",
+                format!(
+                    "{names} exist, but the server refuses to write them ({}): it is \
+                     read-only; point lockrun at a server that may write",
+                    denied(&e)
+                ),
+            );
+        }
         Err(e) => {
             return Check::fail(
                 "tables",
@@ -342,9 +380,23 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
             ),
         );
     }
+    let f = client.flight(&shape::describe(&t));
+    if let Some((_, e)) = f.failed {
+        return Check::warn(
+            "tables",
+            format!("{names} exist in InnoDB, but their columns could not be read: {e}"),
+        );
+    }
+    let diffs = shape::differences(base, &f.sets);
+    if !diffs.is_empty() {
+        return Check::fail("tables", shape::said(database, &diffs));
+    }
     Check::ok(
         "tables",
-        format!("{names} exist in InnoDB; the user may read and write them"),
+        format!(
+            "{names} exist in InnoDB with the columns and keys lockrun needs; the user may \
+             read and write them"
+        ),
     )
 }
 

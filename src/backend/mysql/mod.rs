@@ -18,6 +18,7 @@
 mod address;
 mod client;
 mod doctor;
+mod shape;
 mod sql;
 mod take;
 
@@ -162,8 +163,14 @@ impl Engine for Mysql {
                 ));
             }
             if int(r, 1).is_some() {
-                let h = holder_of(r, 1)?;
-                names.last_mut().expect("pushed above").1.holders.push(h);
+                match holder_of(r, 1) {
+                    Ok(h) => names.last_mut().expect("pushed above").1.holders.push(h),
+                    // A row written by hand: said, and the others listed.
+                    Err(e) => log::warn(format!(
+                        "{}: a lease row left out: {e}",
+                        crate::text::printable(&names.last().expect("pushed above").0)
+                    )),
+                }
             }
         }
         let mut notes = Vec::new();

@@ -138,13 +138,15 @@ impl Tables {
 
     /// Create what is missing; `IF NOT EXISTS`, so lockruns that create
     /// at once all succeed. Text columns are bytes (names compare and sort
-    /// byte by byte, whatever the database's collation).
+    /// byte by byte, whatever the database's collation). DYNAMIC rows,
+    /// whatever `innodb_default_row_format` says: the keys on names are
+    /// longer than the 767 bytes COMPACT and REDUNDANT rows allow.
     pub fn create(&self) -> Vec<String> {
         vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {} ( \
                    name VARBINARY(1024) NOT NULL, token BIGINT NOT NULL, \
-                   PRIMARY KEY (name)) ENGINE=InnoDB",
+                   PRIMARY KEY (name)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
                 self.tokens
             ),
             format!(
@@ -154,7 +156,7 @@ impl Tables {
                    token BIGINT NOT NULL, mode VARBINARY(8) NOT NULL, lim INT NOT NULL, \
                    expires_at DATETIME(6) NOT NULL, granted_at DATETIME(6) NOT NULL, \
                    revoked BOOLEAN NOT NULL DEFAULT FALSE, \
-                   PRIMARY KEY (name, slot)) ENGINE=InnoDB",
+                   PRIMARY KEY (name, slot)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
                 self.leases
             ),
             format!(
@@ -163,7 +165,7 @@ impl Tables {
                    owner VARBINARY(128) NOT NULL, label VARBINARY(2048) NOT NULL, \
                    mode VARBINARY(8) NOT NULL, lim INT NOT NULL, \
                    expires_at DATETIME(6) NOT NULL, conn BIGINT NOT NULL DEFAULT 0, \
-                   PRIMARY KEY (seq), KEY (name, seq)) ENGINE=InnoDB",
+                   PRIMARY KEY (seq), KEY (name, seq)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
                 self.waiters
             ),
         ]

@@ -11,6 +11,7 @@ use std::time::Duration;
 use mysql::Row;
 
 use super::client::{Client, Woke, int, text};
+use super::shape;
 use super::sql::{self, Tables, lit, wake_key};
 use super::{MyHeld, Mysql};
 use crate::backend::drive::{Step, Take, Transport, drive};
@@ -18,7 +19,7 @@ use crate::backend::table::{Cells, Rows, Target, Verdict, entries, judge};
 use crate::backend::table::{KEPT, PREEMPTED, SUPERSEDE};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
-use crate::clock::Boot;
+use crate::clock::{Boot, backoff};
 use crate::log;
 
 /// A waiter's place lasts a third of the ttl unless kept, so one killed
@@ -37,7 +38,15 @@ struct Place {
     seq: Option<i64>,
     joined: bool,
     holder: Option<String>,
+    /// Looks in a row that neither waited nor decided: the name's counter
+    /// row made but not found, a grant not found after it was made.
+    stalls: u32,
 }
+
+/// Looks in a row that may stall before the run gives up: a name's first
+/// request makes its counter row once and looks again; tables that cut
+/// or lose what lockrun writes stall every time.
+const STALLS: u32 = 4;
 
 enum Outcome {
     Granted {
@@ -87,6 +96,26 @@ impl Take for Taking<'_> {
                         return Ok(Step::Over(self.my.client.failed(&doing(), e)));
                     }
                 }
+                Err(_) if self.my.client.last_code == Some(1690) => {
+                    // BIGINT out of range: a token past the largest.
+                    let e = self.my.tokens_used_up(self.req.name);
+                    self.leave();
+                    return Ok(Step::Over(self.my.client.failed(&doing(), e)));
+                }
+                Ok(Step::Again) if self.place.stalls >= STALLS => {
+                    let e = self.my.stalled(self.place.stalls);
+                    self.leave();
+                    return Ok(Step::Over(self.my.client.failed(&doing(), e)));
+                }
+                Ok(Step::Again) if self.place.stalls > 1 => {
+                    // Again without waiting: not at once.
+                    std::thread::sleep(backoff(
+                        self.place.stalls - 1,
+                        Duration::from_millis(10),
+                        Duration::from_millis(500),
+                    ));
+                    return Ok(Step::Again);
+                }
                 done => return done,
             }
         }
@@ -127,17 +156,75 @@ impl Mysql {
             "creating lockrun's tables {}_leases, {}_waiters and {}_tokens",
             self.tables.base, self.tables.base, self.tables.base
         ));
-        match self.client.run(&self.tables.create()) {
-            Ok(_) => Ok(()),
-            Err(Error::Refused(m)) if matches!(self.client.last_code, Some(1142 | 1044)) => {
+        let f = self.client.flight(&self.tables.create());
+        let Some((at, e)) = f.failed else {
+            return Ok(());
+        };
+        let code = self.client.last_code;
+        let database = crate::text::printable(&self.client.url().database).into_owned();
+        match e {
+            Error::Refused(m) if matches!(code, Some(1142 | 1044)) => Err(Error::Refused(format!(
+                "cannot create lockrun's tables in database {database}: {m}; create them once \
+                 as a user that may (lockrun-engines(7) \"MYSQL AND MARIADB\")"
+            ))),
+            Error::Refused(m) => {
+                let table = ["tokens", "leases", "waiters"]
+                    .get(at)
+                    .map_or(String::new(), |t| format!("{}_{t}", self.tables.base));
+                // A server that makes new tables in another engine refuses
+                // InnoDB (1290), or makes one whose keys are too long (1071).
+                if let Some(engine) = self.enforced_engine() {
+                    return Err(Error::Refused(format!(
+                        "cannot create lockrun's table {database}.{table}: the server makes \
+                         every new table in {engine} (enforce_storage_engine), and lockrun \
+                         needs InnoDB, whose transactions and row locks keep two holders \
+                         apart: set enforce_storage_engine to InnoDB, or to nothing"
+                    )));
+                }
+                if self.innodb_read_only() {
+                    return Err(Error::Refused(format!(
+                        "cannot create lockrun's table {database}.{table}: the server's InnoDB \
+                         is read-only (innodb_read_only = ON); point lockrun at a server that \
+                         may write"
+                    )));
+                }
+                let keys = if matches!(code, Some(1071 | 1709)) {
+                    "; lockrun's keys on names need InnoDB's DYNAMIC rows (keys up to 3072 \
+                     bytes): allow ROW_FORMAT=DYNAMIC on the server (innodb_default_row_format, \
+                     innodb_file_per_table)"
+                } else {
+                    ""
+                };
                 Err(Error::Refused(format!(
-                    "cannot create lockrun's tables in database {}: {m}; create them once as \
-                     a user that may (lockrun-engines(7) \"MYSQL AND MARIADB\")",
-                    self.client.url().database
+                    "cannot create lockrun's table {database}.{table} in InnoDB: {m}{keys}"
                 )))
             }
-            Err(e) => Err(e),
+            e => Err(e),
         }
+    }
+
+    /// The server's InnoDB creates and writes nothing (`innodb_read_only`).
+    fn innodb_read_only(&mut self) -> bool {
+        let rows = self
+            .client
+            .flight_keeping(&["SELECT @@GLOBAL.innodb_read_only".into()], &[1193])
+            .sets;
+        rows.first()
+            .and_then(|s| s.first())
+            .and_then(|r| int(r, 0))
+            .is_some_and(|v| v != 0)
+    }
+
+    /// The engine `enforce_storage_engine` makes every new table in, when
+    /// it is set and is not InnoDB (MariaDB; MySQL has no such setting).
+    fn enforced_engine(&mut self) -> Option<String> {
+        let rows = self
+            .client
+            .flight_keeping(&["SELECT @@GLOBAL.enforce_storage_engine".into()], &[1193])
+            .sets;
+        let engine = rows.first()?.first().and_then(|r| text(r, 0))?;
+        (!engine.is_empty() && !engine.eq_ignore_ascii_case("InnoDB"))
+            .then(|| crate::text::printable(&engine).into_owned())
     }
 
     /// Refuse tables that are not InnoDB (`Tables::engines`); tables not
@@ -196,8 +283,15 @@ impl Mysql {
             look(c, rows, &tables, req, place, patience)
         })?;
         let Some(outcome) = outcome else {
+            // The counter row was made: look again.
+            place.stalls += 1;
             return Ok(Step::Again);
         };
+        if matches!(outcome, Outcome::Again) {
+            place.stalls += 1;
+        } else {
+            place.stalls = 0;
+        }
         match outcome {
             Outcome::Granted { slot, token } => {
                 let fresh = self.client.fresh();
@@ -259,6 +353,45 @@ impl Mysql {
                 }
             }
         }
+    }
+
+    /// Why a name's looks keep stalling: how lockrun's tables differ from
+    /// what it needs, read from the server, or else what did not happen.
+    fn stalled(&mut self, tries: u32) -> Error {
+        let database = self.client.url().database.clone();
+        let f = self.client.flight(&shape::describe(&self.tables));
+        let diffs = shape::differences(&self.tables.base, &f.sets);
+        if !diffs.is_empty() {
+            return Error::Refused(shape::said(&database, &diffs));
+        }
+        Error::Refused(format!(
+            "after {tries} tries, the name's rows in database {}'s {}_tokens and {}_leases \
+             are still not as lockrun wrote them (something changes or removes them); \
+             run lockrun doctor",
+            crate::text::printable(&database),
+            self.tables.base,
+            self.tables.base,
+        ))
+    }
+
+    /// A name whose counter (or a lease row's token) is at BIGINT's
+    /// largest: no greater token can be given, and lockrun gives none
+    /// lower. Clearing the row is the operator's choice, said with what
+    /// it costs.
+    fn tokens_used_up(&self, name: &str) -> Error {
+        let database = crate::text::printable(&self.client.url().database).into_owned();
+        let t = &self.tables;
+        Error::Refused(format!(
+            "the name's token counter is at its maximum ({}, BIGINT's largest; set by hand or \
+             imported), so no greater token can be given: to clear it, while nothing holds \
+             the name, DELETE FROM {database}.{tokens} WHERE name = {n}, and its rows from \
+             {leases}; its tokens then start again from the server's clock in microseconds, \
+             below those given before",
+            i64::MAX,
+            tokens = t.tokens,
+            leases = t.leases,
+            n = lit(name),
+        ))
     }
 
     /// Keep our place, on condition that the row we block on is still there.
