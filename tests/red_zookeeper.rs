@@ -1577,3 +1577,85 @@ fn a_stopped_holder_s_job_is_not_running_when_the_next_starts() {
         state.trim()
     );
 }
+
+/// A name's node made by a run without credentials (open to everyone),
+/// then held by a digest user: every other identity (none, another user,
+/// a wrong password) cannot read the holder's request node. Protects
+/// against such a node being skipped as gone, which let those runs be
+/// granted beside the holder and `status` call the name free: a node
+/// lockrun cannot read is a holder it cannot judge, so it refuses (69,
+/// one line naming the ACL). On one server and on an ensemble.
+#[test]
+fn a_request_node_of_another_identity_is_never_skipped() {
+    let ensemble = shared_ensemble();
+    for (port, hosts) in [
+        (shared_zookeeper(), None),
+        (
+            ensemble[0],
+            Some(
+                ensemble
+                    .iter()
+                    .map(|p| format!("127.0.0.1:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ),
+    ] {
+        let (_, chroot) = zk_chroot_on(port);
+        let hosts = hosts.unwrap_or(format!("127.0.0.1:{port}"));
+        let with = |auth: &str| format!("zk://{auth}{hosts}{chroot}");
+        let anon = with("");
+        let lra = with("lra:pw-right@");
+        let scratch = Scratch::new();
+        // The anonymous run makes the name's node and holds; the digest
+        // user queues behind it and holds once it leaves, so the name's
+        // node (open to all) stays.
+        let first = Reap(
+            on(&anon)
+                .args(["--ttl", "6s", "mixed", "-c"])
+                .arg(gated_job(&scratch, "apid", "goa"))
+                .spawn(),
+        );
+        scratch.pid_in("apid");
+        let holder = Reap(
+            on(&lra)
+                .args(["--ttl", "6s", "-w", "60", "mixed", "-c"])
+                .arg(gated_job(&scratch, "lpid", "gol"))
+                .spawn(),
+        );
+        wait_queued(&lra, "mixed", 1);
+        std::fs::write(scratch.path("goa"), "").unwrap();
+        scratch.pid_in("lpid");
+        drop(first);
+        for (who, url) in [
+            ("no credentials", anon.clone()),
+            ("another user", with("other:pw@")),
+            ("a wrong password", with("lra:WRONG@")),
+        ] {
+            let ran = scratch.path("ran");
+            let out = on(&url)
+                .args(["--ttl", "6s", "-n", "mixed", "-c"])
+                .arg(format!("touch {}", ran.display()))
+                .output();
+            let err = out.stderr();
+            assert!(
+                !ran.exists(),
+                "{who} (port {port}): its job ran beside the digest user's (exit {:?}): {err}",
+                out.out.status.code()
+            );
+            assert_eq!(out.out.status.code(), Some(69), "{who}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{who}: {err}");
+            assert!(err.contains("identity"), "{who}: {err}");
+            let st = on(&url).args(["status", "mixed"]).output();
+            let (code, said) = (st.out.status.code(), st.stdout() + &st.stderr());
+            assert_eq!(code, Some(69), "{who}: status says: {said}");
+            assert!(said.contains("identity"), "{who}: {said}");
+        }
+        // The digest user itself still reads its name.
+        assert_eq!(status_json(&lra, "mixed")["held"], true);
+        std::fs::write(scratch.path("gol"), "").unwrap();
+        let mut holder = holder;
+        let code = wait_child(&mut holder.0, Duration::from_secs(30)).code();
+        assert_eq!(code, Some(0), "the digest user's run");
+    }
+}

@@ -96,6 +96,9 @@ fn run<T: Send + 'static>(
 pub enum CallError {
     Zk(zk::Error),
     Timeout,
+    /// A node of a name (its path) that this identity may not read: the
+    /// ACL of another identity's node. lockrun cannot tell whether it holds.
+    Foreign(String),
 }
 
 impl Client {
@@ -272,6 +275,13 @@ pub fn sort(e: CallError, doing: &str) -> Error {
     let e = match e {
         CallError::Timeout => {
             return Error::Transient(format!("{doing}: no answer in time"));
+        }
+        CallError::Foreign(path) => {
+            return Error::Refused(format!(
+                "{doing}: the node {path} belongs to another identity (its ACL denies this \
+                 one: NoAuth), so lockrun cannot tell whether it holds the name; every user \
+                 of a name must use the same credentials"
+            ));
         }
         CallError::Zk(e) => e,
     };

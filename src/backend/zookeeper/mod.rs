@@ -156,9 +156,23 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
     let mut windows = Vec::new();
     let mut slots: Vec<(u32, String)> = Vec::new();
     for (node, result) in wanted.iter().zip(results) {
-        let zk::MultiReadResult::Data { data, stat } = result else {
+        let (data, stat) = match result {
+            zk::MultiReadResult::Data { data, stat } => (data, stat),
             // Gone since the list.
-            continue;
+            zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            } => continue,
+            // Another identity's node: a holder we cannot judge, never
+            // one to leave out.
+            zk::MultiReadResult::Error {
+                err: zk::Error::NoAuth,
+            } => return Err(CallError::Foreign(nodes.child(node))),
+            zk::MultiReadResult::Error { err } => return Err(CallError::Zk(err)),
+            _ => {
+                return Err(CallError::Zk(zk::Error::UnexpectedError(format!(
+                    "no data in the reply for {node}"
+                ))));
+            }
         };
         if let Some(slot) = slot_of(node) {
             slots.push((slot, String::from_utf8_lossy(&data).into_owned()));
