@@ -1659,3 +1659,130 @@ fn a_request_node_of_another_identity_is_never_skipped() {
         assert_eq!(code, Some(0), "the digest user's run");
     }
 }
+
+/// A job that writes its pid to `pid`, then the time (ns) to `alive`
+/// every 50 ms until it is stopped: the last time it was seen running.
+fn beating_job(scratch: &Scratch, pid: &str, alive: &str) -> String {
+    format!(
+        "echo $$ > {p}; while :; do date +%s%N > {a}.new && mv {a}.new {a}; sleep 0.05; done",
+        p = scratch.path(pid).display(),
+        a = scratch.path(alive).display()
+    )
+}
+
+/// A holder whose session reconnects to a server that now grants shorter
+/// sessions (restarted with a smaller maxSessionTimeout, as a rolling
+/// change of tickTime does): ZooKeeper negotiates the session timeout
+/// again on every reconnect. Protects against the holder keeping the
+/// deadline of the session it opened: cut off later, its session expired
+/// 3 s after the cut and the next run was granted while the old job ran
+/// on for seconds. The lease is what the server grants now: the holder's
+/// next renewal stops its job (76) before anyone else can be granted.
+#[test]
+fn a_holder_whose_session_shrinks_on_reconnect_stops_before_the_next_runs() {
+    let mut zk = Zookeeper::start();
+    let proxy = ZkProxy::start(zk.server.port);
+    let scratch = Scratch::new();
+    let holder = on(&proxy.url())
+        .args(["--ttl", "12s", "shrink", "-c"])
+        .arg(beating_job(&scratch, "hpid", "alive"))
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut holder = Reap(holder);
+    scratch.pid_in("hpid");
+    zk.server.restart_with("maxSessionTimeout", "3000");
+    // The holder reconnects with 3 s granted; its next renewal comes
+    // within ttl/3 (4 s). Then the link is cut, for good.
+    wait_until(Duration::from_secs(20), || {
+        !matches!(holder.0.try_wait(), Ok(None))
+    });
+    proxy.set_stall(true);
+    let next = on(&zk.url())
+        .args(["--ttl", "3s", "-w", "90", "shrink", "-c"])
+        .arg(format!("date +%s%N > {}", scratch.path("next").display()))
+        .stderr(Stdio::piped())
+        .spawn();
+    let (code, err) = exited(next, Duration::from_secs(120));
+    assert_eq!(code, Some(0), "the next run: {err}");
+    let code = wait_child(&mut holder.0, Duration::from_secs(60)).code();
+    let mut said = String::new();
+    if let Some(mut e) = holder.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut said);
+    }
+    let next_at: u128 = scratch.read("next").trim().parse().unwrap();
+    let last_alive: u128 = scratch.read("alive").trim().parse().unwrap();
+    assert!(
+        last_alive < next_at,
+        "the holder's job still ran {:?} after the next run's job started (the holder \
+         exited {code:?}: {said})",
+        Duration::from_nanos((last_alive - next_at) as u64)
+    );
+    assert_eq!(code, Some(76), "{said}");
+    assert!(
+        said.contains("3s"),
+        "does not say what the server grants: {said}"
+    );
+}
+
+/// A waiter whose session expired while its lockrun was stopped, then
+/// reconnected to a server that now grants shorter sessions than its ttl.
+/// Protects against the new session's timeout going unchecked (it was
+/// checked only when lockrun first connected): the waiter was granted on
+/// a 3 s session with the schedule of an 8 s lease. It is refused as a
+/// fresh run is (64, naming maxSessionTimeout), and its job never runs.
+#[test]
+fn a_waiter_whose_session_shrinks_is_refused_as_a_fresh_run_is() {
+    let mut zk = Zookeeper::start();
+    let url = zk.url();
+    let scratch = Scratch::new();
+    let _holder = Reap(
+        on(&url)
+            .args(["--ttl", "8s", "wshrink", "-c"])
+            .arg(gated_job(&scratch, "hpid", "go"))
+            .spawn(),
+    );
+    scratch.pid_in("hpid");
+    let waiter = on(&url)
+        .args(["--ttl", "8s", "-w", "120", "wshrink", "-c"])
+        .arg(format!("touch {}", scratch.path("ran").display()))
+        .stderr(Stdio::piped())
+        .spawn();
+    let wpid = waiter.id() as i32;
+    let waiter = Reap(waiter);
+    wait_queued(&url, "wshrink", 1);
+    let requests = |port: u16| -> Vec<String> {
+        let mut q: Vec<String> = zk_tree(port, None)
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| p.starts_with("/lockrun/wshrink/q-"))
+            .collect();
+        q.sort_by_key(|p| p.rsplit('-').next().unwrap_or("").to_string());
+        q
+    };
+    let queued = requests(zk.server.port);
+    assert_eq!(queued.len(), 2, "{queued:?}");
+    let mine = queued[1].clone();
+    // Stopped past its session timeout, while the server restarts with
+    // smaller sessions.
+    signal(wpid, libc::SIGSTOP);
+    zk.server.restart_with("maxSessionTimeout", "3000");
+    assert!(
+        wait_until(Duration::from_secs(40), || !requests(zk.server.port)
+            .contains(&mine)),
+        "the stopped waiter's session never expired"
+    );
+    signal(wpid, libc::SIGCONT);
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let mut waiter = waiter;
+    let code = wait_child(&mut waiter.0, Duration::from_secs(90)).code();
+    let mut err = String::new();
+    if let Some(mut e) = waiter.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(
+        !scratch.exists("ran"),
+        "the waiter ran its job on a session shorter than its ttl (exit {code:?}): {err}"
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("maxSessionTimeout"), "{err}");
+}

@@ -16,6 +16,7 @@
 mod address;
 mod client;
 mod doctor;
+mod granted;
 mod queue;
 mod take;
 
@@ -607,6 +608,7 @@ impl Held for ZkHeld {
             preempted: self.entry.record.preempted_by.clone(),
             slot: self.entry.slot.map(|s| self.nodes.slot(s)),
             node: self.entry.node.clone(),
+            shrunk: None,
         }))
     }
 
@@ -652,6 +654,8 @@ struct ZkRenewer {
     /// Our `--limit` slot's node, and our node's name that it holds.
     slot: Option<String>,
     node: String,
+    /// The session timeout last granted below the ttl, once said.
+    shrunk: Option<Duration>,
 }
 
 impl Renewer for ZkRenewer {
@@ -680,6 +684,30 @@ impl Renewer for ZkRenewer {
 }
 
 impl ZkRenewer {
+    /// What the lease lasts from a renewal whose check went through: the
+    /// ttl, or the session timeout the server granted when our session
+    /// last connected if that is shorter (ZooKeeper negotiates it again on
+    /// every reconnect), so the deadline and the kill schedule follow it.
+    /// Read after the check, so no older than the connection it went on.
+    fn lasting(&mut self) -> Duration {
+        let granted = self.client.granted().unwrap_or(Duration::ZERO);
+        if granted >= self.ttl {
+            return self.ttl;
+        }
+        if self.shrunk != Some(granted) {
+            self.shrunk = Some(granted);
+            log::warn(format!(
+                "ZooKeeper granted our session {} when it reconnected, less than --ttl {}: \
+                 the lease now ends {} after each renewal (the server's maxSessionTimeout \
+                 or tickTime changed?)",
+                humantime::format_duration(granted),
+                humantime::format_duration(self.ttl),
+                humantime::format_duration(granted),
+            ));
+        }
+        granted
+    }
+
     /// The renewal of our request node.
     fn renew_node(&mut self) -> Result<Renewal, Error> {
         let lost = |e: &CallError| expired(e) || matches!(e, CallError::Zk(zk::Error::NoNode));
@@ -692,7 +720,11 @@ impl ZkRenewer {
             };
         }
         match check(&self.client, &self.path, self.version) {
-            Ok(()) => return Ok(Renewal::Renewed { ttl: self.ttl }),
+            Ok(()) => {
+                return Ok(Renewal::Renewed {
+                    ttl: self.lasting(),
+                });
+            }
             Err(e) if lost(&e) => return Ok(Renewal::Lost),
             Err(CallError::Zk(zk::Error::BadVersion)) => {}
             Err(e) => return Err(sort(e, "renewing")),
@@ -718,7 +750,9 @@ impl ZkRenewer {
         }
         self.version = stat.version;
         match check(&self.client, &self.path, self.version) {
-            Ok(()) => Ok(Renewal::Renewed { ttl: self.ttl }),
+            Ok(()) => Ok(Renewal::Renewed {
+                ttl: self.lasting(),
+            }),
             Err(e) if lost(&e) => Ok(Renewal::Lost),
             Err(e) => Err(sort(e, "renewing")),
         }
