@@ -1607,9 +1607,11 @@ fn a_request_node_of_another_identity_is_never_skipped() {
         let anon = with("");
         let lra = with("lra:pw-right@");
         let scratch = Scratch::new();
-        // The anonymous run makes the name's node and holds; the digest
-        // user queues behind it and holds once it leaves, so the name's
-        // node (open to all) stays.
+        // The anonymous run makes the name's node and holds; another
+        // waits, then the digest user queues behind both and holds once
+        // they left, so the name's node (open to all) stays. The digest
+        // user's request behind the anonymous waiter cannot hold before
+        // it: that waiter still runs.
         let first = Reap(
             on(&anon)
                 .args(["--ttl", "6s", "mixed", "-c"])
@@ -1617,14 +1619,21 @@ fn a_request_node_of_another_identity_is_never_skipped() {
                 .spawn(),
         );
         scratch.pid_in("apid");
+        let second = on(&anon)
+            .args(["--ttl", "6s", "-w", "60", "mixed", "true"])
+            .stderr(Stdio::piped())
+            .spawn();
+        wait_queued(&anon, "mixed", 1);
         let holder = Reap(
             on(&lra)
                 .args(["--ttl", "6s", "-w", "60", "mixed", "-c"])
                 .arg(gated_job(&scratch, "lpid", "gol"))
                 .spawn(),
         );
-        wait_queued(&lra, "mixed", 1);
+        wait_queued(&lra, "mixed", 2);
         std::fs::write(scratch.path("goa"), "").unwrap();
+        let (code, err) = exited(second, Duration::from_secs(30));
+        assert_eq!(code, Some(0), "the anonymous waiter ahead: {err}");
         scratch.pid_in("lpid");
         drop(first);
         for (who, url) in [

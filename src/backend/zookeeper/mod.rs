@@ -101,6 +101,8 @@ impl Zk {
 pub(crate) struct Name {
     pub queue: Vec<Entry>,
     pub windows: Vec<Window>,
+    /// Nodes of the name this identity may not read (another identity's).
+    pub foreign: Vec<String>,
 }
 
 impl Name {
@@ -119,8 +121,20 @@ fn server_now(c: &Client, nodes: &Nodes) -> Result<i64, CallError> {
 }
 
 /// Read a name, leaving out the windows that ended by the server's clock.
+/// A node this identity may not read is a holder it cannot judge: refused.
 fn read_name(c: &Client, nodes: &Nodes) -> Result<Name, CallError> {
+    read_name_behind(c, nodes, None)
+}
+
+/// The same for the request whose sequence number is `ours`: another
+/// identity's request node behind it (created later, so never a holder
+/// before it) does not count; any other node it may not read is refused.
+fn read_name_behind(c: &Client, nodes: &Nodes, ours: Option<u64>) -> Result<Name, CallError> {
     let mut name = read(c, nodes)?.unwrap_or_default();
+    let behind = |n: &String| request_of(n).zip(ours).is_some_and(|((_, seq), o)| seq > o);
+    if let Some(n) = name.foreign.iter().find(|n| !behind(n)) {
+        return Err(CallError::Foreign(nodes.child(n)));
+    }
     if !name.windows.is_empty() {
         let now = server_now(c, nodes)?;
         name.windows.retain(|w| w.end > now);
@@ -155,6 +169,7 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
     })?;
     let mut entries = Vec::new();
     let mut windows = Vec::new();
+    let mut foreign = Vec::new();
     let mut slots: Vec<(u32, String)> = Vec::new();
     for (node, result) in wanted.iter().zip(results) {
         let (data, stat) = match result {
@@ -163,11 +178,13 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
             zk::MultiReadResult::Error {
                 err: zk::Error::NoNode,
             } => continue,
-            // Another identity's node: a holder we cannot judge, never
-            // one to leave out.
+            // Another identity's node: never one to leave out as gone.
             zk::MultiReadResult::Error {
                 err: zk::Error::NoAuth,
-            } => return Err(CallError::Foreign(nodes.child(node))),
+            } => {
+                foreign.push(node.clone());
+                continue;
+            }
             zk::MultiReadResult::Error { err } => return Err(CallError::Zk(err)),
             _ => {
                 return Err(CallError::Zk(zk::Error::UnexpectedError(format!(
@@ -216,6 +233,7 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
     Ok(Some(Name {
         queue: queue::queue(entries),
         windows,
+        foreign,
     }))
 }
 

@@ -12,7 +12,7 @@ use zookeeper_client as zk;
 use super::address::ZkUrl;
 use super::client::{CallError, Client, expired, sort};
 use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
-use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name, server_now};
+use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name_behind, server_now};
 use crate::backend::drive::{Step, Take, drive};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
@@ -218,10 +218,14 @@ impl Taking<'_> {
                 create(&c, &self.nodes, &m.id, &record.encode()).map_err(call_failed(&doing))?;
             m.node = Some(node);
         }
+        // Our sequence number, when we know our node: another identity's
+        // request behind ours cannot hold before us.
+        let our_seq = m.node.as_deref().and_then(request_of).map(|(_, seq)| seq);
         let name = match self.quick_look(&c)? {
             Some(name) => name,
             None => {
-                let name = read_name(&c, &self.nodes).map_err(call_failed("reading the queue"))?;
+                let name = read_name_behind(&c, &self.nodes, our_seq)
+                    .map_err(call_failed("reading the queue"))?;
                 self.known = name.queue.clone();
                 name
             }
@@ -430,6 +434,7 @@ impl Taking<'_> {
         Ok(Some(Name {
             queue,
             windows: Vec::new(),
+            foreign: Vec::new(),
         }))
     }
 
