@@ -1693,7 +1693,7 @@ fn a_holder_whose_session_shrinks_on_reconnect_stops_before_the_next_runs() {
     let proxy = ZkProxy::start(zk.server.port);
     let scratch = Scratch::new();
     let holder = on(&proxy.url())
-        .args(["--ttl", "12s", "shrink", "-c"])
+        .args(["--ttl", "30s", "shrink", "-c"])
         .arg(beating_job(&scratch, "hpid", "alive"))
         .stderr(Stdio::piped())
         .spawn();
@@ -1701,8 +1701,8 @@ fn a_holder_whose_session_shrinks_on_reconnect_stops_before_the_next_runs() {
     scratch.pid_in("hpid");
     zk.server.restart_with("maxSessionTimeout", "3000");
     // The holder reconnects with 3 s granted; its next renewal comes
-    // within ttl/3 (4 s). Then the link is cut, for good.
-    wait_until(Duration::from_secs(20), || {
+    // within ttl/3 (10 s). Then the link is cut, for good.
+    wait_until(Duration::from_secs(40), || {
         !matches!(holder.0.try_wait(), Ok(None))
     });
     proxy.set_stall(true);
