@@ -1575,3 +1575,221 @@ fn a_stopped_holder_s_job_is_not_running_when_the_next_starts() {
         state.trim()
     );
 }
+
+/// A name's node made by a run without credentials (open to everyone),
+/// then held by a digest user: every other identity (none, another user,
+/// a wrong password) cannot read the holder's request node. Protects
+/// against such a node being skipped as gone, which let those runs be
+/// granted beside the holder and `status` call the name free: a node
+/// lockrun cannot read is a holder it cannot judge, so it refuses (69,
+/// one line naming the ACL). On one server and on an ensemble.
+#[test]
+fn a_request_node_of_another_identity_is_never_skipped() {
+    let ensemble = shared_ensemble();
+    for (port, hosts) in [
+        (shared_zookeeper(), None),
+        (
+            ensemble[0],
+            Some(
+                ensemble
+                    .iter()
+                    .map(|p| format!("127.0.0.1:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ),
+    ] {
+        let (_, chroot) = zk_chroot_on(port);
+        let hosts = hosts.unwrap_or(format!("127.0.0.1:{port}"));
+        let with = |auth: &str| format!("zk://{auth}{hosts}{chroot}");
+        let anon = with("");
+        let lra = with("lra:pw-right@");
+        let scratch = Scratch::new();
+        // The anonymous run makes the name's node and holds; another
+        // waits, then the digest user queues behind both and holds once
+        // they left, so the name's node (open to all) stays. The digest
+        // user's request behind the anonymous waiter cannot hold before
+        // it: that waiter still runs.
+        let first = Reap(
+            on(&anon)
+                .args(["--ttl", "6s", "mixed", "-c"])
+                .arg(gated_job(&scratch, "apid", "goa"))
+                .spawn(),
+        );
+        scratch.pid_in("apid");
+        let second = on(&anon)
+            .args(["--ttl", "6s", "-w", "60", "mixed", "true"])
+            .stderr(Stdio::piped())
+            .spawn();
+        wait_queued(&anon, "mixed", 1);
+        let holder = Reap(
+            on(&lra)
+                .args(["--ttl", "6s", "-w", "60", "mixed", "-c"])
+                .arg(gated_job(&scratch, "lpid", "gol"))
+                .spawn(),
+        );
+        wait_queued(&lra, "mixed", 2);
+        std::fs::write(scratch.path("goa"), "").unwrap();
+        let (code, err) = exited(second, Duration::from_secs(30));
+        assert_eq!(code, Some(0), "the anonymous waiter ahead: {err}");
+        scratch.pid_in("lpid");
+        drop(first);
+        for (who, url) in [
+            ("no credentials", anon.clone()),
+            ("another user", with("other:pw@")),
+            ("a wrong password", with("lra:WRONG@")),
+        ] {
+            let ran = scratch.path("ran");
+            let out = on(&url)
+                .args(["--ttl", "6s", "-n", "mixed", "-c"])
+                .arg(format!("touch {}", ran.display()))
+                .output();
+            let err = out.stderr();
+            assert!(
+                !ran.exists(),
+                "{who} (port {port}): its job ran beside the digest user's (exit {:?}): {err}",
+                out.out.status.code()
+            );
+            assert_eq!(out.out.status.code(), Some(69), "{who}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{who}: {err}");
+            assert!(err.contains("identity"), "{who}: {err}");
+            let st = on(&url).args(["status", "mixed"]).output();
+            let (code, said) = (st.out.status.code(), st.stdout() + &st.stderr());
+            assert_eq!(code, Some(69), "{who}: status says: {said}");
+            assert!(said.contains("identity"), "{who}: {said}");
+        }
+        // The digest user itself still reads its name.
+        assert_eq!(status_json(&lra, "mixed")["held"], true);
+        std::fs::write(scratch.path("gol"), "").unwrap();
+        let mut holder = holder;
+        let code = wait_child(&mut holder.0, Duration::from_secs(30)).code();
+        assert_eq!(code, Some(0), "the digest user's run");
+    }
+}
+
+/// A job that writes its pid to `pid`, then the time (ns) to `alive`
+/// every 50 ms until it is stopped: the last time it was seen running.
+fn beating_job(scratch: &Scratch, pid: &str, alive: &str) -> String {
+    format!(
+        "echo $$ > {p}; while :; do date +%s%N > {a}.new && mv {a}.new {a}; sleep 0.05; done",
+        p = scratch.path(pid).display(),
+        a = scratch.path(alive).display()
+    )
+}
+
+/// A holder whose session reconnects to a server that now grants shorter
+/// sessions (restarted with a smaller maxSessionTimeout, as a rolling
+/// change of tickTime does): ZooKeeper negotiates the session timeout
+/// again on every reconnect. Protects against the holder keeping the
+/// deadline of the session it opened: cut off later, its session expired
+/// 3 s after the cut and the next run was granted while the old job ran
+/// on for seconds. The lease is what the server grants now: the holder's
+/// next renewal stops its job (76) before anyone else can be granted.
+#[test]
+fn a_holder_whose_session_shrinks_on_reconnect_stops_before_the_next_runs() {
+    let mut zk = Zookeeper::start();
+    let proxy = ZkProxy::start(zk.server.port);
+    let scratch = Scratch::new();
+    let holder = on(&proxy.url())
+        .args(["--ttl", "30s", "shrink", "-c"])
+        .arg(beating_job(&scratch, "hpid", "alive"))
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut holder = Reap(holder);
+    scratch.pid_in("hpid");
+    zk.server.restart_with("maxSessionTimeout", "3000");
+    // The holder reconnects with 3 s granted; its next renewal comes
+    // within ttl/3 (10 s). Then the link is cut, for good.
+    wait_until(Duration::from_secs(40), || {
+        !matches!(holder.0.try_wait(), Ok(None))
+    });
+    proxy.set_stall(true);
+    let next = on(&zk.url())
+        .args(["--ttl", "3s", "-w", "90", "shrink", "-c"])
+        .arg(format!("date +%s%N > {}", scratch.path("next").display()))
+        .stderr(Stdio::piped())
+        .spawn();
+    let (code, err) = exited(next, Duration::from_secs(120));
+    assert_eq!(code, Some(0), "the next run: {err}");
+    let code = wait_child(&mut holder.0, Duration::from_secs(60)).code();
+    let mut said = String::new();
+    if let Some(mut e) = holder.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut said);
+    }
+    let next_at: u128 = scratch.read("next").trim().parse().unwrap();
+    let last_alive: u128 = scratch.read("alive").trim().parse().unwrap();
+    assert!(
+        last_alive < next_at,
+        "the holder's job still ran {:?} after the next run's job started (the holder \
+         exited {code:?}: {said})",
+        Duration::from_nanos((last_alive - next_at) as u64)
+    );
+    assert_eq!(code, Some(76), "{said}");
+    assert!(
+        said.contains("3s"),
+        "does not say what the server grants: {said}"
+    );
+}
+
+/// A waiter whose session expired while its lockrun was stopped, then
+/// reconnected to a server that now grants shorter sessions than its ttl.
+/// Protects against the new session's timeout going unchecked (it was
+/// checked only when lockrun first connected): the waiter was granted on
+/// a 3 s session with the schedule of an 8 s lease. It is refused as a
+/// fresh run is (64, naming maxSessionTimeout), and its job never runs.
+#[test]
+fn a_waiter_whose_session_shrinks_is_refused_as_a_fresh_run_is() {
+    let mut zk = Zookeeper::start();
+    let url = zk.url();
+    let scratch = Scratch::new();
+    let _holder = Reap(
+        on(&url)
+            .args(["--ttl", "8s", "wshrink", "-c"])
+            .arg(gated_job(&scratch, "hpid", "go"))
+            .spawn(),
+    );
+    scratch.pid_in("hpid");
+    let waiter = on(&url)
+        .args(["--ttl", "8s", "-w", "120", "wshrink", "-c"])
+        .arg(format!("touch {}", scratch.path("ran").display()))
+        .stderr(Stdio::piped())
+        .spawn();
+    let wpid = waiter.id() as i32;
+    let waiter = Reap(waiter);
+    wait_queued(&url, "wshrink", 1);
+    let requests = |port: u16| -> Vec<String> {
+        let mut q: Vec<String> = zk_tree(port, None)
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| p.starts_with("/lockrun/wshrink/q-"))
+            .collect();
+        q.sort_by_key(|p| p.rsplit('-').next().unwrap_or("").to_string());
+        q
+    };
+    let queued = requests(zk.server.port);
+    assert_eq!(queued.len(), 2, "{queued:?}");
+    let mine = queued[1].clone();
+    // Stopped past its session timeout, while the server restarts with
+    // smaller sessions.
+    signal(wpid, libc::SIGSTOP);
+    zk.server.restart_with("maxSessionTimeout", "3000");
+    assert!(
+        wait_until(Duration::from_secs(40), || !requests(zk.server.port)
+            .contains(&mine)),
+        "the stopped waiter's session never expired"
+    );
+    signal(wpid, libc::SIGCONT);
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let mut waiter = waiter;
+    let code = wait_child(&mut waiter.0, Duration::from_secs(90)).code();
+    let mut err = String::new();
+    if let Some(mut e) = waiter.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(
+        !scratch.exists("ran"),
+        "the waiter ran its job on a session shorter than its ttl (exit {code:?}): {err}"
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("maxSessionTimeout"), "{err}");
+}

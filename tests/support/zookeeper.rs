@@ -171,6 +171,18 @@ impl ZkServer {
         signal(self.child.as_ref().unwrap().id() as i32, libc::SIGCONT);
     }
 
+    /// Restart with `key=value` in its configuration, in place of any
+    /// line that set `key`.
+    pub fn restart_with(&mut self, key: &str, value: &str) {
+        let cfg = std::fs::read_to_string(&self.cfg).unwrap();
+        let set = format!("{key}=");
+        let mut lines: Vec<&str> = cfg.lines().filter(|l| !l.starts_with(&set)).collect();
+        let line = format!("{key}={value}");
+        lines.push(&line);
+        std::fs::write(&self.cfg, lines.join("\n") + "\n").unwrap();
+        self.restart();
+    }
+
     pub fn restart(&mut self) {
         self.kill();
         let main = if std::fs::read_to_string(&self.cfg)

@@ -423,7 +423,7 @@ fn describe(e: &mysql::Error, bound: Duration) -> String {
     let within = || {
         format!(
             "no answer within {}",
-            humantime::format_duration(Duration::from_millis(bound.as_millis() as u64))
+            crate::text::duration(Duration::from_millis(bound.as_millis() as u64))
         )
     };
     let text = match e {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use super::address::ZkUrl;
+use super::granted::Granted;
 use crate::backend::Error;
 use crate::backend::drive::Transport;
 
@@ -17,6 +18,9 @@ use crate::backend::drive::Transport;
 /// that drives it until lockrun exits (started only when ZooKeeper is used).
 struct Runtime {
     handle: tokio::runtime::Handle,
+    /// What the server granted the sessions run here, each time they
+    /// connected.
+    granted: Granted,
 }
 
 impl Runtime {
@@ -27,11 +31,17 @@ impl Runtime {
             .build()
             .map_err(|e| Error::Internal(format!("starting ZooKeeper's runtime: {e}")))?;
         let handle = rt.handle().clone();
+        let granted = Granted::default();
+        let collector = granted.collector();
         std::thread::Builder::new()
             .name("lockrun-zk".into())
-            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .spawn(move || {
+                // The client's connect replies are read on this thread.
+                let _reading = tracing_core::dispatcher::set_default(&collector);
+                rt.block_on(std::future::pending::<()>())
+            })
             .map_err(|e| Error::Internal(format!("starting ZooKeeper's runtime: {e}")))?;
-        Ok(Runtime { handle })
+        Ok(Runtime { handle, granted })
     }
 }
 
@@ -68,7 +78,8 @@ pub struct Client {
     pub op: Duration,
     /// The server as messages show it.
     shown: String,
-    /// The session timeout the server granted.
+    /// The session timeout the server granted when the session began (it
+    /// may grant another on a reconnect: `granted`).
     pub timeout: Duration,
     /// Credentials were given: our nodes carry an ACL for their identity.
     pub authed: bool,
@@ -96,6 +107,9 @@ fn run<T: Send + 'static>(
 pub enum CallError {
     Zk(zk::Error),
     Timeout,
+    /// A node of a name (its path) that this identity may not read: the
+    /// ACL of another identity's node. lockrun cannot tell whether it holds.
+    Foreign(String),
 }
 
 impl Client {
@@ -179,7 +193,11 @@ impl Client {
                     e => e,
                 }
             })?;
-        let timeout = zk.session_timeout();
+        let Some(timeout) = rt.granted.get(zk.session_id().0) else {
+            return Err(Error::Internal(
+                "the ZooKeeper client did not show the session timeout the server granted".into(),
+            ));
+        };
         Ok(Client {
             rt,
             zk,
@@ -197,6 +215,13 @@ impl Client {
 
     pub fn session_id(&self) -> i64 {
         self.zk.session_id().0
+    }
+
+    /// The session timeout the server granted when our session last
+    /// connected: ZooKeeper negotiates it again on every reconnect. None
+    /// only if the client never showed it (the lease is then over).
+    pub fn granted(&self) -> Option<Duration> {
+        self.rt.granted.get(self.session_id())
     }
 
     /// Run a call with this session within the bound of one call.
@@ -330,6 +355,13 @@ pub fn sort(e: CallError, doing: &str) -> Error {
     let e = match e {
         CallError::Timeout => {
             return Error::Transient(format!("{doing}: no answer in time"));
+        }
+        CallError::Foreign(path) => {
+            return Error::Refused(format!(
+                "{doing}: the node {path} belongs to another identity (its ACL denies this \
+                 one: NoAuth), so lockrun cannot tell whether it holds the name; every user \
+                 of a name must use the same credentials"
+            ));
         }
         CallError::Zk(e) => e,
     };

@@ -16,6 +16,7 @@
 mod address;
 mod client;
 mod doctor;
+mod granted;
 mod queue;
 mod take;
 
@@ -100,6 +101,8 @@ impl Zk {
 pub(crate) struct Name {
     pub queue: Vec<Entry>,
     pub windows: Vec<Window>,
+    /// Nodes of the name this identity may not read (another identity's).
+    pub foreign: Vec<String>,
 }
 
 impl Name {
@@ -118,8 +121,20 @@ fn server_now(c: &Client, nodes: &Nodes) -> Result<i64, CallError> {
 }
 
 /// Read a name, leaving out the windows that ended by the server's clock.
+/// A node this identity may not read is a holder it cannot judge: refused.
 fn read_name(c: &Client, nodes: &Nodes) -> Result<Name, CallError> {
+    read_name_behind(c, nodes, None)
+}
+
+/// The same for the request whose sequence number is `ours`: another
+/// identity's request node behind it (created later, so never a holder
+/// before it) does not count; any other node it may not read is refused.
+fn read_name_behind(c: &Client, nodes: &Nodes, ours: Option<u64>) -> Result<Name, CallError> {
     let mut name = read(c, nodes)?.unwrap_or_default();
+    let behind = |n: &String| request_of(n).zip(ours).is_some_and(|((_, seq), o)| seq > o);
+    if let Some(n) = name.foreign.iter().find(|n| !behind(n)) {
+        return Err(CallError::Foreign(nodes.child(n)));
+    }
     if !name.windows.is_empty() {
         let now = server_now(c, nodes)?;
         name.windows.retain(|w| w.end > now);
@@ -154,11 +169,28 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
     })?;
     let mut entries = Vec::new();
     let mut windows = Vec::new();
+    let mut foreign = Vec::new();
     let mut slots: Vec<(u32, String)> = Vec::new();
     for (node, result) in wanted.iter().zip(results) {
-        let zk::MultiReadResult::Data { data, stat } = result else {
+        let (data, stat) = match result {
+            zk::MultiReadResult::Data { data, stat } => (data, stat),
             // Gone since the list.
-            continue;
+            zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            } => continue,
+            // Another identity's node: never one to leave out as gone.
+            zk::MultiReadResult::Error {
+                err: zk::Error::NoAuth,
+            } => {
+                foreign.push(node.clone());
+                continue;
+            }
+            zk::MultiReadResult::Error { err } => return Err(CallError::Zk(err)),
+            _ => {
+                return Err(CallError::Zk(zk::Error::UnexpectedError(format!(
+                    "no data in the reply for {node}"
+                ))));
+            }
         };
         if let Some(slot) = slot_of(node) {
             slots.push((slot, String::from_utf8_lossy(&data).into_owned()));
@@ -201,6 +233,7 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
     Ok(Some(Name {
         queue: queue::queue(entries),
         windows,
+        foreign,
     }))
 }
 
@@ -593,6 +626,7 @@ impl Held for ZkHeld {
             preempted: self.entry.record.preempted_by.clone(),
             slot: self.entry.slot.map(|s| self.nodes.slot(s)),
             node: self.entry.node.clone(),
+            shrunk: None,
         }))
     }
 
@@ -638,6 +672,8 @@ struct ZkRenewer {
     /// Our `--limit` slot's node, and our node's name that it holds.
     slot: Option<String>,
     node: String,
+    /// The session timeout last granted below the ttl, once said.
+    shrunk: Option<Duration>,
 }
 
 impl Renewer for ZkRenewer {
@@ -666,6 +702,30 @@ impl Renewer for ZkRenewer {
 }
 
 impl ZkRenewer {
+    /// What the lease lasts from a renewal whose check went through: the
+    /// ttl, or the session timeout the server granted when our session
+    /// last connected if that is shorter (ZooKeeper negotiates it again on
+    /// every reconnect), so the deadline and the kill schedule follow it.
+    /// Read after the check, so no older than the connection it went on.
+    fn lasting(&mut self) -> Duration {
+        let granted = self.client.granted().unwrap_or(Duration::ZERO);
+        if granted >= self.ttl {
+            return self.ttl;
+        }
+        if self.shrunk != Some(granted) {
+            self.shrunk = Some(granted);
+            log::warn(format!(
+                "ZooKeeper granted our session {} when it reconnected, less than --ttl {}: \
+                 the lease now ends {} after each renewal (the server's maxSessionTimeout \
+                 or tickTime changed?)",
+                crate::text::duration(granted),
+                crate::text::duration(self.ttl),
+                crate::text::duration(granted),
+            ));
+        }
+        granted
+    }
+
     /// The renewal of our request node.
     fn renew_node(&mut self) -> Result<Renewal, Error> {
         let lost = |e: &CallError| expired(e) || matches!(e, CallError::Zk(zk::Error::NoNode));
@@ -678,7 +738,11 @@ impl ZkRenewer {
             };
         }
         match check(&self.client, &self.path, self.version) {
-            Ok(()) => return Ok(Renewal::Renewed { ttl: self.ttl }),
+            Ok(()) => {
+                return Ok(Renewal::Renewed {
+                    ttl: self.lasting(),
+                });
+            }
             Err(e) if lost(&e) => return Ok(Renewal::Lost),
             Err(CallError::Zk(zk::Error::BadVersion)) => {}
             Err(e) => return Err(sort(e, "renewing")),
@@ -704,7 +768,9 @@ impl ZkRenewer {
         }
         self.version = stat.version;
         match check(&self.client, &self.path, self.version) {
-            Ok(()) => Ok(Renewal::Renewed { ttl: self.ttl }),
+            Ok(()) => Ok(Renewal::Renewed {
+                ttl: self.lasting(),
+            }),
             Err(e) if lost(&e) => Ok(Renewal::Lost),
             Err(e) => Err(sort(e, "renewing")),
         }

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
+use super::address::ZkUrl;
 use super::client::{CallError, Client, expired, sort};
 use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
-use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name, server_now};
+use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name_behind, server_now};
 use crate::backend::drive::{Step, Take, drive};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
@@ -102,6 +103,10 @@ impl Take for Taking<'_> {
                     self.zk.client = None;
                     self.client = self.client.reconnect(&self.zk.url, self.req.timing.ttl)?;
                     self.zk.client = Some(self.client.clone());
+                    // The server may grant a new session less than before.
+                    if let Some(e) = too_short(&self.zk.url, &self.client, self.req.timing.ttl) {
+                        return Ok(Step::Over(e));
+                    }
                     return Ok(Step::Again);
                 }
                 Err(sort(e, &doing))
@@ -151,15 +156,8 @@ impl Zk {
     pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
         let ttl = req.timing.ttl;
         let client = self.client(ttl)?.clone();
-        if client.timeout < ttl {
-            return Err(Error::Request(format!(
-                "--ttl {} is longer than the longest session {} grants ({}, its \
-                 maxSessionTimeout): use --ttl {} or less, or raise maxSessionTimeout",
-                crate::text::duration(ttl),
-                self.url.display,
-                crate::text::duration(client.timeout),
-                crate::text::duration(client.timeout),
-            )));
+        if let Some(e) = too_short(&self.url, &client, ttl) {
+            return Err(e);
         }
         let mut taking = Taking {
             nodes: Nodes::new(&self.root, req.name),
@@ -174,6 +172,25 @@ impl Zk {
         };
         drive(&mut taking, req, wait)
     }
+}
+
+/// The refusal of a ttl longer than the session the server granted: the
+/// lease is the session. Checked when a session is made, and again
+/// before a waiter's grant, since ZooKeeper negotiates the timeout again
+/// on every reconnect (a restart with a smaller maxSessionTimeout, a
+/// rolling change of tickTime).
+fn too_short(url: &ZkUrl, c: &Client, ttl: Duration) -> Option<Error> {
+    let granted = c.granted().unwrap_or(Duration::ZERO);
+    (granted < ttl).then(|| {
+        Error::Request(format!(
+            "--ttl {} is longer than the longest session {} grants ({}, its \
+             maxSessionTimeout): use --ttl {} or less, or raise maxSessionTimeout",
+            crate::text::duration(ttl),
+            url.display,
+            crate::text::duration(granted),
+            crate::text::duration(granted),
+        ))
+    })
 }
 
 impl Taking<'_> {
@@ -201,10 +218,14 @@ impl Taking<'_> {
                 create(&c, &self.nodes, &m.id, &record.encode()).map_err(call_failed(&doing))?;
             m.node = Some(node);
         }
+        // Our sequence number, when we know our node: another identity's
+        // request behind ours cannot hold before us.
+        let our_seq = m.node.as_deref().and_then(request_of).map(|(_, seq)| seq);
         let name = match self.quick_look(&c)? {
             Some(name) => name,
             None => {
-                let name = read_name(&c, &self.nodes).map_err(call_failed("reading the queue"))?;
+                let name = read_name_behind(&c, &self.nodes, our_seq)
+                    .map_err(call_failed("reading the queue"))?;
                 self.known = name.queue.clone();
                 name
             }
@@ -304,6 +325,11 @@ impl Taking<'_> {
                         }
                     }
                 };
+                // Our session may have reconnected since it was made, to a
+                // server that grants less: as a fresh run, refused.
+                if let Some(e) = too_short(&self.zk.url, &c, ttl) {
+                    return Err(Failed::Final(e));
+                }
                 if let Mode::Limit(n) = req.mode
                     && entry.slot.is_none()
                 {
@@ -408,6 +434,7 @@ impl Taking<'_> {
         Ok(Some(Name {
             queue,
             windows: Vec::new(),
+            foreign: Vec::new(),
         }))
     }
 
