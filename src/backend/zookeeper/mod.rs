@@ -16,6 +16,7 @@
 mod address;
 mod client;
 mod doctor;
+mod leave;
 mod queue;
 mod take;
 
