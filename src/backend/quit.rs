@@ -4,10 +4,13 @@
 //! blocking read, a LISTEN, a watch, GET_LOCK), so the main thread is not
 //! asked to notice: while a request waits, a thread of its own hears the
 //! signal and runs the engine's way out, on a connection of the engine's
-//! own, within the request's op time. The main thread, which may be granted
-//! at that very moment, makes no further request meanwhile; the way out
-//! takes a grant of ours too. Before a request joins a queue, and for one
-//! that never waits (`-n`), a signal ends lockrun as it always did.
+//! own, within the request's op time. The way out takes a grant of ours
+//! too: the main thread may be granted at that very moment. The main
+//! thread starts no further step meanwhile; a step already under way may
+//! still make one more call, which the way out, sent later, normally
+//! follows (on the SQL engines it waits for the name's lock to do so).
+//! Before a request joins a queue, and for one that never waits (`-n`), a
+//! signal ends lockrun as it always did.
 //!
 //! The watcher lives from the moment the request waits until the job's own
 //! handling of signals is in place (`disarm`, before the job starts): a
