@@ -1601,6 +1601,57 @@ pub fn group_words_refused_with_no_wait(e: &dyn Fixture) {
 
 // End of concurrency groups.
 
+/// A waiter ended by SIGINT or SIGTERM gives up its place before it dies
+/// (lockrun(1) "Waiting"), and dies of the signal as it did before: the
+/// name's next request is served at once, not when the place would lapse.
+pub fn a_signalled_waiter_leaves_at_once(e: &dyn Fixture) {
+    use std::os::unix::process::ExitStatusExt;
+    let scratch = Scratch::new();
+    let url = e.url();
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let name = format!("quit{sig}");
+        let (mut h, _) = holder(e, &scratch, &format!("h{sig}"), &[&name]);
+        let mut w = on(&url)
+            .args(["-w", "60", &name, "-c"])
+            .arg(format!(
+                "touch {}",
+                scratch.path(&format!("w{sig}")).display()
+            ))
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        // The waiting line, a second into the wait, comes once it waits.
+        let mut err = std::io::BufReader::new(w.stderr.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("waiting for") {
+            line.clear();
+            let read = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+            assert!(read > 0, "the waiter ended before it waited");
+        }
+        assert_eq!(waiters(e, &name), 1);
+        let sent = Instant::now();
+        signal(w.id() as i32, sig);
+        let st = wait_child(&mut w, Duration::from_secs(30));
+        // A shell reports it as 128 + the signal (130, 143).
+        assert_eq!(st.signal(), Some(sig), "{st:?}");
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            sent.elapsed()
+        );
+        let v = status(e, &name);
+        assert_eq!(v["waiters"], 0, "the place outlived its waiter: {v}");
+        assert_eq!(stop(&mut h), Some(143));
+        on(&url).args(["-n", &name, "true"]).code(0);
+        on(&url)
+            .args(["--max-waiters", "1", "-w", "10", &name, "true"])
+            .code(0);
+        assert!(
+            !scratch.exists(&format!("w{sig}")),
+            "the killed waiter's job ran"
+        );
+    }
+}
+
 /// Every test above, on each engine: one line per engine.
 macro_rules! conformance {
     ($($engine:ident: $fixture:expr;)*) => {$(
@@ -1632,6 +1683,7 @@ macro_rules! conformance {
             #[test] fn preempt_stops_the_holder_first() { super::preempt_stops_the_holder_first(&$fixture) }
             #[test] fn only_preempt_disturbs_a_holder() { super::only_preempt_disturbs_a_holder(&$fixture) }
             #[test] fn group_words_refused_with_no_wait() { super::group_words_refused_with_no_wait(&$fixture) }
+            #[test] fn a_signalled_waiter_leaves_at_once() { super::a_signalled_waiter_leaves_at_once(&$fixture) }
         }
     )*};
 }

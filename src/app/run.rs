@@ -148,7 +148,11 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
     let releasing = format!("releasing {}", cfg.name);
     // Once the job runs (and never before: the guard is forked from a
     // process with one thread), a thread waits to release the lease.
-    let outcome = supervise::supervise_job(job, deadline, renewer, || pending.start_thread());
+    // Once the supervisor catches the signals, a signal no longer leaves
+    // the queue: the lease is the job's now.
+    let outcome = supervise::supervise_job(job, deadline, renewer, backend::quit::disarm, || {
+        pending.start_thread()
+    });
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::quit::{self, Leave};
 use super::wait::{Patience, Retry};
 use super::{Acquired, Error, Request, Wait};
 use crate::clock::Boot;
@@ -49,18 +50,32 @@ pub trait Take {
     /// effort; nothing to do when there is none).
     fn leave(&mut self);
 
+    /// The same from another thread, on a connection of its own, when a
+    /// signal ends lockrun while it waits (`quit`): every place and grant
+    /// of our owner on the name goes. None: the engine has none.
+    fn way_out(&self) -> Option<Leave> {
+        None
+    }
+
     fn transport(&self) -> &Self::Transport;
 }
 
 /// Take `req`'s name by `take`'s steps until granted, busy or failed.
 pub fn drive(take: &mut impl Take, req: &Request, wait: Wait) -> Result<Acquired, Error> {
     let mut patience = Patience::new(req, wait);
+    if wait != Wait::No
+        && let Some(leave) = take.way_out()
+    {
+        patience.leave_on_signal(leave, req.timing.op);
+    }
     // A server that keeps failing is given up on after a ttl (or five
     // seconds, for a short one), or sooner when the wait runs out.
     let mut retry = Retry::new(req.timing.ttl.max(Duration::from_secs(5)));
     // Built only when something failed: the uncontended run allocates nothing here.
     let doing = || format!("acquiring {}", req.name);
     loop {
+        // A signal is taking us out of the queue: no call may put us back.
+        quit::stay_if_leaving();
         match take.step(&mut patience, &mut retry) {
             Ok(Step::Done(acquired)) => {
                 if let Acquired::Granted(l) = &acquired {

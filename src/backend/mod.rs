@@ -6,9 +6,10 @@
 //! By part: `model.rs` what the seam speaks of (modes, requests, holders);
 //! `engines.rs` the scheme table and addresses; `lease.rs` a granted lease,
 //! its renewal and release; `drive.rs` the one acquire loop, `wait.rs` its
-//! patience and retries; `admit.rs` who may hold; `doctor.rs` the checks
-//! every engine shares; `error.rs` the one error type. This file holds the
-//! `Engine` trait and the one bounded call on a thread.
+//! patience and retries, `quit.rs` leaving the queue on a signal;
+//! `admit.rs` who may hold; `doctor.rs` the checks every engine shares;
+//! `error.rs` the one error type. This file holds the `Engine` trait and
+//! the one bounded call on a thread.
 
 pub mod admit;
 mod doctor;
@@ -21,6 +22,7 @@ pub mod local;
 mod model;
 pub mod mysql;
 pub mod postgres;
+pub mod quit;
 pub mod redis;
 mod table;
 pub mod wait;

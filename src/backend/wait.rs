@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::quit::{self, Leave};
 use super::{Request, Wait};
 use crate::clock::{Boot, backoff};
 
@@ -14,6 +15,9 @@ pub struct Patience {
     start: Boot,
     give_up_at: Option<Boot>,
     announce_at: Option<Boot>,
+    /// The engine's way out of the queue on a signal, and its bound: armed
+    /// when the request first waits.
+    way_out: Option<(Leave, Duration)>,
 }
 
 impl Patience {
@@ -29,7 +33,14 @@ impl Patience {
             },
             // Under -q there is no line to print, and no reason to wake for it.
             announce_at: (!req.quiet).then(|| start.add(Duration::from_secs(1))),
+            way_out: None,
         }
+    }
+
+    /// Once the request waits, a signal that would end lockrun runs
+    /// `leave` (within `op`) first (`quit`).
+    pub fn leave_on_signal(&mut self, leave: Leave, op: Duration) {
+        self.way_out = Some((leave, op));
     }
 
     pub fn started(&self) -> Boot {
@@ -58,9 +69,14 @@ impl Patience {
         self.block_for().map_or(d, |b| b.min(d))
     }
 
-    /// Print the waiting line once the wait has lasted a second, so a CI log
-    /// says why it is stuck.
+    /// Called by the engine each time the request is in the queue and about
+    /// to wait: the first time, a signal that ends lockrun leaves the queue
+    /// from now on. Print the waiting line once the wait has lasted a
+    /// second, so a CI log says why it is stuck.
     pub fn tick(&mut self, holder: Option<&str>) {
+        if let Some((leave, op)) = self.way_out.take() {
+            quit::arm(leave, op);
+        }
         if self.announce_at.is_some_and(|at| Boot::now() >= at) {
             self.announce_at = None;
             crate::log::warn(format!(

@@ -114,13 +114,16 @@ fn first_report(guard: &mut Guard) -> Result<Option<i32>, SpawnError> {
 
 /// Run the job under the lease and return when nothing of it is left.
 /// `deadline` is None for a lease that cannot expire. The watchdog starts on
-/// `renewer` only when the first renewal is due. Err only when the job never
-/// started; after that, every failure of lockrun's own goes through the kill
-/// schedule and comes back in the outcome.
+/// `renewer` only when the first renewal is due. `caught_here` is called once
+/// the supervisor catches the signals itself, before the job starts (what
+/// handled them until then may go); `started` once the job runs. Err only
+/// when the job never started; after that, every failure of lockrun's own
+/// goes through the kill schedule and comes back in the outcome.
 pub fn supervise_job(
     job: Job,
     deadline: Option<Arc<Deadline>>,
     renewer: Renewing,
+    caught_here: impl FnOnce(),
     started: impl FnOnce(),
 ) -> Result<Outcome, Failure> {
     // Orphans of the job come to the guard; if the guard itself dies, to us.
@@ -130,6 +133,7 @@ pub fn supervise_job(
     let (sig_rx, sig_tx) = UnixStream::pair().exit_as(Class::Internal)?;
     let mut signals = SignalDelivery::with_pipe(sig_rx, sig_tx, WithRawSiginfo, &caught)
         .exit_as(Class::Internal)?;
+    caught_here();
     let (wake_rx, wake_tx) = UnixStream::pair().exit_as(Class::Internal)?;
     wake_rx.set_nonblocking(true).exit_as(Class::Internal)?;
     wake_tx.set_nonblocking(true).exit_as(Class::Internal)?;

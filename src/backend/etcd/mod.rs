@@ -12,13 +12,14 @@
 //! By layer: `address.rs` reads the URL; `client.rs` is the transport (the
 //! v3 JSON gateway, bounded calls, endpoints in turn, the error table);
 //! `queue.rs` reads a name's keys into types and judges who holds;
-//! `take.rs` is the acquire loop (create, judge, watch). This file holds the
-//! engine's row, the lease calls, status, `release --force`, the lease and
-//! its renewal.
+//! `take.rs` is the acquire loop (create, judge, watch), `leave.rs` its way
+//! out on a signal. This file holds the engine's row, the lease calls,
+//! status, `release --force`, the lease and its renewal.
 
 mod address;
 mod client;
 mod doctor;
+mod leave;
 mod promote;
 mod queue;
 mod take;

@@ -15,6 +15,7 @@ use super::client::b64;
 use super::queue::{Entry, Keys, Mark, Record, Verdict, entries, holders, judge, replaced_by};
 use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
 use crate::backend::drive::{Step, Take, drive};
+use crate::backend::quit::Leave;
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
@@ -145,6 +146,14 @@ impl Take for Taking<'_> {
 
     fn leave(&mut self) {
         self.etcd.leave(&mut self.mine);
+    }
+
+    fn way_out(&self) -> Option<Leave> {
+        Some(super::leave::way_out(
+            &self.etcd.client,
+            &self.keys,
+            &self.req.owner.secret,
+        ))
     }
 
     fn transport(&self) -> &Client {

@@ -18,6 +18,7 @@
 mod address;
 mod client;
 mod doctor;
+mod leave;
 mod shape;
 mod sql;
 mod take;

@@ -131,6 +131,14 @@ impl Take for Taking<'_> {
         }
     }
 
+    fn way_out(&self) -> Option<crate::backend::quit::Leave> {
+        Some(super::leave::way_out(
+            &self.my.client,
+            &self.my.tables,
+            self.req,
+        ))
+    }
+
     fn transport(&self) -> &Client {
         &self.my.client
     }

@@ -13,12 +13,14 @@
 //! `client.rs` is the transport (bounded calls, notifications, the error
 //! table); `doctor.rs` the read-only checks; `sql.rs` the tables and every
 //! statement; `take.rs` is the acquire loop, judging a name's rows by the
-//! rules the SQL engines share (`backend/table.rs`). This file holds the
-//! engine's row, status, `release --force`, the lease and its renewal.
+//! rules the SQL engines share (`backend/table.rs`), `leave.rs` its way
+//! out on a signal. This file holds the engine's row, status, `release
+//! --force`, the lease and its renewal.
 
 mod address;
 mod client;
 mod doctor;
+mod leave;
 mod sql;
 mod take;
 mod tls;

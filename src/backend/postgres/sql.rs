@@ -232,6 +232,13 @@ impl Tables {
         )
     }
 
+    /// Give up every grant of ours on the name, with no `--min-hold`
+    /// window: no job ran under it (a signal ends the waiter that got it).
+    /// $1 name, $2 owner.
+    pub fn forsake(&self) -> String {
+        format!("DELETE FROM {} WHERE name = $1 AND owner = $2", self.leases)
+    }
+
     /// `--supersede` joining the queue: every live place that asked for it
     /// too is marked replaced by $2 (our label), and kept at least $3 ms
     /// more so its waiter, woken, reads the mark. $1 name.

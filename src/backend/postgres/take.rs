@@ -14,6 +14,7 @@ use super::client::{Call, Client, Params};
 use super::sql::Tables;
 use super::{PgHeld, Postgres};
 use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::quit::Leave;
 use crate::backend::table::{Cells, Rows, Verdict, entries, judge};
 use crate::backend::table::{KEPT, PREEMPTED, SUPERSEDE};
 use crate::backend::wait::{Patience, Retry};
@@ -96,6 +97,14 @@ impl Take for Taking<'_> {
 
     fn leave(&mut self) {
         self.pg.leave(self.req, &mut self.place);
+    }
+
+    fn way_out(&self) -> Option<Leave> {
+        Some(super::leave::way_out(
+            &self.pg.client,
+            &self.pg.tables,
+            self.req,
+        ))
     }
 
     fn transport(&self) -> &Client {

@@ -6,13 +6,14 @@
 //! `link.rs` is one connection, bounded, with the table of errors worth
 //! riding out; `scripts.rs` loads the Lua in `scripts/` and says what each
 //! script takes and returns; `reply.rs` reads those replies into types;
-//! `take.rs` is the acquire loop (try, then block on a wake-up list). This
-//! file holds the engine's row, status, `release --force`, the lease and its
-//! renewal.
+//! `take.rs` is the acquire loop (try, then block on a wake-up list),
+//! `leave.rs` its way out on a signal. This file holds the engine's row,
+//! status, `release --force`, the lease and its renewal.
 
 mod address;
 mod connector;
 mod doctor;
+mod leave;
 mod link;
 mod reply;
 mod scripts;

@@ -12,6 +12,7 @@ use super::reply::Acquire;
 use super::scripts::{ACQUIRE_SCRIPT, Keys, RELEASE_SCRIPT};
 use super::{Redis, RedisHeld};
 use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::quit::Leave;
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
@@ -304,6 +305,15 @@ impl Take for Taking<'_> {
                 &self.id,
             );
         }
+    }
+
+    fn way_out(&self) -> Option<Leave> {
+        Some(super::leave::way_out(
+            &self.redis.link,
+            &self.keys,
+            &self.req.owner.secret,
+            &self.id,
+        ))
     }
 
     fn transport(&self) -> &Link {

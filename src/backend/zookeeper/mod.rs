@@ -17,6 +17,7 @@ mod address;
 mod client;
 mod doctor;
 mod granted;
+mod leave;
 mod queue;
 mod take;
 

@@ -138,6 +138,11 @@ impl Take for Taking<'_> {
         }
     }
 
+    fn way_out(&self) -> Option<crate::backend::quit::Leave> {
+        let (url, parent, ttl) = (&self.zk.url, &self.nodes.parent, self.req.timing.ttl);
+        Some(super::leave::way_out(url, parent, &self.client, ttl))
+    }
+
     fn transport(&self) -> &Client {
         &self.client
     }
