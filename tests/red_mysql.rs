@@ -1156,3 +1156,40 @@ fn too_many_connections_is_waited_out_within_the_bound() {
     assert!(started.elapsed() < Duration::from_secs(10));
     free_all();
 }
+
+/// A server under FLUSH TABLES WITH READ LOCK (a backup running) holds
+/// every write: doctor says the write got no answer and why that may be,
+/// and advises no GRANT (the user's rights are fine).
+#[test]
+fn doctor_under_a_global_read_lock_advises_no_grant() {
+    let my = Mariadb::start();
+    on(&my.url()).args(["ftwrl", "true"]).succeeds();
+    let mut root = std::process::Command::new("mariadb")
+        .arg("--no-defaults")
+        .arg(format!("--socket={}", my.socket().display()))
+        .args(["--skip-ssl", "-uroot"])
+        .args(["-N", "-B", "--unbuffered"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run mariadb");
+    let mut sql = root.stdin.take().unwrap();
+    use std::io::Write;
+    writeln!(sql, "FLUSH TABLES WITH READ LOCK; SELECT 'locked';").unwrap();
+    let mut line = String::new();
+    let mut said_locked = std::io::BufReader::new(root.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut said_locked, &mut line).unwrap();
+    let locked = line.trim() == "locked";
+    let out = on(&my.url()).arg("doctor").output();
+    writeln!(sql, "UNLOCK TABLES;").unwrap();
+    drop(sql);
+    let _ = root.wait();
+    let said = out.stdout();
+    assert!(locked, "the read lock was never seen held");
+    assert_ne!(out.out.status.code(), Some(0), "{said}");
+    assert!(
+        !said.contains("GRANT"),
+        "a held write read as missing rights:\n{said}"
+    );
+    assert!(said.contains("read lock"), "{said}");
+}

@@ -358,7 +358,11 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
                 ),
             );
         }
-        Err(e) => {
+        Err(e)
+            if client
+                .last_code
+                .is_some_and(|c| super::client::DENIED.contains(&c)) =>
+        {
             return Check::fail(
                 "tables",
                 format!(
@@ -366,6 +370,25 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
                     denied(&e),
                     grant(database, grantee, false)
                 ),
+            );
+        }
+        // Writes that wait (a global read lock: FLUSH TABLES WITH READ
+        // LOCK, a backup running; a server overloaded) are no question of
+        // rights.
+        Err(e) if e.is_transient() => {
+            return Check::fail(
+                "tables",
+                format!(
+                    "{names} exist, but a write to them got no answer ({e}): the server may \
+                     hold a global read lock (FLUSH TABLES WITH READ LOCK, a backup running) \
+                     or be overloaded; runs wait on it too"
+                ),
+            );
+        }
+        Err(e) => {
+            return Check::fail(
+                "tables",
+                format!("{names} exist, but writing them failed: {e}"),
             );
         }
     };
