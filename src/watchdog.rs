@@ -67,9 +67,16 @@ pub enum Event {
     },
 }
 
-/// Wait until `at` on the boot clock or until `stop` becomes readable or hung up.
-/// Returns true when asked to stop.
-fn wait_until(timer: &BootTimer, stop: BorrowedFd<'_>, at: Boot) -> bool {
+/// Wait until `at` on the boot clock, until `stop` becomes readable or
+/// hung up, or until the renewer's `wake` (if it gave one) becomes
+/// readable: then the renewal is due at once. Returns true when asked to
+/// stop.
+fn wait_until(
+    timer: &BootTimer,
+    stop: BorrowedFd<'_>,
+    wake: Option<BorrowedFd<'_>>,
+    at: Boot,
+) -> bool {
     if timer.arm(at).is_err() {
         // Without a timer we cannot wait safely; stopping early is the safe side.
         return true;
@@ -78,20 +85,36 @@ fn wait_until(timer: &BootTimer, stop: BorrowedFd<'_>, at: Boot) -> bool {
         if Boot::now() >= at {
             return false;
         }
-        let mut fds = [
+        let mut fds = vec![
             PollFd::from_borrowed_fd(stop, PollFlags::IN),
             PollFd::from_borrowed_fd(timer.fd(), PollFlags::IN),
         ];
+        if let Some(w) = wake {
+            fds.push(PollFd::from_borrowed_fd(w, PollFlags::IN));
+        }
         match poll(&mut fds, None) {
             Ok(_) => {
                 if !fds[0].revents().is_empty() {
                     return true;
+                }
+                if fds.get(2).is_some_and(|w| !w.revents().is_empty()) {
+                    if let Some(w) = wake {
+                        drain(w);
+                    }
+                    return false;
                 }
             }
             Err(rustix::io::Errno::INTR) => {}
             Err(_) => return true,
         }
     }
+}
+
+/// Read a non-blocking wake descriptor empty: one renewal answers every
+/// wake that came before it.
+pub fn drain(fd: BorrowedFd<'_>) {
+    let mut buf = [0u8; 64];
+    while matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {}
 }
 
 /// The running watchdog. Stopping it never waits for it: a renewal in
@@ -103,12 +126,15 @@ pub struct Watchdog {
 impl Watchdog {
     /// Start renewing now (the first renewal is due). `deadline` is None for a
     /// lease that cannot expire (it is only checked, never extended).
+    /// `renew_now`, when the renewer gave one (`Renewing::wake`), becomes
+    /// readable when a renewal is due at once, before its time.
     pub fn spawn(
         renewing: Renewing,
         timing: Timing,
         deadline: Option<Arc<Deadline>>,
         events: Sender<Event>,
         wake: UnixStream,
+        renew_now: Option<OwnedFd>,
     ) -> std::io::Result<Watchdog> {
         let (stop_rx, stop_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         let timer = BootTimer::new()?;
@@ -126,7 +152,7 @@ impl Watchdog {
                     &timing,
                     deadline.as_deref(),
                     &timer,
-                    stop_rx.as_fd(),
+                    (stop_rx.as_fd(), renew_now.as_ref().map(|w| w.as_fd())),
                     &mut send,
                 );
             })?;
@@ -256,7 +282,7 @@ fn renew_loop(
     timing: &Timing,
     deadline: Option<&Deadline>,
     timer: &BootTimer,
-    stop: BorrowedFd<'_>,
+    (stop, wake): (BorrowedFd<'_>, Option<BorrowedFd<'_>>),
     send: &mut dyn FnMut(Event),
 ) {
     let mut renewers = Renewers::new(renewing);
@@ -289,7 +315,7 @@ fn renew_loop(
                 send(Event::Renewed {
                     took: Boot::now().since(sent_at),
                 });
-                if wait_until(timer, stop, sent_at.add(timing.renew_every)) {
+                if wait_until(timer, stop, wake, sent_at.add(timing.renew_every)) {
                     return;
                 }
                 continue;
@@ -326,7 +352,7 @@ fn renew_loop(
         if let Some(c) = current {
             retry_at = retry_at.min(timing.last_attempt(c));
         }
-        if wait_until(timer, stop, retry_at) {
+        if wait_until(timer, stop, wake, retry_at) {
             return;
         }
     }
@@ -370,7 +396,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let (_wake_rx, wake_tx) = UnixStream::pair().unwrap();
         wake_tx.set_nonblocking(true).unwrap();
-        let w = Watchdog::spawn(renewing, timing, Some(deadline), tx, wake_tx).unwrap();
+        let w = Watchdog::spawn(renewing, timing, Some(deadline), tx, wake_tx, None).unwrap();
         (w, rx)
     }
 
@@ -460,6 +486,7 @@ mod tests {
             Some(Arc::clone(&deadline)),
             tx,
             wake_tx,
+            None,
         )
         .unwrap();
         let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
@@ -493,6 +520,7 @@ mod tests {
             Some(Arc::clone(&deadline)),
             tx,
             wake_tx,
+            None,
         )
         .unwrap();
         let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();

@@ -1793,3 +1793,79 @@ fn a_waiter_whose_session_shrinks_is_refused_as_a_fresh_run_is() {
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("maxSessionTimeout"), "{err}");
 }
+
+/// A holder whose session reconnects to a server that now grants shorter
+/// sessions, cut off right after that reconnect. Protects against the
+/// deadline following the shorter session only at the next renewal (up
+/// to ttl/3 later): cut off in that gap, the holder's session expired 3 s
+/// after the cut, the next run was granted, and the old job ran on under
+/// the deadline of a 30 s lease. The reconnect itself asks for a renewal
+/// at once, so the deadline follows what was granted before a cut can
+/// come.
+#[test]
+fn a_holder_cut_off_right_after_its_session_shrinks_stops_before_the_next_runs() {
+    let mut zk = Zookeeper::start();
+    let proxy = ZkProxy::start(zk.server.port);
+    let scratch = Scratch::new();
+    let mut holder = Reap(
+        on(&proxy.url())
+            .args(["--ttl", "30s", "gap", "-c"])
+            .arg(beating_job(&scratch, "hpid", "alive"))
+            .stderr(Stdio::piped())
+            .spawn(),
+    );
+    scratch.pid_in("hpid");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = holder.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let connects = || proxy.connected.load(std::sync::atomic::Ordering::SeqCst);
+    let before = connects();
+    zk.server.restart_with("maxSessionTimeout", "3000");
+    assert!(
+        wait_until(Duration::from_secs(40), || connects() > before),
+        "the holder never reconnected"
+    );
+    // Right after the reconnect: a renewal on it comes at once (its
+    // warning says so), or not before the cut.
+    let reconnected = Instant::now();
+    let mut said = String::new();
+    while reconnected.elapsed() < Duration::from_secs(1) {
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(20)) {
+            said += &line;
+            said.push('\n');
+            if line.contains("granted our session") {
+                break;
+            }
+        }
+    }
+    proxy.set_stall(true);
+    let next = on(&zk.url())
+        .args(["--ttl", "3s", "-w", "90", "gap", "-c"])
+        .arg(format!("date +%s%N > {}", scratch.path("next").display()))
+        .stderr(Stdio::piped())
+        .spawn();
+    let (code, err) = exited(next, Duration::from_secs(120));
+    assert_eq!(code, Some(0), "the next run: {err}");
+    let code = wait_child(&mut holder.0, Duration::from_secs(60)).code();
+    while let Ok(line) = lines.recv_timeout(Duration::from_millis(200)) {
+        said += &line;
+        said.push('\n');
+    }
+    let next_at: u128 = scratch.read("next").trim().parse().unwrap();
+    let last_alive: u128 = scratch.read("alive").trim().parse().unwrap();
+    assert!(
+        last_alive < next_at,
+        "the holder's job still ran {:?} after the next run's job started (the holder \
+         exited {code:?}: {said})",
+        Duration::from_nanos((last_alive - next_at) as u64)
+    );
+    assert_eq!(code, Some(76), "{said}");
+}

@@ -2,7 +2,7 @@
 //! token, a deadline, what the job inherits, its release) and how its
 //! engine renews it, from any connection or only on the one it lives on.
 
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::time::Duration;
 
 use super::{Error, Request, bounded};
@@ -28,6 +28,13 @@ pub enum Renewal {
 /// ACL or a grant withdrawn) ends the lease at once, like `Lost`.
 pub trait Renewer: Send {
     fn renew(&mut self) -> Result<Renewal, Error>;
+    /// A descriptor that becomes readable when the lease must be renewed
+    /// at once rather than on schedule (its session connected again and
+    /// may last less now); taken once, by the watchdog. None: renewals
+    /// come on schedule only.
+    fn wake(&mut self) -> Option<OwnedFd> {
+        None
+    }
 }
 
 /// A fresh renewer for a lease that any connection can renew: it has no
@@ -45,6 +52,17 @@ pub enum Renewing {
     /// waited for again rather than replaced, since no other connection
     /// could renew the lease.
     OnItsConnection(Box<dyn Renewer>),
+}
+
+impl Renewing {
+    /// The descriptor that asks for a renewal at once (`Renewer::wake`):
+    /// only a lease on its own connection can have one.
+    pub fn wake(&mut self) -> Option<OwnedFd> {
+        match self {
+            Renewing::Anywhere(_) => None,
+            Renewing::OnItsConnection(r) => r.wake(),
+        }
+    }
 }
 
 /// A granted lease. It owns what keeps it (a connection, a locked

@@ -350,6 +350,9 @@ pub struct ZkProxy {
     stall: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Creates whose reply it lost.
     pub lost: std::sync::Arc<AtomicU32>,
+    /// Connections on which the server's first reply (to the connect
+    /// request) went through to the client.
+    pub connected: std::sync::Arc<AtomicU32>,
 }
 
 impl ZkProxy {
@@ -362,7 +365,13 @@ impl ZkProxy {
         let lose_create = Arc::new(AtomicBool::new(false));
         let stall = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicU32::new(0));
-        let (lc, st, lo) = (lose_create.clone(), stall.clone(), lost.clone());
+        let connected = Arc::new(AtomicU32::new(0));
+        let (lc, st, lo, co) = (
+            lose_create.clone(),
+            stall.clone(),
+            lost.clone(),
+            connected.clone(),
+        );
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
@@ -412,9 +421,11 @@ impl ZkProxy {
                     }
                 });
                 let st = st.clone();
+                let co = co.clone();
                 let (mut s_read, mut c_write) = (server, client);
                 std::thread::spawn(move || {
                     let mut buf = [0u8; 4096];
+                    let mut first = true;
                     loop {
                         let n = match s_read.read(&mut buf) {
                             Ok(0) | Err(_) => return,
@@ -429,6 +440,9 @@ impl ZkProxy {
                         if c_write.write_all(&buf[..n]).is_err() {
                             return;
                         }
+                        if std::mem::take(&mut first) {
+                            co.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
                 });
             }
@@ -438,6 +452,7 @@ impl ZkProxy {
             lose_create,
             stall,
             lost,
+            connected,
         }
     }
 

@@ -224,6 +224,12 @@ impl Client {
         self.rt.granted.get(self.session_id())
     }
 
+    /// A descriptor that becomes readable each time our session connects
+    /// again (`Granted::wake_on_connect`).
+    pub fn wake_on_connect(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.rt.granted.wake_on_connect(self.session_id())
+    }
+
     /// Run a call with this session within the bound of one call.
     pub fn call<T, F, Fut>(&self, f: F) -> Result<T, CallError>
     where

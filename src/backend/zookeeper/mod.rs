@@ -700,6 +700,19 @@ impl Renewer for ZkRenewer {
             Err(e) => Err(sort(e, "renewing")),
         }
     }
+
+    fn wake(&mut self) -> Option<std::os::fd::OwnedFd> {
+        match self.client.wake_on_connect() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                log::warn(format!(
+                    "cannot watch our ZooKeeper session's reconnects ({e}): a shorter \
+                     session granted on one is followed at the next renewal"
+                ));
+                None
+            }
+        }
+    }
 }
 
 impl ZkRenewer {
