@@ -1869,3 +1869,83 @@ fn a_holder_cut_off_right_after_its_session_shrinks_stops_before_the_next_runs()
     );
     assert_eq!(code, Some(76), "{said}");
 }
+
+/// Plant a persistent node at `/lockrun/NAME` with only world:READ, as
+/// anyone may under a prefix that grants world CREATE (an existing
+/// deployment's prefix, made persistent by hand with READ|CREATE).
+fn plant(port: u16, chroot: &str, make_prefix: bool, name: &str) {
+    use zookeeper_client::{Acl, Acls, AuthId, CreateMode, Permission as P};
+    let path = format!("/lockrun/{name}");
+    zk_do(port, Some(chroot), move |z| async move {
+        if make_prefix {
+            let prefix = [Acl::new(P::READ | P::CREATE, AuthId::anyone())];
+            let opts = CreateMode::Persistent.with_acls(Acls::new(&prefix));
+            z.create("/lockrun", b"", &opts).await?;
+        }
+        let read = [Acl::new(P::READ, AuthId::anyone())];
+        let opts = CreateMode::Persistent.with_acls(Acls::new(&read));
+        z.create(&path, b"", &opts).await?;
+        Ok(())
+    });
+}
+
+/// A persistent node with ACL world:READ planted where a name's node
+/// goes, under a prefix that lets anyone create. Protects against every
+/// run on the name being refused (69) while `status` called it free (1),
+/// `release --force` said "not held" and `doctor` said all was well:
+/// each names the node and its ACL, and says it is not lockrun's.
+#[test]
+fn a_foreign_node_at_a_name_s_place_is_named_everywhere() {
+    let (url, port, chroot) = chroot_url();
+    plant(port, &chroot, true, "planted");
+    let run = on(&url).args(["-n", "planted", "true"]).output();
+    let st = on(&url).args(["status", "planted"]).output();
+    let rel = on(&url).args(["release", "--force", "planted"]).output();
+    let doc = on(&url).args(["doctor"]).output();
+    for (what, out, code) in [
+        ("run", &run, 69),
+        ("status", &st, 69),
+        ("release --force", &rel, 69),
+        ("doctor", &doc, 69),
+    ] {
+        let said = out.stdout() + &out.stderr();
+        assert_eq!(out.out.status.code(), Some(code), "{what}: {said}");
+        assert!(
+            said.contains("/lockrun/planted") && said.contains("world:anyone:READ"),
+            "{what} does not name the node and its ACL: {said}"
+        );
+        assert!(said.contains("not lockrun's"), "{what}: {said}");
+    }
+    assert_eq!(
+        run.stderr().trim_end().lines().count(),
+        1,
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(st.stderr().trim_end().lines().count(), 1, "{}", st.stderr());
+}
+
+/// A node planted at a name's place under a prefix that lockrun made.
+/// Protects against the prefix's ACL letting anyone create a node there
+/// that only ZooKeeper's superuser can delete: lockrun's prefix lets the
+/// identity that runs lockrun delete it (here one with no credentials,
+/// as lockrun's runs were).
+#[test]
+fn a_node_planted_under_lockrun_s_prefix_can_be_deleted() {
+    let (url, port, chroot) = chroot_url();
+    let scratch = Scratch::new();
+    let _holder = Reap(
+        on(&url)
+            .args(["--ttl", "6s", "kept", "-c"])
+            .arg(gated_job(&scratch, "pid", "go"))
+            .spawn(),
+    );
+    scratch.pid_in("pid");
+    plant(port, &chroot, false, "planted");
+    let gone = zk_do(port, Some(&chroot), |z| async move {
+        Ok(z.delete("/lockrun/planted", None).await)
+    });
+    assert!(gone.is_ok(), "the planted node cannot be deleted: {gone:?}");
+    std::fs::write(scratch.path("go"), "").unwrap();
+    on(&url).args(["-n", "planted", "true"]).succeeds();
+}

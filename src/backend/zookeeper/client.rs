@@ -83,6 +83,10 @@ pub struct Client {
     pub timeout: Duration,
     /// Credentials were given: our nodes carry an ACL for their identity.
     pub authed: bool,
+    /// The URL's chroot ("" for none).
+    chroot: String,
+    /// The URL's user, if it gave credentials.
+    pub user: Option<String>,
 }
 
 /// Run `f` on the runtime and wait at most `limit` for it.
@@ -110,6 +114,9 @@ pub enum CallError {
     /// A node of a name (its path) that this identity may not read: the
     /// ACL of another identity's node. lockrun cannot tell whether it holds.
     Foreign(String),
+    /// A node at a name's place that is not lockrun's, as `foreign_at`
+    /// describes it.
+    NotOurs(String),
 }
 
 impl Client {
@@ -205,6 +212,8 @@ impl Client {
             shown: url.display.clone(),
             timeout,
             authed: url.user.is_some(),
+            chroot: url.chroot.clone().unwrap_or_default(),
+            user: url.user.clone(),
         })
     }
 
@@ -222,6 +231,11 @@ impl Client {
     /// only if the client never showed it (the lease is then over).
     pub fn granted(&self) -> Option<Duration> {
         self.rt.granted.get(self.session_id())
+    }
+
+    /// `path` as seen from the server's root: under the URL's chroot.
+    pub fn chrooted(&self, path: &str) -> String {
+        format!("{}{path}", self.chroot)
     }
 
     /// A descriptor that becomes readable each time our session connects
@@ -369,6 +383,7 @@ pub fn sort(e: CallError, doing: &str) -> Error {
                  of a name must use the same credentials"
             ));
         }
+        CallError::NotOurs(said) => return Error::Refused(format!("{doing}: {said}")),
         CallError::Zk(e) => e,
     };
     use zk::Error as Z;

@@ -144,6 +144,95 @@ fn read_name_behind(c: &Client, nodes: &Nodes, ours: Option<u64>) -> Result<Name
     Ok(name)
 }
 
+/// What stands at a name's place where lockrun cannot queue.
+pub(crate) enum InTheWay {
+    /// A node lockrun did not make (not its ACL's shape: one identity
+    /// with every permission): another program's, or planted.
+    NotLockruns(String),
+    /// A name's node of another identity (its ACL gives this one nothing).
+    OtherIdentity(String),
+}
+
+impl InTheWay {
+    pub(crate) fn line(self) -> String {
+        match self {
+            InTheWay::NotLockruns(l) | InTheWay::OtherIdentity(l) => l,
+        }
+    }
+}
+
+/// An ACL as ZooKeeper shows it (scheme:id:permissions), a digest id by
+/// its user alone: the rest is a hash of the password.
+pub(crate) fn acl_text(acls: &[zk::Acl]) -> String {
+    let shown: Vec<String> = acls
+        .iter()
+        .map(|a| {
+            let id = match a.scheme() {
+                "digest" => a.id().split(':').next().unwrap_or(""),
+                _ => a.id(),
+            };
+            format!("{}:{id}:{}", a.scheme(), a.permission())
+        })
+        .collect();
+    shown.join(",")
+}
+
+/// What stands at the name's place of `nodes` when this identity cannot
+/// queue there: its ACL lets neither anyone nor the URL's user read,
+/// write, create and delete under it. None when it can, when the node is
+/// not there, or when its ACL cannot be read (the read that follows says
+/// what it finds). ZooKeeper shows a container as a persistent node, so
+/// the ACL alone tells lockrun's name nodes from others.
+pub(crate) fn foreign_at(c: &Client, nodes: &Nodes) -> Result<Option<InTheWay>, CallError> {
+    use zk::Permission as P;
+    let path = nodes.parent.clone();
+    let (acls, stat) = match c.call(|z| async move { z.get_acl(&path).await }) {
+        Ok(v) => v,
+        Err(CallError::Zk(zk::Error::NoNode | zk::Error::NoAuth)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let needed = P::READ | P::WRITE | P::CREATE | P::DELETE;
+    let ours = |a: &zk::Acl| match a.scheme() {
+        "world" => a.id() == "anyone",
+        "digest" => c
+            .user
+            .as_deref()
+            .is_some_and(|u| a.id().split(':').next() == Some(u)),
+        _ => false,
+    };
+    if acls.iter().any(|a| ours(a) && a.permission().has(needed)) {
+        return Ok(None);
+    }
+    let shown = c.chrooted(&nodes.parent);
+    let acl = acl_text(&acls);
+    let lockruns = acls.len() == 1 && acls[0].permission() == P::ALL && stat.ephemeral_owner == 0;
+    Ok(Some(if lockruns {
+        InTheWay::OtherIdentity(format!(
+            "{shown} is another identity's name (ACL {acl}): every user of a name must use \
+             the same credentials"
+        ))
+    } else {
+        let kind = if stat.ephemeral_owner == 0 {
+            "a node"
+        } else {
+            "an ephemeral node"
+        };
+        InTheWay::NotLockruns(format!(
+            "{shown} is not lockrun's: {kind} with ACL {acl} where the name's node goes, so \
+             no request can queue on the name; delete it (zkCli.sh deleteall {shown}) as an \
+             identity the prefix's ACL lets delete, or as ZooKeeper's superuser"
+        ))
+    }))
+}
+
+/// Refuse a name whose place holds what this identity cannot queue under.
+fn refuse_in_the_way(c: &Client, nodes: &Nodes) -> Result<(), CallError> {
+    match foreign_at(c, nodes)? {
+        Some(w) => Err(CallError::NotOurs(w.line())),
+        None => Ok(()),
+    }
+}
+
 /// Read a name's request nodes and slots in one round trip after listing
 /// them; None when the name has no node at all.
 fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
@@ -354,6 +443,7 @@ impl Engine for Zk {
         let doing = format!("reading {name} on {}", self.url.display);
         let c = self.client(OPERATOR_SESSION)?.clone();
         let read_all = || -> Result<(Name, i64), CallError> {
+            refuse_in_the_way(&c, &nodes)?;
             let n = read_name(&c, &nodes)?;
             let now = if n.windows.is_empty() {
                 0
@@ -424,7 +514,9 @@ impl Engine for Zk {
         let nodes = Nodes::new(&self.root, name);
         let doing = format!("releasing {name} on {}", self.url.display);
         let c = self.client(OPERATOR_SESSION)?.clone();
-        let n = read_name(&c, &nodes).map_err(|e| sort(e, &doing))?;
+        let n = refuse_in_the_way(&c, &nodes)
+            .and_then(|()| read_name(&c, &nodes))
+            .map_err(|e| sort(e, &doing))?;
         let held = &n.queue[..n.queue_held()];
         if held.is_empty() && n.windows.is_empty() {
             return Ok(Broken::NotHeld);
