@@ -1949,3 +1949,61 @@ fn a_node_planted_under_lockrun_s_prefix_can_be_deleted() {
     std::fs::write(scratch.path("go"), "").unwrap();
     on(&url).args(["-n", "planted", "true"]).succeeds();
 }
+
+/// `status` without a name, `status --json` and `list` on a prefix shared
+/// by two identities, with a node planted at a third name's place.
+/// Protects against the whole listing ending with 69 as soon as one name
+/// belonged to another identity or was not lockrun's: what can be read is
+/// listed, each name that cannot is marked (text and JSON), and the exit
+/// code is the listing's (0: a name read is held).
+#[test]
+fn listings_mark_the_names_they_cannot_read() {
+    let (port, chroot) = zk_chroot();
+    let anon = format!("zk://127.0.0.1:{port}{chroot}");
+    let alice = format!("zk://alice:pw-a@127.0.0.1:{port}{chroot}");
+    let scratch = Scratch::new();
+    let _mine = Reap(
+        on(&anon)
+            .args(["--ttl", "6s", "mine", "-c"])
+            .arg(gated_job(&scratch, "mpid", "go"))
+            .spawn(),
+    );
+    scratch.pid_in("mpid");
+    let _hers = Reap(
+        on(&alice)
+            .args(["--ttl", "6s", "hers", "-c"])
+            .arg(gated_job(&scratch, "hpid", "go"))
+            .spawn(),
+    );
+    scratch.pid_in("hpid");
+    plant(port, &chroot, false, "planted");
+    for cmd in [&["status"][..], &["list"]] {
+        let out = on(&anon).args(cmd).output();
+        let (text, err) = (out.stdout(), out.stderr());
+        assert_eq!(out.out.status.code(), Some(0), "{cmd:?}: {text}{err}");
+        let line = |n: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{n}:")))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(line("mine").contains("held"), "{cmd:?}: {text}");
+        assert!(line("hers").contains("cannot be read"), "{cmd:?}: {text}");
+        assert!(line("planted").contains("not lockrun's"), "{cmd:?}: {text}");
+    }
+    let out = on(&anon).args(["status", "--json"]).output();
+    assert_eq!(out.out.status.code(), Some(0), "{}", out.stderr());
+    let all = out.json();
+    let by = |n: &str| {
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(by("mine")["held"], true, "{all}");
+    assert!(by("hers")["unreadable"].is_string(), "{all}");
+    assert!(by("planted")["unreadable"].is_string(), "{all}");
+    std::fs::write(scratch.path("go"), "").unwrap();
+}

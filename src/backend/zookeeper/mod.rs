@@ -487,15 +487,26 @@ impl Engine for Zk {
             ));
         }
         let mut listed = Vec::new();
+        let mut unreadable = Vec::new();
         for name in names {
-            if listed.len() >= bound.names || bound.passed() {
+            let read = listed.len() + unreadable.len();
+            if read >= bound.names || bound.passed() {
                 notes.push(format!(
-                    "stopped after {} names: the list is incomplete",
-                    listed.len()
+                    "stopped after {read} names: the list is incomplete"
                 ));
                 break;
             }
-            let st = self.status(&name)?;
+            // A name this identity may not read (another identity's, or a
+            // node that is not lockrun's at its place) is marked, and the
+            // others are still listed.
+            let st = match self.status(&name) {
+                Ok(st) => st,
+                Err(Error::Refused(why)) => {
+                    unreadable.push((name, why));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if !st.holders.is_empty() || st.waiters.unwrap_or(0) > 0 {
                 listed.push((name, st));
             }
@@ -507,6 +518,7 @@ impl Engine for Zk {
         Ok(Listing {
             names: listed,
             notes,
+            unreadable,
         })
     }
 
