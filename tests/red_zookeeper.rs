@@ -2007,3 +2007,78 @@ fn listings_mark_the_names_they_cannot_read() {
     assert!(by("planted")["unreadable"].is_string(), "{all}");
     std::fs::write(scratch.path("go"), "").unwrap();
 }
+
+/// The chroot deleted, with everything under it, while a request waits
+/// in it. Protects against the waiter's next create failing as an
+/// internal error (70, "node not exists"): a missing chroot is the
+/// server's refusal (69), one line naming it, as a fresh run says.
+#[test]
+fn a_chroot_deleted_while_a_request_waits() {
+    let (url, port, chroot) = chroot_url();
+    let scratch = Scratch::new();
+    let _holder = Reap(
+        on(&url)
+            .args(["--ttl", "6s", "gone", "-c"])
+            .arg(gated_job(&scratch, "pid", "go"))
+            .stderr(Stdio::null())
+            .spawn(),
+    );
+    scratch.pid_in("pid");
+    let waiter = on(&url)
+        .args(["--ttl", "6s", "-w", "60", "gone", "true"])
+        .stderr(Stdio::piped())
+        .spawn();
+    let waiter = Reap(waiter);
+    wait_queued(&url, "gone", 1);
+    // Delete the chroot and all under it, deepest first, until it stays gone.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let mut all: Vec<String> = lockrun_nodes(port, &chroot)
+                .into_iter()
+                .map(|(p, _)| format!("{chroot}{p}"))
+                .collect();
+            all.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
+            all.push(chroot.clone());
+            let c = chroot.clone();
+            zk_do(port, None, move |z| async move {
+                for p in &all {
+                    let _ = z.delete(p, None).await;
+                }
+                Ok(z.check_stat(&c).await?.is_none())
+            })
+        }),
+        "the chroot could not be deleted"
+    );
+    let mut waiter = waiter;
+    let code = wait_child(&mut waiter.0, Duration::from_secs(60)).code();
+    let mut err = String::new();
+    if let Some(mut e) = waiter.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert_eq!(code, Some(69), "{err}");
+    assert!(
+        err.contains(&chroot) && err.contains("does not exist"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// A chroot in ZooKeeper's own tree (`/zookeeper`, its quotas, its
+/// configuration). Protects against lockrun writing its nodes there: such
+/// a URL is refused (64, one line) as the prefix `zookeeper` is.
+#[test]
+fn a_chroot_in_zookeeper_s_own_tree_is_refused() {
+    let port = shared_zookeeper();
+    for chroot in [
+        "/zookeeper",
+        "/zookeeper/quota",
+        "/zookeeper/x/y",
+        "/zookeeper/",
+    ] {
+        let url = format!("zk://127.0.0.1:{port}{chroot}");
+        let out = on(&url).args(["-n", "x", "true"]).code(64);
+        let err = out.stderr();
+        assert_eq!(err.trim_end().lines().count(), 1, "{chroot}: {err}");
+        assert!(err.contains("ZooKeeper's own"), "{chroot}: {err}");
+    }
+}

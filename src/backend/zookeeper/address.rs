@@ -78,6 +78,12 @@ fn chroot(path: &str) -> Result<Option<String>, String> {
     if path.is_empty() {
         return Ok(None);
     }
+    if path == "/zookeeper" || path.starts_with("/zookeeper/") {
+        return Err(format!(
+            "chroot {path:?} is in ZooKeeper's own tree (/zookeeper: its quotas and \
+             configuration), where lockrun never writes"
+        ));
+    }
     for part in path.trim_start_matches('/').split('/') {
         let plain = !part.is_empty()
             && part != "."
@@ -197,6 +203,8 @@ mod tests {
             "zk://h:x",
             "zk://h/a//b",
             "zk://h/..",
+            "zk://h/zookeeper",
+            "zk://h/zookeeper/quota",
             "zk://h?x=1",
             "zk://u@h",
             "zk://:p@h",

@@ -89,6 +89,13 @@ pub struct Client {
     pub user: Option<String>,
 }
 
+/// The line for a chroot that does not exist.
+pub fn chroot_missing(url: &str, chroot: &str) -> String {
+    format!(
+        "the chroot of {url} does not exist: create it (zkCli.sh create {chroot}) or fix the URL"
+    )
+}
+
 /// Run `f` on the runtime and wait at most `limit` for it.
 fn run<T: Send + 'static>(
     handle: &tokio::runtime::Handle,
@@ -114,9 +121,9 @@ pub enum CallError {
     /// A node of a name (its path) that this identity may not read: the
     /// ACL of another identity's node. lockrun cannot tell whether it holds.
     Foreign(String),
-    /// A node at a name's place that is not lockrun's, as `foreign_at`
-    /// describes it.
-    NotOurs(String),
+    /// What the server's state refuses, said in full: a node at a name's
+    /// place that is not lockrun's (`foreign_at`), a chroot gone.
+    Refused(String),
 }
 
 impl Client {
@@ -231,6 +238,19 @@ impl Client {
     /// only if the client never showed it (the lease is then over).
     pub fn granted(&self) -> Option<Duration> {
         self.rt.granted.get(self.session_id())
+    }
+
+    /// When the URL has a chroot and it is gone (deleted, perhaps while
+    /// lockrun used it): the refusal that names it. Every call under it
+    /// fails with NoNode, which would otherwise read as lockrun's own bug.
+    pub fn chroot_gone(&self) -> Result<Option<CallError>, CallError> {
+        if self.chroot.is_empty() {
+            return Ok(None);
+        }
+        let there = self.call(|z| async move { z.check_stat("/").await })?;
+        Ok(there
+            .is_none()
+            .then(|| CallError::Refused(chroot_missing(&self.shown, &self.chroot))))
     }
 
     /// `path` as seen from the server's root: under the URL's chroot.
@@ -383,7 +403,7 @@ pub fn sort(e: CallError, doing: &str) -> Error {
                  of a name must use the same credentials"
             ));
         }
-        CallError::NotOurs(said) => return Error::Refused(format!("{doing}: {said}")),
+        CallError::Refused(said) => return Error::Refused(format!("{doing}: {said}")),
         CallError::Zk(e) => e,
     };
     use zk::Error as Z;

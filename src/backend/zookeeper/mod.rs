@@ -83,11 +83,9 @@ impl Zk {
                     .call(|z| async move { z.check_stat("/").await })
                     .map_err(|e| sort(e, "reading the chroot"))?;
                 if there.is_none() {
-                    return Err(Error::Refused(format!(
-                        "the chroot of {} does not exist: create it (zkCli.sh create {}) \
-                         or fix the URL",
-                        self.url.display,
-                        self.url.chroot.as_deref().unwrap_or("")
+                    return Err(Error::Refused(client::chroot_missing(
+                        &self.url.display,
+                        self.url.chroot.as_deref().unwrap_or(""),
                     )));
                 }
             }
@@ -228,7 +226,7 @@ pub(crate) fn foreign_at(c: &Client, nodes: &Nodes) -> Result<Option<InTheWay>, 
 /// Refuse a name whose place holds what this identity cannot queue under.
 fn refuse_in_the_way(c: &Client, nodes: &Nodes) -> Result<(), CallError> {
     match foreign_at(c, nodes)? {
-        Some(w) => Err(CallError::NotOurs(w.line())),
+        Some(w) => Err(CallError::Refused(w.line())),
         None => Ok(()),
     }
 }

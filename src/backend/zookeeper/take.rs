@@ -646,7 +646,11 @@ fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, Ca
             z.create(&path, &data, &opts).await
         }) {
             Ok((_, seq)) => return Ok(format!("q-{id}-{seq}")),
-            Err(CallError::Zk(zk::Error::NoNode)) if tries < 5 => {
+            Err(CallError::Zk(zk::Error::NoNode)) if tries >= 5 => {
+                // Still no parent: the chroot may be gone under us.
+                return Err(c.chroot_gone()?.unwrap_or(CallError::Zk(zk::Error::NoNode)));
+            }
+            Err(CallError::Zk(zk::Error::NoNode)) => {
                 // ZooKeeper may delete an empty container at any time,
                 // the prefix's between our two creates: try again.
                 tries += 1;
@@ -665,7 +669,7 @@ fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, Ca
             // under: named, if it is not lockrun's.
             Err(CallError::Zk(e @ (zk::Error::NoAuth | zk::Error::NoChildrenForEphemerals))) => {
                 return Err(match super::foreign_at(c, nodes)? {
-                    Some(w) => CallError::NotOurs(w.line()),
+                    Some(w) => CallError::Refused(w.line()),
                     None => CallError::Zk(e),
                 });
             }
