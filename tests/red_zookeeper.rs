@@ -2082,3 +2082,33 @@ fn a_chroot_in_zookeeper_s_own_tree_is_refused() {
         assert!(err.contains("ZooKeeper's own"), "{chroot}: {err}");
     }
 }
+
+/// The reply to a holder's release lost, on a server whose shortest
+/// session (minSessionTimeout, 5 s) is longer than the ttl (3 s).
+/// Protects against the holder saying "the lease expires on its own
+/// within 3s" whatever happened: the release's answer was lost (the node
+/// may well be gone), and if it is not, it goes with the session, within
+/// the session timeout the server granted.
+#[test]
+fn a_lost_release_reply_says_what_is_known() {
+    let zk = OwnServer::start("minSessionTimeout=5000\nmaxSessionTimeout=20000\n");
+    let proxy = ZkProxy::start(zk.port);
+    let scratch = Scratch::new();
+    let holder = on(&proxy.url())
+        .args(["--ttl", "3s", "lost", "-c"])
+        .arg(gated_job(&scratch, "pid", "go"))
+        .stderr(Stdio::piped())
+        .spawn();
+    scratch.pid_in("pid");
+    proxy.lose_next_delete();
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (code, err) = exited(holder, Duration::from_secs(60));
+    assert_eq!(
+        proxy.lost.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "no release reply was lost: {err}"
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("within 3s"), "{err}");
+    assert!(err.contains("answer") && err.contains("5s"), "{err}");
+}

@@ -98,6 +98,12 @@ pub trait Held: Send {
     fn releases_locally(&self) -> bool {
         false
     }
+    /// What becomes of the lease if its release gets no answer (it may or
+    /// may not have been done), when the engine knows better than "it
+    /// expires within its ttl".
+    fn if_unreleased(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Lease {
@@ -119,6 +125,17 @@ impl Lease {
 
     pub fn renewer(&self) -> Renewing {
         self.held.renewer()
+    }
+
+    /// What becomes of the lease if its release gets no answer, said
+    /// before the release: after it, the lease is gone from lockrun.
+    pub fn if_unreleased(&self) -> String {
+        self.held.if_unreleased().unwrap_or_else(|| {
+            format!(
+                "the lease expires on its own within {}",
+                crate::text::duration(self.ttl)
+            )
+        })
     }
 
     /// What the job gets (lockrun(1) "ENVIRONMENT"): variables set over its

@@ -347,6 +347,7 @@ pub fn zk_delete(port: u16, chroot: Option<&str>, path: &str) {
 pub struct ZkProxy {
     pub port: u16,
     lose_create: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    lose_delete: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stall: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Creates whose reply it lost.
     pub lost: std::sync::Arc<AtomicU32>,
@@ -363,9 +364,11 @@ impl ZkProxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let lose_create = Arc::new(AtomicBool::new(false));
+        let lose_delete = Arc::new(AtomicBool::new(false));
         let stall = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicU32::new(0));
         let connected = Arc::new(AtomicU32::new(0));
+        let ld = lose_delete.clone();
         let (lc, st, lo, co) = (
             lose_create.clone(),
             stall.clone(),
@@ -382,6 +385,7 @@ impl ZkProxy {
                 let (mut c_read, mut s_write) =
                     (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (lc, st1, lo, cut1) = (lc.clone(), st.clone(), lo.clone(), cut.clone());
+                let ld = ld.clone();
                 let (c_close, s_close) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || {
                     // Frames: a 4-byte length, then the body; the first is
@@ -409,7 +413,14 @@ impl ZkProxy {
                         // create (1), create2 (15), createTTL (19)
                         let creates = matches!(op, Some(1 | 15 | 19))
                             && String::from_utf8_lossy(&body).contains("/q-");
-                        if creates && lc.swap(false, Ordering::SeqCst) {
+                        // delete (2), or a multi (14) whose first op deletes
+                        let first_op =
+                            (n >= 12).then(|| i32::from_be_bytes(body[8..12].try_into().unwrap()));
+                        let deletes = (op == Some(2) || (op == Some(14) && first_op == Some(2)))
+                            && String::from_utf8_lossy(&body).contains("/q-");
+                        let lose = (creates && lc.swap(false, Ordering::SeqCst))
+                            || (deletes && ld.swap(false, Ordering::SeqCst));
+                        if lose {
                             cut1.store(true, Ordering::SeqCst);
                             lo.fetch_add(1, Ordering::SeqCst);
                             // Let the server act on it, then cut.
@@ -450,6 +461,7 @@ impl ZkProxy {
         ZkProxy {
             port,
             lose_create,
+            lose_delete,
             stall,
             lost,
             connected,
@@ -463,6 +475,11 @@ impl ZkProxy {
     /// Lose the reply to the next create of a request node.
     pub fn lose_next_create(&self) {
         self.lose_create.store(true, Ordering::SeqCst);
+    }
+
+    /// Lose the reply to the next delete of a request node (a release).
+    pub fn lose_next_delete(&self) {
+        self.lose_delete.store(true, Ordering::SeqCst);
     }
 
     /// Let nothing through either way (on), or everything again (off).

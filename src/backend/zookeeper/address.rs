@@ -131,7 +131,8 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
     };
     // Never a query or fragment, which may hold a secret.
     let shown_path = path.split(['?', '#']).next().unwrap_or_default();
-    let shown_hosts = hosts.split(['?', '#']).next().unwrap_or_default();
+    let shown_hosts =
+        crate::backend::shown_hosts(hosts.split(['?', '#']).next().unwrap_or_default());
     let fragment = if insecure { "#insecure" } else { "" };
     let display = format!("{scheme}://{shown_user}{shown_hosts}{shown_path}{fragment}");
     let bad = |why: String| {

@@ -744,6 +744,17 @@ impl Held for ZkHeld {
         self.min_hold = None;
         self.release()
     }
+
+    /// Our node goes with our session: within the session timeout the
+    /// server granted it when it last connected, which is not the ttl when
+    /// the server's minSessionTimeout is above it.
+    fn if_unreleased(&self) -> Option<String> {
+        let granted = self.client.granted().unwrap_or(self.client.timeout);
+        Some(format!(
+            "our node goes with our ZooKeeper session, within the {} the server granted it",
+            crate::text::duration(granted)
+        ))
+    }
 }
 
 /// Check, through the leader, that `path` is at `version`: a check-only
