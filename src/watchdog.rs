@@ -74,7 +74,7 @@ pub enum Event {
 fn wait_until(
     timer: &BootTimer,
     stop: BorrowedFd<'_>,
-    wake: Option<BorrowedFd<'_>>,
+    wake: &mut Option<BorrowedFd<'_>>,
     at: Boot,
 ) -> bool {
     if timer.arm(at).is_err() {
@@ -89,7 +89,7 @@ fn wait_until(
             PollFd::from_borrowed_fd(stop, PollFlags::IN),
             PollFd::from_borrowed_fd(timer.fd(), PollFlags::IN),
         ];
-        if let Some(w) = wake {
+        if let Some(w) = *wake {
             fds.push(PollFd::from_borrowed_fd(w, PollFlags::IN));
         }
         match poll(&mut fds, None) {
@@ -98,10 +98,12 @@ fn wait_until(
                     return true;
                 }
                 if fds.get(2).is_some_and(|w| !w.revents().is_empty()) {
-                    if let Some(w) = wake {
-                        drain(w);
+                    drop(fds);
+                    if wake.is_some_and(drain) {
+                        return false;
                     }
-                    return false;
+                    // Hung up with nothing to read: nobody is left to ask.
+                    *wake = None;
                 }
             }
             Err(rustix::io::Errno::INTR) => {}
@@ -111,10 +113,15 @@ fn wait_until(
 }
 
 /// Read a non-blocking wake descriptor empty: one renewal answers every
-/// wake that came before it.
-pub fn drain(fd: BorrowedFd<'_>) {
+/// wake that came before it. False when there was nothing to read (its
+/// writer is gone).
+pub fn drain(fd: BorrowedFd<'_>) -> bool {
     let mut buf = [0u8; 64];
-    while matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {}
+    let mut any = false;
+    while matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {
+        any = true;
+    }
+    any
 }
 
 /// The running watchdog. Stopping it never waits for it: a renewal in
@@ -282,7 +289,7 @@ fn renew_loop(
     timing: &Timing,
     deadline: Option<&Deadline>,
     timer: &BootTimer,
-    (stop, wake): (BorrowedFd<'_>, Option<BorrowedFd<'_>>),
+    (stop, mut wake): (BorrowedFd<'_>, Option<BorrowedFd<'_>>),
     send: &mut dyn FnMut(Event),
 ) {
     let mut renewers = Renewers::new(renewing);
@@ -315,7 +322,7 @@ fn renew_loop(
                 send(Event::Renewed {
                     took: Boot::now().since(sent_at),
                 });
-                if wait_until(timer, stop, wake, sent_at.add(timing.renew_every)) {
+                if wait_until(timer, stop, &mut wake, sent_at.add(timing.renew_every)) {
                     return;
                 }
                 continue;
@@ -352,7 +359,7 @@ fn renew_loop(
         if let Some(c) = current {
             retry_at = retry_at.min(timing.last_attempt(c));
         }
-        if wait_until(timer, stop, wake, retry_at) {
+        if wait_until(timer, stop, &mut wake, retry_at) {
             return;
         }
     }
@@ -531,5 +538,45 @@ mod tests {
             d >= start.add(Duration::from_secs(2)).sub(timing.drift),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn a_wake_renews_at_once_and_a_hung_up_one_is_let_go() {
+        // ttl 30 s: renewals 10 s apart, unless the renewer's wake asks.
+        let timing = Timing::new(Duration::from_secs(30), None).unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let (wake_rx, wake_tx) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .unwrap();
+        let deadline = Arc::new(Deadline::new(Boot::now().add(timing.ttl)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (_sup_rx, sup_tx) = UnixStream::pair().unwrap();
+        sup_tx.set_nonblocking(true).unwrap();
+        let _w = Watchdog::spawn(
+            Renewing::OnItsConnection(Box::new(Says {
+                answers: vec![Ok(Renewal::Renewed { ttl: timing.ttl })],
+                delay: Duration::ZERO,
+                calls: Arc::clone(&calls),
+            })),
+            timing,
+            Some(deadline),
+            tx,
+            sup_tx,
+            Some(wake_rx),
+        )
+        .unwrap();
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
+        rustix::io::write(&wake_tx, &[1]).unwrap();
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
+        // The writer gone: no renewal storm, the schedule stands.
+        drop(wake_tx);
+        assert!(
+            rx.recv_timeout(Duration::from_secs(1)).is_err(),
+            "renewed on a hung-up wake"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }

@@ -232,8 +232,12 @@ pub fn supervise_job(
             && let Some(w) = &sup.renew_now
             && readable(w.as_fd())
         {
-            crate::watchdog::drain(w.as_fd());
-            sup.first_renew = sup.first_renew.min(now);
+            if crate::watchdog::drain(w.as_fd()) {
+                sup.first_renew = sup.first_renew.min(now);
+            } else {
+                // Hung up with nothing to read: nobody is left to ask.
+                sup.renew_now = None;
+            }
         }
         if !gone && let Some(e) = sup.start_watchdog(now, &ev_tx, &wake_tx) {
             events.push(e);
