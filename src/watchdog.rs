@@ -67,9 +67,16 @@ pub enum Event {
     },
 }
 
-/// Wait until `at` on the boot clock or until `stop` becomes readable or hung up.
-/// Returns true when asked to stop.
-fn wait_until(timer: &BootTimer, stop: BorrowedFd<'_>, at: Boot) -> bool {
+/// Wait until `at` on the boot clock, until `stop` becomes readable or
+/// hung up, or until the renewer's `wake` (if it gave one) becomes
+/// readable: then the renewal is due at once. Returns true when asked to
+/// stop.
+fn wait_until(
+    timer: &BootTimer,
+    stop: BorrowedFd<'_>,
+    wake: &mut Option<BorrowedFd<'_>>,
+    at: Boot,
+) -> bool {
     if timer.arm(at).is_err() {
         // Without a timer we cannot wait safely; stopping early is the safe side.
         return true;
@@ -78,20 +85,43 @@ fn wait_until(timer: &BootTimer, stop: BorrowedFd<'_>, at: Boot) -> bool {
         if Boot::now() >= at {
             return false;
         }
-        let mut fds = [
+        let mut fds = vec![
             PollFd::from_borrowed_fd(stop, PollFlags::IN),
             PollFd::from_borrowed_fd(timer.fd(), PollFlags::IN),
         ];
+        if let Some(w) = *wake {
+            fds.push(PollFd::from_borrowed_fd(w, PollFlags::IN));
+        }
         match poll(&mut fds, None) {
             Ok(_) => {
                 if !fds[0].revents().is_empty() {
                     return true;
+                }
+                if fds.get(2).is_some_and(|w| !w.revents().is_empty()) {
+                    drop(fds);
+                    if wake.is_some_and(drain) {
+                        return false;
+                    }
+                    // Hung up with nothing to read: nobody is left to ask.
+                    *wake = None;
                 }
             }
             Err(rustix::io::Errno::INTR) => {}
             Err(_) => return true,
         }
     }
+}
+
+/// Read a non-blocking wake descriptor empty: one renewal answers every
+/// wake that came before it. False when there was nothing to read (its
+/// writer is gone).
+pub fn drain(fd: BorrowedFd<'_>) -> bool {
+    let mut buf = [0u8; 64];
+    let mut any = false;
+    while matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {
+        any = true;
+    }
+    any
 }
 
 /// The running watchdog. Stopping it never waits for it: a renewal in
@@ -103,12 +133,15 @@ pub struct Watchdog {
 impl Watchdog {
     /// Start renewing now (the first renewal is due). `deadline` is None for a
     /// lease that cannot expire (it is only checked, never extended).
+    /// `renew_now`, when the renewer gave one (`Renewing::wake`), becomes
+    /// readable when a renewal is due at once, before its time.
     pub fn spawn(
         renewing: Renewing,
         timing: Timing,
         deadline: Option<Arc<Deadline>>,
         events: Sender<Event>,
         wake: UnixStream,
+        renew_now: Option<OwnedFd>,
     ) -> std::io::Result<Watchdog> {
         let (stop_rx, stop_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         let timer = BootTimer::new()?;
@@ -126,7 +159,7 @@ impl Watchdog {
                     &timing,
                     deadline.as_deref(),
                     &timer,
-                    stop_rx.as_fd(),
+                    (stop_rx.as_fd(), renew_now.as_ref().map(|w| w.as_fd())),
                     &mut send,
                 );
             })?;
@@ -256,7 +289,7 @@ fn renew_loop(
     timing: &Timing,
     deadline: Option<&Deadline>,
     timer: &BootTimer,
-    stop: BorrowedFd<'_>,
+    (stop, mut wake): (BorrowedFd<'_>, Option<BorrowedFd<'_>>),
     send: &mut dyn FnMut(Event),
 ) {
     let mut renewers = Renewers::new(renewing);
@@ -289,7 +322,7 @@ fn renew_loop(
                 send(Event::Renewed {
                     took: Boot::now().since(sent_at),
                 });
-                if wait_until(timer, stop, sent_at.add(timing.renew_every)) {
+                if wait_until(timer, stop, &mut wake, sent_at.add(timing.renew_every)) {
                     return;
                 }
                 continue;
@@ -326,7 +359,7 @@ fn renew_loop(
         if let Some(c) = current {
             retry_at = retry_at.min(timing.last_attempt(c));
         }
-        if wait_until(timer, stop, retry_at) {
+        if wait_until(timer, stop, &mut wake, retry_at) {
             return;
         }
     }
@@ -370,7 +403,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let (_wake_rx, wake_tx) = UnixStream::pair().unwrap();
         wake_tx.set_nonblocking(true).unwrap();
-        let w = Watchdog::spawn(renewing, timing, Some(deadline), tx, wake_tx).unwrap();
+        let w = Watchdog::spawn(renewing, timing, Some(deadline), tx, wake_tx, None).unwrap();
         (w, rx)
     }
 
@@ -460,6 +493,7 @@ mod tests {
             Some(Arc::clone(&deadline)),
             tx,
             wake_tx,
+            None,
         )
         .unwrap();
         let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
@@ -493,6 +527,7 @@ mod tests {
             Some(Arc::clone(&deadline)),
             tx,
             wake_tx,
+            None,
         )
         .unwrap();
         let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
@@ -503,5 +538,45 @@ mod tests {
             d >= start.add(Duration::from_secs(2)).sub(timing.drift),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn a_wake_renews_at_once_and_a_hung_up_one_is_let_go() {
+        // ttl 30 s: renewals 10 s apart, unless the renewer's wake asks.
+        let timing = Timing::new(Duration::from_secs(30), None).unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let (wake_rx, wake_tx) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .unwrap();
+        let deadline = Arc::new(Deadline::new(Boot::now().add(timing.ttl)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (_sup_rx, sup_tx) = UnixStream::pair().unwrap();
+        sup_tx.set_nonblocking(true).unwrap();
+        let _w = Watchdog::spawn(
+            Renewing::OnItsConnection(Box::new(Says {
+                answers: vec![Ok(Renewal::Renewed { ttl: timing.ttl })],
+                delay: Duration::ZERO,
+                calls: Arc::clone(&calls),
+            })),
+            timing,
+            Some(deadline),
+            tx,
+            sup_tx,
+            Some(wake_rx),
+        )
+        .unwrap();
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
+        rustix::io::write(&wake_tx, &[1]).unwrap();
+        let ev = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(ev, Event::Renewed { .. }), "{ev:?}");
+        // The writer gone: no renewal storm, the schedule stands.
+        drop(wake_tx);
+        assert!(
+            rx.recv_timeout(Duration::from_secs(1)).is_err(),
+            "renewed on a hung-up wake"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }

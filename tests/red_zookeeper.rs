@@ -1793,3 +1793,322 @@ fn a_waiter_whose_session_shrinks_is_refused_as_a_fresh_run_is() {
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("maxSessionTimeout"), "{err}");
 }
+
+/// A holder whose session reconnects to a server that now grants shorter
+/// sessions, cut off right after that reconnect. Protects against the
+/// deadline following the shorter session only at the next renewal (up
+/// to ttl/3 later): cut off in that gap, the holder's session expired 3 s
+/// after the cut, the next run was granted, and the old job ran on under
+/// the deadline of a 30 s lease. The reconnect itself asks for a renewal
+/// at once, so the deadline follows what was granted before a cut can
+/// come.
+#[test]
+fn a_holder_cut_off_right_after_its_session_shrinks_stops_before_the_next_runs() {
+    let mut zk = Zookeeper::start();
+    let proxy = ZkProxy::start(zk.server.port);
+    let scratch = Scratch::new();
+    let mut holder = Reap(
+        on(&proxy.url())
+            .args(["--ttl", "30s", "gap", "-c"])
+            .arg(beating_job(&scratch, "hpid", "alive"))
+            .stderr(Stdio::piped())
+            .spawn(),
+    );
+    scratch.pid_in("hpid");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = holder.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let connects = || proxy.connected.load(std::sync::atomic::Ordering::SeqCst);
+    let before = connects();
+    zk.server.restart_with("maxSessionTimeout", "3000");
+    assert!(
+        wait_until(Duration::from_secs(40), || connects() > before),
+        "the holder never reconnected"
+    );
+    // Right after the reconnect: a renewal on it comes at once (its
+    // warning says so), or not before the cut.
+    let reconnected = Instant::now();
+    let mut said = String::new();
+    while reconnected.elapsed() < Duration::from_secs(1) {
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(20)) {
+            said += &line;
+            said.push('\n');
+            if line.contains("granted our session") {
+                break;
+            }
+        }
+    }
+    proxy.set_stall(true);
+    let next = on(&zk.url())
+        .args(["--ttl", "3s", "-w", "90", "gap", "-c"])
+        .arg(format!("date +%s%N > {}", scratch.path("next").display()))
+        .stderr(Stdio::piped())
+        .spawn();
+    let (code, err) = exited(next, Duration::from_secs(120));
+    assert_eq!(code, Some(0), "the next run: {err}");
+    let code = wait_child(&mut holder.0, Duration::from_secs(60)).code();
+    while let Ok(line) = lines.recv_timeout(Duration::from_millis(200)) {
+        said += &line;
+        said.push('\n');
+    }
+    let next_at: u128 = scratch.read("next").trim().parse().unwrap();
+    let last_alive: u128 = scratch.read("alive").trim().parse().unwrap();
+    assert!(
+        last_alive < next_at,
+        "the holder's job still ran {:?} after the next run's job started (the holder \
+         exited {code:?}: {said})",
+        Duration::from_nanos((last_alive - next_at) as u64)
+    );
+    assert_eq!(code, Some(76), "{said}");
+}
+
+/// Plant a persistent node at `/lockrun/NAME` with only world:READ, as
+/// anyone may under a prefix that grants world CREATE (an existing
+/// deployment's prefix, made persistent by hand with READ|CREATE).
+fn plant(port: u16, chroot: &str, make_prefix: bool, name: &str) {
+    use zookeeper_client::{Acl, Acls, AuthId, CreateMode, Permission as P};
+    let path = format!("/lockrun/{name}");
+    zk_do(port, Some(chroot), move |z| async move {
+        if make_prefix {
+            let prefix = [Acl::new(P::READ | P::CREATE, AuthId::anyone())];
+            let opts = CreateMode::Persistent.with_acls(Acls::new(&prefix));
+            z.create("/lockrun", b"", &opts).await?;
+        }
+        let read = [Acl::new(P::READ, AuthId::anyone())];
+        let opts = CreateMode::Persistent.with_acls(Acls::new(&read));
+        z.create(&path, b"", &opts).await?;
+        Ok(())
+    });
+}
+
+/// A persistent node with ACL world:READ planted where a name's node
+/// goes, under a prefix that lets anyone create. Protects against every
+/// run on the name being refused (69) while `status` called it free (1),
+/// `release --force` said "not held" and `doctor` said all was well:
+/// each names the node and its ACL, and says it is not lockrun's.
+#[test]
+fn a_foreign_node_at_a_name_s_place_is_named_everywhere() {
+    let (url, port, chroot) = chroot_url();
+    plant(port, &chroot, true, "planted");
+    let run = on(&url).args(["-n", "planted", "true"]).output();
+    let st = on(&url).args(["status", "planted"]).output();
+    let rel = on(&url).args(["release", "--force", "planted"]).output();
+    let doc = on(&url).args(["doctor"]).output();
+    for (what, out, code) in [
+        ("run", &run, 69),
+        ("status", &st, 69),
+        ("release --force", &rel, 69),
+        ("doctor", &doc, 69),
+    ] {
+        let said = out.stdout() + &out.stderr();
+        assert_eq!(out.out.status.code(), Some(code), "{what}: {said}");
+        assert!(
+            said.contains("/lockrun/planted") && said.contains("world:anyone:READ"),
+            "{what} does not name the node and its ACL: {said}"
+        );
+        assert!(said.contains("not lockrun's"), "{what}: {said}");
+    }
+    assert_eq!(
+        run.stderr().trim_end().lines().count(),
+        1,
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(st.stderr().trim_end().lines().count(), 1, "{}", st.stderr());
+}
+
+/// A node planted at a name's place under a prefix that lockrun made.
+/// Protects against the prefix's ACL letting anyone create a node there
+/// that only ZooKeeper's superuser can delete: lockrun's prefix lets the
+/// identity that runs lockrun delete it (here one with no credentials,
+/// as lockrun's runs were).
+#[test]
+fn a_node_planted_under_lockrun_s_prefix_can_be_deleted() {
+    let (url, port, chroot) = chroot_url();
+    let scratch = Scratch::new();
+    let _holder = Reap(
+        on(&url)
+            .args(["--ttl", "6s", "kept", "-c"])
+            .arg(gated_job(&scratch, "pid", "go"))
+            .spawn(),
+    );
+    scratch.pid_in("pid");
+    plant(port, &chroot, false, "planted");
+    let gone = zk_do(port, Some(&chroot), |z| async move {
+        Ok(z.delete("/lockrun/planted", None).await)
+    });
+    assert!(gone.is_ok(), "the planted node cannot be deleted: {gone:?}");
+    std::fs::write(scratch.path("go"), "").unwrap();
+    on(&url).args(["-n", "planted", "true"]).succeeds();
+}
+
+/// `status` without a name, `status --json` and `list` on a prefix shared
+/// by two identities, with a node planted at a third name's place.
+/// Protects against the whole listing ending with 69 as soon as one name
+/// belonged to another identity or was not lockrun's: what can be read is
+/// listed, each name that cannot is marked (text and JSON), and the exit
+/// code is the listing's (0: a name read is held).
+#[test]
+fn listings_mark_the_names_they_cannot_read() {
+    let (port, chroot) = zk_chroot();
+    let anon = format!("zk://127.0.0.1:{port}{chroot}");
+    let alice = format!("zk://alice:pw-a@127.0.0.1:{port}{chroot}");
+    let scratch = Scratch::new();
+    let _mine = Reap(
+        on(&anon)
+            .args(["--ttl", "6s", "mine", "-c"])
+            .arg(gated_job(&scratch, "mpid", "go"))
+            .spawn(),
+    );
+    scratch.pid_in("mpid");
+    let _hers = Reap(
+        on(&alice)
+            .args(["--ttl", "6s", "hers", "-c"])
+            .arg(gated_job(&scratch, "hpid", "go"))
+            .spawn(),
+    );
+    scratch.pid_in("hpid");
+    plant(port, &chroot, false, "planted");
+    for cmd in [&["status"][..], &["list"]] {
+        let out = on(&anon).args(cmd).output();
+        let (text, err) = (out.stdout(), out.stderr());
+        assert_eq!(out.out.status.code(), Some(0), "{cmd:?}: {text}{err}");
+        let line = |n: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{n}:")))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(line("mine").contains("held"), "{cmd:?}: {text}");
+        assert!(line("hers").contains("cannot be read"), "{cmd:?}: {text}");
+        assert!(line("planted").contains("not lockrun's"), "{cmd:?}: {text}");
+    }
+    let out = on(&anon).args(["status", "--json"]).output();
+    assert_eq!(out.out.status.code(), Some(0), "{}", out.stderr());
+    let all = out.json();
+    let by = |n: &str| {
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(by("mine")["held"], true, "{all}");
+    assert!(by("hers")["unreadable"].is_string(), "{all}");
+    assert!(by("planted")["unreadable"].is_string(), "{all}");
+    std::fs::write(scratch.path("go"), "").unwrap();
+}
+
+/// The chroot deleted, with everything under it, while a request waits
+/// in it. Protects against the waiter's next create failing as an
+/// internal error (70, "node not exists"): a missing chroot is the
+/// server's refusal (69), one line naming it, as a fresh run says.
+#[test]
+fn a_chroot_deleted_while_a_request_waits() {
+    let (url, port, chroot) = chroot_url();
+    let scratch = Scratch::new();
+    let _holder = Reap(
+        on(&url)
+            .args(["--ttl", "6s", "gone", "-c"])
+            .arg(gated_job(&scratch, "pid", "go"))
+            .stderr(Stdio::null())
+            .spawn(),
+    );
+    scratch.pid_in("pid");
+    let waiter = on(&url)
+        .args(["--ttl", "6s", "-w", "60", "gone", "true"])
+        .stderr(Stdio::piped())
+        .spawn();
+    let waiter = Reap(waiter);
+    wait_queued(&url, "gone", 1);
+    // Delete the chroot and all under it, deepest first, until it stays gone.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let mut all: Vec<String> = lockrun_nodes(port, &chroot)
+                .into_iter()
+                .map(|(p, _)| format!("{chroot}{p}"))
+                .collect();
+            all.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
+            all.push(chroot.clone());
+            let c = chroot.clone();
+            zk_do(port, None, move |z| async move {
+                for p in &all {
+                    let _ = z.delete(p, None).await;
+                }
+                Ok(z.check_stat(&c).await?.is_none())
+            })
+        }),
+        "the chroot could not be deleted"
+    );
+    let mut waiter = waiter;
+    let code = wait_child(&mut waiter.0, Duration::from_secs(60)).code();
+    let mut err = String::new();
+    if let Some(mut e) = waiter.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert_eq!(code, Some(69), "{err}");
+    assert!(
+        err.contains(&chroot) && err.contains("does not exist"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// A chroot in ZooKeeper's own tree (`/zookeeper`, its quotas, its
+/// configuration). Protects against lockrun writing its nodes there: such
+/// a URL is refused (64, one line) as the prefix `zookeeper` is.
+#[test]
+fn a_chroot_in_zookeeper_s_own_tree_is_refused() {
+    let port = shared_zookeeper();
+    for chroot in [
+        "/zookeeper",
+        "/zookeeper/quota",
+        "/zookeeper/x/y",
+        "/zookeeper/",
+    ] {
+        let url = format!("zk://127.0.0.1:{port}{chroot}");
+        let out = on(&url).args(["-n", "x", "true"]).code(64);
+        let err = out.stderr();
+        assert_eq!(err.trim_end().lines().count(), 1, "{chroot}: {err}");
+        assert!(err.contains("ZooKeeper's own"), "{chroot}: {err}");
+    }
+}
+
+/// The reply to a holder's release lost, on a server whose shortest
+/// session (minSessionTimeout, 5 s) is longer than the ttl (3 s).
+/// Protects against the holder saying "the lease expires on its own
+/// within 3s" whatever happened: the release's answer was lost (the node
+/// may well be gone), and if it is not, it goes with the session, within
+/// the session timeout the server granted.
+#[test]
+fn a_lost_release_reply_says_what_is_known() {
+    let zk = OwnServer::start("minSessionTimeout=5000\nmaxSessionTimeout=20000\n");
+    let proxy = ZkProxy::start(zk.port);
+    let scratch = Scratch::new();
+    let holder = on(&proxy.url())
+        .args(["--ttl", "3s", "lost", "-c"])
+        .arg(gated_job(&scratch, "pid", "go"))
+        .stderr(Stdio::piped())
+        .spawn();
+    scratch.pid_in("pid");
+    proxy.lose_next_delete();
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (code, err) = exited(holder, Duration::from_secs(60));
+    assert_eq!(
+        proxy.lost.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "no release reply was lost: {err}"
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("within 3s"), "{err}");
+    assert!(err.contains("answer") && err.contains("5s"), "{err}");
+}

@@ -181,3 +181,51 @@ fn a_distinctive_password_is_in_no_line_even_in_a_server_error() {
         }
     }
 }
+
+/// A URL whose host was left out, so that `user:password` reads as a
+/// host and a port (`zks://user:secret#insecure`), on every scheme; and a
+/// password with a ':' in it, which reads as part of the host. Protects
+/// against a URL reader echoing the "port" (or the "host") in its
+/// refusal, or in the URL it shows: what may be a password never shows.
+#[test]
+fn a_url_without_its_host_never_shows_the_password() {
+    for rest in [
+        "u:s3cretpw",
+        "u:x:s3cretpw",
+        "u:s3cretpw/x",
+        "[::1]:s3cretpw",
+    ] {
+        for scheme in [
+            "zk",
+            "zks",
+            "etcd",
+            "etcds",
+            "redis",
+            "rediss",
+            "redis+cluster",
+            "redis+sentinel",
+            "postgres",
+            "mysql",
+            "mariadb",
+        ] {
+            let mut urls = vec![format!("{scheme}://{rest}")];
+            if matches!(scheme, "zks" | "etcds" | "rediss") {
+                urls.push(format!("{scheme}://{rest}#insecure"));
+            }
+            if scheme.ends_with("sentinel") {
+                urls.push(format!("{scheme}://{rest}/master"));
+            }
+            for url in urls {
+                let out = Ran {
+                    out: lockrun()
+                        .args(["--url", &url, "status", "x"])
+                        .output()
+                        .unwrap(),
+                };
+                let said = printed(&out);
+                assert!(!said.contains("s3cretpw"), "{url}: {said}");
+                assert_eq!(out.out.status.code(), Some(64), "{url}: {said}");
+            }
+        }
+    }
+}

@@ -144,6 +144,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
     };
 
     let renewer = lease.renewer();
+    let if_unreleased = lease.if_unreleased();
     let mut pending = backend::Pending::Here(lease);
     let releasing = format!("releasing {}", cfg.name);
     // Once the job runs (and never before: the guard is forked from a
@@ -195,8 +196,8 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
             cfg.name
         )),
         Err(e) => log::alert(format!(
-            "{e}; the lease expires on its own within {}",
-            crate::text::duration(cfg.timing.ttl)
+            "{e}; the release got no answer, so whether it was done is unknown; if it was \
+             not, {if_unreleased}"
         )),
     }
     Ok(match outcome.end {

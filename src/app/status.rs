@@ -238,16 +238,45 @@ pub fn status_all(cli: &Cli, json: bool) -> Result<Ending, Failure> {
         engine.list(bound)
     })?;
     let mut out = std::io::stdout().lock();
+    // Names read and names that could not be, in one sorted list.
+    let mut rows: Vec<(&str, Result<&backend::Status, &str>)> = listing
+        .names
+        .iter()
+        .map(|(n, st)| (n.as_str(), Ok(st)))
+        .chain(
+            listing
+                .unreadable
+                .iter()
+                .map(|(n, why)| (n.as_str(), Err(why.as_str()))),
+        )
+        .collect();
+    rows.sort_by(|a, b| a.0.cmp(b.0));
     if json {
-        let all: Vec<serde_json::Value> = listing
-            .names
+        let all: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(name, st)| status_object(name, st))
+            .map(|(name, row)| match row {
+                Ok(st) => status_object(name, st),
+                Err(why) => serde_json::json!({
+                    "name": name,
+                    "held": null,
+                    "unreadable": why,
+                }),
+            })
             .collect();
         let _ = writeln!(out, "{}", json_text(&serde_json::Value::Array(all)));
     } else {
-        for (name, st) in &listing.names {
-            show_status(&mut out, name, st, false, true);
+        for (name, row) in &rows {
+            match row {
+                Ok(st) => show_status(&mut out, name, st, false, true),
+                Err(why) => {
+                    let _ = writeln!(
+                        out,
+                        "{}: cannot be read by this identity: {}",
+                        printable(name),
+                        printable(why)
+                    );
+                }
+            }
         }
     }
     let _ = out.flush();

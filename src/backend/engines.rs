@@ -185,23 +185,46 @@ pub fn bracketed_host<'a>(
     };
     let (h, after) = rest
         .split_once(']')
-        .ok_or_else(|| format!("{what} {text:?} has no closing ']'"))?;
+        .ok_or_else(|| format!("{} {what} has no closing ']'", article(what)))?;
     if h.is_empty() || !h.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
-        return Err(format!("{what} {text:?} is not an IPv6 address"));
+        return Err(format!(
+            "{} {what} in brackets is not an IPv6 address",
+            article(what)
+        ));
     }
     let port = match after {
         "" => None,
         p => Some(
             p.strip_prefix(':')
-                .ok_or_else(|| format!("{what} {text:?}: expected :port after ']'"))?,
+                .ok_or_else(|| format!("{} {what}: expected :port after ']'", article(what)))?,
         ),
     };
     Ok(Some((h, port)))
 }
 
+/// A host list as a message may show it: each entry that reads as
+/// `host[:port]` as it is, any other as `(hidden)`. A URL whose host was
+/// left out reads `user:password` as a host and a port: no part of an
+/// entry that does not read is ever shown.
+pub fn shown_hosts(hosts: &str) -> String {
+    hosts
+        .split(',')
+        .map(|h| {
+            if h.is_empty() || host_and_port(h, "host", 1).is_ok() {
+                h
+            } else {
+                "(hidden)"
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// One `host[:port]` (or `[v6][:port]`) of a host list, checked: the host
 /// as it goes in an address (an IPv6 one in brackets) and the port.
-/// `what` names the part in messages ("endpoint", "server").
+/// `what` names the part in messages ("endpoint", "server"). A refusal
+/// never echoes the entry: with the host left out, `user:password` reads
+/// as a host and a port.
 pub fn host_and_port(text: &str, what: &str, default_port: u16) -> Result<(String, u16), String> {
     let (host, port) = if let Some((h, port)) = bracketed_host(text, what)? {
         (format!("[{h}]"), port)
@@ -218,18 +241,22 @@ pub fn host_and_port(text: &str, what: &str, default_port: u16) -> Result<(Strin
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
         {
             return Err(format!(
-                "{what} host {h:?} may only hold letters, digits, '.', '-' and '_'"
+                "{} {what}'s host may only hold letters, digits, '.', '-' and '_' (not shown: \
+                 it may be part of a password, if the host was left out)",
+                article(what)
             ));
         }
         (h.to_string(), p)
     };
     let port = match port {
         None => default_port,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("{what} port {p:?} is not a number from 1 to 65535"))?,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+            format!(
+                "{} {what}'s port is not a number from 1 to 65535 (not shown: it may be \
+                     a password, if the host was left out)",
+                article(what)
+            )
+        })?,
     };
     Ok((host, port))
 }

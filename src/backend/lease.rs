@@ -2,7 +2,7 @@
 //! token, a deadline, what the job inherits, its release) and how its
 //! engine renews it, from any connection or only on the one it lives on.
 
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::time::Duration;
 
 use super::{Error, Request, bounded};
@@ -28,6 +28,13 @@ pub enum Renewal {
 /// ACL or a grant withdrawn) ends the lease at once, like `Lost`.
 pub trait Renewer: Send {
     fn renew(&mut self) -> Result<Renewal, Error>;
+    /// A descriptor that becomes readable when the lease must be renewed
+    /// at once rather than on schedule (its session connected again and
+    /// may last less now); taken once, by the watchdog. None: renewals
+    /// come on schedule only.
+    fn wake(&mut self) -> Option<OwnedFd> {
+        None
+    }
 }
 
 /// A fresh renewer for a lease that any connection can renew: it has no
@@ -45,6 +52,17 @@ pub enum Renewing {
     /// waited for again rather than replaced, since no other connection
     /// could renew the lease.
     OnItsConnection(Box<dyn Renewer>),
+}
+
+impl Renewing {
+    /// The descriptor that asks for a renewal at once (`Renewer::wake`):
+    /// only a lease on its own connection can have one.
+    pub fn wake(&mut self) -> Option<OwnedFd> {
+        match self {
+            Renewing::Anywhere(_) => None,
+            Renewing::OnItsConnection(r) => r.wake(),
+        }
+    }
 }
 
 /// A granted lease. It owns what keeps it (a connection, a locked
@@ -80,6 +98,12 @@ pub trait Held: Send {
     fn releases_locally(&self) -> bool {
         false
     }
+    /// What becomes of the lease if its release gets no answer (it may or
+    /// may not have been done), when the engine knows better than "it
+    /// expires within its ttl".
+    fn if_unreleased(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Lease {
@@ -101,6 +125,17 @@ impl Lease {
 
     pub fn renewer(&self) -> Renewing {
         self.held.renewer()
+    }
+
+    /// What becomes of the lease if its release gets no answer, said
+    /// before the release: after it, the lease is gone from lockrun.
+    pub fn if_unreleased(&self) -> String {
+        self.held.if_unreleased().unwrap_or_else(|| {
+            format!(
+                "the lease expires on its own within {}",
+                crate::text::duration(self.ttl)
+            )
+        })
     }
 
     /// What the job gets (lockrun(1) "ENVIRONMENT"): variables set over its

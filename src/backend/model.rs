@@ -254,6 +254,9 @@ pub struct Listing {
     /// What the reader should know about the list: it was read name by
     /// name (no snapshot), or a bound cut it short.
     pub notes: Vec<String>,
+    /// Names whose state this identity may not read (another identity's,
+    /// or a node that is not the engine's at their place), with why.
+    pub unreadable: Vec<(String, String)>,
 }
 
 /// How far one listing may go: names read at most, and until when.

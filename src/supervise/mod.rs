@@ -189,11 +189,14 @@ pub fn supervise_job(
     log::start_async();
     started();
 
+    let mut renewer = renewer;
+    let renew_now = renewer.wake();
     let mut sup = Supervisor {
         policy: Policy::new(job.timing, shares_group),
         timing: job.timing,
         deadline,
         renewer: Some(renewer),
+        renew_now,
         watchdog: None,
         first_renew: job.sent_at.add(job.timing.renew_every),
         main,
@@ -225,6 +228,17 @@ pub fn supervise_job(
         events.extend(lease_events(&ev_rx));
         let (gone, more) = sup.guard_news();
         events.extend(more);
+        if sup.renewer.is_some()
+            && let Some(w) = &sup.renew_now
+            && readable(w.as_fd())
+        {
+            if crate::watchdog::drain(w.as_fd()) {
+                sup.first_renew = sup.first_renew.min(now);
+            } else {
+                // Hung up with nothing to read: nobody is left to ask.
+                sup.renew_now = None;
+            }
+        }
         if !gone && let Some(e) = sup.start_watchdog(now, &ev_tx, &wake_tx) {
             events.push(e);
         }
@@ -304,6 +318,10 @@ pub fn supervise_job(
             next = Some(Boot::now().add(std::time::Duration::from_millis(2)));
         }
         let mut fds = vec![signals.get_read().as_fd(), wake_rx.as_fd()];
+        // Before the watchdog runs, a renewal due at once starts it.
+        if let Some(w) = sup.renew_now.as_ref().filter(|_| sup.renewer.is_some()) {
+            fds.push(w.as_fd());
+        }
         // Once the guard is gone its pipe stays at end-of-file: not a wake-up.
         if !sup.guard_gone {
             fds.push(sup.guard.reports_fd());
@@ -339,6 +357,9 @@ struct Supervisor {
     deadline: Option<Arc<Deadline>>,
     /// How the lease is renewed, until the watchdog takes it.
     renewer: Option<Renewing>,
+    /// Readable when the lease must be renewed at once (its session
+    /// connected again): the watchdog starts then, and takes it.
+    renew_now: Option<std::os::fd::OwnedFd>,
     watchdog: Option<Watchdog>,
     first_renew: Boot,
     main: i32,
@@ -432,8 +453,16 @@ impl Supervisor {
             return None;
         }
         let r = self.renewer.take()?;
+        let renew_now = self.renew_now.take();
         let started = wake_tx.try_clone().and_then(|wake| {
-            Watchdog::spawn(r, self.timing, self.deadline.clone(), ev_tx.clone(), wake)
+            Watchdog::spawn(
+                r,
+                self.timing,
+                self.deadline.clone(),
+                ev_tx.clone(),
+                wake,
+                renew_now,
+            )
         });
         match started {
             Ok(w) => {
@@ -633,6 +662,12 @@ pub fn signal_name(sig: i32) -> String {
     signal_hook::low_level::signal_name(sig)
         .map(str::to_string)
         .unwrap_or_else(|| format!("signal {sig}"))
+}
+
+/// `fd` has something to read (or hung up), without waiting.
+fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let mut p = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+    matches!(poll(&mut p, Some(&rustix::time::Timespec::default())), Ok(n) if n > 0)
 }
 
 fn drain(wake: &UnixStream) {

@@ -347,9 +347,13 @@ pub fn zk_delete(port: u16, chroot: Option<&str>, path: &str) {
 pub struct ZkProxy {
     pub port: u16,
     lose_create: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    lose_delete: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stall: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Creates whose reply it lost.
     pub lost: std::sync::Arc<AtomicU32>,
+    /// Connections on which the server's first reply (to the connect
+    /// request) went through to the client.
+    pub connected: std::sync::Arc<AtomicU32>,
 }
 
 impl ZkProxy {
@@ -360,9 +364,17 @@ impl ZkProxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let lose_create = Arc::new(AtomicBool::new(false));
+        let lose_delete = Arc::new(AtomicBool::new(false));
         let stall = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicU32::new(0));
-        let (lc, st, lo) = (lose_create.clone(), stall.clone(), lost.clone());
+        let connected = Arc::new(AtomicU32::new(0));
+        let ld = lose_delete.clone();
+        let (lc, st, lo, co) = (
+            lose_create.clone(),
+            stall.clone(),
+            lost.clone(),
+            connected.clone(),
+        );
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
@@ -373,6 +385,7 @@ impl ZkProxy {
                 let (mut c_read, mut s_write) =
                     (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (lc, st1, lo, cut1) = (lc.clone(), st.clone(), lo.clone(), cut.clone());
+                let ld = ld.clone();
                 let (c_close, s_close) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || {
                     // Frames: a 4-byte length, then the body; the first is
@@ -400,7 +413,14 @@ impl ZkProxy {
                         // create (1), create2 (15), createTTL (19)
                         let creates = matches!(op, Some(1 | 15 | 19))
                             && String::from_utf8_lossy(&body).contains("/q-");
-                        if creates && lc.swap(false, Ordering::SeqCst) {
+                        // delete (2), or a multi (14) whose first op deletes
+                        let first_op =
+                            (n >= 12).then(|| i32::from_be_bytes(body[8..12].try_into().unwrap()));
+                        let deletes = (op == Some(2) || (op == Some(14) && first_op == Some(2)))
+                            && String::from_utf8_lossy(&body).contains("/q-");
+                        let lose = (creates && lc.swap(false, Ordering::SeqCst))
+                            || (deletes && ld.swap(false, Ordering::SeqCst));
+                        if lose {
                             cut1.store(true, Ordering::SeqCst);
                             lo.fetch_add(1, Ordering::SeqCst);
                             // Let the server act on it, then cut.
@@ -412,9 +432,11 @@ impl ZkProxy {
                     }
                 });
                 let st = st.clone();
+                let co = co.clone();
                 let (mut s_read, mut c_write) = (server, client);
                 std::thread::spawn(move || {
                     let mut buf = [0u8; 4096];
+                    let mut first = true;
                     loop {
                         let n = match s_read.read(&mut buf) {
                             Ok(0) | Err(_) => return,
@@ -429,6 +451,9 @@ impl ZkProxy {
                         if c_write.write_all(&buf[..n]).is_err() {
                             return;
                         }
+                        if std::mem::take(&mut first) {
+                            co.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
                 });
             }
@@ -436,8 +461,10 @@ impl ZkProxy {
         ZkProxy {
             port,
             lose_create,
+            lose_delete,
             stall,
             lost,
+            connected,
         }
     }
 
@@ -448,6 +475,11 @@ impl ZkProxy {
     /// Lose the reply to the next create of a request node.
     pub fn lose_next_create(&self) {
         self.lose_create.store(true, Ordering::SeqCst);
+    }
+
+    /// Lose the reply to the next delete of a request node (a release).
+    pub fn lose_next_delete(&self) {
+        self.lose_delete.store(true, Ordering::SeqCst);
     }
 
     /// Let nothing through either way (on), or everything again (off).

@@ -90,7 +90,8 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
     let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
     let fragment = if insecure { "#insecure" } else { "" };
     // Never a path or query, which may hold a secret (`?password=`).
-    let shown_hosts = hosts.split(['/', '?']).next().unwrap_or_default();
+    let shown_hosts =
+        crate::backend::shown_hosts(hosts.split(['/', '?']).next().unwrap_or_default());
     let display = format!(
         "{}://{shown_user}{shown_hosts}{fragment}",
         scheme.to_ascii_lowercase()

@@ -290,6 +290,7 @@ impl Engine for Etcd {
         Ok(Listing {
             names: listed,
             notes,
+            ..Listing::default()
         })
     }
 

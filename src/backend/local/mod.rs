@@ -319,7 +319,11 @@ impl Engine for Local {
         notes.push(
             "read file by file, not as one snapshot: a lock may change while it is read".into(),
         );
-        Ok(Listing { names, notes })
+        Ok(Listing {
+            names,
+            notes,
+            ..Listing::default()
+        })
     }
 }
 

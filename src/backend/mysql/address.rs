@@ -178,7 +178,18 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
         (Some(u), None) => format!("{u}@"),
         _ => String::new(),
     };
-    let mut display = format!("{scheme}://{shown_user}{hostport}");
+    // A port that is not a number may be a password whose host was left
+    // out (`user:pass` read as a host and a port): that host is never shown.
+    let port_reads = |p: &str| p.parse::<u16>().is_ok_and(|p| p > 0);
+    let readable = match hostport.strip_prefix('[').and_then(|r| r.split_once(']')) {
+        Some((_, after)) => after.is_empty() || after.strip_prefix(':').is_some_and(port_reads),
+        None => match hostport.rsplit_once(':') {
+            Some((h, p)) => !h.contains(':') && port_reads(p),
+            None => true,
+        },
+    };
+    let shown_hostport = if readable { hostport } else { "(hidden)" };
+    let mut display = format!("{scheme}://{shown_user}{shown_hostport}");
     if let Some(p) = path.filter(|p| !p.is_empty()) {
         display.push('/');
         display.push_str(p);
@@ -215,10 +226,11 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
     let port = match port {
         None => DEFAULT_PORT,
         Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-            bad(format!(
-                "the port {:?} is not a port number",
-                crate::text::printable(p)
-            ))
+            bad(
+                "the port is not a port number (not shown: it may be a password, if the host \
+                 was left out)"
+                    .into(),
+            )
         })?,
     };
     let host = crate::backend::percent_decoded(&host)

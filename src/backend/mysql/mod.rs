@@ -182,7 +182,11 @@ impl Engine for Mysql {
                 bound.names
             ));
         }
-        Ok(Listing { names, notes })
+        Ok(Listing {
+            names,
+            notes,
+            ..Listing::default()
+        })
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {

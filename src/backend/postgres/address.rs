@@ -190,7 +190,19 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         (Some(u), None) => format!("{u}@"),
         _ => String::new(),
     };
-    let mut display = format!("{scheme}://{shown_user}{hosts}");
+    // A host that does not read (the host left out, so that `user:pass`
+    // reads as a host and a port) is never shown.
+    let shown_hosts: Vec<&str> = hosts
+        .split(',')
+        .map(|h| {
+            if h.is_empty() || server(h, 5432).is_ok() {
+                h
+            } else {
+                "(hidden)"
+            }
+        })
+        .collect();
+    let mut display = format!("{scheme}://{shown_user}{}", shown_hosts.join(","));
     if let Some(p) = path.filter(|p| !p.is_empty()) {
         display.push('/');
         display.push_str(p);
@@ -349,10 +361,11 @@ fn shown_query(q: &str) -> String {
 }
 
 fn port(p: &str) -> Result<u16, String> {
-    p.parse::<u16>()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| format!("port {p:?} is not a number from 1 to 65535"))
+    p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+        "a port is not a number from 1 to 65535 (not shown: it may be a password, if the \
+             host was left out)"
+            .to_string()
+    })
 }
 
 /// One `host[:port]`, `[v6][:port]` or socket directory of the host list
@@ -377,9 +390,11 @@ fn server(text: &str, default_port: u16) -> Result<Server, String> {
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
     {
-        return Err(format!(
-            "host {host:?} may only hold letters, digits, '.', '-' and '_'"
-        ));
+        return Err(
+            "a host may only hold letters, digits, '.', '-' and '_' (not shown: it may be part \
+             of a password, if the host was left out)"
+                .to_string(),
+        );
     }
     let port = match p {
         None => default_port,

@@ -190,7 +190,11 @@ impl Engine for Postgres {
                 bound.names
             ));
         }
-        Ok(Listing { names, notes })
+        Ok(Listing {
+            names,
+            notes,
+            ..Listing::default()
+        })
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {

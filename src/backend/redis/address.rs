@@ -378,7 +378,7 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
         (_, true) => format!("{user}:***@"),
         (false, false) => "***@".to_string(),
     };
-    let shown_hosts = hosts.split('?').next().unwrap_or_default();
+    let shown_hosts = crate::backend::shown_hosts(hosts.split('?').next().unwrap_or_default());
     let shown_path = match path.split('?').next().unwrap_or_default() {
         "" => String::new(),
         p => format!("/{p}"),
@@ -391,8 +391,12 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     let mut nodes = Vec::new();
     for host in hosts.split(',') {
         let default_port = if sentinel { 26379 } else { 6379 };
-        nodes
-            .push(node(host, default_port).ok_or_else(|| usage(&format!("bad address {host:?}")))?);
+        nodes.push(node(host, default_port).ok_or_else(|| {
+            usage(
+                "an address is not host[:port] (not shown: it may be a password, if the host \
+                 was left out)",
+            )
+        })?);
     }
     let (insecure, ca_file) = tls_options(tls, fragment, &display, opts)?;
     let topology = if sentinel {

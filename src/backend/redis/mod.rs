@@ -194,6 +194,7 @@ impl Engine for Redis {
         Ok(Listing {
             names: listed,
             notes,
+            ..Listing::default()
         })
     }
 

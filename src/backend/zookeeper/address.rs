@@ -78,6 +78,12 @@ fn chroot(path: &str) -> Result<Option<String>, String> {
     if path.is_empty() {
         return Ok(None);
     }
+    if path == "/zookeeper" || path.starts_with("/zookeeper/") {
+        return Err(format!(
+            "chroot {path:?} is in ZooKeeper's own tree (/zookeeper: its quotas and \
+             configuration), where lockrun never writes"
+        ));
+    }
     for part in path.trim_start_matches('/').split('/') {
         let plain = !part.is_empty()
             && part != "."
@@ -125,7 +131,8 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
     };
     // Never a query or fragment, which may hold a secret.
     let shown_path = path.split(['?', '#']).next().unwrap_or_default();
-    let shown_hosts = hosts.split(['?', '#']).next().unwrap_or_default();
+    let shown_hosts =
+        crate::backend::shown_hosts(hosts.split(['?', '#']).next().unwrap_or_default());
     let fragment = if insecure { "#insecure" } else { "" };
     let display = format!("{scheme}://{shown_user}{shown_hosts}{shown_path}{fragment}");
     let bad = |why: String| {
@@ -197,6 +204,8 @@ mod tests {
             "zk://h:x",
             "zk://h/a//b",
             "zk://h/..",
+            "zk://h/zookeeper",
+            "zk://h/zookeeper/quota",
             "zk://h?x=1",
             "zk://u@h",
             "zk://:p@h",

@@ -83,6 +83,17 @@ pub struct Client {
     pub timeout: Duration,
     /// Credentials were given: our nodes carry an ACL for their identity.
     pub authed: bool,
+    /// The URL's chroot ("" for none).
+    chroot: String,
+    /// The URL's user, if it gave credentials.
+    pub user: Option<String>,
+}
+
+/// The line for a chroot that does not exist.
+pub fn chroot_missing(url: &str, chroot: &str) -> String {
+    format!(
+        "the chroot of {url} does not exist: create it (zkCli.sh create {chroot}) or fix the URL"
+    )
 }
 
 /// Run `f` on the runtime and wait at most `limit` for it.
@@ -110,6 +121,9 @@ pub enum CallError {
     /// A node of a name (its path) that this identity may not read: the
     /// ACL of another identity's node. lockrun cannot tell whether it holds.
     Foreign(String),
+    /// What the server's state refuses, said in full: a node at a name's
+    /// place that is not lockrun's (`foreign_at`), a chroot gone.
+    Refused(String),
 }
 
 impl Client {
@@ -205,6 +219,8 @@ impl Client {
             shown: url.display.clone(),
             timeout,
             authed: url.user.is_some(),
+            chroot: url.chroot.clone().unwrap_or_default(),
+            user: url.user.clone(),
         })
     }
 
@@ -222,6 +238,30 @@ impl Client {
     /// only if the client never showed it (the lease is then over).
     pub fn granted(&self) -> Option<Duration> {
         self.rt.granted.get(self.session_id())
+    }
+
+    /// When the URL has a chroot and it is gone (deleted, perhaps while
+    /// lockrun used it): the refusal that names it. Every call under it
+    /// fails with NoNode, which would otherwise read as lockrun's own bug.
+    pub fn chroot_gone(&self) -> Result<Option<CallError>, CallError> {
+        if self.chroot.is_empty() {
+            return Ok(None);
+        }
+        let there = self.call(|z| async move { z.check_stat("/").await })?;
+        Ok(there
+            .is_none()
+            .then(|| CallError::Refused(chroot_missing(&self.shown, &self.chroot))))
+    }
+
+    /// `path` as seen from the server's root: under the URL's chroot.
+    pub fn chrooted(&self, path: &str) -> String {
+        format!("{}{path}", self.chroot)
+    }
+
+    /// A descriptor that becomes readable each time our session connects
+    /// again (`Granted::wake_on_connect`).
+    pub fn wake_on_connect(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.rt.granted.wake_on_connect(self.session_id())
     }
 
     /// Run a call with this session within the bound of one call.
@@ -363,6 +403,7 @@ pub fn sort(e: CallError, doing: &str) -> Error {
                  of a name must use the same credentials"
             ));
         }
+        CallError::Refused(said) => return Error::Refused(format!("{doing}: {said}")),
         CallError::Zk(e) => e,
     };
     use zk::Error as Z;

@@ -123,8 +123,57 @@ pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
         )),
         Err(e) => out.push(Check::fail("acl", sort(e, "reading the ACL").to_string())),
     }
+    out.push(names(&c, &root));
     out.push(ttl_nodes(&c, &root));
     out
+}
+
+/// The most nodes under the prefix that doctor looks at one by one.
+const NAMES_LOOKED_AT: usize = 1_000;
+
+/// Nodes under the prefix where a name's node goes that are not lockrun's
+/// (see `super::foreign_at`): no request can queue on their names.
+fn names(c: &Client, root: &str) -> Check {
+    let r = root.to_string();
+    let children = match c.call(|z| async move { z.list_children(&r).await }) {
+        Ok(ch) => ch,
+        Err(CallError::Zk(zk::Error::NoNode)) => {
+            return Check::ok("names", "no name's node yet");
+        }
+        Err(e) => return Check::fail("names", sort(e, "listing the prefix").to_string()),
+    };
+    let mut foreign = Vec::new();
+    let looked = children.len().min(NAMES_LOOKED_AT);
+    for node in &children[..looked] {
+        let nodes = super::queue::Nodes {
+            root: root.to_string(),
+            parent: format!("{root}/{node}"),
+        };
+        match super::foreign_at(c, &nodes) {
+            Ok(Some(super::InTheWay::NotLockruns(said))) => foreign.push(said),
+            Ok(_) => {}
+            Err(e) => return Check::fail("names", sort(e, "reading the prefix").to_string()),
+        }
+    }
+    let unlooked = children.len() - looked;
+    match (foreign.len(), unlooked) {
+        (0, 0) => Check::ok(
+            "names",
+            format!("{looked} node(s) under the prefix, none in the way"),
+        ),
+        (0, n) => Check::warn(
+            "names",
+            format!("looked at {looked} nodes under the prefix, not at {n} more"),
+        ),
+        (1, _) => Check::fail("names", foreign.remove(0)),
+        (k, _) => Check::fail(
+            "names",
+            format!(
+                "{k} nodes under the prefix are not lockrun's; the first: {}",
+                foreign[0]
+            ),
+        ),
+    }
 }
 
 /// The session timeouts the server grants (its minSessionTimeout and

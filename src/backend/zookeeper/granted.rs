@@ -12,6 +12,7 @@
 //! lockrun's own), and a renewal that finds none ends the lease.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,20 +21,44 @@ use tracing_core::span::{Attributes, Id, Record};
 use tracing_core::subscriber::{Interest, Subscriber};
 use tracing_core::{Dispatch, Event, Level, LevelFilter, Metadata};
 
-/// Session timeouts as granted, by session id: the last connect's.
+/// Session timeouts as granted, by session id: the last connect's; and
+/// the sessions whose every later connect must be told at once.
 #[derive(Clone, Default)]
-pub struct Granted(Arc<Mutex<HashMap<i64, Duration>>>);
+pub struct Granted {
+    seen: Arc<Mutex<HashMap<i64, Duration>>>,
+    wakes: Arc<Mutex<HashMap<i64, OwnedFd>>>,
+}
 
 impl Granted {
     /// What the server granted `session` when it last connected.
     pub fn get(&self, session: i64) -> Option<Duration> {
-        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.get(&session).copied()
     }
 
+    /// A descriptor that becomes readable each time `session` connects
+    /// again from now on (its timeout was negotiated anew): a lease on it
+    /// is renewed at once, so its deadline follows what was granted.
+    pub fn wake_on_connect(&self, session: i64) -> std::io::Result<OwnedFd> {
+        use rustix::pipe::{PipeFlags, pipe_with};
+        let (rx, tx) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+        let mut wakes = self.wakes.lock().unwrap_or_else(|e| e.into_inner());
+        wakes.insert(session, tx);
+        Ok(rx)
+    }
+
     fn note(&self, session: i64, timeout: Duration) {
-        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.insert(session, timeout);
+        drop(seen);
+        let mut wakes = self.wakes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = wakes.get(&session) {
+            // A full pipe already says "renew"; a closed one has nobody
+            // left to tell.
+            if let Err(rustix::io::Errno::PIPE) = rustix::io::write(tx, &[1]) {
+                wakes.remove(&session);
+            }
+        }
     }
 
     /// The collector to make the default of the thread that runs the

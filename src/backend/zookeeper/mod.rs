@@ -83,11 +83,9 @@ impl Zk {
                     .call(|z| async move { z.check_stat("/").await })
                     .map_err(|e| sort(e, "reading the chroot"))?;
                 if there.is_none() {
-                    return Err(Error::Refused(format!(
-                        "the chroot of {} does not exist: create it (zkCli.sh create {}) \
-                         or fix the URL",
-                        self.url.display,
-                        self.url.chroot.as_deref().unwrap_or("")
+                    return Err(Error::Refused(client::chroot_missing(
+                        &self.url.display,
+                        self.url.chroot.as_deref().unwrap_or(""),
                     )));
                 }
             }
@@ -142,6 +140,95 @@ fn read_name_behind(c: &Client, nodes: &Nodes, ours: Option<u64>) -> Result<Name
         name.windows.sort_by_key(|w| w.end);
     }
     Ok(name)
+}
+
+/// What stands at a name's place where lockrun cannot queue.
+pub(crate) enum InTheWay {
+    /// A node lockrun did not make (not its ACL's shape: one identity
+    /// with every permission): another program's, or planted.
+    NotLockruns(String),
+    /// A name's node of another identity (its ACL gives this one nothing).
+    OtherIdentity(String),
+}
+
+impl InTheWay {
+    pub(crate) fn line(self) -> String {
+        match self {
+            InTheWay::NotLockruns(l) | InTheWay::OtherIdentity(l) => l,
+        }
+    }
+}
+
+/// An ACL as ZooKeeper shows it (scheme:id:permissions), a digest id by
+/// its user alone: the rest is a hash of the password.
+pub(crate) fn acl_text(acls: &[zk::Acl]) -> String {
+    let shown: Vec<String> = acls
+        .iter()
+        .map(|a| {
+            let id = match a.scheme() {
+                "digest" => a.id().split(':').next().unwrap_or(""),
+                _ => a.id(),
+            };
+            format!("{}:{id}:{}", a.scheme(), a.permission())
+        })
+        .collect();
+    shown.join(",")
+}
+
+/// What stands at the name's place of `nodes` when this identity cannot
+/// queue there: its ACL lets neither anyone nor the URL's user read,
+/// write, create and delete under it. None when it can, when the node is
+/// not there, or when its ACL cannot be read (the read that follows says
+/// what it finds). ZooKeeper shows a container as a persistent node, so
+/// the ACL alone tells lockrun's name nodes from others.
+pub(crate) fn foreign_at(c: &Client, nodes: &Nodes) -> Result<Option<InTheWay>, CallError> {
+    use zk::Permission as P;
+    let path = nodes.parent.clone();
+    let (acls, stat) = match c.call(|z| async move { z.get_acl(&path).await }) {
+        Ok(v) => v,
+        Err(CallError::Zk(zk::Error::NoNode | zk::Error::NoAuth)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let needed = P::READ | P::WRITE | P::CREATE | P::DELETE;
+    let ours = |a: &zk::Acl| match a.scheme() {
+        "world" => a.id() == "anyone",
+        "digest" => c
+            .user
+            .as_deref()
+            .is_some_and(|u| a.id().split(':').next() == Some(u)),
+        _ => false,
+    };
+    if acls.iter().any(|a| ours(a) && a.permission().has(needed)) {
+        return Ok(None);
+    }
+    let shown = c.chrooted(&nodes.parent);
+    let acl = acl_text(&acls);
+    let lockruns = acls.len() == 1 && acls[0].permission() == P::ALL && stat.ephemeral_owner == 0;
+    Ok(Some(if lockruns {
+        InTheWay::OtherIdentity(format!(
+            "{shown} is another identity's name (ACL {acl}): every user of a name must use \
+             the same credentials"
+        ))
+    } else {
+        let kind = if stat.ephemeral_owner == 0 {
+            "a node"
+        } else {
+            "an ephemeral node"
+        };
+        InTheWay::NotLockruns(format!(
+            "{shown} is not lockrun's: {kind} with ACL {acl} where the name's node goes, so \
+             no request can queue on the name; delete it (zkCli.sh deleteall {shown}) as an \
+             identity the prefix's ACL lets delete, or as ZooKeeper's superuser"
+        ))
+    }))
+}
+
+/// Refuse a name whose place holds what this identity cannot queue under.
+fn refuse_in_the_way(c: &Client, nodes: &Nodes) -> Result<(), CallError> {
+    match foreign_at(c, nodes)? {
+        Some(w) => Err(CallError::Refused(w.line())),
+        None => Ok(()),
+    }
 }
 
 /// Read a name's request nodes and slots in one round trip after listing
@@ -354,6 +441,7 @@ impl Engine for Zk {
         let doing = format!("reading {name} on {}", self.url.display);
         let c = self.client(OPERATOR_SESSION)?.clone();
         let read_all = || -> Result<(Name, i64), CallError> {
+            refuse_in_the_way(&c, &nodes)?;
             let n = read_name(&c, &nodes)?;
             let now = if n.windows.is_empty() {
                 0
@@ -397,15 +485,26 @@ impl Engine for Zk {
             ));
         }
         let mut listed = Vec::new();
+        let mut unreadable = Vec::new();
         for name in names {
-            if listed.len() >= bound.names || bound.passed() {
+            let read = listed.len() + unreadable.len();
+            if read >= bound.names || bound.passed() {
                 notes.push(format!(
-                    "stopped after {} names: the list is incomplete",
-                    listed.len()
+                    "stopped after {read} names: the list is incomplete"
                 ));
                 break;
             }
-            let st = self.status(&name)?;
+            // A name this identity may not read (another identity's, or a
+            // node that is not lockrun's at its place) is marked, and the
+            // others are still listed.
+            let st = match self.status(&name) {
+                Ok(st) => st,
+                Err(Error::Refused(why)) => {
+                    unreadable.push((name, why));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if !st.holders.is_empty() || st.waiters.unwrap_or(0) > 0 {
                 listed.push((name, st));
             }
@@ -417,6 +516,7 @@ impl Engine for Zk {
         Ok(Listing {
             names: listed,
             notes,
+            unreadable,
         })
     }
 
@@ -424,7 +524,9 @@ impl Engine for Zk {
         let nodes = Nodes::new(&self.root, name);
         let doing = format!("releasing {name} on {}", self.url.display);
         let c = self.client(OPERATOR_SESSION)?.clone();
-        let n = read_name(&c, &nodes).map_err(|e| sort(e, &doing))?;
+        let n = refuse_in_the_way(&c, &nodes)
+            .and_then(|()| read_name(&c, &nodes))
+            .map_err(|e| sort(e, &doing))?;
         let held = &n.queue[..n.queue_held()];
         if held.is_empty() && n.windows.is_empty() {
             return Ok(Broken::NotHeld);
@@ -642,6 +744,17 @@ impl Held for ZkHeld {
         self.min_hold = None;
         self.release()
     }
+
+    /// Our node goes with our session: within the session timeout the
+    /// server granted it when it last connected, which is not the ttl when
+    /// the server's minSessionTimeout is above it.
+    fn if_unreleased(&self) -> Option<String> {
+        let granted = self.client.granted().unwrap_or(self.client.timeout);
+        Some(format!(
+            "our node goes with our ZooKeeper session, within the {} the server granted it",
+            crate::text::duration(granted)
+        ))
+    }
 }
 
 /// Check, through the leader, that `path` is at `version`: a check-only
@@ -698,6 +811,19 @@ impl Renewer for ZkRenewer {
                 Ok(Renewal::Lost)
             }
             Err(e) => Err(sort(e, "renewing")),
+        }
+    }
+
+    fn wake(&mut self) -> Option<std::os::fd::OwnedFd> {
+        match self.client.wake_on_connect() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                log::warn(format!(
+                    "cannot watch our ZooKeeper session's reconnects ({e}): a shorter \
+                     session granted on one is followed at the next renewal"
+                ));
+                None
+            }
         }
     }
 }

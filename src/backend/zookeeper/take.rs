@@ -58,13 +58,17 @@ fn unique() -> Result<String, Error> {
 
 /// The ACL of the prefix's node, shared by every identity that locks
 /// under the prefix: anyone may read it and create a name's node in it,
-/// so who came first never decides who may lock a name. Nobody may delete
-/// a child of it (ZooKeeper deletes an empty container itself), set its
-/// data or change its ACL.
+/// so who came first never decides who may lock a name; and anyone may
+/// delete a child of it, so a node planted where a name's node goes (that
+/// lockrun could never queue under) is removed by whoever runs lockrun,
+/// not only by ZooKeeper's superuser. ZooKeeper deletes a node only when
+/// it has no children: a name's node with requests in it stays, and an
+/// empty one is a container ZooKeeper deletes itself anyway. Nobody may
+/// set its data or change its ACL.
 static PREFIX_ACL: std::sync::LazyLock<[zk::Acl; 1]> = std::sync::LazyLock::new(|| {
     use zk::Permission as P;
     [zk::Acl::new(
-        P::READ | P::CREATE,
+        P::READ | P::CREATE | P::DELETE,
         zk::AuthId::new("world", "anyone"),
     )]
 });
@@ -642,7 +646,11 @@ fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, Ca
             z.create(&path, &data, &opts).await
         }) {
             Ok((_, seq)) => return Ok(format!("q-{id}-{seq}")),
-            Err(CallError::Zk(zk::Error::NoNode)) if tries < 5 => {
+            Err(CallError::Zk(zk::Error::NoNode)) if tries >= 5 => {
+                // Still no parent: the chroot may be gone under us.
+                return Err(c.chroot_gone()?.unwrap_or(CallError::Zk(zk::Error::NoNode)));
+            }
+            Err(CallError::Zk(zk::Error::NoNode)) => {
                 // ZooKeeper may delete an empty container at any time,
                 // the prefix's between our two creates: try again.
                 tries += 1;
@@ -656,6 +664,14 @@ fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, Ca
                     Ok(()) | Err(CallError::Zk(zk::Error::NoNode)) => {}
                     Err(e) => return Err(e),
                 }
+            }
+            // A node at the name's place that lockrun may not create
+            // under: named, if it is not lockrun's.
+            Err(CallError::Zk(e @ (zk::Error::NoAuth | zk::Error::NoChildrenForEphemerals))) => {
+                return Err(match super::foreign_at(c, nodes)? {
+                    Some(w) => CallError::Refused(w.line()),
+                    None => CallError::Zk(e),
+                });
             }
             Err(e) => return Err(e),
         }
