@@ -461,6 +461,91 @@ fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl(
     );
 }
 
+/// A waiter killed with SIGKILL in the queue (`-w 60`, and one that asked
+/// `--limit 1`): its connection ends with it, and with it the wake-up lock
+/// its place is known by, so once the holder ends the name is free at
+/// once, not a third of the ttl later when the place would lapse: `status`
+/// shows no waiter, `-n` is granted rather than told the dead waiter holds
+/// it (75), `--max-waiters 1` is not refused, and a plain request is not
+/// refused for disagreeing with the dead waiter's `--limit 1` (64).
+#[test]
+fn a_waiter_killed_with_sigkill_leaves_the_name_free_at_once() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    // A name held (in `mode`), one waiter killed behind the holder, the
+    // holder gone: the moment of the kill.
+    let leave_dead_waiter = |name: &str, mode: &[&str]| -> Instant {
+        let done = scratch.path(&format!("{name}.done"));
+        let mut h = on(&url)
+            .args(["--ttl", "60s"])
+            .args(mode)
+            .args([name, "-c"])
+            .arg(format!(
+                "i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+                done.display()
+            ))
+            .spawn();
+        let held = wait_until(Duration::from_secs(20), || {
+            status_json(&url, name)["held"] == true
+        });
+        assert!(held, "{name} never held");
+        let mut w = on(&url)
+            .args(["--ttl", "60s", "-q", "-w", "60"])
+            .args(mode)
+            .args([name, "true"])
+            .spawn();
+        wait_queued(&url, name, 1);
+        signal(w.id() as i32, libc::SIGKILL);
+        let _ = w.wait();
+        let killed = Instant::now();
+        std::fs::write(&done, "").unwrap();
+        assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0));
+        killed
+    };
+    // The place lapses 20 s after it was last kept (at most 7 s before the
+    // kill): each answer is wanted well before. Every case is tried, and
+    // what went wrong said together.
+    let mut wrong = Vec::new();
+    let mut check = |killed: Instant, what: &str, ok: bool, said: String| {
+        if !ok || killed.elapsed() > Duration::from_secs(10) {
+            wrong.push(format!(
+                "{what}, {:?} after the kill: {said}",
+                killed.elapsed()
+            ));
+        }
+    };
+    let killed = leave_dead_waiter("dn", &[]);
+    let freed = wait_until(Duration::from_secs(5), || {
+        let v = status_json(&url, "dn");
+        v["held"] == false && v["waiters"].as_u64() == Some(0)
+    });
+    check(killed, "status", freed, status_json(&url, "dn").to_string());
+    let n = on(&url).args(["-n", "dn", "true"]).output();
+    check(killed, "-n", n.out.status.code() == Some(0), n.stderr());
+
+    let killed = leave_dead_waiter("dm", &[]);
+    let m = on(&url)
+        .args(["--max-waiters", "1", "-w", "30", "dm", "true"])
+        .output();
+    check(
+        killed,
+        "--max-waiters 1",
+        m.out.status.code() == Some(0),
+        m.stderr(),
+    );
+
+    let killed = leave_dead_waiter("dl", &["--limit", "1"]);
+    let p = on(&url).args(["-w", "30", "dl", "true"]).output();
+    check(
+        killed,
+        "a plain request",
+        p.out.status.code() == Some(0),
+        p.stderr(),
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 #[test]
 fn doctor_checks_the_server_and_the_user_creating_nothing() {
     let my = MyDb::new();
