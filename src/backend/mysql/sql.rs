@@ -628,4 +628,31 @@ mod tests {
         assert!(t.look("x';DROP", true).contains("X'78273b44524f50'"));
         assert_eq!(t.leases, "`lockrun_leases`");
     }
+
+    /// A place is judged gone only when its waiter took a wake-up lock
+    /// (its row names a connection) that no connection holds now; never a
+    /// replaced place's mark, never our own place, never where `GET_LOCK`
+    /// is refused.
+    #[test]
+    fn only_a_place_whose_waiter_took_its_wake_up_lock_is_judged_gone() {
+        let t = Tables::new("lockrun");
+        assert!(t.enqueue("n", "o", "l", "x", 1, 10, true)[0].contains("CONNECTION_ID()"));
+        assert!(!t.enqueue("n", "o", "l", "x", 1, 10, false)[0].contains("CONNECTION_ID()"));
+        assert!(
+            t.keep_place(1, "o", 10, true)
+                .contains("conn = CONNECTION_ID()")
+        );
+        assert!(t.keep_place(1, "o", 10, false).contains("conn = 0"));
+        let purge = t.purge("n", "o", true);
+        for part in [
+            "conn <> 0".to_string(),
+            format!("owner NOT LIKE {}", lit("replaced:%")),
+            format!("owner NOT IN ({}, {})", lit("o"), lit("supersede:o")),
+            "IS_USED_LOCK(CONCAT('lockrun:w:', SHA1(owner))) IS NULL".to_string(),
+        ] {
+            assert!(purge.contains(&part), "{purge} lacks {part}");
+        }
+        assert!(t.purge("n", "o", false).ends_with("AND FALSE"));
+        assert!(t.waiting("n").contains("IS_USED_LOCK"));
+    }
 }
