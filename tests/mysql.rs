@@ -496,11 +496,27 @@ fn a_waiter_killed_with_sigkill_leaves_the_name_free_at_once() {
             .args([name, "true"])
             .spawn();
         wait_queued(&url, name, 1);
+        let conn = my.sql(&format!(
+            "SELECT conn FROM `{}`.lockrun_waiters WHERE name = '{name}'",
+            my.db
+        ));
         signal(w.id() as i32, libc::SIGKILL);
         let _ = w.wait();
         let killed = Instant::now();
         std::fs::write(&done, "").unwrap();
         assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0));
+        // The server ends the dead waiter's session once its wait is over
+        // (the holder's release ends it): the answers below are wanted
+        // from then on.
+        let ended = wait_until(Duration::from_secs(5), || {
+            my.sql(&format!(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {}",
+                conn.trim()
+            ))
+            .trim()
+                == "0"
+        });
+        assert!(ended, "the dead waiter's connection {conn} lives on");
         killed
     };
     // The place lapses 20 s after it was last kept (at most 7 s before the
