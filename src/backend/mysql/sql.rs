@@ -121,7 +121,7 @@ fn still_waiting(wake: bool) -> String {
 /// connection holds its wake-up lock. A waiter takes that lock in the
 /// transaction that makes its place, before it commits, and holds it as
 /// long as it waits, so no look sees a live waiter's place without it;
-/// the server frees it the moment the waiter's connection ends (a
+/// the server frees it when the waiter's connection ends (a
 /// lockrun killed with SIGKILL, a machine gone). Never the place of a
 /// waiter that holds no wake-up lock (`conn` 0: the server refused it to
 /// that waiter, whose place lapses by itself), nor a replaced place's
