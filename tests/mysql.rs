@@ -562,6 +562,46 @@ fn a_waiter_killed_with_sigkill_leaves_the_name_free_at_once() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// The first of two waiters has its connection cut (a failover, a proxy
+/// restart): its wake-up lock is freed as a dead waiter's would be, and
+/// the waiter behind it, woken by that, looks while the first is still
+/// reconnecting. The first keeps its turn all the same.
+#[test]
+fn a_waiter_whose_connection_is_cut_keeps_its_turn() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "cut", "60s");
+    let order = scratch.path("order");
+    let waiter = |tag: &str| {
+        on(&url)
+            .args(["--ttl", "60s", "-q", "-w", "60", "cut", "-c"])
+            .arg(format!("echo {tag} >> {}", order.display()))
+            .spawn()
+    };
+    let mut first = waiter("first");
+    wait_queued(&url, "cut", 1);
+    let mut second = waiter("second");
+    wait_queued(&url, "cut", 2);
+    let conn = my.sql(&format!(
+        "SELECT conn FROM `{}`.lockrun_waiters WHERE name = 'cut' ORDER BY seq LIMIT 1",
+        my.db
+    ));
+    assert!(my.server.try_kill(conn.trim()));
+    // Both have looked again by now.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut first, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    assert_eq!(
+        wait_child(&mut second, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    assert_eq!(scratch.read("order"), "first\nsecond\n");
+}
+
 #[test]
 fn doctor_checks_the_server_and_the_user_creating_nothing() {
     let my = MyDb::new();

@@ -120,9 +120,10 @@ fn still_waiting(wake: bool) -> String {
 /// A waiters-table row (columns prefixed `t`) whose waiter is gone: no
 /// connection holds its wake-up lock. A waiter takes that lock in the
 /// transaction that makes its place, before it commits, and holds it as
-/// long as it waits, so no look sees a live waiter's place without it;
-/// the server frees it when the waiter's connection ends (a
-/// lockrun killed with SIGKILL, a machine gone). Never the place of a
+/// long as it waits, so no look sees a live waiter's place without it
+/// but while the waiter's connection is cut (back, it takes the place
+/// again: `revive`); the server frees it when the waiter's connection
+/// ends (a lockrun killed with SIGKILL, a machine gone). Never the place of a
 /// waiter that holds no wake-up lock (`conn` 0: the server refused it to
 /// that waiter, whose place lapses by itself), nor a replaced place's
 /// mark (kept for its waiter to read). None where `GET_LOCK` is refused.
@@ -247,16 +248,34 @@ impl Tables {
         ]
     }
 
-    /// The name's places whose waiters are gone (`gone`), other than
-    /// `owner`'s own: deleted under the name's row lock, before the look.
+    /// The name's live places whose waiters are gone (`gone`), other than
+    /// `owner`'s own, lapse now, under the name's row lock, before the
+    /// look; `conn` -1 marks them (`revive`). A grant deletes them with
+    /// every lapsed place.
     pub fn purge(&self, name: &str, owner: &str, wake: bool) -> String {
         format!(
-            "DELETE FROM {} WHERE name = {} AND owner NOT IN ({}, {}) AND {}",
+            "UPDATE {} SET expires_at = {NOW}, conn = -1 \
+             WHERE name = {} AND owner NOT IN ({}, {}) AND expires_at > {NOW} AND {}",
             self.waiters,
             lit(name),
             lit(owner),
             lit(&format!("{SUPERSEDE}{owner}")),
             gone(wake, ""),
+        )
+    }
+
+    /// Our place `seq` back, when a `purge` took it while we lived (our
+    /// connection was cut, and with it our wake-up lock): kept again at
+    /// its arrival number. Not a place that lapsed by itself.
+    pub fn revive(&self, seq: i64, owner: &str, keep_ms: i64, wake: bool) -> String {
+        format!(
+            "UPDATE {} SET expires_at = {}, conn = {} \
+             WHERE seq = {seq} AND owner IN ({}, {}) AND conn = -1",
+            self.waiters,
+            after_ms(keep_ms),
+            conn(wake),
+            lit(owner),
+            lit(&format!("{SUPERSEDE}{owner}"))
         )
     }
 
@@ -653,6 +672,8 @@ mod tests {
             assert!(purge.contains(&part), "{purge} lacks {part}");
         }
         assert!(t.purge("n", "o", false).ends_with("AND FALSE"));
+        assert!(t.revive(7, "o", 10, true).contains("seq = 7"));
+        assert!(t.revive(7, "o", 10, true).ends_with("AND conn = -1"));
         assert!(t.waiting("n").contains("IS_USED_LOCK"));
     }
 }

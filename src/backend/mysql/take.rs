@@ -23,7 +23,7 @@ use crate::clock::{Boot, backoff};
 use crate::log;
 
 /// A waiter's place lasts a third of the ttl unless kept. One killed in
-/// the queue goes at the next look, its wake-up lock free (`sql::gone`);
+/// the queue lapses at the next look, its wake-up lock free (`sql::gone`);
 /// where the server refused it that lock, it holds up the others by no
 /// more than this.
 pub fn place_ttl(ttl: Duration) -> Duration {
@@ -288,11 +288,14 @@ impl Mysql {
         let sent = Boot::now();
         let tables = self.tables.clone();
         let wake = !self.client.no_wake;
-        // The places of waiters that are gone go first (`Tables::purge`).
-        let first = vec![
-            tables.purge(req.name, &req.owner.secret, wake),
-            tables.look(req.name, wake),
-        ];
+        // The places of waiters that are gone lapse first, and ours comes
+        // back if that was done to it while we lived (`Tables::purge`).
+        let mut first = vec![tables.purge(req.name, &req.owner.secret, wake)];
+        if let Some(seq) = place.seq {
+            let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+            first.push(tables.revive(seq, &req.owner.secret, keep_ms, wake));
+        }
+        first.push(tables.look(req.name, wake));
         let outcome = transaction(&mut self.client, &tables, req.name, first, |c, rows| {
             look(c, rows, &tables, req, place, patience)
         })?;
