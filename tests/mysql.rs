@@ -583,13 +583,23 @@ fn a_waiter_whose_connection_is_cut_keeps_its_turn() {
     wait_queued(&url, "cut", 1);
     let mut second = waiter("second");
     wait_queued(&url, "cut", 2);
-    let conn = my.sql(&format!(
-        "SELECT conn FROM `{}`.lockrun_waiters WHERE name = 'cut' ORDER BY seq LIMIT 1",
+    let row = my.sql(&format!(
+        "SELECT seq, conn FROM `{}`.lockrun_waiters WHERE name = 'cut' ORDER BY seq LIMIT 1",
         my.db
     ));
-    assert!(my.server.try_kill(conn.trim()));
-    // Both have looked again by now.
-    std::thread::sleep(Duration::from_secs(2));
+    let (seq, conn) = row.trim().split_once(char::is_whitespace).unwrap();
+    let conn = conn.trim();
+    assert!(my.server.try_kill(conn));
+    // The first waiter is back on a new connection, in its place (it may
+    // not be: then its turn is lost, and said below).
+    wait_until(Duration::from_secs(20), || {
+        let now = my.sql(&format!(
+            "SELECT conn FROM `{}`.lockrun_waiters WHERE seq = {seq} \
+               AND expires_at > UTC_TIMESTAMP(6) AND conn > 0",
+            my.db
+        ));
+        !now.trim().is_empty() && now.trim() != conn
+    });
     assert_eq!(finish(&scratch, &mut h), Some(0));
     assert_eq!(
         wait_child(&mut first, Duration::from_secs(30)).code(),
