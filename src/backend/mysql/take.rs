@@ -289,9 +289,11 @@ impl Mysql {
         let tables = self.tables.clone();
         let wake = !self.client.no_wake;
         // The places of waiters that are gone lapse first, and ours comes
-        // back if that was done to it while we lived (`Tables::purge`).
+        // back if that was done to it while we lived (`Tables::purge`);
+        // not a --supersede place, which a newer one may have replaced
+        // meanwhile (one that did not find it live).
         let mut first = vec![tables.purge(req.name, &req.owner.secret, wake)];
-        if let Some(seq) = place.seq {
+        if let Some(seq) = place.seq.filter(|_| !req.group.supersede) {
             let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
             first.push(tables.revive(seq, &req.owner.secret, keep_ms, wake));
         }
