@@ -461,6 +461,206 @@ fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl(
     );
 }
 
+/// A waiter killed with SIGKILL in the queue (`-w 60`, and one that asked
+/// `--limit 1`): its connection ends with it, and with it the wake-up lock
+/// its place is known by, so once the holder ends the name is free at
+/// once, not a third of the ttl later when the place would lapse: `status`
+/// shows no waiter, `-n` is granted rather than told the dead waiter holds
+/// it (75), `--max-waiters 1` is not refused, and a plain request is not
+/// refused for disagreeing with the dead waiter's `--limit 1` (64).
+#[test]
+fn a_waiter_killed_with_sigkill_leaves_the_name_free_at_once() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    // A name held (in `mode`), one waiter killed behind the holder, the
+    // holder gone: the moment of the kill.
+    let leave_dead_waiter = |name: &str, mode: &[&str]| -> Instant {
+        let done = scratch.path(&format!("{name}.done"));
+        let mut h = on(&url)
+            .args(["--ttl", "60s"])
+            .args(mode)
+            .args([name, "-c"])
+            .arg(format!(
+                "i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+                done.display()
+            ))
+            .spawn();
+        let held = wait_until(Duration::from_secs(20), || {
+            status_json(&url, name)["held"] == true
+        });
+        assert!(held, "{name} never held");
+        let mut w = on(&url)
+            .args(["--ttl", "60s", "-q", "-w", "60"])
+            .args(mode)
+            .args([name, "true"])
+            .spawn();
+        wait_queued(&url, name, 1);
+        let conn = my.sql(&format!(
+            "SELECT conn FROM `{}`.lockrun_waiters WHERE name = '{name}'",
+            my.db
+        ));
+        signal(w.id() as i32, libc::SIGKILL);
+        let _ = w.wait();
+        let killed = Instant::now();
+        std::fs::write(&done, "").unwrap();
+        assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(0));
+        // The server ends the dead waiter's session once its wait is over
+        // (the holder's release ends it): the answers below are wanted
+        // from then on.
+        let ended = wait_until(Duration::from_secs(5), || {
+            my.sql(&format!(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {}",
+                conn.trim()
+            ))
+            .trim()
+                == "0"
+        });
+        assert!(ended, "the dead waiter's connection {conn} lives on");
+        killed
+    };
+    // The place lapses 20 s after it was last kept (at most 7 s before the
+    // kill): each answer is wanted well before. Every case is tried, and
+    // what went wrong said together.
+    let mut wrong = Vec::new();
+    let mut check = |killed: Instant, what: &str, ok: bool, said: String| {
+        if !ok || killed.elapsed() > Duration::from_secs(10) {
+            wrong.push(format!(
+                "{what}, {:?} after the kill: {said}",
+                killed.elapsed()
+            ));
+        }
+    };
+    let killed = leave_dead_waiter("dn", &[]);
+    let freed = wait_until(Duration::from_secs(5), || {
+        let v = status_json(&url, "dn");
+        v["held"] == false && v["waiters"].as_u64() == Some(0)
+    });
+    check(killed, "status", freed, status_json(&url, "dn").to_string());
+    let n = on(&url).args(["-n", "dn", "true"]).output();
+    check(killed, "-n", n.out.status.code() == Some(0), n.stderr());
+
+    let killed = leave_dead_waiter("dm", &[]);
+    let m = on(&url)
+        .args(["--max-waiters", "1", "-w", "30", "dm", "true"])
+        .output();
+    check(
+        killed,
+        "--max-waiters 1",
+        m.out.status.code() == Some(0),
+        m.stderr(),
+    );
+
+    let killed = leave_dead_waiter("dl", &["--limit", "1"]);
+    let p = on(&url).args(["-w", "30", "dl", "true"]).output();
+    check(
+        killed,
+        "a plain request",
+        p.out.status.code() == Some(0),
+        p.stderr(),
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The first of two waiters has its connection cut (a failover, a proxy
+/// restart): its wake-up lock is freed as a dead waiter's would be, and
+/// the waiter behind it, woken by that, looks while the first is still
+/// reconnecting. The first keeps its turn all the same.
+#[test]
+fn a_waiter_whose_connection_is_cut_keeps_its_turn() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "cut", "60s");
+    let order = scratch.path("order");
+    let waiter = |tag: &str| {
+        on(&url)
+            .args(["--ttl", "60s", "-q", "-w", "60", "cut", "-c"])
+            .arg(format!("echo {tag} >> {}", order.display()))
+            .spawn()
+    };
+    let mut first = waiter("first");
+    wait_queued(&url, "cut", 1);
+    let mut second = waiter("second");
+    wait_queued(&url, "cut", 2);
+    let row = my.sql(&format!(
+        "SELECT seq, conn FROM `{}`.lockrun_waiters WHERE name = 'cut' ORDER BY seq LIMIT 1",
+        my.db
+    ));
+    let (seq, conn) = row.trim().split_once(char::is_whitespace).unwrap();
+    let conn = conn.trim();
+    assert!(my.server.try_kill(conn));
+    // The first waiter is back on a new connection, in its place (it may
+    // not be: then its turn is lost, and said below).
+    wait_until(Duration::from_secs(20), || {
+        let now = my.sql(&format!(
+            "SELECT conn FROM `{}`.lockrun_waiters WHERE seq = {seq} \
+               AND expires_at > UTC_TIMESTAMP(6) AND conn > 0",
+            my.db
+        ));
+        !now.trim().is_empty() && now.trim() != conn
+    });
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut first, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    assert_eq!(
+        wait_child(&mut second, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    assert_eq!(scratch.read("order"), "first\nsecond\n");
+}
+
+/// A `--supersede` waiter is stopped and its connection cut, so its place
+/// looks gone; a newer `--supersede` request then queues without finding
+/// it live to replace. Continued and back, the older one must not take
+/// its place back beside the newer: it is told it was replaced.
+#[test]
+fn a_cut_supersede_waiter_does_not_come_back_beside_a_newer_one() {
+    let my = MyDb::new();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "cs", "60s");
+    let waiter = |tag: &str| {
+        on(&url)
+            .args(["--ttl", "60s", "-w", "60", "--supersede", "--label", tag])
+            .args(["cs", "true"])
+            .stderr(Stdio::piped())
+            .spawn()
+    };
+    let older = waiter("older");
+    wait_queued(&url, "cs", 1);
+    let row = my.sql(&format!(
+        "SELECT seq, conn FROM `{}`.lockrun_waiters WHERE name = 'cs'",
+        my.db
+    ));
+    let (seq, conn) = row.trim().split_once(char::is_whitespace).unwrap();
+    signal(older.id() as i32, libc::SIGSTOP);
+    assert!(my.server.try_kill(conn.trim()));
+    let mut newer = waiter("newer");
+    let newer_in = wait_until(Duration::from_secs(20), || {
+        my.sql(&format!(
+            "SELECT COUNT(*) FROM `{}`.lockrun_waiters WHERE name = 'cs' \
+               AND expires_at > UTC_TIMESTAMP(6) AND seq > {seq}",
+            my.db
+        ))
+        .trim()
+            == "1"
+    });
+    signal(older.id() as i32, libc::SIGCONT);
+    assert!(newer_in, "the newer request never queued");
+    let out = older.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(err.contains("replaced") && err.contains("newer"), "{err}");
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    assert_eq!(
+        wait_child(&mut newer, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+}
+
 #[test]
 fn doctor_checks_the_server_and_the_user_creating_nothing() {
     let my = MyDb::new();

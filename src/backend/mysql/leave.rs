@@ -26,7 +26,7 @@ pub fn way_out(client: &Client, tables: &Tables, req: &Request) -> Leave {
             lit(&name),
             lit(&owner)
         );
-        transaction(&mut c, &tables, &name, dequeue, |c, _| {
+        transaction(&mut c, &tables, &name, vec![dequeue], |c, _| {
             commit(c, vec![forsake], Vec::new()).map(|_| ())
         })
         .map(|_| ())

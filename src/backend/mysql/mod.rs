@@ -216,7 +216,7 @@ impl Engine for Mysql {
             &mut self.client,
             &tables,
             name,
-            "SELECT 1".into(),
+            vec!["SELECT 1".into()],
             |c, _| {
                 let mut broken = Vec::new();
                 for h in matched {

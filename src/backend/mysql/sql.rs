@@ -117,6 +117,34 @@ fn still_waiting(wake: bool) -> String {
     }
 }
 
+/// A waiters-table row (columns prefixed `t`) whose waiter is gone: no
+/// connection holds its wake-up lock. A waiter takes that lock in the
+/// transaction that makes its place, before it commits, and holds it as
+/// long as it waits, so no look sees a live waiter's place without it
+/// but while the waiter's connection is cut (back, it takes the place
+/// again: `revive`); the server frees it when the waiter's connection
+/// ends (a lockrun killed with SIGKILL, a machine gone). Never the place of a
+/// waiter that holds no wake-up lock (`conn` 0: the server refused it to
+/// that waiter, whose place lapses by itself), nor a replaced place's
+/// mark (kept for its waiter to read). None where `GET_LOCK` is refused.
+fn gone(wake: bool, t: &str) -> String {
+    if wake {
+        format!(
+            "({t}conn <> 0 AND {t}owner NOT LIKE {r} AND IS_USED_LOCK({k}) IS NULL)",
+            r = lit(&format!("{REPLACED}%")),
+            k = wake_key('w', &format!("{t}owner")),
+        )
+    } else {
+        "FALSE".into()
+    }
+}
+
+/// What a waiter's row records as its connection: the one that holds its
+/// wake-up lock, or 0 where the server refused it that lock.
+fn conn(wake: bool) -> &'static str {
+    if wake { "CONNECTION_ID()" } else { "0" }
+}
+
 /// lockrun's tables (from `--prefix`) in the URL's database.
 #[derive(Debug, Clone)]
 pub struct Tables {
@@ -218,6 +246,37 @@ impl Tables {
                 lit(name)
             ),
         ]
+    }
+
+    /// The name's live places whose waiters are gone (`gone`), other than
+    /// `owner`'s own, lapse now, under the name's row lock, before the
+    /// look; `conn` -1 marks them (`revive`). A grant deletes them with
+    /// every lapsed place.
+    pub fn purge(&self, name: &str, owner: &str, wake: bool) -> String {
+        format!(
+            "UPDATE {} SET expires_at = {NOW}, conn = -1 \
+             WHERE name = {} AND owner NOT IN ({}, {}) AND expires_at > {NOW} AND {}",
+            self.waiters,
+            lit(name),
+            lit(owner),
+            lit(&format!("{SUPERSEDE}{owner}")),
+            gone(wake, ""),
+        )
+    }
+
+    /// Our place `seq` back, when a `purge` took it while we lived (our
+    /// connection was cut, and with it our wake-up lock): kept again at
+    /// its arrival number. Not a place that lapsed by itself.
+    pub fn revive(&self, seq: i64, owner: &str, keep_ms: i64, wake: bool) -> String {
+        format!(
+            "UPDATE {} SET expires_at = {}, conn = {} \
+             WHERE seq = {seq} AND owner IN ({}, {}) AND conn = -1",
+            self.waiters,
+            after_ms(keep_ms),
+            conn(wake),
+            lit(owner),
+            lit(&format!("{SUPERSEDE}{owner}"))
+        )
     }
 
     /// Every live row of a name: holders (kind `h`, pos = slot) and
@@ -330,7 +389,9 @@ impl Tables {
         ]
     }
 
-    /// Queue up; then the place's number.
+    /// Queue up; then the place's number. `wake`: we take our place's
+    /// wake-up lock (`sql::conn`).
+    #[allow(clippy::too_many_arguments)]
     pub fn enqueue(
         &self,
         name: &str,
@@ -339,30 +400,33 @@ impl Tables {
         mode: &str,
         lim: u32,
         keep_ms: i64,
+        wake: bool,
     ) -> [String; 2] {
         [
             format!(
                 "INSERT INTO {} (name, owner, label, mode, lim, expires_at, conn) \
-                 VALUES ({}, {}, {}, {}, {lim}, {}, CONNECTION_ID())",
+                 VALUES ({}, {}, {}, {}, {lim}, {}, {})",
                 self.waiters,
                 lit(name),
                 lit(place_owner),
                 lit(label),
                 lit(mode),
-                after_ms(keep_ms)
+                after_ms(keep_ms),
+                conn(wake),
             ),
             "SELECT LAST_INSERT_ID()".into(),
         ]
     }
 
-    /// Keep our place (not once replaced).
-    pub fn keep_place(&self, seq: i64, owner: &str, keep_ms: i64) -> String {
+    /// Keep our place (not once replaced). `wake`: as for `enqueue`.
+    pub fn keep_place(&self, seq: i64, owner: &str, keep_ms: i64, wake: bool) -> String {
         format!(
-            "UPDATE {} SET expires_at = {}, conn = CONNECTION_ID() \
+            "UPDATE {} SET expires_at = {}, conn = {} \
              WHERE seq = {seq} AND owner IN ({}, {}) \
                AND expires_at > {NOW}",
             self.waiters,
             after_ms(keep_ms),
+            conn(wake),
             lit(owner),
             lit(&format!("{SUPERSEDE}{owner}"))
         )
@@ -506,16 +570,18 @@ impl Tables {
     }
 
     /// How many wait, and how many of them asked for `--supersede` (the
-    /// live places, not the marks of replaced ones), of the name `col`.
+    /// live places, not the marks of replaced ones nor those of waiters
+    /// that are gone), of the name `col`.
     fn counts(&self, col: &str) -> String {
         format!(
             "(SELECT COUNT(*) FROM {w} w WHERE w.name = {col} AND w.expires_at > {NOW} \
-               AND w.owner NOT LIKE {r}), \
+               AND w.owner NOT LIKE {r} AND NOT {g}), \
              (SELECT COUNT(*) FROM {w} w WHERE w.name = {col} AND w.expires_at > {NOW} \
-               AND w.owner LIKE {s})",
+               AND w.owner LIKE {s} AND NOT {g})",
             w = self.waiters,
             r = lit(&format!("{REPLACED}%")),
             s = lit(&format!("{SUPERSEDE}%")),
+            g = gone(true, "w."),
         )
     }
 
@@ -580,5 +646,34 @@ mod tests {
         let t = Tables::new("lockrun");
         assert!(t.look("x';DROP", true).contains("X'78273b44524f50'"));
         assert_eq!(t.leases, "`lockrun_leases`");
+    }
+
+    /// A place is judged gone only when its waiter took a wake-up lock
+    /// (its row names a connection) that no connection holds now; never a
+    /// replaced place's mark, never our own place, never where `GET_LOCK`
+    /// is refused.
+    #[test]
+    fn only_a_place_whose_waiter_took_its_wake_up_lock_is_judged_gone() {
+        let t = Tables::new("lockrun");
+        assert!(t.enqueue("n", "o", "l", "x", 1, 10, true)[0].contains("CONNECTION_ID()"));
+        assert!(!t.enqueue("n", "o", "l", "x", 1, 10, false)[0].contains("CONNECTION_ID()"));
+        assert!(
+            t.keep_place(1, "o", 10, true)
+                .contains("conn = CONNECTION_ID()")
+        );
+        assert!(t.keep_place(1, "o", 10, false).contains("conn = 0"));
+        let purge = t.purge("n", "o", true);
+        for part in [
+            "conn <> 0".to_string(),
+            format!("owner NOT LIKE {}", lit("replaced:%")),
+            format!("owner NOT IN ({}, {})", lit("o"), lit("supersede:o")),
+            "IS_USED_LOCK(CONCAT('lockrun:w:', SHA1(owner))) IS NULL".to_string(),
+        ] {
+            assert!(purge.contains(&part), "{purge} lacks {part}");
+        }
+        assert!(t.purge("n", "o", false).ends_with("AND FALSE"));
+        assert!(t.revive(7, "o", 10, true).contains("seq = 7"));
+        assert!(t.revive(7, "o", 10, true).ends_with("AND conn = -1"));
+        assert!(t.waiting("n").contains("IS_USED_LOCK"));
     }
 }

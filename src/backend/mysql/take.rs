@@ -22,8 +22,10 @@ use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::{Boot, backoff};
 use crate::log;
 
-/// A waiter's place lasts a third of the ttl unless kept, so one killed
-/// in the queue holds up the others by no more than that.
+/// A waiter's place lasts a third of the ttl unless kept. One killed in
+/// the queue lapses at the next look, its wake-up lock free (`sql::gone`);
+/// where the server refused it that lock, it holds up the others by no
+/// more than this.
 pub fn place_ttl(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }
@@ -286,8 +288,17 @@ impl Mysql {
         let sent = Boot::now();
         let tables = self.tables.clone();
         let wake = !self.client.no_wake;
-        let look_sql = tables.look(req.name, wake);
-        let outcome = transaction(&mut self.client, &tables, req.name, look_sql, |c, rows| {
+        // The places of waiters that are gone lapse first, and ours comes
+        // back if that was done to it while we lived (`Tables::purge`);
+        // not a --supersede place, which a newer one may have replaced
+        // meanwhile (one that did not find it live).
+        let mut first = vec![tables.purge(req.name, &req.owner.secret, wake)];
+        if let Some(seq) = place.seq.filter(|_| !req.group.supersede) {
+            let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+            first.push(tables.revive(seq, &req.owner.secret, keep_ms, wake));
+        }
+        first.push(tables.look(req.name, wake));
+        let outcome = transaction(&mut self.client, &tables, req.name, first, |c, rows| {
             look(c, rows, &tables, req, place, patience)
         })?;
         let Some(outcome) = outcome else {
@@ -405,7 +416,8 @@ impl Mysql {
     /// Keep our place, on condition that the row we block on is still there.
     fn keep_sql(&self, req: &Request, seq: i64, keep_ms: i64, t: &Target) -> (String, String) {
         (
-            self.tables.keep_place(seq, &req.owner.secret, keep_ms),
+            self.tables
+                .keep_place(seq, &req.owner.secret, keep_ms, !self.client.no_wake),
             self.tables.still(req.name, t.kind, &t.owner, t.pos),
         )
     }
@@ -421,23 +433,26 @@ fn idle_in_transaction(op: Duration) -> Duration {
 }
 
 /// Run a transaction under the name's row lock: its start, the lock and
-/// `first` in one flight, then `f` with the rows of `first`; `f` ends it
-/// (`commit`). None: the name had no counter row yet, which is made now
-/// (look again). Any error ends the connection, and the transaction with it.
+/// `first` in one flight, then `f` with the rows of the last of `first`;
+/// `f` ends it (`commit`). None: the name had no counter row yet, which
+/// is made now (look again). Any error ends the connection, and the
+/// transaction with it.
 pub(super) fn transaction<T>(
     c: &mut Client,
     tables: &Tables,
     name: &str,
-    first: String,
+    first: Vec<String>,
     f: impl FnOnce(&mut Client, Vec<Row>) -> Result<T, Error>,
 ) -> Result<Option<T>, Error> {
     let [bound, begin, lock] = tables.begin(name, idle_in_transaction(c.op));
-    let mut sets = c.run(&[bound, begin, lock, first])?;
+    let mut stmts = vec![bound, begin, lock];
+    stmts.extend(first);
+    let mut sets = c.run(&stmts)?;
     if sets[2].is_empty() {
         c.run(&[sql::UNBOUND.into(), "ROLLBACK".into(), tables.counter(name)])?;
         return Ok(None);
     }
-    let rows = sets.remove(3);
+    let rows = sets.pop().unwrap_or_default();
     let done = f(c, rows);
     if done.is_err() {
         let code = c.last_code.take();
@@ -475,6 +490,49 @@ pub(super) fn commit(
         }
         None => Ok(f.sets),
     }
+}
+
+/// As `commit`, for a transaction that makes or keeps our place `po`:
+/// unless this connection holds the place's wake-up lock already, it is
+/// taken before COMMIT, so the place is never seen without it
+/// (`sql::gone`). None: the server refused the lock; nothing was
+/// committed, and waiting falls back to sleeping (look again).
+fn commit_place(
+    c: &mut Client,
+    last: Vec<String>,
+    po: &str,
+) -> Result<Option<Vec<Vec<Row>>>, Error> {
+    let n = last.len();
+    let lock = !c.no_wake && c.locked != Some('w');
+    let mut stmts = last;
+    if lock {
+        stmts.push(format!("SELECT GET_LOCK({}, 0)", wake_key('w', &lit(po))));
+    }
+    stmts.push(sql::UNBOUND.into());
+    stmts.push("COMMIT".into());
+    let mut f = c.flight(&stmts);
+    match f.failed {
+        // The flight left the connection, and the transaction with it.
+        Some((at, e)) if lock && at == n && !e.is_transient() => {
+            c.no_wake = true;
+            return Ok(None);
+        }
+        Some((_, e)) => return Err(e),
+        None => {}
+    }
+    // 0: another connection of ours holds it still (one the server has
+    // not yet seen cut); the next look takes it again.
+    if lock
+        && f.sets
+            .get(n)
+            .and_then(|s| s.first())
+            .and_then(|r| int(r, 0))
+            == Some(1)
+    {
+        c.locked = Some('w');
+    }
+    f.sets.truncate(n);
+    Ok(Some(f.sets))
 }
 
 /// The wake-up lock statements that make this connection hold `kind`'s
@@ -668,8 +726,9 @@ fn look(
                 last.push(tables.preempt(name, &mark, owner));
             }
             let queued = last.len();
+            let wake = !c.no_wake;
             match place.seq {
-                Some(seq) => last.push(tables.keep_place(seq, owner, keep_ms)),
+                Some(seq) => last.push(tables.keep_place(seq, owner, keep_ms, wake)),
                 None => {
                     let [ins, id] = tables.enqueue(
                         name,
@@ -678,21 +737,15 @@ fn look(
                         req.mode.code(),
                         req.mode.limit(),
                         keep_ms,
+                        wake,
                     );
                     last.push(ins);
                     last.push(id);
                 }
             }
-            let after = if was_waiting {
-                Vec::new()
-            } else {
-                hold(c, 'w', &po, None)
+            let Some(rows) = commit_place(c, last, &po)? else {
+                return Ok(Outcome::Again);
             };
-            let n = last.len();
-            let rows = commit(c, last, after.clone())?;
-            if !after.is_empty() && rows.len() > n + 1 {
-                c.locked = Some('w');
-            }
             c.poke(&conns(&rows));
             if place.seq.is_none() {
                 place.seq = rows[queued + 1].first().and_then(|r| int(r, 0));
