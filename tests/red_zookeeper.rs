@@ -2112,3 +2112,44 @@ fn a_lost_release_reply_says_what_is_known() {
     assert!(!err.contains("within 3s"), "{err}");
     assert!(err.contains("answer") && err.contains("5s"), "{err}");
 }
+
+/// A holder's request node whose record this lockrun cannot read (written
+/// by a newer lockrun with a mode it does not know, or changed by hand) is
+/// a holder it cannot judge: never left out as "not lockrun's". A request
+/// on the name is refused with one line naming the node, and the holder's
+/// job is not joined by a second.
+#[test]
+fn a_request_node_lockrun_cannot_decode_is_never_left_out() {
+    let (url, port, chroot) = chroot_url();
+    let scratch = Scratch::new();
+    let holder = on(&url)
+        .args(["--ttl", "30s", "undecoded", "sh", "-c"])
+        .arg(gated_job(&scratch, "pid", "go"))
+        .spawn();
+    let _holder = Reap(holder);
+    scratch.pid_in("pid");
+    let node = zk_tree(port, Some(&chroot))
+        .into_iter()
+        .map(|(p, _)| p)
+        .find(|p| p.contains("/undecoded/q-"))
+        .expect("the holder's request node");
+    let path = node.clone();
+    zk_do(port, Some(&chroot), move |z| async move {
+        z.set_data(&path, br#"{"label":"x","mode":"r","ttl_ms":30000}"#, None)
+            .await
+            .map(|_| ())
+    });
+    let ran = scratch.path("second");
+    let out = on(&url)
+        .args(["-n", "undecoded", "touch"])
+        .arg(&ran)
+        .output();
+    std::fs::write(scratch.path("go"), "").unwrap();
+    assert!(
+        !ran.exists(),
+        "a second job ran beside the holder whose record was unreadable: {}",
+        out.stderr()
+    );
+    assert_eq!(out.out.status.code(), Some(69), "{}", out.stderr());
+    assert!(out.stderr().contains("cannot read"), "{}", out.stderr());
+}

@@ -102,6 +102,9 @@ pub(crate) struct Name {
     pub windows: Vec<Window>,
     /// Nodes of the name this identity may not read (another identity's).
     pub foreign: Vec<String>,
+    /// Request or window nodes whose record this lockrun cannot decode (a
+    /// newer lockrun's, or changed by hand): holders it cannot judge.
+    pub undecodable: Vec<String>,
 }
 
 impl Name {
@@ -133,6 +136,14 @@ fn read_name_behind(c: &Client, nodes: &Nodes, ours: Option<u64>) -> Result<Name
     let behind = |n: &String| request_of(n).zip(ours).is_some_and(|((_, seq), o)| seq > o);
     if let Some(n) = name.foreign.iter().find(|n| !behind(n)) {
         return Err(CallError::Foreign(nodes.child(n)));
+    }
+    if let Some(n) = name.undecodable.iter().find(|n| !behind(n)) {
+        return Err(CallError::Refused(format!(
+            "the node {} holds a record this lockrun cannot read (made by another version \
+             of lockrun, or changed by hand), so it cannot tell whether it holds the name; \
+             run one version of lockrun on a name, or delete the node",
+            nodes.child(n)
+        )));
     }
     if !name.windows.is_empty() {
         let now = server_now(c, nodes)?;
@@ -258,6 +269,7 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
     let mut entries = Vec::new();
     let mut windows = Vec::new();
     let mut foreign = Vec::new();
+    let mut undecodable = Vec::new();
     let mut slots: Vec<(u32, String)> = Vec::new();
     for (node, result) in wanted.iter().zip(results) {
         let (data, stat) = match result {
@@ -284,8 +296,13 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
             slots.push((slot, String::from_utf8_lossy(&data).into_owned()));
             continue;
         }
-        // A node that is not lockrun's record: another program's, left out.
+        // A node that is not lockrun's record: another program's, left
+        // out; but one named as lockrun's requests and windows are is a
+        // holder this lockrun cannot judge.
         let Some(record) = Record::decode(&data) else {
+            if request_of(node).is_some() || window_of(node).is_some() {
+                undecodable.push(node.clone());
+            }
             continue;
         };
         if window_of(node).is_some() {
@@ -322,6 +339,7 @@ fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
         queue: queue::queue(entries),
         windows,
         foreign,
+        undecodable,
     }))
 }
 

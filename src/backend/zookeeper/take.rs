@@ -444,6 +444,7 @@ impl Taking<'_> {
             queue,
             windows: Vec::new(),
             foreign: Vec::new(),
+            undecodable: Vec::new(),
         }))
     }
 
