@@ -260,8 +260,8 @@ impl Client {
 
     /// A descriptor that becomes readable each time our session connects
     /// again (`Granted::wake_on_connect`).
-    pub fn wake_on_connect(&self) -> std::io::Result<std::os::fd::OwnedFd> {
-        self.rt.granted.wake_on_connect(self.session_id())
+    pub fn wake_on_connect(&self, lasting: Duration) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.rt.granted.wake_on_connect(self.session_id(), lasting)
     }
 
     /// Run a call with this session within the bound of one call.

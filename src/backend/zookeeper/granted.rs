@@ -38,11 +38,16 @@ impl Granted {
 
     /// A descriptor that becomes readable each time `session` connects
     /// again from now on (its timeout was negotiated anew): a lease on it
-    /// is renewed at once, so its deadline follows what was granted.
-    pub fn wake_on_connect(&self, session: i64) -> std::io::Result<OwnedFd> {
+    /// is renewed at once, so its deadline follows what was granted. A
+    /// lease that counts on `lasting` and whose session already connected
+    /// again with less (between the grant and now) is woken at once too.
+    pub fn wake_on_connect(&self, session: i64, lasting: Duration) -> std::io::Result<OwnedFd> {
         use rustix::pipe::{PipeFlags, pipe_with};
         let (rx, tx) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
         let mut wakes = self.wakes.lock().unwrap_or_else(|e| e.into_inner());
+        if self.get(session).is_some_and(|now| now < lasting) {
+            let _ = rustix::io::write(&tx, &[1]);
+        }
         wakes.insert(session, tx);
         Ok(rx)
     }
@@ -144,6 +149,29 @@ impl Subscriber for Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn readable(fd: &OwnedFd) -> bool {
+        let mut buf = [0u8; 8];
+        matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0)
+    }
+
+    #[test]
+    fn a_shorter_session_granted_before_the_watch_wakes_it_at_once() {
+        let g = Granted::default();
+        let s = Duration::from_secs;
+        // Granted 30 s; the session connected again with 3 s before the
+        // lease's renewals began to watch it.
+        g.note(7, s(30));
+        g.note(7, s(3));
+        assert!(readable(&g.wake_on_connect(7, s(30)).unwrap()));
+        // A session still granted what the lease counts on is not woken
+        // until it connects again.
+        g.note(8, s(30));
+        let w = g.wake_on_connect(8, s(30)).unwrap();
+        assert!(!readable(&w));
+        g.note(8, s(30));
+        assert!(readable(&w));
+    }
 
     #[test]
     fn the_connect_reply_names_its_session_and_timeout() {

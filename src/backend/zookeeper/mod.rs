@@ -833,7 +833,7 @@ impl Renewer for ZkRenewer {
     }
 
     fn wake(&mut self) -> Option<std::os::fd::OwnedFd> {
-        match self.client.wake_on_connect() {
+        match self.client.wake_on_connect(self.ttl) {
             Ok(fd) => Some(fd),
             Err(e) => {
                 log::warn(format!(
