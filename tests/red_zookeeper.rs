@@ -2030,7 +2030,10 @@ fn a_chroot_deleted_while_a_request_waits() {
         .spawn();
     let waiter = Reap(waiter);
     wait_queued(&url, "gone", 1);
-    // Delete the chroot and all under it, deepest first, until it stays gone.
+    // Delete the chroot and all under it, deepest first, in one
+    // transaction (retried while lockrun adds a node): deleted one by one,
+    // the holder's node could go first and grant the waiter its turn in
+    // the chroot before the chroot itself went.
     assert!(
         wait_until(Duration::from_secs(20), || {
             let mut all: Vec<String> = lockrun_nodes(port, &chroot)
@@ -2041,9 +2044,11 @@ fn a_chroot_deleted_while_a_request_waits() {
             all.push(chroot.clone());
             let c = chroot.clone();
             zk_do(port, None, move |z| async move {
+                let mut gone = z.new_multi_writer();
                 for p in &all {
-                    let _ = z.delete(p, None).await;
+                    gone.add_delete(p, None)?;
                 }
+                let _ = gone.commit().await;
                 Ok(z.check_stat(&c).await?.is_none())
             })
         }),
