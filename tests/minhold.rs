@@ -164,9 +164,15 @@ fn a_local_window_holds_when_lockrun_is_killed() {
     signal(lr.id() as i32, libc::SIGKILL);
     let _ = lr.wait();
     assert!(wait_until(Duration::from_secs(10), || !alive(job)));
+    // The guard keeps the flock a moment longer, until every process of
+    // the job is gone; from then on the window alone holds the name.
+    let mut v = serde_json::Value::Null;
+    let windowed = wait_until(Duration::from_secs(10), || {
+        v = status_json(&url, "k9");
+        v["min_hold"] == true
+    });
+    assert!(windowed, "the window does not hold the name: {v}");
     on(&url).args(["-n", "k9", "true"]).code(75);
-    let v = status_json(&url, "k9");
-    assert_eq!(v["min_hold"], true, "{v}");
     // A running local holder is still not broken; a window is.
     let (mut h, _) = {
         let c = on(&url)
