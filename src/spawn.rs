@@ -131,11 +131,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         // Die with our parent, the guard (which dies only after the job).
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != a.parent {
             a.errno = libc::ESRCH;
-            libc::_exit(127);
+            libc::_exit(crate::exit::NOT_FOUND as i32);
         }
         if p.inherit_fd >= 0 && libc::fcntl(p.inherit_fd, libc::F_SETFD, 0) != 0 {
             a.errno = *libc::__errno_location();
-            libc::_exit(127);
+            libc::_exit(crate::exit::NOT_FOUND as i32);
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
@@ -164,7 +164,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         } else {
             last
         };
-        libc::_exit(127);
+        libc::_exit(crate::exit::NOT_FOUND as i32);
     }
 }
 

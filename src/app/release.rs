@@ -32,8 +32,11 @@ pub fn release(
     if !force {
         return Err(fail(
             Class::Usage,
-            "refusing to break a lock without --force: the holder's job is stopped \
-             (exit 76); add --force, and --token T to act only on the lease you looked at",
+            format_args!(
+                "refusing to break a lock without --force: the holder's job is stopped \
+                 (exit {}); add --force, and --token T to act only on the lease you looked at",
+                crate::exit::LEASE_LOST
+            ),
         ));
     }
     let token = token
