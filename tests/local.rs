@@ -639,9 +639,20 @@ fn a_preemption_reaches_a_holder_still_making_its_grant() {
         .arg("trap '' TERM; while :; do sleep 0.1; done")
         .stderr(std::process::Stdio::piped())
         .spawn();
+    // Caught there: holding the new file's flock and blocked on the old
+    // one's. Its first try, which gives the flock back at once when it
+    // finds the old holder, is not that moment: a mark made then is for
+    // a lock that ended, and the holder rightly takes it as no one's.
+    let pid = h.id().to_string();
+    let blocked = || {
+        std::fs::read_to_string("/proc/locks")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("->") && l.split_whitespace().nth(5) == Some(pid.as_str()))
+    };
     let held = || {
         let st = on(&url).args(["status", "--json", "mid"]).output().json();
-        st["held"] == true
+        blocked() && st["held"] == true && blocked()
     };
     assert!(wait_until(Duration::from_secs(20), held));
     on(&url)

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Ending, human, opening, setup_logging};
-use crate::backend::{self, Acquired, Owner, Request, Wait};
+use crate::backend::{self, Acquired, Lease, Owner, Request, Wait};
 use crate::cli::Cli;
 use crate::clock::Boot;
 use crate::config;
@@ -47,14 +47,23 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
         min_hold: cfg.min_hold,
         group: cfg.group,
     };
-    let expires = cfg.common.address.engine().expires;
+    let lease = match acquire(cfg, &req)? {
+        Ok(lease) => lease,
+        Err(not_acquired) => return Ok(not_acquired),
+    };
+    report.granted(lease.token);
+    supervise_and_release(cfg, &req, lease, report)
+}
 
+/// The lease on `req`'s name, or how lockrun ends without it.
+fn acquire(cfg: &config::RunConfig, req: &Request) -> Result<Result<Lease, Ending>, Failure> {
+    let expires = cfg.common.address.engine().expires;
     let mut engine =
         cfg.common
             .address
             .open(&opening(&cfg.common, cfg.timing.op, cfg.timing.ttl))?;
-    let lease = loop {
-        match engine.acquire(&req, cfg.wait)? {
+    loop {
+        match engine.acquire(req, cfg.wait)? {
             // A grant whose lease is already (nearly) over, because lockrun was
             // paused right after it, must not start the job: ask again.
             Acquired::Granted(l)
@@ -70,64 +79,63 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
                 ));
                 let _ = l.give_back();
             }
-            Acquired::Granted(l) => break l,
-            Acquired::Busy { holder } => {
-                let holder = holder
-                    .as_deref()
-                    .unwrap_or("another process (no holder recorded)");
-                match cfg.wait {
-                    // Cron mails every line: a skipped run stays silent.
-                    Wait::No => {
-                        log::info(format!("not acquired: {} is held by {holder}", cfg.name))
-                    }
-                    Wait::For(d) => log::warn(format!(
-                        "gave up waiting for {} after {}: held by {holder}",
-                        cfg.name,
-                        human(d)
-                    )),
-                    Wait::Forever => {}
-                }
-                return Ok(Ending::Exit(cfg.conflict_code));
-            }
-            // Coalesced, as a skip with -n is: silent but under -v.
-            Acquired::QueueFull { waiting } => {
-                log::info(format!(
-                    "not acquired: {waiting} already waiting for {} (--max-waiters {})",
-                    cfg.name,
-                    cfg.group.max_waiters.unwrap_or_default()
-                ));
-                return Ok(Ending::Exit(cfg.conflict_code));
-            }
-            Acquired::Replaced { by } => {
-                log::warn(format!(
-                    "gave up waiting for {}: replaced by the newer request of {} (--supersede)",
-                    cfg.name,
-                    crate::text::printable(&by)
-                ));
-                return Ok(Ending::Exit(cfg.conflict_code));
+            Acquired::Granted(l) => return Ok(Ok(l)),
+            other => {
+                not_acquired(cfg, other);
+                return Ok(Err(Ending::Exit(cfg.conflict_code)));
             }
         }
-    };
-    drop(engine);
-    report.granted(lease.token);
+    }
+}
 
-    let deadline = expires.then(|| {
-        Arc::new(Deadline::new(
-            cfg.timing.deadline_for(lease.sent_at, lease.ttl),
-        ))
-    });
+/// Say why the name was not ours, as loud as the case deserves.
+fn not_acquired(cfg: &config::RunConfig, answer: Acquired) {
+    match answer {
+        Acquired::Granted(_) => {}
+        Acquired::Busy { holder } => {
+            let holder = holder
+                .as_deref()
+                .unwrap_or("another process (no holder recorded)");
+            match cfg.wait {
+                // Cron mails every line: a skipped run stays silent.
+                Wait::No => log::info(format!("not acquired: {} is held by {holder}", cfg.name)),
+                Wait::For(d) => log::warn(format!(
+                    "gave up waiting for {} after {}: held by {holder}",
+                    cfg.name,
+                    human(d)
+                )),
+                Wait::Forever => {}
+            }
+        }
+        // Coalesced, as a skip with -n is: silent but under -v.
+        Acquired::QueueFull { waiting } => log::info(format!(
+            "not acquired: {waiting} already waiting for {} (--max-waiters {})",
+            cfg.name,
+            cfg.group.max_waiters.unwrap_or_default()
+        )),
+        Acquired::Replaced { by } => log::warn(format!(
+            "gave up waiting for {}: replaced by the newer request of {} (--supersede)",
+            cfg.name,
+            crate::text::printable(&by)
+        )),
+    }
+}
+
+/// What the job is given: its command, its environment without secrets,
+/// and the schedule its supervisor keeps.
+fn job_for(cfg: &config::RunConfig, req: &Request, lease: &Lease, expires: bool) -> Job {
     // A password must never reach the job, even through an inherited
     // LOCKRUN_URL that another --url overrode.
     let password_in_effect = cfg.common.address.secret().is_some();
     let secret = password_in_effect || config::inherited_url_has_password();
-    let env = lease.job_env(&req, secret);
+    let env = lease.job_env(req, secret);
     let mut env_remove = env.remove;
     // The metrics file is this run's: a lockrun inside the job writes its own.
     env_remove.push("LOCKRUN_METRICS_FILE".into());
     if let Some(var) = cfg.common.address.secret_env() {
         env_remove.push(var.to_string());
     }
-    let job = Job {
+    Job {
         command: cfg.command.clone(),
         env: env.set,
         env_remove,
@@ -141,8 +149,24 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
         },
         sent_at: lease.sent_at,
         secret,
-    };
+    }
+}
 
+/// Run the job under `lease`, then let the lease go once nothing of the
+/// job is left, and end as the job (or the lease) did.
+fn supervise_and_release(
+    cfg: &config::RunConfig,
+    req: &Request,
+    lease: Lease,
+    report: &mut metrics::Run,
+) -> Result<Ending, Failure> {
+    let expires = cfg.common.address.engine().expires;
+    let deadline = expires.then(|| {
+        Arc::new(Deadline::new(
+            cfg.timing.deadline_for(lease.sent_at, lease.ttl),
+        ))
+    });
+    let job = job_for(cfg, req, &lease, expires);
     let renewer = lease.renewer();
     let if_unreleased = lease.if_unreleased();
     let mut pending = backend::Pending::Here(lease);
@@ -167,6 +191,17 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
     // Nothing of the job is left: only now may the lease go, within one
     // request's budget whatever the server does.
     let released = pending.release(&releasing, cfg.timing.op);
+    ending(cfg, outcome, released, &if_unreleased, report)
+}
+
+/// How lockrun ends once the job is over and the release was asked for.
+fn ending(
+    cfg: &config::RunConfig,
+    outcome: supervise::Outcome,
+    released: Result<bool, backend::Error>,
+    if_unreleased: &str,
+    report: &mut metrics::Run,
+) -> Result<Ending, Failure> {
     if !outcome.started {
         log::reason(format!(
             "lease on {} lost before the job could start: {}; the job was not started",
