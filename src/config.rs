@@ -227,29 +227,53 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
         .map(|s| parse_duration("--kill-after", s, MAX_TTL))
         .transpose()?;
     let timing = Timing::new(ttl, kill_after).map_err(usage)?;
+    let wait = wait(run)?;
+    let conflict_code = conflict_code(&run.conflict_exit_code)?;
+    let command = command(run)?;
+    let label = label(run.label.as_deref())?;
+    let mode = mode(run)?;
+    let min_hold = run.min_hold.as_deref().map(parse_min_hold).transpose()?;
+    let group = group(run, wait)?;
+    let metrics_file = metrics_file(run)?;
+    Ok(RunConfig {
+        common,
+        name,
+        mode,
+        timing,
+        wait,
+        conflict_code,
+        command,
+        label,
+        metrics_file,
+        min_hold,
+        group,
+    })
+}
 
-    let wait = match (run.no_wait, run.wait.as_deref()) {
+fn wait(run: &RunArgs) -> Result<Wait, Failure> {
+    Ok(match (run.no_wait, run.wait.as_deref()) {
         (true, Some(_)) => return Err(usage("-n/--no-wait and -w/--wait exclude each other")),
         (true, None) => Wait::No,
         (false, Some(s)) => Wait::For(parse_duration("--wait", s, MAX_WAIT)?),
         (false, None) => Wait::Forever,
-    };
+    })
+}
 
-    let conflict_code = match run.conflict_exit_code.trim().parse::<u8>() {
-        Ok(76) => {
-            return Err(usage(
-                "-E 76 is not allowed: 76 means the lease was lost; pick another code from 0 to 255",
-            ));
-        }
-        Err(_) => {
-            return Err(usage(format!(
-                "invalid -E {:?}: expected an exit code from 0 to 255 (not 76)",
-                run.conflict_exit_code
-            )));
-        }
-        Ok(n) => n,
-    };
+/// `-E`: any exit code but the one that says the lease was lost.
+fn conflict_code(given: &str) -> Result<u8, Failure> {
+    let lost = crate::exit::LEASE_LOST;
+    match given.trim().parse::<u8>() {
+        Ok(n) if n == lost => Err(usage(format!(
+            "-E {lost} is not allowed: {lost} means the lease was lost; pick another code from 0 to 255",
+        ))),
+        Err(_) => Err(usage(format!(
+            "invalid -E {given:?}: expected an exit code from 0 to 255 (not {lost})",
+        ))),
+        Ok(n) => Ok(n),
+    }
+}
 
+fn command(run: &RunArgs) -> Result<Vec<std::ffi::OsString>, Failure> {
     let command = match &run.command {
         Some(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
         None => {
@@ -266,27 +290,28 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
             "no command given; usage: lockrun NAME -- COMMAND [ARGS]...",
         ));
     }
+    Ok(command)
+}
 
-    let label = match run.label.as_deref().map(str::trim) {
-        None | Some("") => None,
+fn label(given: Option<&str>) -> Result<Option<String>, Failure> {
+    match given.map(str::trim) {
+        None | Some("") => Ok(None),
         Some(l) if l.chars().count() > 100 => {
-            return Err(usage("invalid --label: longer than 100 characters"));
+            Err(usage("invalid --label: longer than 100 characters"))
         }
         Some(l)
             if l.chars()
                 .any(|c| c.is_control() || crate::text::is_invisible(c)) =>
         {
-            return Err(usage(format!(
+            Err(usage(format!(
                 "invalid --label {l:?}: control and invisible characters are not allowed"
-            )));
+            )))
         }
-        Some(l) => Some(l.to_string()),
-    };
+        Some(l) => Ok(Some(l.to_string())),
+    }
+}
 
-    let mode = mode(run)?;
-    let min_hold = run.min_hold.as_deref().map(parse_min_hold).transpose()?;
-    let group = group(run, wait)?;
-
+fn metrics_file(run: &RunArgs) -> Result<Option<std::path::PathBuf>, Failure> {
     let metrics_file = run
         .metrics_file
         .clone()
@@ -300,19 +325,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
             p.display().to_string()
         )));
     }
-    Ok(RunConfig {
-        common,
-        name,
-        mode,
-        timing,
-        wait,
-        conflict_code,
-        command,
-        label,
-        metrics_file,
-        min_hold,
-        group,
-    })
+    Ok(metrics_file)
 }
 
 /// The most `--max-waiters` allows: far beyond any queue, and a count every
