@@ -354,30 +354,11 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
         None => (rest, None),
     };
     let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let (user, password) = match userinfo.split_once(':') {
-        Some((u, p)) => (
-            crate::backend::percent_decoded_leniently(u),
-            Some(crate::backend::percent_decoded_leniently(p)),
-        ),
-        None => (crate::backend::percent_decoded_leniently(userinfo), None),
-    };
-    // As every node's URL carries them: percent-encoded.
-    let userinfo = {
-        let mut u = url::Url::parse("redis://h").expect("a valid URL");
-        let _ = u.set_username(&user);
-        let _ = u.set_password(password.as_deref());
-        match u.password() {
-            Some(p) => format!("{}:{p}", u.username()),
-            None => u.username().to_string(),
-        }
-    };
-    // A lone user name may be a password (some clients read it so), and a
-    // query may hold one: neither is shown.
-    let shown_user = match (user.is_empty(), password.is_some()) {
-        (true, false) => String::new(),
-        (_, true) => format!("{user}:***@"),
-        (false, false) => "***@".to_string(),
-    };
+    let Credentials {
+        password,
+        userinfo,
+        shown_user,
+    } = credentials(userinfo);
     let shown_hosts = crate::backend::shown_hosts(hosts.split('?').next().unwrap_or_default());
     let shown_path = match path.split('?').next().unwrap_or_default() {
         "" => String::new(),
@@ -400,27 +381,7 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     }
     let (insecure, ca_file) = tls_options(tls, fragment, &display, opts)?;
     let topology = if sentinel {
-        let mut parts = path.split('/');
-        let master = crate::backend::percent_decoded_leniently(parts.next().unwrap_or(""));
-        if master.is_empty() {
-            return Err(usage("no master name"));
-        }
-        let db = match parts.next() {
-            None | Some("") => 0,
-            Some(d) => d
-                .parse::<u32>()
-                .ok()
-                .filter(|d| *d <= i32::MAX as u32)
-                .ok_or_else(|| {
-                    usage(&format!(
-                        "database {d:?} is not a number from 0 to {}",
-                        i32::MAX
-                    ))
-                })?,
-        };
-        if parts.next().is_some_and(|p| !p.is_empty()) {
-            return Err(usage("too many parts in the path"));
-        }
+        let (master, db) = master_and_db(path).map_err(|why| usage(&why))?;
         Topology::Sentinel {
             sentinels: nodes,
             master,
@@ -454,6 +415,66 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
         replicas: if sentinel { opts.replicas } else { 0 },
         topology,
     })
+}
+
+/// A multi-host URL's credentials: the password, the userinfo every
+/// node's URL carries (percent-encoded), and what messages show of it.
+struct Credentials {
+    password: Option<String>,
+    userinfo: String,
+    shown_user: String,
+}
+
+fn credentials(userinfo: &str) -> Credentials {
+    let (user, password) = match userinfo.split_once(':') {
+        Some((u, p)) => (
+            crate::backend::percent_decoded_leniently(u),
+            Some(crate::backend::percent_decoded_leniently(p)),
+        ),
+        None => (crate::backend::percent_decoded_leniently(userinfo), None),
+    };
+    let encoded = {
+        let mut u = url::Url::parse("redis://h").expect("a valid URL");
+        let _ = u.set_username(&user);
+        let _ = u.set_password(password.as_deref());
+        match u.password() {
+            Some(p) => format!("{}:{p}", u.username()),
+            None => u.username().to_string(),
+        }
+    };
+    // A lone user name may be a password (some clients read it so), and a
+    // query may hold one: neither is shown.
+    let shown_user = match (user.is_empty(), password.is_some()) {
+        (true, false) => String::new(),
+        (_, true) => format!("{user}:***@"),
+        (false, false) => "***@".to_string(),
+    };
+    Credentials {
+        password,
+        userinfo: encoded,
+        shown_user,
+    }
+}
+
+/// A sentinel URL's path: `MASTER[/db]`.
+fn master_and_db(path: &str) -> Result<(String, u32), String> {
+    let mut parts = path.split('/');
+    let master = crate::backend::percent_decoded_leniently(parts.next().unwrap_or(""));
+    if master.is_empty() {
+        return Err("no master name".into());
+    }
+    let db = match parts.next() {
+        None | Some("") => 0,
+        Some(d) => d
+            .parse::<u32>()
+            .ok()
+            .filter(|d| *d <= i32::MAX as u32)
+            .ok_or_else(|| format!("database {d:?} is not a number from 0 to {}", i32::MAX))?,
+    };
+    if parts.next().is_some_and(|p| !p.is_empty()) {
+        return Err("too many parts in the path".into());
+    }
+    Ok((master, db))
 }
 
 /// `host[:port]`, `[v6]:port`; None when it is not one.
