@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
@@ -259,9 +260,34 @@ impl Sentinels {
     /// with no majority either way there is no answer.
     fn locate(&self, timeout: Duration) -> RedisResult<Option<Node>> {
         let n = self.nodes.len();
-        let majority = n / 2 + 1;
+        let rx = self.ask_all(timeout)?;
+        let deadline = Instant::now() + timeout;
+        let mut votes = Votes::new(n / 2 + 1);
+        let mut silent = true;
+        while let Some(t) = left(deadline) {
+            let (i, answer) = match rx.recv_timeout(t) {
+                Ok(a) => a,
+                Err(e) => {
+                    // Disconnected: every sentinel has had its say in time.
+                    silent = e == std::sync::mpsc::RecvTimeoutError::Timeout;
+                    break;
+                }
+            };
+            if matches!(answer, Ok(Some(_))) {
+                self.answered.store(true, Ordering::Relaxed);
+            }
+            if let Some(decided) = votes.count(&self.nodes[i], answer) {
+                return Ok(decided);
+            }
+        }
+        Err(votes.undecided(n, &self.master, silent.then_some(timeout)))
+    }
+
+    /// Ask every sentinel for the master at once, each from a thread of its
+    /// own; the answers come on the receiver, by sentinel index.
+    fn ask_all(&self, timeout: Duration) -> RedisResult<Receiver<(usize, Asked)>> {
         let (tx, rx) = std::sync::mpsc::channel();
-        for i in 0..n {
+        for i in 0..self.nodes.len() {
             let (plain, authed) = (self.plain[i].clone(), self.authed[i].clone());
             let (master, tx) = (self.master.clone(), tx.clone());
             let spawned = std::thread::Builder::new()
@@ -276,81 +302,7 @@ impl Sentinels {
                 ));
             }
         }
-        drop(tx);
-        let deadline = Instant::now() + timeout;
-        let mut named: Vec<(Node, usize)> = Vec::new();
-        let mut unknown = 0;
-        let mut last = None;
-        let mut silent = true;
-        while let Some(t) = left(deadline) {
-            let (i, answer) = match rx.recv_timeout(t) {
-                Ok(a) => a,
-                Err(e) => {
-                    // Disconnected: every sentinel has had its say in time.
-                    silent = e == std::sync::mpsc::RecvTimeoutError::Timeout;
-                    break;
-                }
-            };
-            match answer {
-                Ok(Some(node)) => {
-                    self.answered.store(true, Ordering::Relaxed);
-                    let votes = match named.iter_mut().find(|(m, _)| *m == node) {
-                        Some((_, v)) => {
-                            *v += 1;
-                            *v
-                        }
-                        None => {
-                            named.push((node.clone(), 1));
-                            1
-                        }
-                    };
-                    if votes >= majority {
-                        return Ok(Some(node));
-                    }
-                }
-                Ok(None) => {
-                    unknown += 1;
-                    if unknown >= majority {
-                        return Ok(None);
-                    }
-                }
-                Err(e) => {
-                    log::info(format!("sentinel {}: {}", self.nodes[i], describe(&e)));
-                    last = Some(format!("{}: {}", self.nodes[i], describe(&e)));
-                }
-            }
-        }
-        let answered = unknown + named.iter().map(|(_, v)| v).sum::<usize>();
-        let failed = last
-            .map(|e| format!("; last error: sentinel {e}"))
-            .unwrap_or_default();
-        if answered < majority {
-            return Err(passing(
-                "no majority",
-                format!(
-                    "only {answered} of the {n} sentinels answered{}: a majority ({majority}) \
-                     must name the master of {}{failed}",
-                    if silent {
-                        format!(" within {}", crate::text::duration(timeout))
-                    } else {
-                        String::new()
-                    },
-                    self.master
-                ),
-            ));
-        }
-        let mut heard: Vec<String> = named.iter().map(|(m, v)| format!("{v} name {m}")).collect();
-        if unknown > 0 {
-            heard.push(format!("{unknown} know no such master"));
-        }
-        Err(passing(
-            "no majority",
-            format!(
-                "no majority of the {n} sentinels names one master of {} ({}){failed}",
-                self.master,
-                heard.join(", ")
-            ),
-        ))
+        Ok(rx)
     }
 
     /// Resolve the master and connect to it, checking that it says it is
@@ -399,5 +351,94 @@ impl Sentinels {
                 ),
             )),
         }
+    }
+}
+
+/// One sentinel's answer: the master it names, or None when it knows no
+/// such master.
+type Asked = RedisResult<Option<Node>>;
+
+/// The sentinels' answers so far, until a majority agrees.
+struct Votes {
+    majority: usize,
+    named: Vec<(Node, usize)>,
+    unknown: usize,
+    last: Option<String>,
+}
+
+impl Votes {
+    fn new(majority: usize) -> Votes {
+        Votes {
+            majority,
+            named: Vec::new(),
+            unknown: 0,
+            last: None,
+        }
+    }
+
+    /// Count sentinel `who`'s answer; Some once a majority has decided.
+    fn count(&mut self, who: &Node, answer: Asked) -> Option<Option<Node>> {
+        match answer {
+            Ok(Some(node)) => {
+                let votes = match self.named.iter_mut().find(|(m, _)| *m == node) {
+                    Some((_, v)) => {
+                        *v += 1;
+                        *v
+                    }
+                    None => {
+                        self.named.push((node.clone(), 1));
+                        1
+                    }
+                };
+                (votes >= self.majority).then_some(Some(node))
+            }
+            Ok(None) => {
+                self.unknown += 1;
+                (self.unknown >= self.majority).then_some(None)
+            }
+            Err(e) => {
+                log::info(format!("sentinel {who}: {}", describe(&e)));
+                self.last = Some(format!("{who}: {}", describe(&e)));
+                None
+            }
+        }
+    }
+
+    /// Why no majority decided among `n` sentinels of `master`; `silent`:
+    /// some did not answer within that time.
+    fn undecided(self, n: usize, master: &str, silent: Option<Duration>) -> RedisError {
+        let majority = self.majority;
+        let answered = self.unknown + self.named.iter().map(|(_, v)| v).sum::<usize>();
+        let failed = self
+            .last
+            .map(|e| format!("; last error: sentinel {e}"))
+            .unwrap_or_default();
+        if answered < majority {
+            return passing(
+                "no majority",
+                format!(
+                    "only {answered} of the {n} sentinels answered{}: a majority ({majority}) \
+                     must name the master of {master}{failed}",
+                    silent
+                        .map(|t| format!(" within {}", crate::text::duration(t)))
+                        .unwrap_or_default(),
+                ),
+            );
+        }
+        let mut heard: Vec<String> = self
+            .named
+            .iter()
+            .map(|(m, v)| format!("{v} name {m}"))
+            .collect();
+        if self.unknown > 0 {
+            heard.push(format!("{} know no such master", self.unknown));
+        }
+        passing(
+            "no majority",
+            format!(
+                "no majority of the {n} sentinels names one master of {master} ({}){failed}",
+                heard.join(", ")
+            ),
+        )
     }
 }
