@@ -111,30 +111,9 @@ pub fn doctor(url: &RedisUrl, how: &Opening) -> Vec<Check> {
 /// node to answer gives (CLUSTER NODES), one `reachable` line each; a
 /// master that does not answer costs one bound, not one per check.
 fn cluster(url: &RedisUrl, seeds: &[Node], how: &Opening) -> Vec<Check> {
-    let op = how.op;
-    let mut tried = Vec::new();
-    let mut listed = None;
-    for seed in seeds {
-        let nodes = open(url, seed, op)
-            .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query::<String>(&mut c));
-        match nodes {
-            Ok(text) => {
-                listed = Some((seed, text));
-                break;
-            }
-            Err(e) => tried.push(format!("{seed}: {}", describe(&e))),
-        }
-    }
-    let Some((seed, text)) = listed else {
-        return vec![Check::fail(
-            "reachable",
-            format!(
-                "no node of the cluster at {} answered CLUSTER NODES ({}); check the addresses \
-                 and that the servers run",
-                url.display,
-                tried.join("; ")
-            ),
-        )];
+    let (seed, text) = match cluster_nodes(url, seeds, how.op) {
+        Ok(listed) => listed,
+        Err(failed) => return vec![failed],
     };
     let masters: Vec<(Node, bool)> = text.lines().filter_map(super::cluster_node).collect();
     if masters.is_empty() {
@@ -148,26 +127,8 @@ fn cluster(url: &RedisUrl, seeds: &[Node], how: &Opening) -> Vec<Check> {
     let asked: Vec<_> = masters
         .into_iter()
         .map(|(m, flagged)| {
-            let (url, prefix) = (url.clone(), how.prefix.clone());
             let who = format!("master {m}");
-            let checking = who.clone();
-            let checks = std::thread::Builder::new()
-                .name("lockrun-doctor".into())
-                .spawn(move || {
-                    let started = Boot::now();
-                    match open(&url, &m, op) {
-                        Ok(mut conn) => {
-                            let connected = Boot::now().since(started);
-                            let mut a = Asker::new(&mut conn, op);
-                            one_server(&mut a, &checking, connected, &url, &prefix)
-                        }
-                        Err(e) => vec![Check::fail(
-                            "reachable",
-                            format!("cannot reach {checking}: {}", describe(&e)),
-                        )],
-                    }
-                });
-            (who, flagged, checks)
+            (who, flagged, check_master(url, m, how))
         })
         .collect();
     let mut out = Vec::new();
@@ -192,6 +153,58 @@ fn cluster(url: &RedisUrl, seeds: &[Node], how: &Opening) -> Vec<Check> {
         }
     }
     out
+}
+
+/// CLUSTER NODES from the first seed that answers, and which seed it was.
+fn cluster_nodes<'a>(
+    url: &RedisUrl,
+    seeds: &'a [Node],
+    op: Duration,
+) -> Result<(&'a Node, String), Check> {
+    let mut tried = Vec::new();
+    for seed in seeds {
+        let nodes = open(url, seed, op)
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query::<String>(&mut c));
+        match nodes {
+            Ok(text) => return Ok((seed, text)),
+            Err(e) => tried.push(format!("{seed}: {}", describe(&e))),
+        }
+    }
+    Err(Check::fail(
+        "reachable",
+        format!(
+            "no node of the cluster at {} answered CLUSTER NODES ({}); check the addresses \
+             and that the servers run",
+            url.display,
+            tried.join("; ")
+        ),
+    ))
+}
+
+/// The checks of one master, from a thread of its own.
+fn check_master(
+    url: &RedisUrl,
+    m: Node,
+    how: &Opening,
+) -> std::io::Result<std::thread::JoinHandle<Vec<Check>>> {
+    let (url, prefix, op) = (url.clone(), how.prefix.clone(), how.op);
+    let checking = format!("master {m}");
+    std::thread::Builder::new()
+        .name("lockrun-doctor".into())
+        .spawn(move || {
+            let started = Boot::now();
+            match open(&url, &m, op) {
+                Ok(mut conn) => {
+                    let connected = Boot::now().since(started);
+                    let mut a = Asker::new(&mut conn, op);
+                    one_server(&mut a, &checking, connected, &url, &prefix)
+                }
+                Err(e) => vec![Check::fail(
+                    "reachable",
+                    format!("cannot reach {checking}: {}", describe(&e)),
+                )],
+            }
+        })
 }
 
 /// A connection to one node of a cluster, bounded by `op`.
