@@ -42,90 +42,108 @@ pub fn doctor(url: &ZkUrl, how: &Opening) -> Vec<Check> {
             shown(Boot::now().since(started))
         ),
     ));
-    if url.chroot.is_some() {
-        match c.call(|z| async move { z.check_stat("/").await }) {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                out.push(Check::fail(
-                    "chroot",
-                    format!(
-                        "the chroot {} does not exist: create it, or fix the URL",
-                        url.chroot.as_deref().unwrap_or("")
-                    ),
-                ));
-                return out;
-            }
-            Err(e) => {
-                out.push(Check::fail(
-                    "chroot",
-                    sort(e, "reading the chroot").to_string(),
-                ));
-                return out;
-            }
-        }
+    if let Some(failed) = chroot_check(&c, url) {
+        out.push(failed);
+        return out;
     }
     out.push(session_bounds(url, how));
+    match round_trips(&c, &root, how.op) {
+        Ok(check) => out.push(check),
+        Err(failed) => {
+            out.push(failed);
+            return out;
+        }
+    }
+    out.extend(server_checks(url, how.op));
+    out.push(acl_check(&c, &root));
+    out.push(names(&c, &root));
+    out.push(ttl_nodes(&c, &root));
+    out
+}
+
+/// A chroot that does not exist or cannot be read; None when it is fine
+/// (or there is none).
+fn chroot_check(c: &Client, url: &ZkUrl) -> Option<Check> {
+    url.chroot.as_ref()?;
+    match c.call(|z| async move { z.check_stat("/").await }) {
+        Ok(Some(_)) => None,
+        Ok(None) => Some(Check::fail(
+            "chroot",
+            format!(
+                "the chroot {} does not exist: create it, or fix the URL",
+                url.chroot.as_deref().unwrap_or("")
+            ),
+        )),
+        Err(e) => Some(Check::fail(
+            "chroot",
+            sort(e, "reading the chroot").to_string(),
+        )),
+    }
+}
+
+/// The worst of five reads of the prefix's node, against the bound `op`.
+fn round_trips(c: &Client, root: &str, op: Duration) -> Result<Check, Check> {
     let mut worst = Duration::ZERO;
     for _ in 0..5 {
         let sent = Boot::now();
-        let r = root.clone();
+        let r = root.to_string();
         match c.call(|z| async move { z.check_stat(&r).await }) {
             Ok(_) => worst = worst.max(Boot::now().since(sent)),
-            Err(e) => {
-                out.push(Check::fail("round trip", sort(e, "reading").to_string()));
-                return out;
-            }
+            Err(e) => return Err(Check::fail("round trip", sort(e, "reading").to_string())),
         }
     }
-    out.push(round_trip_check(worst, how.op));
-    if let Some(srvr) = url
+    Ok(round_trip_check(worst, op))
+}
+
+/// The first server's version and role, as its `srvr` says.
+fn server_checks(url: &ZkUrl, op: Duration) -> Vec<Check> {
+    let Some(srvr) = url
         .servers
         .first()
-        .and_then(|s| four_letters(s, "srvr", how.op))
-    {
-        let line = |k: &str| {
-            srvr.lines()
-                .find_map(|l| l.strip_prefix(k))
-                .map(|v| v.trim().to_string())
-        };
-        let version = line("Zookeeper version:").unwrap_or_else(|| "unknown".into());
-        let version = version.split(['-', ',']).next().unwrap_or("").to_string();
-        out.push(Check::ok("version", format!("ZooKeeper {version}")));
-        out.push(Check::ok(
+        .and_then(|s| four_letters(s, "srvr", op))
+    else {
+        return vec![Check::warn(
+            "version",
+            "the four-letter word srvr is not allowed (4lw.commands.whitelist): version and role not checked",
+        )];
+    };
+    let line = |k: &str| {
+        srvr.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_string())
+    };
+    let version = line("Zookeeper version:").unwrap_or_else(|| "unknown".into());
+    let version = version.split(['-', ',']).next().unwrap_or("").to_string();
+    vec![
+        Check::ok("version", format!("ZooKeeper {version}")),
+        Check::ok(
             "role",
             format!(
                 "{} is {}",
                 url.servers[0],
                 line("Mode:").unwrap_or_else(|| "of unknown role".into())
             ),
-        ));
-    } else {
-        out.push(Check::warn(
-            "version",
-            "the four-letter word srvr is not allowed (4lw.commands.whitelist): version and role not checked",
-        ));
-    }
-    let r = root.clone();
+        ),
+    ]
+}
+
+/// Who may use the prefix's node.
+fn acl_check(c: &Client, root: &str) -> Check {
+    let r = root.to_string();
     match c.call(|z| async move { z.get_acl(&r).await }) {
         Ok((acls, _)) => {
             let text: Vec<String> = acls
                 .iter()
                 .map(|a| format!("{}:{}", a.scheme(), a.id().split(':').next().unwrap_or("")))
                 .collect();
-            out.push(Check::ok(
-                "acl",
-                format!("{root} allows {}", text.join(", ")),
-            ));
+            Check::ok("acl", format!("{root} allows {}", text.join(", ")))
         }
-        Err(CallError::Zk(zk::Error::NoNode)) => out.push(Check::ok(
+        Err(CallError::Zk(zk::Error::NoNode)) => Check::ok(
             "acl",
             format!("{root} does not exist yet: the first request creates it"),
-        )),
-        Err(e) => out.push(Check::fail("acl", sort(e, "reading the ACL").to_string())),
+        ),
+        Err(e) => Check::fail("acl", sort(e, "reading the ACL").to_string()),
     }
-    out.push(names(&c, &root));
-    out.push(ttl_nodes(&c, &root));
-    out
 }
 
 /// The most nodes under the prefix that doctor looks at one by one.
