@@ -285,28 +285,6 @@ fn odd_environments_and_small_cases() {
     assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
 }
 
-#[test]
-fn releasing_a_revoked_lease_again_says_so() {
-    let redis = Redis::start();
-    let scratch = Scratch::new();
-    let mut holder = hold(Some(&redis.url()), "rev", "30s", &scratch);
-    scratch.pid_in("pid");
-    on(&redis.url()).args(["release", "--force", "rev"]).code(0);
-    let out = on(&redis.url())
-        .args(["release", "--force", "rev"])
-        .code(1)
-        .out;
-    assert!(
-        text(&out.stderr).contains("already revoked"),
-        "{}",
-        text(&out.stderr)
-    );
-    assert_eq!(
-        wait_child(&mut holder, Duration::from_secs(30)).code(),
-        Some(76)
-    );
-}
-
 /// Another local user pre-created the default directory: fail closed, and say
 /// what is wrong and how to fix it.
 #[test]

@@ -1,5 +1,8 @@
-//! A password in the URL, however short, is hidden where the address is
-//! shown and nowhere else: the words around it come out whole.
+//! Secrets: a password in the URL, however short, is hidden where the
+//! address is shown and nowhere else (the words around it come out whole),
+//! and reaches neither lockrun's output nor the job.
+
+use std::time::Duration;
 
 use crate::support::*;
 
@@ -227,5 +230,74 @@ fn a_url_without_its_host_never_shows_the_password() {
                 assert_eq!(out.out.status.code(), Some(64), "{url}: {said}");
             }
         }
+    }
+}
+
+#[test]
+fn a_password_never_reaches_output_or_the_job() {
+    let redis = Redis::start_with(&["--requirepass", "pa55-w0rd-xyz"]);
+    let url = format!("redis://:pa55-w0rd-xyz@127.0.0.1:{}", redis.port);
+    let scratch = Scratch::new();
+    let mut outputs = Vec::new();
+    // From the environment, as lockrun(1) recommends (keeps it out of ps).
+    let out = run(lockrun().env("LOCKRUN_URL", &url).args([
+        "-vv",
+        "--ttl",
+        "600ms",
+        "p",
+        "--",
+        "sh",
+        "-c",
+        "env; sleep 0.5",
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    outputs.push(out);
+    let holder = on(&url)
+        .args(["-vv", "--ttl", "3s", "p", "-c"])
+        .arg(format!(
+            "echo $$ > {}; env; exec sleep 60",
+            scratch.path("pid").display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    scratch.pid_in("pid");
+    outputs.push(run(on(&url).args(["-vv", "-n", "p", "true"])));
+    outputs.push(run(on(&url).args(["-vv", "status", "p"])));
+    outputs.push(run(on(&url).args(["-vv", "status", "--json", "p"])));
+    outputs.push(run(
+        on(&url).args(["-vv", "release", "--force", "--now", "p"])
+    ));
+    outputs.push(holder.wait_with_output_checked());
+    outputs.push(run(on(&url).args(["--ttl", "nonsense", "p", "true"])));
+    outputs.push(run(on(&format!(
+        "redis://:pa55-w0rd-xyz@127.0.0.1:{}",
+        free_port()
+    ))
+    .args(["-vv", "p", "true"])));
+    for o in &outputs {
+        let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
+        assert!(!all.contains("pa55-w0rd-xyz"), "password leaked: {all}");
+    }
+}
+
+trait WaitChecked {
+    fn wait_with_output_checked(self) -> std::process::Output;
+}
+
+impl WaitChecked for std::process::Child {
+    /// Collect a piped child's output, bounded in time (lease lost → 76).
+    fn wait_with_output_checked(self) -> std::process::Output {
+        let pid = self.id() as i32;
+        let guard = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(30));
+            if alive(pid) {
+                signal(pid, libc::SIGKILL);
+            }
+        });
+        let out = self.wait_with_output().unwrap();
+        drop(guard);
+        assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
+        out
     }
 }

@@ -1,5 +1,6 @@
-//! The Redis backend end to end: pass-through, tokens, exclusion, waiting,
-//! renewal and losing the lease.
+//! The Redis engine end to end, beyond the conformance suite: pass-through,
+//! tokens, exclusion, waiting, renewal and losing the lease, TLS, ACL
+//! logins and least privilege.
 
 use std::io::Write;
 use std::process::Stdio;
@@ -644,4 +645,112 @@ fn a_waiter_that_lapsed_alone_takes_a_free_name_soon() {
         took < Duration::from_secs(7),
         "a free name waited {took:?} for its one waiter"
     );
+}
+
+#[test]
+fn tls_with_a_ca_file_a_wrong_ca_and_insecure() {
+    let scratch = Scratch::new();
+    let d = scratch.dir.path();
+    make_certs(d);
+    let tls_port = free_port();
+    let p = |f: &str| d.join(f).display().to_string();
+    let redis = Redis::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &p("srv.crt"),
+        "--tls-key-file",
+        &p("srv.key"),
+        "--tls-ca-cert-file",
+        &p("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    on(&url)
+        .args([
+            "--tls-ca",
+            &p("ca.crt"),
+            "x",
+            "--",
+            "sh",
+            "-c",
+            "echo $LOCKRUN_TOKEN",
+        ])
+        .code(0);
+    on(&url)
+        .env("LOCKRUN_TLS_CA", p("ca.crt"))
+        .args(["status", "x"])
+        .code(1);
+
+    let t = Instant::now();
+    let out = run(on(&url).args(["--tls-ca", &p("other.crt"), "x", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("certificate"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+
+    on(&format!("{url}#insecure")).args(["x", "true"]).code(0);
+    drop(redis);
+}
+
+#[test]
+fn acl_logins_and_least_privilege() {
+    let redis = Redis::start();
+    acl_user(&redis, "locker", "s3cret-locker-pw", &least_privilege());
+    let url = format!("redis://locker:s3cret-locker-pw@127.0.0.1:{}", redis.port);
+    let scratch = Scratch::new();
+    // Run, wait and hand off, status, release: all with exactly these rules.
+    let mut holder = hold(Some(&url), "acl", "3s", &scratch);
+    scratch.pid_in("pid");
+    on(&url).args(["-n", "acl", "true"]).code(75);
+    on(&url).args(["status", "acl"]).code(0);
+    on(&url).args(["release", "--force", "acl"]).code(0);
+    assert_eq!(
+        wait_child(&mut holder, Duration::from_secs(20)).code(),
+        Some(76)
+    );
+    let out = run(on(&url).args(["-w", "10s", "acl", "--", "env"]));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(!all.contains("s3cret-locker-pw"), "password leaked: {all}");
+
+    // One rule fewer and lockrun says clearly that it was refused.
+    acl_user(
+        &redis,
+        "weak",
+        "weak-pw",
+        &least_privilege().replace("+hset ", ""),
+    );
+    let weak = format!("redis://weak:weak-pw@127.0.0.1:{}", redis.port);
+    let out = run(on(&weak).args(["w", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!err.contains("weak-pw"), "{err}");
+
+    // A wrong password is 69 and never printed.
+    let bad = format!("redis://locker:not-the-pw-77@127.0.0.1:{}", redis.port);
+    let out = run(on(&bad).args(["-vv", "w", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(!err.contains("not-the-pw-77"), "{err}");
+}
+
+/// The commands lockrun needs, and only its keys: the rules
+/// lockrun-engines(7) gives, less `+scan` (only `status` without a name
+/// needs it).
+fn least_privilege() -> String {
+    let rules = crate::docs::documented_redis_acl().replace("+scan ", "");
+    assert!(rules.contains("+hset "), "{rules}");
+    rules
+}
+
+fn acl_user(redis: &Redis, user: &str, pass: &str, rules: &str) {
+    let mut args = vec!["ACL", "SETUSER", user, "reset", "on"];
+    let pw = format!(">{pass}");
+    args.push(&pw);
+    args.extend(rules.split_whitespace());
+    let _: () = redis.cmd(&args);
 }
