@@ -31,7 +31,7 @@ mod redis_groups;
 mod refused;
 mod secrets;
 mod sentinel;
-mod supervise;
+mod supervision;
 mod switching;
 mod terminal;
 mod torture;
