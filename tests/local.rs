@@ -1,5 +1,7 @@
-//! The local backend: flock files, one machine, no server.
+//! The local backend: flock files, one machine, no server; lock files and
+//! directories replaced or planted behind lockrun's back.
 
+use std::process::Command;
 use std::time::Duration;
 
 use crate::support::*;
@@ -651,4 +653,56 @@ fn a_preemption_reaches_a_holder_still_making_its_grant() {
     let (code, err) = exited(h, Duration::from_secs(30));
     assert_eq!(code, Some(76), "{err}");
     assert!(err.contains("new"), "{err}");
+}
+
+/// `cp NAME.lock t && mv t NAME.lock` while held: no second holder.
+#[test]
+fn a_lock_file_replaced_by_a_copy_admits_no_second_holder() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    let mut holder = hold(Some(&url), "cp", "30s", &scratch);
+    let job = scratch.pid_in("pid");
+    let dir = scratch.path("locks");
+    std::fs::copy(dir.join("cp.lock"), dir.join("t")).unwrap();
+    std::fs::rename(dir.join("t"), dir.join("cp.lock")).unwrap();
+    on(&url).args(["-n", "cp", "true"]).code(75);
+    assert!(alive(job));
+    signal(holder.id() as i32, libc::SIGTERM);
+    wait_child(&mut holder, Duration::from_secs(20));
+}
+
+/// Another local user pre-created the default directory: fail closed, and say
+/// what is wrong and how to fix it.
+#[test]
+fn a_planted_lock_directory_is_refused_with_a_fix() {
+    if !is_root() {
+        panic!("this test plants a directory for the user nobody and needs root");
+    }
+    let dir = std::path::Path::new("/run/lock/lockrun-65534");
+    let tmp = std::path::Path::new("/tmp/lockrun-65534");
+    let base = if std::path::Path::new("/run/lock").is_dir() {
+        dir
+    } else {
+        tmp
+    };
+    let _ = std::fs::remove_dir_all(base);
+    std::fs::create_dir(base).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = run(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        BIN,
+        "planted",
+        "true",
+    ]));
+    let _ = std::fs::remove_dir_all(base);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("owned by uid 0") && err.contains("file:///"),
+        "{err}"
+    );
 }

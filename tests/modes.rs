@@ -75,23 +75,6 @@ fn the_slot_reaches_the_job_and_nothing_else_does() {
     assert_eq!(out.stdout(), "unset\n");
 }
 
-#[test]
-fn mode_flags_are_checked_before_anything_is_contacted() {
-    // Nothing listens on this port: a 64 proves nothing was contacted.
-    let url = format!("redis://127.0.0.1:{}", free_port());
-    on(&url)
-        .args(["-s", "--limit", "2", "x", "true"])
-        .code(64)
-        .says(&["--limit"]);
-    on(&url)
-        .args(["--limit", "0", "x", "true"])
-        .code(64)
-        .says(&["1 to 1000"]);
-    on(&url).args(["--limit", "abc", "x", "true"]).code(64);
-    on(&url).args(["--limit", "1001", "x", "true"]).code(64);
-    on(&url).args(["-x", "-s", "x", "true"]).code(64);
-}
-
 /// A request that waited for any of N slots leaves no other slot taken: its
 /// helpers still waiting on the others hold nothing once they get one, and
 /// nothing of lockrun's (the guard included) keeps a copy of their files.

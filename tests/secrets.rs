@@ -2,8 +2,10 @@
 //! address is shown and nowhere else (the words around it come out whole),
 //! and reaches neither lockrun's output nor the job.
 
+use std::process::Command;
 use std::time::Duration;
 
+use crate::operators::hold_name;
 use crate::support::*;
 
 /// Short passwords whose letters are in lockrun's own words.
@@ -300,4 +302,156 @@ impl WaitChecked for std::process::Child {
         assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
         out
     }
+}
+
+#[test]
+fn no_password_in_status_or_doctor() {
+    let pw = "s3cret-pw-7f3a";
+    let redis = Redis::start_with(&["--requirepass", pw]);
+    let url = format!("redis://:{pw}@127.0.0.1:{}", redis.port);
+    let _held = hold_name(&url, "job");
+    for args in [
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["status", "job"],
+        vec!["doctor"],
+        vec!["-v", "doctor"],
+    ] {
+        let ran = on(&url).args(&args).output();
+        let all = format!("{}{}", ran.stdout(), ran.stderr());
+        assert!(!all.contains(pw), "{args:?}: {all}");
+        assert!(!all.is_empty(), "{args:?}");
+    }
+    // A wrong password: refused, and still not shown.
+    let bad = format!("redis://:wrong-{pw}@127.0.0.1:{}", redis.port);
+    let ran = on(&bad).arg("doctor").code(69);
+    assert!(!format!("{}{}", ran.stdout(), ran.stderr()).contains(pw));
+    assert!(
+        ran.stdout().starts_with("fail  reachable:"),
+        "{}",
+        ran.stdout()
+    );
+}
+
+/// A job of the same (non-root) user cannot read the password from lockrun's
+/// /proc entries.
+#[test]
+fn a_job_cannot_read_the_password_from_proc() {
+    if !is_root() {
+        panic!("this test switches to the user nobody and needs root");
+    }
+    let redis = Redis::start_with(&["--requirepass", "sekrit-pw"]);
+    let url = format!("redis://:sekrit-pw@127.0.0.1:{}", redis.port);
+    let out = run(Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "pp", "-c"])
+        .arg("cat /proc/$PPID/environ /proc/${LOCKRUN_OWNER##*:}/environ 2>/dev/null | tr '\\0' '\\n'; true")
+        .env("LOCKRUN_URL", &url)
+        .env_remove("LOCKRUN_TTL"));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        !all.contains("sekrit-pw"),
+        "the job read the password: {all}"
+    );
+}
+
+/// A password in an inherited LOCKRUN_URL never reaches the job, whichever
+/// URL is in effect.
+#[test]
+fn an_inherited_password_url_never_reaches_the_job() {
+    let redis = Redis::start_with(&["--requirepass", "sekrit-pw"]);
+    let plain = Redis::start();
+    let scratch = Scratch::new();
+    let with_pw = format!("redis://:sekrit-pw@127.0.0.1:{}", redis.port);
+    for url in [plain.url(), scratch.file_url(), String::new()] {
+        let out = run(lockrun()
+            .env("LOCKRUN_URL", &with_pw)
+            .args(["--url", &url, "pw", "--", "env"]));
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{url}: {all}");
+        assert!(
+            !all.contains("sekrit-pw"),
+            "{url:?}: password reached the job: {all}"
+        );
+    }
+    // Every URL form that can carry a secret, and one lockrun cannot read
+    // (so cannot tell): overridden by --url, none reaches the job.
+    for inherited in [
+        "postgres://u:sekrit-pw@127.0.0.1:9/db",
+        "postgres://u@127.0.0.1:9/db?password=sekrit-pw",
+        "postgres://u@127.0.0.1:9/db?sslpassword=sekrit-pw",
+        "postgres://u@127.0.0.1:9/db?%70assword=sekrit-pw",
+        "etcd://u:sekrit-pw@127.0.0.1:9",
+        "redis+sentinel://:sekrit-pw@127.0.0.1:9/m",
+        "unknown://u:sekrit-pw@127.0.0.1:9",
+    ] {
+        let out = run(lockrun().env("LOCKRUN_URL", inherited).args([
+            "--url",
+            &scratch.file_url(),
+            "pw",
+            "--",
+            "env",
+        ]));
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{inherited}: {all}");
+        assert!(
+            !all.contains("sekrit-pw"),
+            "{inherited:?}: a secret reached the job: {all}"
+        );
+    }
+}
+
+/// A secret in a Redis or etcd URL's query (`?password=`, as some clients
+/// take it) or a lone user name (which some clients read as the password)
+/// is never echoed, whether the URL is refused or the server unreachable.
+#[test]
+fn a_secret_in_a_query_or_a_lone_user_is_never_echoed() {
+    for url in [
+        "redis://127.0.0.1:9?password=S3CR",
+        "redis+sentinel://127.0.0.1:9/m?sentinel_password=S3CR",
+        "redis+sentinel://127.0.0.1:9?password=S3CR",
+        "redis+cluster://127.0.0.1:9?password=S3CR",
+        "etcd://127.0.0.1:9?password=S3CR",
+        "etcd://u:S3CR@127.0.0.1:9?password=S3CR",
+        "etcd://127.0.0.1:9/S3CR",
+        "redis://S3CR@127.0.0.1:9",
+        "redis+cluster://S3CR@127.0.0.1:9",
+        "etcd://S3CR@127.0.0.1:9",
+    ] {
+        for args in [vec!["-n", "x", "true"], vec!["status", "x"], vec!["doctor"]] {
+            let out = on(url).args(&args).output();
+            let all = format!("{}{}", out.stdout(), out.stderr());
+            assert!(!all.contains("S3CR"), "{url} {args:?}: {all}");
+            assert!(
+                matches!(out.out.status.code(), Some(64 | 69)),
+                "{url} {args:?}: {all}"
+            );
+        }
+    }
+}
+
+#[test]
+fn wrong_password_is_unavailable_and_never_printed() {
+    let redis = Redis::start_with(&["--requirepass", "right-horse-battery"]);
+    let url = format!("redis://:wrong-staple-9@127.0.0.1:{}", redis.port);
+    for args in [
+        vec!["-vv", "x", "true"],
+        vec!["status", "x"],
+        vec!["release", "--force", "x"],
+    ] {
+        let out = run(lockrun().args(["--url", &url]).args(&args));
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {all}");
+        assert!(!all.contains("wrong-staple-9"), "password leaked: {all}");
+        assert!(all.contains("127.0.0.1"), "{all}");
+    }
+    // The right password works, and still is never printed.
+    let url = format!("redis://:right-horse-battery@127.0.0.1:{}", redis.port);
+    let out = run(lockrun().args(["-vv", "--url", &url, "x", "--", "env"]));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        !all.contains("right-horse-battery"),
+        "password leaked: {all}"
+    );
 }
