@@ -11,3 +11,4 @@ mod local;
 mod mysql;
 mod postgres;
 mod redis;
+mod zookeeper;
