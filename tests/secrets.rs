@@ -1,6 +1,8 @@
 //! Secrets: a password in the URL, however short, is hidden where the
 //! address is shown and nowhere else (the words around it come out whole),
-//! and reaches neither lockrun's output nor the job.
+//! and reaches neither lockrun's output nor the job. How each engine reads
+//! its own credentials (libpq's and MySQL's URL options, etcd users,
+//! ZooKeeper digests) is tested in that engine's file.
 
 use std::process::Command;
 use std::time::Duration;
