@@ -35,8 +35,12 @@ impl Process {
     /// At once, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.0.take() {
-            signal(c.id() as i32, libc::SIGCONT);
-            let _ = c.kill();
+            // One that exited and was reaped (by `stop`) is signalled no
+            // more: its pid may be another process's by now.
+            if matches!(c.try_wait(), Ok(None)) {
+                signal(c.id() as i32, libc::SIGCONT);
+                let _ = c.kill();
+            }
             let _ = c.wait();
         }
     }

@@ -41,8 +41,6 @@ pub struct ZkServer {
     pub port: u16,
     process: Process,
     cfg: PathBuf,
-    /// Shared by the whole test run: lives until it ends.
-    shared: bool,
 }
 
 fn launch(cfg: &Path, shared: bool, main: &str) -> Child {
@@ -51,7 +49,7 @@ fn launch(cfg: &Path, shared: bool, main: &str) -> Child {
         // beside it stops it when the test process is gone.
         let mut c = Command::new("sh");
         c.arg("-c").arg(format!(
-            "{} {} & j=$!; echo $j; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
+            "{} {} & j=$!; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
              do sleep 0.5; done; kill -9 $j",
             java_line(main),
             cfg.display(),
@@ -63,14 +61,10 @@ fn launch(cfg: &Path, shared: bool, main: &str) -> Child {
         c.args(java_args(main)).arg(cfg);
         c
     };
-    cmd.stdout(if shared {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start ZooKeeper")
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ZooKeeper")
 }
 
 fn java_args(main: &str) -> Vec<String> {
@@ -113,7 +107,6 @@ impl ZkServer {
                 port,
                 process: Process::new(launch(&cfg, shared, "ZooKeeperServerMain")),
                 cfg,
-                shared,
             };
             if s.wait_serving() {
                 return s;
@@ -509,7 +502,6 @@ impl Ensemble {
                     port: *client,
                     process: Process::new(launch(&cfg, shared, "quorum.QuorumPeerMain")),
                     cfg,
-                    shared,
                 }
             })
             .collect();
@@ -599,14 +591,14 @@ pub fn start_zookeeper_tls(certs: &Path) -> ZkTls {
         let child = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "{} {} {} & j=$!; echo $j; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
+                "{} {} {} & j=$!; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
                  do sleep 0.5; done; kill -9 $j",
                 java(),
                 args.join(" "),
                 cfg.display(),
                 std::process::id()
             ))
-            .stdout(Stdio::piped())
+            .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start ZooKeeper");
@@ -614,7 +606,6 @@ pub fn start_zookeeper_tls(certs: &Path) -> ZkTls {
             port,
             process: Process::new(child),
             cfg,
-            shared: true,
         };
         let listening = |p: u16| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
         if s.wait_serving() && wait_until(Duration::from_secs(30), || listening(tls_port)) {
