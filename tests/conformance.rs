@@ -1145,8 +1145,8 @@ pub fn operators_see_every_name_doctor_and_metrics(e: &dyn Fixture) {
             .args([name, "true"])
             .succeeds();
     }
-    let m = crate::operate::parse_metrics(&metrics);
-    assert_eq!(crate::operate::value(&m, "acquired"), 1.0);
+    let m = crate::operators::parse_metrics(&metrics);
+    assert_eq!(crate::operators::value(&m, "acquired"), 1.0);
     assert_eq!(m["lockrun_last_run_acquired"].0["name"], "b-free");
     let mut holders = Vec::new();
     for name in ["d-held", "a-held", "c-held"] {
@@ -1162,9 +1162,9 @@ pub fn operators_see_every_name_doctor_and_metrics(e: &dyn Fixture) {
         .arg(&metrics)
         .args(["-n", "c-held", "true"])
         .code(75);
-    let m = crate::operate::parse_metrics(&metrics);
-    assert_eq!(crate::operate::value(&m, "acquired"), 0.0);
-    assert_eq!(crate::operate::value(&m, "exit_code"), 75.0);
+    let m = crate::operators::parse_metrics(&metrics);
+    assert_eq!(crate::operators::value(&m, "acquired"), 0.0);
+    assert_eq!(crate::operators::value(&m, "exit_code"), 75.0);
 
     let text = on(&url).arg("status").code(0).stdout();
     let held: Vec<&str> = text

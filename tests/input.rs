@@ -1,4 +1,5 @@
-//! Bad input: one clear line, exit 64, nothing contacted, no key, no job.
+//! Bad input: one clear line, exit 64, nothing contacted, no key, no job;
+//! odd environments and durations past their bounds.
 
 use std::time::{Duration, Instant};
 
@@ -80,57 +81,6 @@ fn missing_command_is_a_usage_error() {
 }
 
 #[test]
-fn closed_port_is_unavailable_quickly() {
-    let port = free_port();
-    let start = Instant::now();
-    let out = run(lockrun().args(["--url", &format!("redis://127.0.0.1:{port}"), "x", "true"]));
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
-    assert!(start.elapsed() < Duration::from_secs(10));
-    assert_eq!(text(&out.stderr).lines().count(), 1);
-}
-
-#[test]
-fn wrong_password_is_unavailable_and_never_printed() {
-    let redis = Redis::start_with(&["--requirepass", "right-horse-battery"]);
-    let url = format!("redis://:wrong-staple-9@127.0.0.1:{}", redis.port);
-    for args in [
-        vec!["-vv", "x", "true"],
-        vec!["status", "x"],
-        vec!["release", "--force", "x"],
-    ] {
-        let out = run(lockrun().args(["--url", &url]).args(&args));
-        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
-        assert_eq!(out.status.code(), Some(69), "{args:?}: {all}");
-        assert!(!all.contains("wrong-staple-9"), "password leaked: {all}");
-        assert!(all.contains("127.0.0.1"), "{all}");
-    }
-    // The right password works, and still is never printed.
-    let url = format!("redis://:right-horse-battery@127.0.0.1:{}", redis.port);
-    let out = run(lockrun().args(["-vv", "--url", &url, "x", "--", "env"]));
-    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
-    assert_eq!(out.status.code(), Some(0), "{all}");
-    assert!(
-        !all.contains("right-horse-battery"),
-        "password leaked: {all}"
-    );
-}
-
-#[test]
-fn a_key_of_the_wrong_type_is_a_clear_error() {
-    let redis = Redis::start();
-    let _: () = redis.cmd(&["SET", "lockrun:{x}", "hello"]);
-    let out = run(lockrun().args(["--url", &redis.url(), "x", "true"]));
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(69), "{err}");
-    assert!(err.contains("not a lockrun lease"), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    let _: () = redis.cmd(&["DEL", "lockrun:{x}"]);
-    let _: () = redis.cmd(&["RPUSH", "lockrun:{x}", "a"]);
-    let out = run(lockrun().args(["--url", &redis.url(), "x", "true"]));
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
-}
-
-#[test]
 fn help_and_version_work() {
     let out = run(lockrun().arg("--help"));
     assert_eq!(out.status.code(), Some(0));
@@ -179,35 +129,6 @@ fn a_name_longer_than_1_kib_is_refused_on_every_engine() {
     let at = "x".repeat(1024);
     on(&redis).args([at.as_str(), "true"]).succeeds();
     on(&local).args([at.as_str(), "true"]).succeeds();
-}
-
-/// A secret in a Redis or etcd URL's query (`?password=`, as some clients
-/// take it) or a lone user name (which some clients read as the password)
-/// is never echoed, whether the URL is refused or the server unreachable.
-#[test]
-fn a_secret_in_a_query_or_a_lone_user_is_never_echoed() {
-    for url in [
-        "redis://127.0.0.1:9?password=S3CR",
-        "redis+sentinel://127.0.0.1:9/m?sentinel_password=S3CR",
-        "redis+sentinel://127.0.0.1:9?password=S3CR",
-        "redis+cluster://127.0.0.1:9?password=S3CR",
-        "etcd://127.0.0.1:9?password=S3CR",
-        "etcd://u:S3CR@127.0.0.1:9?password=S3CR",
-        "etcd://127.0.0.1:9/S3CR",
-        "redis://S3CR@127.0.0.1:9",
-        "redis+cluster://S3CR@127.0.0.1:9",
-        "etcd://S3CR@127.0.0.1:9",
-    ] {
-        for args in [vec!["-n", "x", "true"], vec!["status", "x"], vec!["doctor"]] {
-            let out = on(url).args(&args).output();
-            let all = format!("{}{}", out.stdout(), out.stderr());
-            assert!(!all.contains("S3CR"), "{url} {args:?}: {all}");
-            assert!(
-                matches!(out.out.status.code(), Some(64 | 69)),
-                "{url} {args:?}: {all}"
-            );
-        }
-    }
 }
 
 /// A refused duration or URL says what lockrun expects in the words a user
@@ -279,4 +200,106 @@ fn a_bad_lockrun_url_names_the_variable() {
     // Given on the command line, it is still --url's.
     let ran = run(lockrun().args(["--url", "bogus://h", "x", "true"]));
     assert!(text(&ran.stderr).contains("invalid --url"));
+}
+
+/// Every key but a name's token counter must expire on its own.
+fn assert_nothing_without_expiry(redis: &Redis) {
+    for key in redis.keys() {
+        let ttl: i64 = redis.cmd(&["PTTL", &key]);
+        assert!(
+            ttl > 0 || key.ends_with(":fence"),
+            "key {key} has no expiry ({ttl})"
+        );
+    }
+}
+
+#[test]
+fn durations_past_their_bounds_are_refused_and_leave_nothing() {
+    let redis = Redis::start();
+    for args in [
+        vec!["--ttl", "99999999999999h"],
+        vec!["--ttl", "600y"],
+        vec!["--ttl", "18446744073709551615s"],
+        vec!["--kill-after", "18446744073709551615s"],
+        vec!["--kill-after", "100000000000000000s"],
+        vec!["--wait", "18446744073709551615s"],
+        vec!["--wait", "2y"],
+        vec!["--min-hold", "18446744073709551615s"],
+        vec!["--min-hold", "8days"],
+    ] {
+        let start = Instant::now();
+        let out = run(on(&redis.url()).args(&args).args(["dur", "--", "true"]));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(start.elapsed() < Duration::from_secs(5), "{args:?} hung");
+        // The same on the local backend, where no server would catch it.
+        let out = run(lockrun().args(&args).args(["dur", "--", "true"]));
+        assert_eq!(out.status.code(), Some(64), "{args:?} (local)");
+    }
+    // The largest accepted values work and leave an expiring key only.
+    on(&redis.url())
+        .args(["--ttl", "7days", "--wait", "1y", "big", "--", "true"])
+        .code(0);
+    let mut holder = on(&redis.url())
+        .args(["--ttl", "7days", "big2", "--", "sleep", "30"])
+        .spawn();
+    assert!(wait_until(Duration::from_secs(10), || redis
+        .keys()
+        .iter()
+        .any(|k| k == "lockrun:{big2}")));
+    assert_nothing_without_expiry(&redis);
+    signal(holder.id() as i32, libc::SIGTERM);
+    wait_child(&mut holder, Duration::from_secs(20));
+    assert_nothing_without_expiry(&redis);
+}
+
+#[test]
+fn odd_environments_and_small_cases() {
+    let scratch = Scratch::new();
+    let url = scratch.file_url();
+    // A lock descriptor that is not one we can use is ignored.
+    for v in ["-1", "abc", "999999", "2147483648"] {
+        on(&url)
+            .env("LOCKRUN_LOCK_FD", v)
+            .args(["fd", "true"])
+            .code(0);
+    }
+    // Settings for another engine never break a local run or status.
+    for (k, v) in [("LOCKRUN_TLS_CA", "/nonexistent"), ("LOCKRUN_PREFIX", "{")] {
+        on(&url).env(k, v).args(["env", "true"]).code(0);
+        on(&url).env(k, v).args(["status", "env"]).code(1);
+        let out = run(lockrun().env(k, v).args(["status", "env"]));
+        assert_eq!(out.status.code(), Some(1), "{k}={v}: {}", text(&out.stderr));
+    }
+    // The token never goes backwards, even from a record at the top.
+    let file = scratch.path("locks").join("top.lock");
+    std::fs::write(&file, format!("token={} granted_ms=1 label=x\n", u64::MAX)).unwrap();
+    let out = run(on(&url).args(["top", "sh", "-c", "echo $LOCKRUN_TOKEN"]));
+    assert_eq!(text(&out.stdout).trim(), u64::MAX.to_string());
+    // Names that hide characters are refused.
+    for name in ["a\u{202E}b", "zero\u{200B}width", "line\u{2028}sep"] {
+        let out = on(&url).args([name, "true"]).code(64).out;
+        assert_eq!(text(&out.stderr).lines().count(), 1);
+    }
+    // A database number Redis cannot have is a usage error.
+    let out = run(lockrun().args(["--url", "redis://127.0.0.1/4294967295", "x", "true"]));
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+}
+
+#[test]
+fn mode_flags_are_checked_before_anything_is_contacted() {
+    // Nothing listens on this port: a 64 proves nothing was contacted.
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    on(&url)
+        .args(["-s", "--limit", "2", "x", "true"])
+        .code(64)
+        .says(&["--limit"]);
+    on(&url)
+        .args(["--limit", "0", "x", "true"])
+        .code(64)
+        .says(&["1 to 1000"]);
+    on(&url).args(["--limit", "abc", "x", "true"]).code(64);
+    on(&url).args(["--limit", "1001", "x", "true"]).code(64);
+    on(&url).args(["-x", "-s", "x", "true"]).code(64);
 }

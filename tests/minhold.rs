@@ -1,10 +1,13 @@
 //! `--min-hold` beyond what every engine shares (those tests are in
 //! `conformance.rs`): where each engine keeps the window, on which clock, and
-//! that waiting on one neither overtakes nor polls.
+//! that waiting on one neither overtakes nor polls; windows on PostgreSQL
+//! tables made before them, and ZooKeeper's window nodes and slots.
 
 use std::time::{Duration, Instant};
 
+use crate::postgres::run_token;
 use crate::support::*;
+use crate::zookeeper::attacks::{chroot_url, lockrun_nodes};
 
 /// The kept place on Redis ends at the grant plus DUR on the server's clock:
 /// its value's grant time and expiry are the server's, DUR apart, and the
@@ -241,4 +244,145 @@ fn etcd_keeps_the_key_on_a_lease_of_its_own() {
         .is_empty()
         && etcd.leases().is_empty()));
     assert!(before.elapsed() >= Duration::from_millis(3900));
+}
+
+/// `--min-hold` with TTL nodes: a second run within the window is busy;
+/// after it, it runs; nothing is left without an end.
+#[test]
+fn min_hold_keeps_its_window_and_then_ends() {
+    let (url, port, chroot) = chroot_url();
+    let out = on(&url)
+        .args(["--min-hold", "3s", "mh", "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds();
+    let t1: u64 = out.stdout().trim().parse().unwrap();
+    let start = Instant::now();
+    on(&url).args(["-n", "mh", "true"]).code(75);
+    let out = on(&url)
+        .args(["-w", "20", "mh", "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds();
+    let waited = start.elapsed();
+    let t2: u64 = out.stdout().trim().parse().unwrap();
+    assert!(t2 > t1, "token went backwards: {t2} after {t1}");
+    assert!(
+        waited >= Duration::from_millis(2500),
+        "window ended early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(8),
+        "window ended late: {waited:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || lockrun_nodes(port, &chroot)
+            .is_empty()),
+        "{:?}",
+        lockrun_nodes(port, &chroot)
+    );
+}
+
+/// `--min-hold` under `--limit 2`: the two windows keep both slots; a
+/// third request waits until the first window ends, takes a free slot and
+/// a higher token.
+#[test]
+fn min_hold_windows_keep_their_limit_slots() {
+    let (url, _, _) = chroot_url();
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let out = on(&url)
+            .args([
+                "--limit",
+                "2",
+                "--min-hold",
+                "3s",
+                "ml",
+                "-c",
+                "echo $LOCKRUN_SLOT $LOCKRUN_TOKEN",
+            ])
+            .succeeds();
+        tokens.push(out.stdout());
+    }
+    let slots: Vec<&str> = tokens
+        .iter()
+        .map(|t| t.split(' ').next().unwrap())
+        .collect();
+    assert_ne!(slots[0], slots[1], "{tokens:?}");
+    on(&url).args(["--limit", "2", "-n", "ml", "true"]).code(75);
+    let out = on(&url)
+        .args([
+            "--limit",
+            "2",
+            "-w",
+            "20",
+            "ml",
+            "-c",
+            "echo $LOCKRUN_SLOT $LOCKRUN_TOKEN",
+        ])
+        .succeeds();
+    let last: u64 = out
+        .stdout()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let before: u64 = tokens[1]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(last > before);
+}
+
+#[test]
+fn a_job_longer_than_its_window_releases_at_its_end() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    on(&url)
+        .args(["--min-hold", "0.2s", "long", "sleep", "0.5"])
+        .succeeds();
+    assert_eq!(status_json(&url, "long")["held"], false);
+    on(&url).args(["-n", "long", "true"]).succeeds();
+}
+
+#[test]
+fn a_min_hold_window_works_on_tables_made_before_it_and_with_the_readme_s_grants() {
+    let pg = Postgres::start();
+    // The tables as the version before --min-hold made them, then a role
+    // with the grants lockrun-engines(7) lists only.
+    pg.create_earlier_tables();
+    pg.sql(
+        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
+         GRANT USAGE ON SCHEMA lockrun TO ci; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
+         GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO ci",
+    );
+    let url = pg.url_as("ci", "ci-pw");
+    let first = run_token(&url, "plain");
+    on(&url).args(["--min-hold", "2s", "w", "true"]).succeeds();
+    on(&url).args(["-n", "w", "true"]).code(75);
+    let v = status_json(&url, "w");
+    assert_eq!(v["min_hold"], true, "{v}");
+    // The owner value never shows: the row's owner is only the marker.
+    assert!(!v.to_string().contains("\"owner\""), "{v}");
+    // The window is kept on the server's clock: it ends on its own.
+    assert!(wait_until(Duration::from_secs(10), || {
+        status_json(&url, "w")["held"] == false
+    }));
+    assert!(run_token(&url, "w") > first);
+    // status without a name: every name, sorted, from one statement.
+    let v = on(&url).args(["status", "--json"]).code(1).json();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted);
+    assert!(
+        pg.sql("SELECT count(*) FROM lockrun.lockrun_leases WHERE name = 'w'")
+            .trim()
+            == "0"
+    );
 }

@@ -1,7 +1,6 @@
 //! Shared locks, `--limit N` and first come, first served, on Redis and on
 //! the local engine: what the jobs saw, from their own timestamps.
 
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -51,48 +50,6 @@ fn a_killed_queued_waiter_delays_the_next_by_at_most_a_third_of_its_ttl() {
     );
 }
 
-/// `release --force --token T` breaks that holder alone.
-#[test]
-fn force_release_by_token_breaks_one_holder_of_several() {
-    let redis = Redis::start();
-    let scratch = Scratch::new();
-    let mut children: Vec<Child> = (0..2)
-        .map(|i| {
-            on(&redis)
-                .args(["--ttl", "3s", "--limit", "2", "two", "-c"])
-                .arg(format!(
-                    "echo $LOCKRUN_TOKEN > {}; exec sleep 60",
-                    scratch.path(&i.to_string()).display()
-                ))
-                .spawn()
-        })
-        .collect();
-    assert!(wait_until(Duration::from_secs(20), || scratch.exists("0")
-        && scratch.exists("1")
-        && !scratch.read("1").is_empty()));
-    let token = scratch.read("0").trim().to_string();
-    let out = on(&redis)
-        .args(["release", "--force", "--token", &token, "two"])
-        .succeeds();
-    assert!(out.stdout().contains(&token), "{}", out.stdout());
-    let started = Instant::now();
-    assert_eq!(
-        wait_child(&mut children[0], Duration::from_secs(20)).code(),
-        Some(76)
-    );
-    assert!(started.elapsed() < Duration::from_secs(10));
-    assert!(
-        children[1].try_wait().unwrap().is_none(),
-        "the other holder runs on"
-    );
-    let v = on(&redis).args(["status", "--json", "two"]).code(0).json();
-    let holders = v["holders"].as_array().unwrap();
-    let revoked = holders.iter().filter(|h| h["revoked"] == true).count();
-    assert_eq!((holders.len(), revoked), (2, 1), "{v}");
-    signal(children[1].id() as i32, libc::SIGTERM);
-    wait_child(&mut children[1], Duration::from_secs(20));
-}
-
 /// With `--limit`, the job is told its slot; without, an outer LOCKRUN_SLOT
 /// does not pass through.
 #[test]
@@ -116,23 +73,6 @@ fn the_slot_reaches_the_job_and_nothing_else_does() {
         .args(["p", "--", "sh", "-c", "echo ${LOCKRUN_SLOT-unset}"])
         .succeeds();
     assert_eq!(out.stdout(), "unset\n");
-}
-
-#[test]
-fn mode_flags_are_checked_before_anything_is_contacted() {
-    // Nothing listens on this port: a 64 proves nothing was contacted.
-    let url = format!("redis://127.0.0.1:{}", free_port());
-    on(&url)
-        .args(["-s", "--limit", "2", "x", "true"])
-        .code(64)
-        .says(&["--limit"]);
-    on(&url)
-        .args(["--limit", "0", "x", "true"])
-        .code(64)
-        .says(&["1 to 1000"]);
-    on(&url).args(["--limit", "abc", "x", "true"]).code(64);
-    on(&url).args(["--limit", "1001", "x", "true"]).code(64);
-    on(&url).args(["-x", "-s", "x", "true"]).code(64);
 }
 
 /// A request that waited for any of N slots leaves no other slot taken: its

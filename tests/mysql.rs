@@ -3,7 +3,11 @@
 //! server restart, a stopped server, a read-only server, users without
 //! rights and with exactly the documented grants, foreign tables, URLs and
 //! passwords, the session time zone, and what waiting costs the server.
-//! Tests share one server (a database each) unless they break it.
+//! Tests share one server (a database each) unless they break it. The
+//! attacks on the engine (server settings, URLs and races) are in
+//! `mysql/attacks.rs`; its concurrency groups in `groups/mysql.rs`.
+
+mod attacks;
 
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +17,7 @@ use crate::support::*;
 
 /// A holder whose job runs until the scratch file `done` appears (or 60 s
 /// pass); returns once its job runs.
-fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
+pub(crate) fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
     let err = std::fs::File::create(scratch.path("err")).unwrap();
     let done = scratch.path("done");
     let child = on(url)
@@ -28,7 +32,7 @@ fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
     (child, scratch.pid_in("pid"))
 }
 
-fn finish(scratch: &Scratch, child: &mut Child) -> Option<i32> {
+pub(crate) fn finish(scratch: &Scratch, child: &mut Child) -> Option<i32> {
     std::fs::write(scratch.path("done"), "").unwrap();
     wait_child(child, Duration::from_secs(30)).code()
 }
@@ -610,55 +614,6 @@ fn a_waiter_whose_connection_is_cut_keeps_its_turn() {
         Some(0)
     );
     assert_eq!(scratch.read("order"), "first\nsecond\n");
-}
-
-/// A `--supersede` waiter is stopped and its connection cut, so its place
-/// looks gone; a newer `--supersede` request then queues without finding
-/// it live to replace. Continued and back, the older one must not take
-/// its place back beside the newer: it is told it was replaced.
-#[test]
-fn a_cut_supersede_waiter_does_not_come_back_beside_a_newer_one() {
-    let my = MyDb::new();
-    let url = my.url();
-    let scratch = Scratch::new();
-    let (mut h, _) = holder(&url, &scratch, "cs", "60s");
-    let waiter = |tag: &str| {
-        on(&url)
-            .args(["--ttl", "60s", "-w", "60", "--supersede", "--label", tag])
-            .args(["cs", "true"])
-            .stderr(Stdio::piped())
-            .spawn()
-    };
-    let older = waiter("older");
-    wait_queued(&url, "cs", 1);
-    let row = my.sql(&format!(
-        "SELECT seq, conn FROM `{}`.lockrun_waiters WHERE name = 'cs'",
-        my.db
-    ));
-    let (seq, conn) = row.trim().split_once(char::is_whitespace).unwrap();
-    signal(older.id() as i32, libc::SIGSTOP);
-    assert!(my.server.try_kill(conn.trim()));
-    let mut newer = waiter("newer");
-    let newer_in = wait_until(Duration::from_secs(20), || {
-        my.sql(&format!(
-            "SELECT COUNT(*) FROM `{}`.lockrun_waiters WHERE name = 'cs' \
-               AND expires_at > UTC_TIMESTAMP(6) AND seq > {seq}",
-            my.db
-        ))
-        .trim()
-            == "1"
-    });
-    signal(older.id() as i32, libc::SIGCONT);
-    assert!(newer_in, "the newer request never queued");
-    let out = older.wait_with_output().unwrap();
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(75), "{err}");
-    assert!(err.contains("replaced") && err.contains("newer"), "{err}");
-    assert_eq!(finish(&scratch, &mut h), Some(0));
-    assert_eq!(
-        wait_child(&mut newer, Duration::from_secs(30)).code(),
-        Some(0)
-    );
 }
 
 #[test]

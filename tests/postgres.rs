@@ -33,7 +33,7 @@ fn finish(scratch: &Scratch, child: &mut Child) -> Option<i32> {
     wait_child(child, Duration::from_secs(30)).code()
 }
 
-fn run_token(url: &str, name: &str) -> u64 {
+pub(crate) fn run_token(url: &str, name: &str) -> u64 {
     on(url)
         .args([name, "-c", "echo $LOCKRUN_TOKEN"])
         .succeeds()
@@ -726,60 +726,6 @@ fn doctor_sees_a_transaction_pooling_pgbouncer() {
     let out = on(&bouncer.url()).arg("doctor").code(1).stdout();
     assert_eq!(verdict_of(&doctor_lines(&out), "pooler"), "warn", "{out}");
     assert!(out.contains("ttl/9"), "{out}");
-}
-
-#[test]
-fn a_min_hold_window_works_on_tables_made_before_it_and_with_the_readme_s_grants() {
-    let pg = Postgres::start();
-    // The tables as the version before --min-hold made them, then a role
-    // with the grants lockrun-engines(7) lists only.
-    pg.create_earlier_tables();
-    pg.sql(
-        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
-         GRANT USAGE ON SCHEMA lockrun TO ci; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
-         GRANT USAGE ON SEQUENCE lockrun.lockrun_tokens TO ci",
-    );
-    let url = pg.url_as("ci", "ci-pw");
-    let first = run_token(&url, "plain");
-    on(&url).args(["--min-hold", "2s", "w", "true"]).succeeds();
-    on(&url).args(["-n", "w", "true"]).code(75);
-    let v = status_json(&url, "w");
-    assert_eq!(v["min_hold"], true, "{v}");
-    // The owner value never shows: the row's owner is only the marker.
-    assert!(!v.to_string().contains("\"owner\""), "{v}");
-    // The window is kept on the server's clock: it ends on its own.
-    assert!(wait_until(Duration::from_secs(10), || {
-        status_json(&url, "w")["held"] == false
-    }));
-    assert!(run_token(&url, "w") > first);
-    // status without a name: every name, sorted, from one statement.
-    let v = on(&url).args(["status", "--json"]).code(1).json();
-    let names: Vec<&str> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["name"].as_str().unwrap())
-        .collect();
-    let mut sorted = names.clone();
-    sorted.sort();
-    assert_eq!(names, sorted);
-    assert!(
-        pg.sql("SELECT count(*) FROM lockrun.lockrun_leases WHERE name = 'w'")
-            .trim()
-            == "0"
-    );
-}
-
-#[test]
-fn a_job_longer_than_its_window_releases_at_its_end() {
-    let pg = Postgres::start();
-    let url = pg.url();
-    on(&url)
-        .args(["--min-hold", "0.2s", "long", "sleep", "0.5"])
-        .succeeds();
-    assert_eq!(status_json(&url, "long")["held"], false);
-    on(&url).args(["-n", "long", "true"]).succeeds();
 }
 
 #[test]

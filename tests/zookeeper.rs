@@ -3,7 +3,12 @@
 //! create whose reply was lost, a paused server, a partition, revocation,
 //! digest credentials, chroots and session timeouts). Tests that stop or
 //! pause their server have one of their own; the rest share one, each on
-//! a chroot of its own.
+//! a chroot of its own. The attacks on the engine (races, pauses,
+//! expiries, odd input) are in `zookeeper/attacks.rs`, `zks://` in
+//! `zookeeper/tls.rs`, its concurrency groups in `groups/zookeeper.rs`.
+
+pub(crate) mod attacks;
+mod tls;
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,8 @@
-//! Shared test helpers: a real redis-server on a free loopback port, stopped by
-//! PID on drop, and a builder for running the lockrun binary.
+//! Shared test helpers: the servers a test starts of its own, each in a
+//! file of its own and all of one shape (`server.rs`); a builder for
+//! running the lockrun binary, scratch directories, and waiting on
+//! processes (here); a pseudo-terminal (`pty.rs`) and a proxy that slows
+//! replies (`proxy.rs`).
 
 #![allow(dead_code)]
 
@@ -9,19 +12,34 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod cluster;
+mod etcd;
 mod mysql;
 mod postgres;
+mod proxy;
+mod pty;
+mod redis_server;
 mod sentinel;
+mod server;
 mod zookeeper;
-// The benchmark shares these helpers and needs neither.
+// The benchmark shares these helpers and needs not all of them.
 #[allow(unused_imports)]
 pub use cluster::*;
+#[allow(unused_imports)]
+pub use etcd::*;
 #[allow(unused_imports)]
 pub use mysql::*;
 #[allow(unused_imports)]
 pub use postgres::*;
 #[allow(unused_imports)]
+pub use proxy::*;
+#[allow(unused_imports)]
+pub use pty::*;
+#[allow(unused_imports)]
+pub use redis_server::*;
+#[allow(unused_imports)]
 pub use sentinel::*;
+#[allow(unused_imports)]
+pub use server::*;
 #[allow(unused_imports)]
 pub use zookeeper::*;
 
@@ -68,207 +86,6 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn redis_server_path() -> &'static str {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        panic!(
-            "redis-server not found: these tests need a real Redis; \
-             install it with `apt-get install -y redis-server`"
-        );
-    }
-    "redis-server"
-}
-
-/// A redis-server of our own, without persistence, on 127.0.0.1.
-pub struct Redis {
-    pub port: u16,
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    extra: Vec<String>,
-    restarted: bool,
-}
-
-impl Redis {
-    pub fn start() -> Redis {
-        Redis::start_with(&[])
-    }
-
-    pub fn start_with(extra: &[&str]) -> Redis {
-        let mut r = Redis {
-            port: free_port(),
-            child: None,
-            dir: tempfile::tempdir().unwrap(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            restarted: false,
-        };
-        r.launch();
-        r
-    }
-
-    fn launch(&mut self) {
-        let (dir, extra) = (self.dir.path().to_owned(), self.extra.clone());
-        // A restart keeps its port: the tests reconnect to the same address.
-        let fixed = self.restarted;
-        let (port, child) = serve(self.port, fixed, |port| {
-            let mut cmd = Command::new(redis_server_path());
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .args(&extra);
-            cmd
-        });
-        self.port = port;
-        self.child = Some(child);
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().expect("running").id() as i32
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    pub fn conn(&self) -> redis::Connection {
-        let client = redis::Client::open(self.url()).unwrap();
-        let c = client
-            .get_connection_with_timeout(Duration::from_secs(5))
-            .unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        c
-    }
-
-    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
-        let mut c = redis::cmd(args[0]);
-        for a in &args[1..] {
-            c.arg(*a);
-        }
-        c.query(&mut self.conn()).unwrap()
-    }
-
-    pub fn keys(&self) -> Vec<String> {
-        self.cmd(&["KEYS", "*"])
-    }
-
-    /// The keys matching `pattern` that would never go away on their own
-    /// (PTTL −1; every key but a name's token counter must expire: lockrun-engines(7)
-    /// "REDIS"), read in one script, so at one instant between two of
-    /// lockrun's. (Inside a script a key expiring this very millisecond has
-    /// PTTL 0: it is going.)
-    pub fn keys_without_expiry(&self, conn: &mut redis::Connection, pattern: &str) -> Vec<String> {
-        redis::cmd("EVAL")
-            .arg(
-                "local out = {} \
-                 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
-                   if redis.call('PTTL', k) == -1 and not string.find(k, ':fence$') then \
-                     out[#out + 1] = k \
-                   end \
-                 end \
-                 return out",
-            )
-            .arg(0)
-            .arg(pattern)
-            .query(conn)
-            .unwrap()
-    }
-
-    /// Kill the server outright (no persistence: every key is gone).
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Kill and start again on the same port, empty.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.restarted = true;
-        self.launch();
-    }
-
-    pub fn pause(&self) {
-        signal(self.pid(), libc::SIGSTOP);
-    }
-
-    pub fn resume(&self) {
-        signal(self.pid(), libc::SIGCONT);
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        if let Some(c) = &self.child {
-            signal(c.id() as i32, libc::SIGCONT);
-        }
-        self.kill();
-    }
-}
-
-/// Start a server that listens on `port` (made by `command`) and wait until
-/// it answers. A port from `free_port` may be taken by another test's
-/// server between the check and the start: the server then exits at once,
-/// and unless the port is `fixed` (a restart) it is tried again on another.
-/// It also keeps a server of another test that answers on that port from
-/// passing for ours.
-pub fn serve(mut port: u16, fixed: bool, command: impl Fn(u16) -> Command) -> (u16, Child) {
-    for _ in 0..5 {
-        let mut child = command(port)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server (apt-get install -y redis-server)");
-        let pid = child.id();
-        let mut exited = false;
-        let up = wait_until(Duration::from_secs(10), || {
-            exited = !matches!(child.try_wait(), Ok(None));
-            exited || served_by(port, pid)
-        });
-        if up && !exited {
-            return (port, child);
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        if !fixed {
-            port = free_port();
-        }
-    }
-    panic!("redis-server did not come up on a loopback port (last tried {port})");
-}
-
-/// Whether the server answering on `port` is process `pid`, by its `INFO
-/// server`. One that asks for a password first cannot say: it counts as
-/// ours when it answers and `pid` still runs a moment later (a server that
-/// lost the port exits at start).
-fn served_by(port: u16, pid: u32) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"INFO server\r\n").is_err() {
-        return false;
-    }
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n @ 1..) = s.read(&mut buf) {
-        reply.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&reply);
-        if text.starts_with('-') && text.contains("\r\n") {
-            std::thread::sleep(Duration::from_millis(300));
-            return alive(pid as i32);
-        }
-        if text.contains("\r\ntcp_port:") && text.contains("process_id:") {
-            return text.contains(&format!("\r\nprocess_id:{pid}\r\n"));
-        }
-    }
-    false
 }
 
 pub fn signal(pid: i32, sig: i32) {
@@ -364,12 +181,6 @@ impl Engine for str {
 impl Engine for String {
     fn url(&self) -> String {
         self.clone()
-    }
-}
-
-impl Engine for Redis {
-    fn url(&self) -> String {
-        Redis::url(self)
     }
 }
 
@@ -500,202 +311,6 @@ pub fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatu
     }
 }
 
-/// A bash with job control as session leader of a fresh pseudo-terminal; the
-/// test types into the master side as a user would.
-pub struct Pty {
-    master: std::fs::File,
-    pub child: Child,
-    pub seen: String,
-}
-
-impl Pty {
-    pub fn bash(script: &str) -> Pty {
-        if Command::new("bash").arg("--version").output().is_err() {
-            panic!("bash not found: the terminal tests need it (apt-get install -y bash)");
-        }
-        Pty::shell("bash", script)
-    }
-
-    /// `shell -c script` as session leader of a new pseudo-terminal.
-    pub fn shell(shell: &str, script: &str) -> Pty {
-        use std::os::fd::FromRawFd;
-        use std::os::unix::process::CommandExt;
-        // SAFETY: plain libc calls on our own descriptors.
-        let (master, slave_path) = unsafe {
-            let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
-            assert!(m >= 0, "posix_openpt");
-            assert_eq!(libc::grantpt(m), 0);
-            assert_eq!(libc::unlockpt(m), 0);
-            let mut buf = [0 as libc::c_char; 128];
-            assert_eq!(libc::ptsname_r(m, buf.as_mut_ptr(), buf.len()), 0);
-            let path = std::ffi::CStr::from_ptr(buf.as_ptr()).to_owned();
-            (std::fs::File::from_raw_fd(m), path)
-        };
-        let mut cmd = Command::new(shell);
-        cmd.args(["-c", script]);
-        cmd.env(
-            "PATH",
-            format!(
-                "{}:{}",
-                Path::new(BIN).parent().unwrap().display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        );
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("LOCKRUN_") {
-                cmd.env_remove(k);
-            }
-        }
-        default_interrupts(&mut cmd);
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let fd = libc::open(slave_path.as_ptr(), libc::O_RDWR);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::ioctl(fd, libc::TIOCSCTTY, 0);
-                for target in 0..3 {
-                    libc::dup2(fd, target);
-                }
-                if fd > 2 {
-                    libc::close(fd);
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().expect("start bash on a pty");
-        // SAFETY: setting O_NONBLOCK on our descriptor.
-        unsafe {
-            use std::os::fd::AsRawFd;
-            let fd = master.as_raw_fd();
-            libc::fcntl(
-                fd,
-                libc::F_SETFL,
-                libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
-            );
-        }
-        Pty {
-            master,
-            child,
-            seen: String::new(),
-        }
-    }
-
-    fn pump(&mut self) {
-        use std::io::Read;
-        let mut buf = [0u8; 4096];
-        loop {
-            match self.master.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// Wait until the terminal has shown `pattern`; returns everything seen.
-    pub fn expect(&mut self, pattern: &str, limit: Duration) -> String {
-        let ok = wait_until(limit, || {
-            self.pump();
-            self.seen.contains(pattern)
-        });
-        assert!(
-            ok,
-            "terminal never showed {pattern:?}; it showed:\n{}",
-            self.seen
-        );
-        self.seen.clone()
-    }
-
-    pub fn type_(&mut self, bytes: &[u8]) {
-        use std::io::Write;
-        self.master.write_all(bytes).unwrap();
-    }
-
-    pub fn finish(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let st = wait_child(&mut self.child, limit);
-        self.pump();
-        st
-    }
-}
-
-impl Drop for Pty {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A loopback TCP proxy in front of a server. Replies flow normally until
-/// `trickle` is set; from then on each reply byte is held back 300 ms, as a
-/// congested link or a misbehaving proxy would (every read still sees data
-/// before its timeout, so only a bound on the whole request catches it).
-pub struct Proxy {
-    pub port: u16,
-    trickle: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Proxy {
-    pub fn start(upstream: u16) -> Proxy {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let trickle = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&trickle);
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { return };
-                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue;
-                };
-                let (mut c_read, mut s_write) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut c_read, &mut s_write);
-                });
-                let flag = Arc::clone(&flag);
-                let (mut s_read, mut c_write) = (server, client);
-                std::thread::spawn(move || {
-                    use std::io::{Read, Write};
-                    let mut buf = [0u8; 4096];
-                    loop {
-                        let n = match s_read.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        for b in &buf[..n] {
-                            if flag.load(Ordering::SeqCst) {
-                                std::thread::sleep(Duration::from_millis(300));
-                            }
-                            if c_write.write_all(&[*b]).is_err() {
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        Proxy { port, trickle }
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    pub fn trickle(&self) {
-        self.set_trickle(true);
-    }
-
-    pub fn set_trickle(&self, on: bool) {
-        self.trickle.store(on, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 /// The state letter of a process (R, S, T, Z, …), or None when it is gone.
 pub fn state_of(pid: i32) -> Option<char> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -810,227 +425,6 @@ impl Lockrun {
     }
 }
 
-fn etcd_path() -> &'static str {
-    for tool in ["etcd", "etcdctl"] {
-        if Command::new(tool).arg("--version").output().is_err() {
-            panic!(
-                "{tool} not found: these tests need a real etcd; \
-                 install it with `apt-get install -y etcd-server etcd-client`"
-            );
-        }
-    }
-    "etcd"
-}
-
-/// A one-member etcd of our own on 127.0.0.1, its data in memory (/dev/shm
-/// where there is one), stopped by PID on drop.
-pub struct Etcd {
-    pub port: u16,
-    peer: u16,
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    /// Serve clients over TLS with this certificate and key.
-    tls: Option<(PathBuf, PathBuf)>,
-}
-
-impl Etcd {
-    /// Turn on authentication: a root user and a user `locker` (password
-    /// `password`) whose role may read and write under `lockrun:`; returns
-    /// the URL that logs in as `locker`.
-    pub fn with_locker(&self, password: &str) -> String {
-        self.ctl(&["user", "add", "root:rootpw"]);
-        self.ctl(&["user", "add", &format!("locker:{password}")]);
-        self.ctl(&["role", "add", "locking"]);
-        self.ctl(&[
-            "role",
-            "grant-permission",
-            "locking",
-            "--prefix=true",
-            "readwrite",
-            "lockrun:",
-        ]);
-        self.ctl(&["user", "grant-role", "locker", "locking"]);
-        self.ctl(&["auth", "enable"]);
-        format!("etcd://locker:{password}@127.0.0.1:{}", self.port)
-    }
-
-    pub fn start() -> Etcd {
-        Etcd::start_with(None)
-    }
-
-    /// An etcd whose clients speak TLS to a server holding `cert` and `key`.
-    pub fn start_tls(cert: &Path, key: &Path) -> Etcd {
-        Etcd::start_with(Some((cert.to_owned(), key.to_owned())))
-    }
-
-    fn start_with(tls: Option<(PathBuf, PathBuf)>) -> Etcd {
-        let dir = if Path::new("/dev/shm").is_dir() {
-            tempfile::tempdir_in("/dev/shm").unwrap()
-        } else {
-            tempfile::tempdir().unwrap()
-        };
-        let mut e = Etcd {
-            port: free_port(),
-            peer: free_port(),
-            child: None,
-            dir,
-            tls,
-        };
-        e.launch();
-        e
-    }
-
-    fn launch(&mut self) {
-        // As `serve`: ports another test took between the check and the
-        // start make etcd exit at once; a first start tries others.
-        let first = self.child.is_none() && !self.dir.path().join("data").exists();
-        for _ in 0..5 {
-            let scheme = if self.tls.is_some() { "https" } else { "http" };
-            let client = format!("{scheme}://127.0.0.1:{}", self.port);
-            let peer = format!("http://127.0.0.1:{}", self.peer);
-            let mut cmd = Command::new(etcd_path());
-            if let Some((cert, key)) = &self.tls {
-                cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
-            }
-            cmd.arg("--data-dir")
-                .arg(self.dir.path().join("data"))
-                .args(["--listen-client-urls", &client])
-                .args(["--advertise-client-urls", &client])
-                .args(["--listen-peer-urls", &peer])
-                .args(["--initial-advertise-peer-urls", &peer])
-                .args(["--initial-cluster", &format!("default={peer}")])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            let mut child = cmd.spawn().expect("start etcd");
-            let port = self.port;
-            let mut exited = false;
-            let up = wait_until(Duration::from_secs(20), || {
-                exited = !matches!(child.try_wait(), Ok(None));
-                exited
-                    || if self.tls.is_some() {
-                        etcd_listening(port)
-                    } else {
-                        etcd_healthy(port)
-                    }
-            });
-            if up && !exited {
-                self.child = Some(child);
-                return;
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            if first {
-                let _ = std::fs::remove_dir_all(self.dir.path().join("data"));
-                (self.port, self.peer) = (free_port(), free_port());
-            }
-        }
-        panic!("etcd did not come up on port {}", self.port);
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().expect("running").id() as i32
-    }
-
-    pub fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.port)
-    }
-
-    /// `etcdctl ARGS` against this etcd; its stdout, after checking it succeeded.
-    #[track_caller]
-    pub fn ctl(&self, args: &[&str]) -> String {
-        let out = Command::new("etcdctl")
-            .args(["--endpoints", &format!("127.0.0.1:{}", self.port)])
-            .args(["--command-timeout", "10s"])
-            .args(args)
-            .env("ETCDCTL_API", "3")
-            .output()
-            .expect("run etcdctl");
-        assert!(
-            out.status.success(),
-            "etcdctl {args:?}: {}",
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    }
-
-    /// Every key stored.
-    pub fn keys(&self) -> Vec<String> {
-        self.ctl(&["get", "", "--prefix", "--keys-only"])
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect()
-    }
-
-    /// Every lease alive, as etcdctl prints their ids (hex).
-    pub fn leases(&self) -> Vec<String> {
-        self.ctl(&["lease", "list"])
-            .lines()
-            .skip(1)
-            .map(|l| l.trim().to_string())
-            .filter(|l| !l.is_empty())
-            .collect()
-    }
-
-    /// Kill the server outright; its data stays (etcd is durable).
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            signal(c.id() as i32, libc::SIGCONT);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Kill and start again on the same ports and data.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.launch();
-    }
-
-    /// Stop the server as an operator does (SIGTERM, then wait for it to
-    /// exit) and start it again on the same ports and data.
-    pub fn restart_gracefully(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            signal(c.id() as i32, libc::SIGTERM);
-            let _ = c.wait();
-        }
-        self.launch();
-    }
-
-    pub fn pause(&self) {
-        signal(self.pid(), libc::SIGSTOP);
-    }
-
-    pub fn resume(&self) {
-        signal(self.pid(), libc::SIGCONT);
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-impl Engine for Etcd {
-    fn url(&self) -> String {
-        Etcd::url(self)
-    }
-}
-
-/// etcd answers its health check with a leader in place.
-/// A TLS etcd, asked through etcdctl without checking its certificate.
-fn etcd_listening(port: u16) -> bool {
-    Command::new("etcdctl")
-        .args(["--endpoints", &format!("https://127.0.0.1:{port}")])
-        .args(["--insecure-skip-tls-verify", "--insecure-transport=false"])
-        .args(["--dial-timeout", "1s"])
-        .args(["endpoint", "health"])
-        .env("ETCDCTL_API", "3")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// A CA and a server certificate for 127.0.0.1, made with openssl.
 pub fn make_certs(dir: &std::path::Path) {
     let sh = |cmd: &str| {
@@ -1056,19 +450,6 @@ pub fn make_certs(dir: &std::path::Path) {
     sh(
         "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt -days 2 -extfile ext",
     );
-}
-
-fn etcd_healthy(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(1000)));
-    let req = format!("GET /health HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
-    let mut reply = String::new();
-    s.write_all(req.as_bytes()).is_ok()
-        && s.read_to_string(&mut reply).is_ok()
-        && reply.contains("\"health\":\"true\"")
 }
 
 /// The shell block of README's section `heading` (a guide), less its

@@ -5,12 +5,12 @@
 //! database of its own); fault tests start their own.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::{Engine, free_port, is_root, signal, text, wait_until};
+use super::{Engine, Process, Server, free_port, is_root, text, wait_until};
 
 /// root's password over TCP in every test server (never shown by lockrun).
 pub const MY_PASSWORD: &str = "my-s3cret-pw";
@@ -127,7 +127,7 @@ fn template() -> &'static Path {
 /// A MariaDB server on 127.0.0.1 (and a socket in its own directory).
 pub struct Mariadb {
     pub port: u16,
-    child: Option<Child>,
+    process: Process,
     dir: PathBuf,
     /// Removed on drop (a shared server's directory goes with the next run).
     owned: bool,
@@ -155,7 +155,7 @@ impl Mariadb {
         assert!(copied, "copy the template data directory");
         let mut m = Mariadb {
             port: free_port(),
-            child: None,
+            process: Process::default(),
             dir,
             owned,
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -243,7 +243,7 @@ impl Mariadb {
                 exited || self.answers()
             });
             if up && !exited {
-                self.child = Some(child);
+                self.process = Process::new(child);
                 return;
             }
             let _ = child.kill();
@@ -262,10 +262,6 @@ impl Mariadb {
 
     fn answers(&self) -> bool {
         self.try_sql("SELECT 1").is_some_and(|o| o.trim() == "1")
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().expect("running").id() as i32
     }
 
     /// lockrun's URL for root, password included, in database `db`.
@@ -354,46 +350,29 @@ impl Mariadb {
         self.try_sql(&format!("KILL CONNECTION {id}")).is_some()
     }
 
-    /// Stop the server at once, as a crash would.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let pid = c.id() as i32;
-            signal(pid, libc::SIGCONT);
-            signal(pid, libc::SIGKILL);
-            let _ = c.wait();
-        }
-    }
-
-    /// Kill and start again on the same port and data.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.launch(true);
-    }
-
     /// Shut down cleanly (nothing left to recover, as `--innodb-read-only`
     /// needs) and start again on the same port and data with these settings.
     pub fn restart_with(&mut self, extra: &[&str]) {
         self.sql("SET GLOBAL innodb_fast_shutdown = 0; SHUTDOWN");
-        if let Some(mut c) = self.child.take() {
-            let pid = c.id() as i32;
-            let gone = wait_until(Duration::from_secs(60), || {
-                matches!(c.try_wait(), Ok(Some(_)))
-            });
-            if !gone {
-                signal(pid, libc::SIGKILL);
-            }
-            let _ = c.wait();
-        }
+        self.process.stop(None, Duration::from_secs(60));
         self.extra = extra.iter().map(|s| s.to_string()).collect();
         self.launch(true);
     }
+}
 
-    pub fn pause(&self) {
-        signal(self.pid(), libc::SIGSTOP);
+/// Killed as a crash would kill it; started again on the same port and
+/// data.
+impl Server for Mariadb {
+    fn process(&self) -> &Process {
+        &self.process
     }
 
-    pub fn resume(&self) {
-        signal(self.pid(), libc::SIGCONT);
+    fn process_mut(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    fn start_again(&mut self) {
+        self.launch(true);
     }
 }
 

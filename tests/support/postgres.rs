@@ -5,11 +5,11 @@
 //! And PgBouncer in transaction pooling mode in front of one.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::{Engine, free_port, signal, text, wait_until};
+use super::{Engine, Process, Server, free_port, signal, text, wait_until};
 
 /// The superuser's password in every test cluster (never shown by lockrun).
 pub const PG_PASSWORD: &str = "pg-s3cret-pw";
@@ -161,7 +161,7 @@ fn template() -> &'static Path {
 /// A PostgreSQL server on 127.0.0.1 (and a socket in its own directory).
 pub struct Postgres {
     pub port: u16,
-    child: Option<Child>,
+    process: Process,
     dir: tempfile::TempDir,
     extra: Vec<String>,
 }
@@ -183,7 +183,7 @@ impl Postgres {
         assert!(copied, "copy the template cluster");
         let mut p = Postgres {
             port: free_port(),
-            child: None,
+            process: Process::default(),
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -216,7 +216,7 @@ impl Postgres {
                 exited || self.answers()
             });
             if up && !exited {
-                self.child = Some(child);
+                self.process = Process::new(child);
                 return;
             }
             let _ = child.kill();
@@ -233,10 +233,6 @@ impl Postgres {
     /// Our server answers on its own socket (no other test's can).
     fn answers(&self) -> bool {
         self.try_sql("SELECT 1").is_some_and(|o| o.trim() == "1")
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().expect("running").id() as i32
     }
 
     /// A directory the server may read (its own), for files it needs.
@@ -339,39 +335,6 @@ impl Postgres {
             == "1"
     }
 
-    /// Stop the server at once, as a crash would (an immediate shutdown:
-    /// no checkpoint; it recovers from its WAL on the next start).
-    pub fn kill(&mut self) {
-        if self.child.is_some() {
-            self.resume_all();
-        }
-        if let Some(mut c) = self.child.take() {
-            let pid = c.id() as i32;
-            signal(pid, libc::SIGQUIT);
-            let gone = wait_until(Duration::from_secs(10), || {
-                matches!(c.try_wait(), Ok(Some(_)))
-            });
-            if !gone {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
-        }
-    }
-
-    /// Kill and start again on the same port and data.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.launch(true);
-    }
-
-    pub fn pause(&self) {
-        signal(self.pid(), libc::SIGSTOP);
-    }
-
-    pub fn resume(&self) {
-        signal(self.pid(), libc::SIGCONT);
-    }
-
     /// The server and every backend of it: each open connection stalls
     /// (stopping the postmaster alone only stalls new ones).
     pub fn processes(&self) -> Vec<i32> {
@@ -407,6 +370,32 @@ impl Postgres {
     }
 }
 
+/// Killed as a crash would kill it, but with an immediate shutdown (no
+/// checkpoint; it recovers from its WAL on the next start): a killed
+/// postmaster would leave its backends behind. Started again on the same
+/// port and data.
+impl Server for Postgres {
+    fn process(&self) -> &Process {
+        &self.process
+    }
+
+    fn process_mut(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    fn kill(&mut self) {
+        if self.process.running() {
+            self.resume_all();
+        }
+        self.process
+            .stop(Some(libc::SIGQUIT), Duration::from_secs(10));
+    }
+
+    fn start_again(&mut self) {
+        self.launch(true);
+    }
+}
+
 impl Drop for Postgres {
     fn drop(&mut self) {
         self.kill();
@@ -423,23 +412,17 @@ impl Engine for Postgres {
 /// may run on another server connection, so no session state survives.
 pub struct Bouncer {
     pub port: u16,
-    child: Option<Child>,
-    _dir: tempfile::TempDir,
+    process: Process,
+    dir: tempfile::TempDir,
 }
 
 impl Bouncer {
     pub fn start(pg: &Postgres) -> Bouncer {
-        let program = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-            .unwrap_or_else(|| need("pgbouncer"));
-        let dir = scratch_dir();
+        let mut dir = scratch_dir();
         for _ in 0..5 {
             let port = free_port();
-            let ini = dir.path().join("pgbouncer.ini");
             std::fs::write(
-                &ini,
+                dir.path().join("pgbouncer.ini"),
                 format!(
                     "[databases]\n\
                      postgres = host=127.0.0.1 port={pg_port} dbname=postgres user=postgres password={PG_PASSWORD}\n\
@@ -457,33 +440,65 @@ impl Bouncer {
             )
             .unwrap();
             chown(dir.path());
-            let mut child = as_postgres(&program)
-                .arg(&ini)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|_| need("pgbouncer"));
-            let mut exited = false;
-            let up = wait_until(Duration::from_secs(20), || {
-                exited = !matches!(child.try_wait(), Ok(None));
-                exited || bouncer_answers(port)
-            });
-            if up && !exited {
-                return Bouncer {
-                    port,
-                    child: Some(child),
-                    _dir: dir,
-                };
+            let mut b = Bouncer {
+                port,
+                process: Process::default(),
+                dir,
+            };
+            if b.launch() {
+                return b;
             }
-            let _ = child.kill();
-            let _ = child.wait();
+            dir = b.dir;
         }
         panic!("pgbouncer did not come up on a loopback port");
+    }
+
+    /// Start on the port its configuration names; false when it exited
+    /// (the port was taken) or did not answer in time.
+    fn launch(&mut self) -> bool {
+        let program = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .unwrap_or_else(|| need("pgbouncer"));
+        let mut child = as_postgres(&program)
+            .arg(self.dir.path().join("pgbouncer.ini"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|_| need("pgbouncer"));
+        let mut exited = false;
+        let port = self.port;
+        let up = wait_until(Duration::from_secs(20), || {
+            exited = !matches!(child.try_wait(), Ok(None));
+            exited || bouncer_answers(port)
+        });
+        self.process = Process::new(child);
+        if up && !exited {
+            return true;
+        }
+        self.process.kill();
+        false
     }
 
     /// lockrun's URL through the pooler (the pooler logs in with the password).
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+/// Started again on the same port.
+impl Server for Bouncer {
+    fn process(&self) -> &Process {
+        &self.process
+    }
+
+    fn process_mut(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    fn start_again(&mut self) {
+        assert!(self.launch(), "pgbouncer did not come back");
     }
 }
 
@@ -496,15 +511,6 @@ fn bouncer_answers(port: u16) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-impl Drop for Bouncer {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 impl Engine for Bouncer {

@@ -1,18 +1,18 @@
 //! A master, a replica and three sentinels of our own on 127.0.0.1, for the
 //! Sentinel tests: started with config files in a temporary directory,
-//! stopped by pid.
+//! stopped by pid (`Process`).
 
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use super::{Redis, free_port, serve, signal, wait_until};
+use super::{Process, Redis, Server, free_port, serve, wait_until};
 
 /// The name the sentinels know the master by.
 pub const MASTER: &str = "lockrun-master";
 
 pub struct Sentinels {
     pub nodes: Vec<Redis>,
-    sentinels: Vec<(u16, Child)>,
+    sentinels: Vec<(u16, Process)>,
     _dir: tempfile::TempDir,
 }
 
@@ -25,7 +25,8 @@ impl Sentinels {
         let dir = tempfile::tempdir().unwrap();
         let mut sentinels = Vec::new();
         for i in 0..3 {
-            sentinels.push(sentinel_process(dir.path(), i, master.port, 2));
+            let (port, child) = sentinel_process(dir.path(), i, master.port, 2);
+            sentinels.push((port, Process::new(child)));
         }
         let s = Sentinels {
             nodes: vec![master, replica],
@@ -51,8 +52,8 @@ impl Sentinels {
                     let others: redis::RedisResult<Vec<redis::Value>> =
                         sentinel_cmd(*p, &["SENTINEL", "sentinels", MASTER]);
                     match others {
-                        Ok(o) => format!("{p} (pid {}) knows {} others", c.id(), o.len()),
-                        Err(e) => format!("{p} (pid {}): {e}", c.id()),
+                        Ok(o) => format!("{p} (pid {}) knows {} others", c.pid(), o.len()),
+                        Err(e) => format!("{p} (pid {}): {e}", c.pid()),
                     }
                 })
                 .collect();
@@ -81,11 +82,11 @@ impl Sentinels {
     /// Stop sentinel `i` (SIGSTOP): it accepts connections and never
     /// answers, as a host gone silent does.
     pub fn pause_sentinel(&self, i: usize) {
-        signal(self.sentinels[i].1.id() as i32, libc::SIGSTOP);
+        self.sentinels[i].1.pause();
     }
 
     pub fn resume_sentinel(&self, i: usize) {
-        signal(self.sentinels[i].1.id() as i32, libc::SIGCONT);
+        self.sentinels[i].1.resume();
     }
 
     /// The sentinels' ports.
@@ -229,7 +230,7 @@ fn sentinel_process(
 pub struct StraySentinel {
     pub server: Redis,
     pub port: u16,
-    child: Child,
+    _process: Process,
     _dir: tempfile::TempDir,
 }
 
@@ -246,25 +247,8 @@ impl StraySentinel {
         StraySentinel {
             server,
             port,
-            child,
+            _process: Process::new(child),
             _dir: dir,
-        }
-    }
-}
-
-impl Drop for StraySentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Sentinels {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.sentinels {
-            signal(c.id() as i32, libc::SIGCONT);
-            let _ = c.kill();
-            let _ = c.wait();
         }
     }
 }

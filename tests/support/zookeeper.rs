@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-use super::{free_port, signal, wait_until};
+use super::{Engine, Process, Server, free_port, wait_until};
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 
@@ -39,10 +39,8 @@ pub fn four_letters(port: u16, word: &str) -> Option<String> {
 /// One ZooKeeper server process.
 pub struct ZkServer {
     pub port: u16,
-    child: Option<Child>,
+    process: Process,
     cfg: PathBuf,
-    /// Shared by the whole test run: lives until it ends.
-    shared: bool,
 }
 
 fn launch(cfg: &Path, shared: bool, main: &str) -> Child {
@@ -51,7 +49,7 @@ fn launch(cfg: &Path, shared: bool, main: &str) -> Child {
         // beside it stops it when the test process is gone.
         let mut c = Command::new("sh");
         c.arg("-c").arg(format!(
-            "{} {} & j=$!; echo $j; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
+            "{} {} & j=$!; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
              do sleep 0.5; done; kill -9 $j",
             java_line(main),
             cfg.display(),
@@ -63,14 +61,10 @@ fn launch(cfg: &Path, shared: bool, main: &str) -> Child {
         c.args(java_args(main)).arg(cfg);
         c
     };
-    cmd.stdout(if shared {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start ZooKeeper")
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ZooKeeper")
 }
 
 fn java_args(main: &str) -> Vec<String> {
@@ -111,9 +105,8 @@ impl ZkServer {
             std::fs::write(&cfg, config(&dir.join("data"), port, "")).unwrap();
             let mut s = ZkServer {
                 port,
-                child: Some(launch(&cfg, shared, "ZooKeeperServerMain")),
+                process: Process::new(launch(&cfg, shared, "ZooKeeperServerMain")),
                 cfg,
-                shared,
             };
             if s.wait_serving() {
                 return s;
@@ -126,7 +119,7 @@ impl ZkServer {
     /// Serving: it answers `srvr` with its mode.
     fn wait_serving(&mut self) -> bool {
         let port = self.port;
-        let child = self.child.as_mut().unwrap();
+        let child = self.process.child_mut().unwrap();
         let mut exited = false;
         wait_until(Duration::from_secs(60), || {
             exited = !matches!(child.try_wait(), Ok(None));
@@ -134,41 +127,12 @@ impl ZkServer {
         }) && !exited
     }
 
-    /// The java process's pid.
-    pub fn pid(&mut self) -> i32 {
-        let child = self.child.as_mut().expect("running");
-        if self.shared {
-            use std::io::BufRead;
-            let out = child.stdout.as_mut().unwrap();
-            let mut line = String::new();
-            std::io::BufReader::new(out).read_line(&mut line).unwrap();
-            return line.trim().parse().unwrap();
-        }
-        child.id() as i32
-    }
-
     pub fn url(&self) -> String {
         format!("zk://127.0.0.1:{}", self.port)
     }
 
     pub fn running(&self) -> bool {
-        self.child.is_some()
-    }
-
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            signal(c.id() as i32, libc::SIGCONT);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    pub fn pause(&self) {
-        signal(self.child.as_ref().unwrap().id() as i32, libc::SIGSTOP);
-    }
-
-    pub fn resume(&self) {
-        signal(self.child.as_ref().unwrap().id() as i32, libc::SIGCONT);
+        self.process.running()
     }
 
     /// Restart with `key=value` in its configuration, in place of any
@@ -182,9 +146,20 @@ impl ZkServer {
         std::fs::write(&self.cfg, lines.join("\n") + "\n").unwrap();
         self.restart();
     }
+}
 
-    pub fn restart(&mut self) {
-        self.kill();
+/// Started again on the same port and data, standalone or as the member
+/// of an ensemble it was (a shared server's pid is its watching shell's).
+impl Server for ZkServer {
+    fn process(&self) -> &Process {
+        &self.process
+    }
+
+    fn process_mut(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    fn start_again(&mut self) {
         let main = if std::fs::read_to_string(&self.cfg)
             .unwrap()
             .contains("server.1=")
@@ -193,14 +168,14 @@ impl ZkServer {
         } else {
             "ZooKeeperServerMain"
         };
-        self.child = Some(launch(&self.cfg, false, main));
+        self.process = Process::new(launch(&self.cfg, false, main));
         assert!(self.wait_serving(), "ZooKeeper did not come back");
     }
 }
 
-impl Drop for ZkServer {
-    fn drop(&mut self) {
-        self.kill();
+impl Engine for ZkServer {
+    fn url(&self) -> String {
+        ZkServer::url(self)
     }
 }
 
@@ -525,9 +500,8 @@ impl Ensemble {
                 std::fs::write(&cfg, config(&d.join("data"), *client, &peers)).unwrap();
                 ZkServer {
                     port: *client,
-                    child: Some(launch(&cfg, shared, "quorum.QuorumPeerMain")),
+                    process: Process::new(launch(&cfg, shared, "quorum.QuorumPeerMain")),
                     cfg,
-                    shared,
                 }
             })
             .collect();
@@ -549,8 +523,7 @@ impl Ensemble {
     /// The index of the server that leads now.
     pub fn leader(&self) -> Option<usize> {
         self.servers.iter().position(|s| {
-            s.child.is_some()
-                && four_letters(s.port, "srvr").is_some_and(|t| t.contains("Mode: leader"))
+            s.running() && four_letters(s.port, "srvr").is_some_and(|t| t.contains("Mode: leader"))
         })
     }
 }
@@ -618,22 +591,21 @@ pub fn start_zookeeper_tls(certs: &Path) -> ZkTls {
         let child = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "{} {} {} & j=$!; echo $j; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
+                "{} {} {} & j=$!; while kill -0 {} 2>/dev/null && kill -0 $j 2>/dev/null; \
                  do sleep 0.5; done; kill -9 $j",
                 java(),
                 args.join(" "),
                 cfg.display(),
                 std::process::id()
             ))
-            .stdout(Stdio::piped())
+            .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start ZooKeeper");
         let mut s = ZkServer {
             port,
-            child: Some(child),
+            process: Process::new(child),
             cfg,
-            shared: true,
         };
         let listening = |p: u16| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
         if s.wait_serving() && wait_until(Duration::from_secs(30), || listening(tls_port)) {

@@ -8,7 +8,7 @@ use redis::Value;
 
 use crate::support::*;
 
-const PRELUDE: &str = include_str!("../src/backend/redis/scripts/prelude.lua");
+const PRELUDE: &str = include_str!("../../src/backend/redis/scripts/prelude.lua");
 
 /// An older lockrun's inspect and renew scripts, as it sends them (with the
 /// prelude, whose record grammar it shares): given six keys, knowing
@@ -291,7 +291,7 @@ fn the_group_words_need_only_the_documented_acl() {
     );
 }
 
-const ACQUIRE: &str = include_str!("../src/backend/redis/scripts/acquire.lua");
+const ACQUIRE: &str = include_str!("../../src/backend/redis/scripts/acquire.lua");
 
 /// One call of the acquire script on `name`, as lockrun makes it, for a
 /// waiter `id` (an `s` first for `--supersede`) shown as `label`.

@@ -1,5 +1,6 @@
-//! The Redis backend end to end: pass-through, tokens, exclusion, waiting,
-//! renewal and losing the lease.
+//! The Redis engine end to end, beyond the conformance suite: pass-through,
+//! tokens, exclusion, waiting, renewal and losing the lease, TLS, ACL
+//! logins and least privilege.
 
 use std::io::Write;
 use std::process::Stdio;
@@ -644,4 +645,237 @@ fn a_waiter_that_lapsed_alone_takes_a_free_name_soon() {
         took < Duration::from_secs(7),
         "a free name waited {took:?} for its one waiter"
     );
+}
+
+#[test]
+fn tls_with_a_ca_file_a_wrong_ca_and_insecure() {
+    let scratch = Scratch::new();
+    let d = scratch.dir.path();
+    make_certs(d);
+    let tls_port = free_port();
+    let p = |f: &str| d.join(f).display().to_string();
+    let redis = Redis::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &p("srv.crt"),
+        "--tls-key-file",
+        &p("srv.key"),
+        "--tls-ca-cert-file",
+        &p("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    on(&url)
+        .args([
+            "--tls-ca",
+            &p("ca.crt"),
+            "x",
+            "--",
+            "sh",
+            "-c",
+            "echo $LOCKRUN_TOKEN",
+        ])
+        .code(0);
+    on(&url)
+        .env("LOCKRUN_TLS_CA", p("ca.crt"))
+        .args(["status", "x"])
+        .code(1);
+
+    let t = Instant::now();
+    let out = run(on(&url).args(["--tls-ca", &p("other.crt"), "x", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("certificate"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+
+    on(&format!("{url}#insecure")).args(["x", "true"]).code(0);
+    drop(redis);
+}
+
+#[test]
+fn acl_logins_and_least_privilege() {
+    let redis = Redis::start();
+    acl_user(&redis, "locker", "s3cret-locker-pw", &least_privilege());
+    let url = format!("redis://locker:s3cret-locker-pw@127.0.0.1:{}", redis.port);
+    let scratch = Scratch::new();
+    // Run, wait and hand off, status, release: all with exactly these rules.
+    let mut holder = hold(Some(&url), "acl", "3s", &scratch);
+    scratch.pid_in("pid");
+    on(&url).args(["-n", "acl", "true"]).code(75);
+    on(&url).args(["status", "acl"]).code(0);
+    on(&url).args(["release", "--force", "acl"]).code(0);
+    assert_eq!(
+        wait_child(&mut holder, Duration::from_secs(20)).code(),
+        Some(76)
+    );
+    let out = run(on(&url).args(["-w", "10s", "acl", "--", "env"]));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(!all.contains("s3cret-locker-pw"), "password leaked: {all}");
+
+    // One rule fewer and lockrun says clearly that it was refused.
+    acl_user(
+        &redis,
+        "weak",
+        "weak-pw",
+        &least_privilege().replace("+hset ", ""),
+    );
+    let weak = format!("redis://weak:weak-pw@127.0.0.1:{}", redis.port);
+    let out = run(on(&weak).args(["w", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!err.contains("weak-pw"), "{err}");
+
+    // A wrong password is 69 and never printed.
+    let bad = format!("redis://locker:not-the-pw-77@127.0.0.1:{}", redis.port);
+    let out = run(on(&bad).args(["-vv", "w", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(!err.contains("not-the-pw-77"), "{err}");
+}
+
+/// The commands lockrun needs, and only its keys: the rules
+/// lockrun-engines(7) gives, less `+scan` (only `status` without a name
+/// needs it).
+fn least_privilege() -> String {
+    let rules = crate::docs::documented_redis_acl().replace("+scan ", "");
+    assert!(rules.contains("+hset "), "{rules}");
+    rules
+}
+
+fn acl_user(redis: &Redis, user: &str, pass: &str, rules: &str) {
+    let mut args = vec!["ACL", "SETUSER", user, "reset", "on"];
+    let pw = format!(">{pass}");
+    args.push(&pw);
+    args.extend(rules.split_whitespace());
+    let _: () = redis.cmd(&args);
+}
+
+/// A waiter refused by the server (here: a foreign value at the queue's key)
+/// must stop at once, not spin.
+#[test]
+fn a_refused_wait_is_final_and_never_spins() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let mut holder = hold(Some(&redis.url()), "spin", "30s", &scratch);
+    scratch.pid_in("pid");
+    // A foreign value at the queue's key.
+    let _: () = redis.cmd(&["SET", "lockrun:{spin}:queue", "x", "EX", "60"]);
+    let _: () = redis.cmd(&["CONFIG", "RESETSTAT"]);
+    let start = Instant::now();
+    on(&redis.url()).args(["-w", "5s", "spin", "true"]).code(69);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    let calls = |cmd: &str| -> u64 {
+        stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(calls("blpop") <= 2, "{stats}");
+    assert!(calls("evalsha") <= 4, "{stats}");
+    signal(holder.id() as i32, libc::SIGTERM);
+    wait_child(&mut holder, Duration::from_secs(20));
+}
+
+/// An ACL user without BLPOP: the same, with one clear line.
+#[test]
+fn a_user_without_blpop_gets_69_at_once() {
+    let redis = Redis::start();
+    let scratch = Scratch::new();
+    let _: () = redis.cmd(&[
+        "ACL",
+        "SETUSER",
+        "noblpop",
+        "on",
+        ">pw",
+        "~lockrun:*",
+        "+evalsha",
+        "+eval",
+        "+script|load",
+        "+ping",
+    ]);
+    let url = format!("redis://noblpop:pw@127.0.0.1:{}", redis.port);
+    let mut holder = hold(Some(&redis.url()), "acl", "30s", &scratch);
+    scratch.pid_in("pid");
+    let start = Instant::now();
+    let out = run(on(&url).args(["-w", "5s", "acl", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    signal(holder.id() as i32, libc::SIGTERM);
+    wait_child(&mut holder, Duration::from_secs(20));
+}
+
+/// A server still loading its data set answers LOADING: a waiter rides it out.
+#[test]
+fn a_waiter_rides_out_a_loading_server() {
+    let mut redis = Redis::start_with(&["--enable-debug-command", "yes"]);
+    // Enough data that loading it takes a noticeable moment.
+    let _: () = redis.cmd(&["DEBUG", "POPULATE", "1000000", "k", "64"]);
+    let _: () = redis.cmd(&["SAVE"]);
+    redis.restart();
+    let out = run(on(&redis.url()).args(["-v", "-w", "60s", "loading", "--", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("LOADING"),
+        "the server was never seen loading: {err}"
+    );
+}
+
+/// A replica answers READONLY (as after a failover, before the switch): a
+/// waiter rides it out and succeeds once the replica is promoted.
+#[test]
+fn a_waiter_rides_out_a_read_only_replica() {
+    let primary = Redis::start();
+    let replica = Redis::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    let mut waiter = on(&replica.url())
+        .args(["-v", "-w", "30s", "ro", "--", "true"])
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "READONLY must not be final"
+    );
+    let _: () = replica.cmd(&["REPLICAOF", "NO", "ONE"]);
+    let st = wait_child(&mut waiter, Duration::from_secs(30));
+    let mut err = String::new();
+    use std::io::Read;
+    waiter
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(st.code(), Some(0), "{err}");
+    assert!(err.contains("READONLY"), "{err}");
+}
+
+#[test]
+fn a_key_of_the_wrong_type_is_a_clear_error() {
+    let redis = Redis::start();
+    let _: () = redis.cmd(&["SET", "lockrun:{x}", "hello"]);
+    let out = run(lockrun().args(["--url", &redis.url(), "x", "true"]));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("not a lockrun lease"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let _: () = redis.cmd(&["DEL", "lockrun:{x}"]);
+    let _: () = redis.cmd(&["RPUSH", "lockrun:{x}", "a"]);
+    let out = run(lockrun().args(["--url", &redis.url(), "x", "true"]));
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
 }
