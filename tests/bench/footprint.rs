@@ -155,6 +155,24 @@ fn memory(argv: &[String], out: &Path, runs: usize) -> (f64, f64) {
     (stats(peak).median, stats(anon).median)
 }
 
+/// Median ms of `lockrun --version`: the image's start and exit alone.
+fn version_ms() -> f64 {
+    let runs = (0..100)
+        .map(|_| time_once(&s(&[&bin(), "--version"])))
+        .collect();
+    stats(runs).median
+}
+
+/// The guard's floor: fork, exit and reap of a process holding `kib` of
+/// private memory, as lockrun does (what a fork copies), in ms.
+fn guard_floor(exe: &str, kib: usize) -> f64 {
+    let out = Command::new(exe)
+        .args(["job-forks", &kib.to_string(), "500"])
+        .output()
+        .unwrap();
+    text(&out.stdout).trim().parse().unwrap()
+}
+
 impl Bench {
     pub(super) fn footprint(&mut self) {
         let runs = if self.quick { 5 } else { 21 };
@@ -174,28 +192,8 @@ impl Bench {
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let ours = relocations(Path::new(&bin())).unwrap_or_default();
         let theirs = flock.as_deref().and_then(relocations).unwrap_or_default();
-        let version = stats(
-            (0..100)
-                .map(|_| time_once(&s(&[&bin(), "--version"])))
-                .collect(),
-        )
-        .median;
-        // The guard's floor, in a process of its own holding as much
-        // private memory as lockrun (what a fork copies).
-        let guard_ms: f64 = text(
-            &Command::new(&self.exe)
-                .args([
-                    "job-forks",
-                    &((local_dirty * 4.0) as usize).to_string(),
-                    "500",
-                ])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .trim()
-        .parse()
-        .unwrap();
+        let version = version_ms();
+        let guard_ms = guard_floor(&self.exe, (local_dirty * 4.0) as usize);
         let mib = |b: u64| b as f64 / 1048576.0;
         let (lr_size, fl_size) = (size(Path::new(&bin())), flock.as_deref().map_or(0, size));
         println!("\nFootprint of `TOOL NAME JOB`, medians of {runs} runs");
