@@ -111,20 +111,6 @@ fn dpkg_deb(args: &[&str], deb: &Path) -> String {
     )
 }
 
-/// This machine's C library is glibc 2.36 or later, which applies packed
-/// relative relocations.
-fn glibc_packs_relocations() -> bool {
-    let out = Command::new("getconf").arg("GNU_LIBC_VERSION").output();
-    let version = out.map(|o| text(&o.stdout)).unwrap_or_default();
-    let mut parts = version
-        .trim()
-        .strip_prefix("glibc ")
-        .unwrap_or("0.0")
-        .split('.')
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (2, 36)
-}
-
 /// The committed man pages, as the package installs them (gzipped, by
 /// section).
 fn man_pages() -> Vec<(PathBuf, String)> {
@@ -240,23 +226,6 @@ fn the_debian_package_installs_the_binary_man_pages_and_completions() {
     );
     let ours = ok(run(lockrun().arg("--version")), "lockrun --version");
     assert_eq!(theirs, ours);
-
-    // Its relative relocations packed (DT_RELR), as src/build.rs links every
-    // build where the C library knows them: `cargo deb` gets the shorter
-    // start with no flag of its own.
-    if glibc_packs_relocations() {
-        let dynamic = ok(
-            tool(
-                Command::new("readelf").arg("-d").arg(&installed),
-                "apt-get install -y binutils",
-            ),
-            "readelf -d usr/bin/lockrun",
-        );
-        assert!(
-            dynamic.contains("(RELR)"),
-            "usr/bin/lockrun has no packed relocations:\n{dynamic}"
-        );
-    }
 
     // Every man page, gzipped, renders as the committed page does, with no
     // warning.
