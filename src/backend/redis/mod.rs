@@ -119,7 +119,8 @@ impl Redis {
             prefix: how.prefix.clone(),
             replicas: url.replicas,
         };
-        if how.check_settings {
+        // Worth a round trip only where its warning is shown (`-v`).
+        if log::level() >= 2 {
             r.warn_on_eviction();
         }
         Ok(r)
@@ -480,9 +481,8 @@ impl Held for RedisHeld {
         ))
     }
 
-    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+    fn drop_window(&mut self) {
         self.min_hold = None;
-        self.release()
     }
 }
 

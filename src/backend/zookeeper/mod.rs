@@ -29,6 +29,7 @@ pub use address::{ZkUrl, parse};
 use client::{CallError, Client, expired, sort};
 use queue::{Entry, Nodes, Record, Window, holders, request_of, slot_of, window_of};
 
+use super::plan::{self, ForcePlan, Read, Standing};
 use super::{Acquired, Request, Wait};
 use super::{
     Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening, Status,
@@ -502,40 +503,27 @@ impl Engine for Zk {
                 "left out {others} node(s) under the prefix that are no lock's"
             ));
         }
-        let mut listed = Vec::new();
-        let mut unreadable = Vec::new();
-        for name in names {
-            let read = listed.len() + unreadable.len();
-            if read >= bound.names || bound.passed() {
-                notes.push(format!(
-                    "stopped after {read} names: the list is incomplete"
-                ));
-                break;
-            }
-            // A name this identity may not read (another identity's, or a
-            // node that is not lockrun's at its place) is marked, and the
-            // others are still listed.
-            let st = match self.status(&name) {
-                Ok(st) => st,
-                Err(Error::Refused(why)) => {
-                    unreadable.push((name, why));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if !st.holders.is_empty() || st.waiters.unwrap_or(0) > 0 {
-                listed.push((name, st));
-            }
-        }
-        notes.push(
-            "read name by name, not as one snapshot: a lock may change while the list is read"
-                .into(),
-        );
-        Ok(Listing {
-            names: listed,
+        let how =
+            "read name by name, not as one snapshot: a lock may change while the list is read";
+        plan::listing(
+            names.into_iter().map(|n| (n, ())),
+            bound,
             notes,
-            unreadable,
-        })
+            how,
+            |name, ()| {
+                // A name this identity may not read (another identity's, or a
+                // node that is not lockrun's at its place) is marked, and the
+                // others are still listed.
+                match self.status(name) {
+                    Ok(st) if st.holders.is_empty() && st.waiters.unwrap_or(0) == 0 => {
+                        Ok(Read::Empty)
+                    }
+                    Ok(st) => Ok(Read::Listed(st)),
+                    Err(Error::Refused(why)) => Ok(Read::Unreadable(why)),
+                    Err(e) => Err(e),
+                }
+            },
+        )
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
@@ -545,38 +533,24 @@ impl Engine for Zk {
         let n = refuse_in_the_way(&c, &nodes)
             .and_then(|()| read_name(&c, &nodes))
             .map_err(|e| sort(e, &doing))?;
+        // The windows, then the holders in the queue.
         let held = &n.queue[..n.queue_held()];
-        if held.is_empty() && n.windows.is_empty() {
-            return Ok(Broken::NotHeld);
-        }
-        let matched: Vec<&Entry> = held
-            .iter()
-            .filter(|e| force.token.is_none_or(|t| t == e.czxid))
-            .collect();
-        let windows: Vec<&Window> = n
-            .windows
-            .iter()
-            .filter(|w| force.token.is_none_or(|t| t == w.token()))
-            .collect();
-        if matched.is_empty() && windows.is_empty() {
-            let mut tokens: Vec<u64> = n.windows.iter().map(Window::token).collect();
-            tokens.extend(held.iter().map(|e| e.czxid));
-            return Ok(Broken::TokenMismatch(tokens));
-        }
+        let mut standing: Vec<Standing> = n.windows.iter().map(Window::standing).collect();
+        standing.extend(held.iter().map(Entry::standing));
+        let cuts = match plan::force(&standing, force) {
+            ForcePlan::Done(done) => return Ok(done),
+            ForcePlan::Cut(cuts) => cuts,
+        };
         let mut broken = Vec::new();
-        for w in windows {
-            // A window runs no job: it ends at once.
-            if end_window(&c, &nodes, w).map_err(|e| sort(e, &doing))? {
-                let mut h = window_holder(w, 0);
-                h.ttl_left = None;
-                broken.push(h);
-            }
-        }
-        for e in matched {
-            if e.record.revoked && !force.now {
+        for (i, cut) in cuts {
+            let Some(e) = i.checked_sub(n.windows.len()).map(|i| &held[i]) else {
+                let w = &n.windows[i];
+                if end_window(&c, &nodes, w).map_err(|e| sort(e, &doing))? {
+                    broken.push(cut.shown(window_holder(w, 0)));
+                }
                 continue;
-            }
-            let done = if force.now {
+            };
+            let done = if cut.deletes() {
                 // Only the grant that was read: not one that changed since.
                 match delete_at(&c, &nodes, e, Some(e.version)) {
                     Ok(done) => done,
@@ -602,19 +576,10 @@ impl Engine for Zk {
                 }
             };
             if done {
-                let mut h = holder(e);
-                if force.now {
-                    h.ttl_left = None;
-                } else {
-                    h.revoked = true;
-                }
-                broken.push(h);
+                broken.push(cut.shown(holder(e)));
             }
         }
-        if broken.is_empty() {
-            return Ok(Broken::AlreadyRevoked);
-        }
-        Ok(Broken::Leases(broken))
+        Ok(plan::forced(broken))
     }
 }
 
@@ -758,9 +723,8 @@ impl Held for ZkHeld {
         self.delete()
     }
 
-    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+    fn drop_window(&mut self) {
         self.min_hold = None;
-        self.release()
     }
 
     /// Our node goes with our session: within the session timeout the
