@@ -72,7 +72,7 @@ pub struct Join {
 /// out every earlier waiter that asked for it too, and those do not count
 /// for `--max-waiters`; a full queue refuses the request before it
 /// disturbs anyone; `--preempt` marks every holder that runs a job and is
-/// not marked or revoked already, and ends every window.
+/// not marked or revoked already, and ends every window not revoked.
 ///
 /// An engine that carries out `preempt` or `replace` and finds any of them
 /// changed since it read the name looks again rather than counting: each
@@ -99,9 +99,11 @@ pub fn join(group: Group, holders: &[Standing], ahead: &[Standing]) -> Join {
             .iter()
             .enumerate()
             .filter_map(|(i, h)| match h {
+                // Revoked: its place goes when its lease ends, as promised.
+                h if h.revoked => None,
                 h if h.window => Some((i, Stop::End)),
-                // A revoked one runs no job; a marked one stops already.
-                h if h.revoked || h.preempted => None,
+                // A marked one stops already: its mark stays the first.
+                h if h.preempted => None,
                 _ => Some((i, Stop::Mark)),
             })
             .collect()
