@@ -9,10 +9,11 @@ mod table;
 use redis::Value;
 
 use crate::support::Redis;
-use table::{By, Joined, M, P, Want};
+use table::{By, C, Forced, Joined, M, P, Want};
 
 const PRELUDE: &str = include_str!("../src/backend/redis/scripts/prelude.lua");
 const ACQUIRE: &str = include_str!("../src/backend/redis/scripts/acquire.lua");
+const FORCE: &str = include_str!("../src/backend/redis/scripts/force.lua");
 
 /// The request's owner value and waiter id, and the outer lockrun's label.
 const OWNER: &str = "0123456789abcdef";
@@ -101,17 +102,20 @@ fn in_the_way(r: &table::Row, said: &str) -> Option<By> {
         .map(By::Waiter)
 }
 
-/// What the script answered for the row `i`: as the table speaks, or
-/// `Err(waiting)` for a full queue (`--max-waiters`).
-fn run_row(c: &mut redis::Connection, i: usize, r: &table::Row) -> Result<Want, u64> {
-    let lock = format!("lockrun:{{row{i}}}");
-    let keys = [
+/// A name's keys, for row `i` of the table named `table`.
+fn keys_of(table: &str, i: usize) -> [String; 7] {
+    let lock = format!("lockrun:{{{table}{i}}}");
+    [
         "", ":fence", ":queue", ":waiters", ":wake:", ":alive", ":preempt",
     ]
-    .map(|k| format!("{lock}{k}"));
-    let now = now_ms(c);
+    .map(|k| format!("{lock}{k}"))
+}
+
+/// Write `holders` as the scripts store them: holder `j` has the token
+/// `100 + j`; one an earlier `--preempt` request marked, its mark.
+fn write_holders(c: &mut redis::Connection, keys: &[String; 7], holders: &[P], now: u64) {
     let until = now + LIFE_MS;
-    for (j, h) in r.holders.iter().enumerate() {
+    for (j, h) in holders.iter().enumerate() {
         let (field, token) = holder_field(j, h);
         let label = if h.outer {
             OUTER.to_string()
@@ -146,6 +150,15 @@ fn run_row(c: &mut redis::Connection, i: usize, r: &table::Row) -> Result<Want, 
                 .unwrap();
         }
     }
+}
+
+/// What the script answered for the row `i`: as the table speaks, or
+/// `Err(waiting)` for a full queue (`--max-waiters`).
+fn run_row(c: &mut redis::Connection, i: usize, r: &table::Row) -> Result<Want, u64> {
+    let keys = keys_of("row", i);
+    let now = now_ms(c);
+    let until = now + LIFE_MS;
+    write_holders(c, &keys, &r.holders, now);
     for (j, w) in r.waiters.iter().enumerate() {
         let mine = r.place == Some(j);
         let (id, owner) = if mine {
@@ -327,6 +340,71 @@ fn the_redis_script_answers_every_row_of_the_admission_table() {
             wrong.push(format!(
                 "{}: the script answers {got:?}, the table {want:?}",
                 r.what
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// What the force script answered for force row `i`, and what became of
+/// each holder it cut: revoked (its field now `r:<token>`), or gone.
+fn run_force_row(c: &mut redis::Connection, i: usize, r: &table::ForceRow) -> Forced {
+    let keys = keys_of("force", i);
+    let now = now_ms(c);
+    write_holders(c, &keys, &r.holders, now);
+    let script = redis::Script::new(&format!("{PRELUDE}{FORCE}"));
+    let mut call = script.prepare_invoke();
+    for k in &keys {
+        call.key(k);
+    }
+    let reply: Vec<Value> = call
+        .arg(r.token.map(|t| t.to_string()).unwrap_or_default())
+        .arg(if r.now { "1" } else { "0" })
+        .invoke(c)
+        .unwrap();
+    match int(&reply[0]) {
+        0 => return Forced::NotHeld,
+        2 => return Forced::Mismatch,
+        3 => return Forced::AlreadyRevoked,
+        1 => {}
+        other => panic!("{}: answer {other}", r.what),
+    }
+    // Nine fields a holder broken; its token second.
+    let tokens: Vec<i64> = reply[1..].chunks(9).map(|row| int(&row[1])).collect();
+    let mut cut = Vec::new();
+    for (j, h) in r.holders.iter().enumerate() {
+        let token = 100 + j;
+        if !tokens.contains(&(token as i64)) {
+            continue;
+        }
+        let revoked: bool = redis::cmd("HEXISTS")
+            .arg(&keys[0])
+            .arg(format!("r:{token}"))
+            .query(c)
+            .unwrap();
+        let how = match h {
+            h if h.window && !revoked => C::EndWindow,
+            _ if revoked => C::Revoke,
+            _ => C::Delete,
+        };
+        cut.push((j, how));
+    }
+    Forced::Cut(cut)
+}
+
+/// Each row of `release --force` against the force script: its answer,
+/// and what became of each holder.
+#[test]
+fn the_redis_force_script_answers_every_force_row_of_the_table() {
+    let server = Redis::start();
+    let mut c = server.conn();
+    let mut wrong = Vec::new();
+    for (i, r) in table::force_rows().iter().enumerate() {
+        let got = run_force_row(&mut c, i, r);
+        if got != r.want {
+            wrong.push(format!(
+                "{}: the script answers {got:?}, the table {:?}",
+                r.what, r.want
             ));
         }
     }

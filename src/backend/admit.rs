@@ -281,6 +281,46 @@ mod tests {
         assert!(wrong.is_empty(), "{wrong:#?}");
     }
 
+    /// Each row of `release --force` against its plan.
+    #[test]
+    fn every_force_row_of_the_table() {
+        use table::{C, Forced};
+        let mut wrong = Vec::new();
+        for r in table::force_rows() {
+            let held: Vec<Standing> = (r.holders.iter().enumerate())
+                .map(|(j, p)| Standing {
+                    token: Some(100 + j as u64),
+                    ..standing(p)
+                })
+                .collect();
+            let force = crate::backend::Force {
+                token: r.token,
+                now: r.now,
+            };
+            let got = match plan::force(&held, force) {
+                plan::ForcePlan::Done(crate::backend::Broken::NotHeld) => Forced::NotHeld,
+                plan::ForcePlan::Done(_) => Forced::Mismatch,
+                plan::ForcePlan::Cut(cuts) if cuts.is_empty() => Forced::AlreadyRevoked,
+                plan::ForcePlan::Cut(cuts) => Forced::Cut(
+                    cuts.into_iter()
+                        .map(|(i, cut)| {
+                            let c = match cut {
+                                plan::Cut::Revoke => C::Revoke,
+                                plan::Cut::Delete => C::Delete,
+                                plan::Cut::EndWindow => C::EndWindow,
+                            };
+                            (i, c)
+                        })
+                        .collect(),
+                ),
+            };
+            if got != r.want {
+                wrong.push(format!("{}: got {got:?}, want {:?}", r.what, r.want));
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
     #[test]
     fn the_front_of_a_queue_is_who_holds_together() {
         use Mode::{Exclusive as X, Limit, Shared as S};

@@ -309,3 +309,72 @@ pub fn rows() -> Vec<Row> {
         joining("a full queue preempts no one", &[x], &[x], X, G { preempt: true, ..max(1) }, Wait(Waiter(0)), full(1)),
     ]
 }
+
+/// What `release --force` does to one holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum C {
+    /// Revoked: its place stays until its lease would have ended.
+    Revoke,
+    /// Deleted (`--now`).
+    Delete,
+    /// A `--min-hold` window ended (at once, `--now` or not).
+    EndWindow,
+}
+
+/// What `release --force` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forced {
+    NotHeld,
+    /// `--token` matched no holder.
+    Mismatch,
+    /// Every holder it matched was revoked already.
+    AlreadyRevoked,
+    /// These holders, by index, cut so.
+    Cut(Vec<(usize, C)>),
+}
+
+/// One row of `release --force`: the holders (holder `j` has the token
+/// `100 + j`), `--token`, `--now`, and what it does.
+pub struct ForceRow {
+    pub what: &'static str,
+    pub holders: Vec<P>,
+    pub token: Option<u64>,
+    pub now: bool,
+    pub want: Forced,
+}
+
+fn force(
+    what: &'static str,
+    holders: &[P],
+    token: Option<u64>,
+    now: bool,
+    want: Forced,
+) -> ForceRow {
+    ForceRow {
+        what,
+        holders: holders.to_vec(),
+        token,
+        now,
+        want,
+    }
+}
+
+#[rustfmt::skip]
+pub fn force_rows() -> Vec<ForceRow> {
+    use C::*;
+    use Forced::*;
+    use M::*;
+    let (x, s) = (p(X), p(S));
+    vec![
+        force("nothing held", &[], None, false, NotHeld),
+        force("every holder revoked", &[s, s], None, false, Cut(vec![(0, Revoke), (1, Revoke)])),
+        force("--now deletes", &[x], None, true, Cut(vec![(0, Delete)])),
+        force("--token picks one holder", &[s, s], Some(101), false, Cut(vec![(1, Revoke)])),
+        force("--token that no holder has", &[x], Some(999), false, Mismatch),
+        force("revoked already", &[x.revoked()], None, false, AlreadyRevoked),
+        force("revoked already, deleted with --now", &[x.revoked()], None, true, Cut(vec![(0, Delete)])),
+        force("a window ends at once", &[x.window()], None, false, Cut(vec![(0, EndWindow)])),
+        force("a window ends at once with --now too", &[x.window()], None, true, Cut(vec![(0, EndWindow)])),
+        force("the revoked one left be, the others cut", &[s.revoked(), s, s.window()], None, false, Cut(vec![(1, Revoke), (2, EndWindow)])),
+    ]
+}

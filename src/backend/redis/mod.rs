@@ -31,6 +31,7 @@ use link::{Link, describe, is_auth_error};
 use reply::Renewed;
 use scripts::{FORCE_SCRIPT, INSPECT_SCRIPT, Keys, RENEW_SCRIPT};
 
+use super::plan;
 use super::{
     Acquired, Broken, Engine, EngineInfo, Error, Force, Held, ListBound, Listing, Opening, Request,
     Status, Wait,
@@ -264,10 +265,7 @@ impl Redis {
                 return Ok(names);
             }
             if names.len() >= bound.names || bound.passed() {
-                notes.push(format!(
-                    "stopped after {} names: the list is incomplete",
-                    names.len()
-                ));
+                notes.push(plan::cut_short(names.len()));
                 return Ok(names);
             }
         }
