@@ -40,10 +40,6 @@ impl Standing {
 }
 
 /// What a `--preempt` request does to one holder.
-// The join plan and a place's span are held to the admission table by the
-// tests; the engines' acquire paths (their take.rs) come to carry them out
-// as the driver takes over waiting.
-#[cfg_attr(not(test), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
     /// Ask it to stop: its next renewal says so, and it releases once its
@@ -54,7 +50,6 @@ pub enum Stop {
 }
 
 /// What a request that must wait does as it joins the queue.
-#[cfg_attr(not(test), allow(dead_code))]
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Join {
     /// `--max-waiters`: the queue is full, with this many waiting; the
@@ -78,7 +73,6 @@ pub struct Join {
 /// changed since it read the name looks again rather than counting: each
 /// request that stays saw fewer than N ahead when it joined, so no more
 /// than N ever wait.
-#[cfg_attr(not(test), allow(dead_code))]
 pub fn join(group: Group, holders: &[Standing], ahead: &[Standing]) -> Join {
     let replace: Vec<usize> = if group.supersede {
         (0..ahead.len()).filter(|&i| ahead[i].supersede).collect()
@@ -203,6 +197,8 @@ pub fn forced(cut: Vec<Holder>) -> Broken {
 /// the ttl, so a waiter that died stops holding up the queue well before a
 /// lease would have ended, and a live one keeps it with a few requests per
 /// ttl. Never under 100 ms: a waiter needs a request's time to keep it.
+// Held to its rule by the tests until the acquire paths, which each write
+// it today, read it from here.
 #[cfg_attr(not(test), allow(dead_code))]
 pub fn place_lasts(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
