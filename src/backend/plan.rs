@@ -197,9 +197,6 @@ pub fn forced(cut: Vec<Holder>) -> Broken {
 /// the ttl, so a waiter that died stops holding up the queue well before a
 /// lease would have ended, and a live one keeps it with a few requests per
 /// ttl. Never under 100 ms: a waiter needs a request's time to keep it.
-// Held to its rule by the tests until the acquire paths, which each write
-// it today, read it from here.
-#[cfg_attr(not(test), allow(dead_code))]
 pub fn place_lasts(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }

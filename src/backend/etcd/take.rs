@@ -31,11 +31,12 @@ const WATCH_LIFE: Duration = Duration::from_secs(30);
 /// (etcd allows 128 operations in a transaction by default).
 pub(super) const MAX_COMPARES: usize = 100;
 
-/// A waiter's key lives on a lease of a third of the ttl (whole seconds, at
-/// least etcd's smallest), so one killed in the queue holds up the others
-/// by no more than that.
+/// A waiter's key lives on a lease as long as a place lasts
+/// (`plan::place_lasts`), in whole seconds and at least etcd's smallest, so
+/// one killed in the queue holds up the others by no more than that.
 fn waiter_ttl(ttl: Duration) -> Duration {
-    Duration::from_secs((ttl / 3).as_secs().max(super::ENGINE.ttl_min.as_secs()))
+    let lasts = plan::place_lasts(ttl).as_secs();
+    Duration::from_secs(lasts.max(super::ENGINE.ttl_min.as_secs()))
 }
 
 /// The compare "`e`'s key is as it was read".
