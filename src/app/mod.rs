@@ -86,7 +86,6 @@ fn opening(common: &Common, op: Duration, ttl: Duration) -> backend::Opening {
     backend::Opening {
         prefix: common.prefix.clone(),
         op,
-        check_settings: common.verbosity >= 2,
         ttl,
     }
 }

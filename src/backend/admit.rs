@@ -154,6 +154,8 @@ mod table;
 mod tests {
     use super::table::{self, M, P, Want};
     use super::*;
+    use crate::backend::Group;
+    use crate::backend::plan::{self, Standing};
 
     fn mode(m: M) -> Mode {
         match m {
@@ -173,6 +175,16 @@ mod tests {
         }
     }
 
+    fn standing(p: &P) -> Standing {
+        Standing {
+            token: None,
+            revoked: p.revoked,
+            preempted: p.preempted,
+            window: p.window,
+            supersede: p.supersede,
+        }
+    }
+
     fn want(w: Want) -> Verdict {
         match w {
             Want::Hold(slot) => Verdict::Hold { slot },
@@ -185,14 +197,124 @@ mod tests {
         }
     }
 
+    /// The rule's answer for the row without the holders and waiters
+    /// `gone` leaves out, its indices those of the whole row.
+    fn judged(r: &table::Row, gone: (&[usize], &[usize])) -> Verdict {
+        let kept = |all: &[P], out: &[usize]| -> Vec<usize> {
+            (0..all.len()).filter(|i| !out.contains(i)).collect()
+        };
+        let (hs, ws) = (kept(&r.holders, gone.0), kept(&r.waiters, gone.1));
+        let holders: Vec<Place> = hs.iter().map(|&i| place(&r.holders[i])).collect();
+        let waiters: Vec<Place> = ws.iter().map(|&i| place(&r.waiters[i])).collect();
+        let at = r
+            .place
+            .map(|p| ws.iter().position(|&i| i == p).unwrap_or(p));
+        match admit(&holders, &waiters, mode(r.mode), at) {
+            Verdict::Ours(i) => Verdict::Ours(hs[i]),
+            Verdict::Wait(By::Holder(i)) => Verdict::Wait(By::Holder(hs[i])),
+            Verdict::Wait(By::Waiter(i)) => Verdict::Wait(By::Waiter(ws[i])),
+            Verdict::Wait(By::Refused(i)) => Verdict::Wait(By::Refused(ws[i])),
+            v => v,
+        }
+    }
+
+    fn joined(j: plan::Join) -> table::Joined {
+        let stops = |s: plan::Stop| -> Vec<usize> {
+            j.preempt
+                .iter()
+                .filter(|(_, how)| *how == s)
+                .map(|(i, _)| *i)
+                .collect()
+        };
+        table::Joined {
+            full: j.full,
+            mark: stops(plan::Stop::Mark),
+            end: stops(plan::Stop::End),
+            replace: j.replace.clone(),
+        }
+    }
+
+    /// Each row: the rule's answer; for a row whose line stops at a
+    /// disagreeing waiter, the answer once it is refused; for a group row,
+    /// the join plan, and the answer once the request joined.
     #[test]
     fn every_row_of_the_table() {
         let mut wrong = Vec::new();
         for r in table::rows() {
-            let holders: Vec<Place> = r.holders.iter().map(place).collect();
-            let waiters: Vec<Place> = r.waiters.iter().map(place).collect();
-            let got = admit(&holders, &waiters, mode(r.mode), r.place);
-            if got != want(r.want) {
+            let check = |wrong: &mut Vec<String>, what: &str, got: Verdict, w: Want| {
+                if got != want(w) {
+                    wrong.push(format!("{}{what}: got {got:?}, want {w:?}", r.what));
+                }
+            };
+            let Some(j) = &r.joined else {
+                check(&mut wrong, "", judged(&r, (&[], &[])), r.want);
+                if let (Want::Wait(table::By::Refused(i)), Some(after)) = (r.want, r.after) {
+                    check(
+                        &mut wrong,
+                        " (once refused)",
+                        judged(&r, (&[], &[i])),
+                        after,
+                    );
+                }
+                continue;
+            };
+            let group = Group {
+                max_waiters: r.group.max_waiters,
+                supersede: r.group.supersede,
+                preempt: r.group.preempt,
+            };
+            let holders: Vec<Standing> = r.holders.iter().map(standing).collect();
+            let ahead: Vec<Standing> = r.waiters.iter().map(standing).collect();
+            let plan = joined(plan::join(group, &holders, &ahead));
+            if plan != *j {
+                wrong.push(format!("{}: plans {plan:?}, want {j:?}", r.what));
+            }
+            if j.full.is_none() {
+                check(
+                    &mut wrong,
+                    " (joined)",
+                    judged(&r, (&j.end, &j.replace)),
+                    r.want,
+                );
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    /// Each row of `release --force` against its plan.
+    #[test]
+    fn every_force_row_of_the_table() {
+        use table::{C, Forced};
+        let mut wrong = Vec::new();
+        for r in table::force_rows() {
+            let held: Vec<Standing> = (r.holders.iter().enumerate())
+                .map(|(j, p)| Standing {
+                    token: Some(100 + j as u64),
+                    ..standing(p)
+                })
+                .collect();
+            let force = crate::backend::Force {
+                token: r.token,
+                now: r.now,
+            };
+            let got = match plan::force(&held, force) {
+                plan::ForcePlan::Done(crate::backend::Broken::NotHeld) => Forced::NotHeld,
+                plan::ForcePlan::Done(_) => Forced::Mismatch,
+                plan::ForcePlan::Cut(cuts) if cuts.is_empty() => Forced::AlreadyRevoked,
+                plan::ForcePlan::Cut(cuts) => Forced::Cut(
+                    cuts.into_iter()
+                        .map(|(i, cut)| {
+                            let c = match cut {
+                                plan::Cut::Revoke => C::Revoke,
+                                plan::Cut::Delete => C::Delete,
+                                plan::Cut::EndWindow => C::EndWindow,
+                            };
+                            (i, c)
+                        })
+                        .collect(),
+                ),
+            };
+            if got != r.want {
                 wrong.push(format!("{}: got {got:?}, want {:?}", r.what, r.want));
             }
         }

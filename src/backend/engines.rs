@@ -85,9 +85,6 @@ pub struct Opening {
     pub prefix: String,
     /// Bounds one request, connecting included.
     pub op: Duration,
-    /// `-v`: worth a round trip to check the server's settings and say
-    /// what would break a lock.
-    pub check_settings: bool,
     /// The ttl a run asks for (`--ttl`, `LOCKRUN_TTL`, or the default):
     /// what `doctor` checks the server's bounds against.
     pub ttl: Duration,

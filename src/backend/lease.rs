@@ -90,9 +90,18 @@ pub trait Held: Send {
     }
     /// Give the lease up. Ok(false): it was no longer ours.
     fn release(self: Box<Self>) -> Result<bool, Error>;
+    /// Forget the `--min-hold` window, so that the release that follows
+    /// keeps none (`give_back`). An engine without windows has none to
+    /// forget.
+    fn drop_window(&mut self) {}
     /// Give the lease up unused, before any job ran under it: with no
-    /// `--min-hold` window left behind.
-    fn give_back(self: Box<Self>) -> Result<bool, Error>;
+    /// `--min-hold` window left behind. The one way to do it is the
+    /// release, without the window; an engine says how it forgets its
+    /// window (`drop_window`) and nothing else.
+    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+        self.drop_window();
+        self.release()
+    }
     /// The release talks to no server (a close and a stat of a local file):
     /// it needs no thread to bound it.
     fn releases_locally(&self) -> bool {

@@ -7,7 +7,9 @@
 //! `engines.rs` the scheme table and addresses; `lease.rs` a granted lease,
 //! its renewal and release; `drive.rs` the one acquire loop, `wait.rs` its
 //! patience and retries, `quit.rs` leaving the queue on a signal;
-//! `admit.rs` who may hold; `doctor.rs` the checks every engine shares;
+//! `admit.rs` who may hold; `plan.rs` the rules around it (joining the
+//! queue, `release --force`, a place's span, what a waiter watches, the
+//! listing loop) as plans the engines carry out; `doctor.rs` the checks every engine shares;
 //! `error.rs` the one error type. This file holds the `Engine` trait and
 //! the one bounded call on a thread.
 
@@ -21,6 +23,7 @@ mod lease;
 pub mod local;
 mod model;
 pub mod mysql;
+pub mod plan;
 pub mod postgres;
 pub mod quit;
 pub mod redis;

@@ -742,6 +742,26 @@ pub fn wait_limit_with_group_words(e: &dyn Fixture) {
     nothing_endless(e);
 }
 
+/// `--max-waiters` is judged before `--preempt`: a request that finds the
+/// queue full leaves at once and asks no holder to stop (the admission
+/// table's row "a full queue preempts no one").
+pub fn a_full_queue_preempts_no_one(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let name = "fq";
+    let mut h = holder(e, &scratch, "h", &[], name);
+    let queued = waiter(e, &scratch, name, "w1", &[]);
+    assert!(wait_until(Duration::from_secs(20), || waiters(e, name) == 1));
+    on(&e.url())
+        .args(["--max-waiters", "1", "--preempt", name, "true"])
+        .code(75);
+    let st = status(e, name);
+    assert!(st["preempted_by"].is_null(), "{st}");
+    stop(&mut h);
+    let (code, err) = exited(queued, Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{err}");
+    nothing_endless(e);
+}
+
 macro_rules! red {
     ($($engine:ident: $fixture:expr;)*) => {$(
         mod $engine {
@@ -759,6 +779,7 @@ macro_rules! red {
             #[test] fn preempt_racing_release_force() { super::preempt_racing_release_force(&$fixture) }
             #[test] fn mixed_storm_never_overlaps() { super::mixed_storm_never_overlaps(&$fixture) }
             #[test] fn wait_limit_with_group_words() { super::wait_limit_with_group_words(&$fixture) }
+            #[test] fn a_full_queue_preempts_no_one() { super::a_full_queue_preempts_no_one(&$fixture) }
         }
     )*};
 }

@@ -33,6 +33,7 @@ pub use address::{EtcdUrl, parse};
 use client::{Client, Setup, b64, int, unb64};
 use queue::{Entry, Keys, Mark, Record, entries, holders};
 
+use super::plan::{self, ForcePlan, Read, Standing};
 use super::{
     Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening,
     Request, Status, Wait,
@@ -264,34 +265,25 @@ impl Engine for Etcd {
                  (another program's, or a longer --prefix's), such as {key:?}"
             ));
         }
-        let mut listed = Vec::new();
-        for name in names {
-            if listed.len() >= bound.names || bound.passed() {
-                notes.push(format!(
-                    "stopped after {} names: the list is incomplete",
-                    listed.len()
-                ));
-                break;
-            }
-            // A key under the prefix that is not lockrun's costs its name
-            // a note, not the whole list (as on Redis).
-            match self.status(&name) {
-                Ok(st) => listed.push((name, st)),
-                Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
-                    notes.push(format!("{name}: left out: {m}"));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        notes.push(
-            "read name by name, not as one snapshot: a lock may change while the list is read"
-                .into(),
-        );
-        Ok(Listing {
-            names: listed,
+        let how =
+            "read name by name, not as one snapshot: a lock may change while the list is read";
+        plan::listing(
+            names.into_iter().map(|n| (n, ())),
+            bound,
             notes,
-            ..Listing::default()
-        })
+            how,
+            |name, ()| {
+                // A key under the prefix that is not lockrun's costs its name
+                // a note, not the whole list (as on Redis).
+                match self.status(name) {
+                    Ok(st) => Ok(Read::Listed(st)),
+                    Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
+                        Ok(Read::LeftOut(format!("{name}: left out: {m}")))
+                    }
+                    Err(e) => Err(e),
+                }
+            },
+        )
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
@@ -301,27 +293,16 @@ impl Engine for Etcd {
             .queue(&keys)
             .map_err(|e| self.client.failed(&doing, e))?;
         let held = &queue[..holders(&queue)];
-        if held.is_empty() {
-            return Ok(Broken::NotHeld);
-        }
-        let matched: Vec<&Entry> = held
-            .iter()
-            .filter(|e| force.token.is_none_or(|t| t == e.token))
-            .collect();
-        if matched.is_empty() {
-            return Ok(Broken::TokenMismatch(
-                held.iter().map(|e| e.token).collect(),
-            ));
-        }
+        let standing: Vec<Standing> = held.iter().map(Entry::standing).collect();
+        let cuts = match plan::force(&standing, force) {
+            ForcePlan::Done(done) => return Ok(done),
+            ForcePlan::Cut(cuts) => cuts,
+        };
         let mut broken = Vec::new();
-        for e in matched {
-            if e.record.revoked && !force.now {
-                continue;
-            }
-            // A key kept by --min-hold runs no job: it goes at once.
-            let now = force.now || e.record.min_hold;
+        for (i, cut) in cuts {
+            let e = &held[i];
             let unchanged = json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()});
-            let change = if now {
+            let change = if cut.deletes() {
                 json!({"request_delete_range": {"key": b64(&e.key)}})
             } else {
                 // The key stays on the holder's lease, so it ends when that
@@ -334,20 +315,16 @@ impl Engine for Etcd {
                 // It changed hands since we looked: not the lease asked about.
                 continue;
             }
-            let mut h = self
+            let h = self
                 .holder(e)
                 .map_err(|err| self.client.failed(&doing, err))?;
-            if now {
+            if cut.deletes() {
                 // Its holder's next keepalive finds the lease gone.
                 let _ = revoke(&mut self.client, e.lease);
-                h.ttl_left = None;
             }
-            broken.push(h);
+            broken.push(cut.shown(h));
         }
-        if broken.is_empty() {
-            return Ok(Broken::AlreadyRevoked);
-        }
-        Ok(Broken::Leases(broken))
+        Ok(plan::forced(broken))
     }
 }
 
@@ -446,9 +423,8 @@ impl Held for EtcdHeld {
         self.delete()
     }
 
-    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+    fn drop_window(&mut self) {
         self.min_hold = None;
-        self.release()
     }
 }
 

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::client::{int, unb64};
 use crate::backend::admit::{self, Place};
+use crate::backend::plan::{self, Standing};
 use crate::backend::{Error, Mode, Request};
 
 /// Every key of one name.
@@ -280,6 +281,19 @@ pub struct Entry {
     pub preempted_by: Option<String>,
 }
 
+impl Entry {
+    /// As the join rule and `release --force` see it.
+    pub fn standing(&self) -> Standing {
+        Standing {
+            token: Some(self.token),
+            revoked: self.record.revoked,
+            preempted: self.preempted_by.is_some(),
+            window: self.record.min_hold,
+            supersede: self.record.supersede,
+        }
+    }
+}
+
 /// A range reply (or a txn's range response) over `keys` read into the
 /// queue, in arrival order, with the revision it was read at.
 pub fn entries(keys: &Keys, range: &Value, header: &Value) -> Result<(Vec<Entry>, u64), Error> {
@@ -392,27 +406,12 @@ pub fn judge(queue: &[Entry], me: usize, req: &Request) -> Verdict {
         admit::Verdict::Disagrees(mode) => return Verdict::Disagrees(mode),
         admit::Verdict::Wait(_) => {}
     }
-    // Watch the keys whose going could let us in: never the whole queue
-    // (no herd), never too few (no missed turn).
-    let ahead = &queue[..me];
-    let blocking = |e: &Entry| match req.mode {
-        Mode::Exclusive => true,
-        Mode::Shared => e.record.mode != Mode::Shared,
-        Mode::Limit(_) => e.record.mode != req.mode,
-    };
-    let mut watch: Vec<String> = Vec::new();
-    if let Some(e) = ahead.iter().rev().find(|e| blocking(e)) {
-        watch.push(e.key.clone());
-    }
-    if let Mode::Limit(n) = req.mode {
-        // Any of the N just ahead going moves us up to a free place; one
-        // further ahead going moves them up with us.
-        for e in ahead.iter().rev().take(n as usize) {
-            if !watch.contains(&e.key) {
-                watch.push(e.key.clone());
-            }
-        }
-    }
+    // Watch the keys whose going could let us in.
+    let ahead: Vec<Mode> = queue[..me].iter().map(|e| e.record.mode).collect();
+    let watch = plan::watch(&ahead, req.mode)
+        .into_iter()
+        .map(|i| queue[i].key.clone())
+        .collect();
     Verdict::Blocked {
         watch,
         holder: queue.first().map(|e| e.record.shown()),

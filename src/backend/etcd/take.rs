@@ -15,6 +15,7 @@ use super::client::b64;
 use super::queue::{Entry, Keys, Mark, Record, Verdict, entries, holders, judge, replaced_by};
 use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
 use crate::backend::drive::{Step, Take, drive};
+use crate::backend::plan::{self, Stop};
 use crate::backend::quit::Leave;
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
@@ -30,11 +31,12 @@ const WATCH_LIFE: Duration = Duration::from_secs(30);
 /// (etcd allows 128 operations in a transaction by default).
 pub(super) const MAX_COMPARES: usize = 100;
 
-/// A waiter's key lives on a lease of a third of the ttl (whole seconds, at
-/// least etcd's smallest), so one killed in the queue holds up the others
-/// by no more than that.
+/// A waiter's key lives on a lease as long as a place lasts
+/// (`plan::place_lasts`), in whole seconds and at least etcd's smallest, so
+/// one killed in the queue holds up the others by no more than that.
 fn waiter_ttl(ttl: Duration) -> Duration {
-    Duration::from_secs((ttl / 3).as_secs().max(super::ENGINE.ttl_min.as_secs()))
+    let lasts = plan::place_lasts(ttl).as_secs();
+    Duration::from_secs(lasts.max(super::ENGINE.ttl_min.as_secs()))
 }
 
 /// The compare "`e`'s key is as it was read".
@@ -350,14 +352,12 @@ impl Etcd {
         }
     }
 
-    /// The first time our request finds itself waiting: `--preempt` marks
-    /// the holders, `--supersede` takes the places of the earlier waiters
-    /// that asked for it too, then `--max-waiters` counts the waiters still
-    /// ahead of ours, by create revision: with N or more, ours leaves.
-    /// Each request that stays saw fewer than N ahead when it joined, and
-    /// those stay ahead of it, so no more than N ever wait. Some(step):
-    /// the request ends here, or looks again (something changed under a
-    /// transaction); None: it waits.
+    /// The first time our request finds itself waiting, it carries out
+    /// its join plan (`plan::join`): a full queue (`--max-waiters`, by
+    /// create revision) and ours leaves; else `--preempt` marks the holders
+    /// and `--supersede` takes the places of the earlier waiters that asked
+    /// for it too. Some(step): the request ends here, or looks again
+    /// (something changed under a transaction); None: it waits.
     fn join(
         &mut self,
         req: &Request,
@@ -365,88 +365,90 @@ impl Etcd {
         queue: &[Entry],
         me: usize,
     ) -> Result<Option<Step>, Error> {
-        let g = req.group;
         let held = holders(queue).min(me);
         let m = mine.as_ref().expect("in the queue");
+        let standing = |es: &[Entry]| es.iter().map(Entry::standing).collect::<Vec<_>>();
+        let plan = plan::join(
+            req.group,
+            &standing(&queue[..held]),
+            &standing(&queue[held..me]),
+        );
+        if let Some(waiting) = plan.full {
+            // Gone before we answer: a revoke that fails is retried,
+            // our key counted by the others until it goes.
+            revoke(&mut self.client, m.lease)?;
+            self.leave(mine);
+            return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
+        }
         let mut again = false;
-        if g.preempt {
-            for e in queue[..held].iter().filter(|e| e.key != m.key) {
-                // A revoked one runs no job; a marked one stops already.
-                if e.record.revoked || (e.preempted_by.is_some() && !e.record.min_hold) {
-                    continue;
-                }
-                let change = if e.record.min_hold {
-                    // A --min-hold window runs no job: it ends at once,
-                    // as `release --force` ends it.
-                    json!({"request_delete_range": {"key": b64(&e.key)}})
-                } else {
-                    // Beside the holder's key, on the holder's lease: it
-                    // cannot outlive the lease it speaks of.
-                    let mark = Keys::mark(&e.key, Mark::Preempted);
-                    json!({"request_put": {"key": b64(mark), "value": b64(Mark::encode(&req.owner.shown)), "lease": e.lease.to_string()}})
-                };
-                match txn(&mut self.client, vec![unchanged(e)], vec![change], vec![]) {
-                    Ok(v) if succeeded(&v) => {
-                        if e.record.min_hold {
-                            let _ = revoke(&mut self.client, e.lease);
-                            log::info(format!(
-                                "ended {} (--preempt)",
-                                crate::text::printable(&e.record.shown())
-                            ));
-                        } else {
-                            log::info(format!(
-                                "asked the holder {} to stop (--preempt)",
-                                crate::text::printable(&e.record.label)
-                            ));
-                        }
-                    }
-                    Ok(_) => again = true,
-                    Err(Error::Refused(m)) if m.contains("lease not found") => again = true,
-                    Err(err) => return Err(err),
-                }
+        for (i, stop) in plan.preempt {
+            again |= !self.preempt(req, &queue[i], stop)?;
+        }
+        for i in plan.replace {
+            again |= !self.replace(req, &queue[held + i])?;
+        }
+        // Something we judged changed (a holder went, a waiter moved onto
+        // its waiter lease): look again, and judge again.
+        Ok(again.then_some(Step::Again))
+    }
+
+    /// Ask holder `e` to stop, or end it if it is a `--min-hold` window.
+    /// Ok(false): it changed since it was read.
+    fn preempt(&mut self, req: &Request, e: &Entry, stop: Stop) -> Result<bool, Error> {
+        let change = match stop {
+            // A --min-hold window runs no job: it ends at once, as
+            // `release --force` ends it.
+            Stop::End => json!({"request_delete_range": {"key": b64(&e.key)}}),
+            // Beside the holder's key, on the holder's lease: it cannot
+            // outlive the lease it speaks of.
+            Stop::Mark => {
+                let mark = Keys::mark(&e.key, Mark::Preempted);
+                json!({"request_put": {"key": b64(mark), "value": b64(Mark::encode(&req.owner.shown)), "lease": e.lease.to_string()}})
             }
+        };
+        match txn(&mut self.client, vec![unchanged(e)], vec![change], vec![]) {
+            Ok(v) if succeeded(&v) => {}
+            Ok(_) => return Ok(false),
+            Err(Error::Refused(m)) if m.contains("lease not found") => return Ok(false),
+            Err(err) => return Err(err),
         }
-        let mut replaced = 0;
-        if g.supersede {
-            for e in queue[held..me].iter().filter(|e| e.record.supersede) {
-                // Out of the queue, with a mark in its place on its own
-                // lease, naming us: it wakes (it watches its own key),
-                // finds the mark and gives up; the mark goes with it.
-                let mark = Keys::mark(&e.key, Mark::Replaced);
-                let ops = vec![
-                    json!({"request_delete_range": {"key": b64(&e.key)}}),
-                    json!({"request_put": {"key": b64(mark), "value": b64(Mark::encode(&req.owner.shown)), "lease": e.lease.to_string()}}),
-                ];
-                match txn(&mut self.client, vec![unchanged(e)], ops, vec![]) {
-                    Ok(v) if succeeded(&v) => {
-                        replaced += 1;
-                        log::info(format!(
-                            "took the place of the waiting request of {} (--supersede)",
-                            crate::text::printable(&e.record.label)
-                        ));
-                    }
-                    Ok(_) => again = true,
-                    Err(Error::Refused(m)) if m.contains("lease not found") => again = true,
-                    Err(err) => return Err(err),
-                }
+        if stop == Stop::End {
+            let _ = revoke(&mut self.client, e.lease);
+            log::info(format!(
+                "ended {} (--preempt)",
+                crate::text::printable(&e.record.shown())
+            ));
+        } else {
+            log::info(format!(
+                "asked the holder {} to stop (--preempt)",
+                crate::text::printable(&e.record.label)
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Take waiter `e` out of the queue, with a mark in its place on its
+    /// own lease, naming us: it wakes (it watches its own key), finds the
+    /// mark and gives up; the mark goes with it. Ok(false): it changed
+    /// since it was read.
+    fn replace(&mut self, req: &Request, e: &Entry) -> Result<bool, Error> {
+        let mark = Keys::mark(&e.key, Mark::Replaced);
+        let ops = vec![
+            json!({"request_delete_range": {"key": b64(&e.key)}}),
+            json!({"request_put": {"key": b64(mark), "value": b64(Mark::encode(&req.owner.shown)), "lease": e.lease.to_string()}}),
+        ];
+        match txn(&mut self.client, vec![unchanged(e)], ops, vec![]) {
+            Ok(v) if succeeded(&v) => {
+                log::info(format!(
+                    "took the place of the waiting request of {} (--supersede)",
+                    crate::text::printable(&e.record.label)
+                ));
+                Ok(true)
             }
+            Ok(_) => Ok(false),
+            Err(Error::Refused(m)) if m.contains("lease not found") => Ok(false),
+            Err(err) => Err(err),
         }
-        if again {
-            // Something we judged changed (a holder went, a waiter moved
-            // onto its waiter lease): look again, and judge again.
-            return Ok(Some(Step::Again));
-        }
-        if let Some(n) = g.max_waiters {
-            let waiting = (me - held - replaced) as u64;
-            if waiting >= u64::from(n) {
-                // Gone before we answer: a revoke that fails is retried,
-                // our key counted by the others until it goes.
-                revoke(&mut self.client, m.lease)?;
-                self.leave(mine);
-                return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
-            }
-        }
-        Ok(None)
     }
 
     /// Move our key to a lease of a third of the ttl while it waits.

@@ -57,7 +57,7 @@ impl Held for LocalHeld {
         true
     }
 
-    fn give_back(self: Box<Self>) -> Result<bool, Error> {
+    fn drop_window(&mut self) {
         // The window went into the record with the grant: out again, while
         // the lock is still ours (a shared record's window may be another
         // holder's too: it stays).
@@ -66,7 +66,6 @@ impl Held for LocalHeld {
         {
             let _ = end_window(&self.fd, &r);
         }
-        self.release()
     }
 }
 

@@ -58,6 +58,7 @@ use record::{
     read_record, write_preempt, write_record,
 };
 
+use super::plan::{self, Read};
 use super::{Renewal, Renewer, Renewing};
 use crate::backend::wait::Patience;
 use crate::clock::Boot;
@@ -287,21 +288,15 @@ impl Engine for Local {
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
         let mut names = Vec::new();
-        let mut notes = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
             // A name's main file ends in `.lock`; its other files never do.
-            let Some(name) = entry.file_name().to_str().and_then(name_of_file) else {
-                continue;
-            };
-            if names.len() >= bound.names || bound.passed() {
-                notes.push(format!(
-                    "stopped after {} names: the list is incomplete",
-                    names.len()
-                ));
-                break;
+            if let Some(name) = entry.file_name().to_str().and_then(name_of_file) {
+                names.push((name, entry.path()));
             }
-            let main = entry.path();
+        }
+        let how = "read file by file, not as one snapshot: a lock may change while it is read";
+        plan::listing(names, bound, Vec::new(), how, |name, main| {
             let files = Files {
                 gate: suffixed(&main, ".gate"),
                 grant: suffixed(&main, ".grant"),
@@ -311,18 +306,9 @@ impl Engine for Local {
             // One file that cannot be read (not a regular file, no
             // permission) costs its name a note, not the whole list.
             match self.status_of(&files) {
-                Ok(st) => names.push((name, st)),
-                Err(e) => notes.push(format!("{name}: left out: {e}")),
+                Ok(st) => Ok(Read::Listed(st)),
+                Err(e) => Ok(Read::LeftOut(format!("{name}: left out: {e}"))),
             }
-        }
-        names.sort_by(|a, b| a.0.cmp(&b.0));
-        notes.push(
-            "read file by file, not as one snapshot: a lock may change while it is read".into(),
-        );
-        Ok(Listing {
-            names,
-            notes,
-            ..Listing::default()
         })
     }
 }

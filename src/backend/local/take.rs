@@ -110,10 +110,10 @@ impl Local {
             }
             // A request that disagrees with the holders is refused, not queued.
             self.refuse_disagreement(req, files)?;
-            if req.group.preempt {
-                self.preempt(files, req)?;
-            }
             match self.join_queue(w, files, req)? {
+                // Queued, so the queue had room (`--max-waiters` is judged
+                // first, as `plan::join` says): now ask the holders to stop.
+                Joined::Queued if req.group.preempt => self.preempt(files, req)?,
                 Joined::Queued => {}
                 Joined::Again if w.patience.over() => {
                     return Ok(Try::Busy(recorded_holder(files)));

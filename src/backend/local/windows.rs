@@ -2,6 +2,7 @@
 //! holder, but a `--min-hold` window runs no job and can be ended.
 
 use super::*;
+use crate::backend::plan::{self, Cut, ForcePlan, Standing};
 
 impl Local {
     /// `release --force`: a flock ends only with its holder, but a
@@ -10,18 +11,14 @@ impl Local {
     pub(super) fn end_windows(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
         let files = self.files(name);
         let st = self.status(name)?;
-        let matched: Vec<&Holder> = st
-            .holders
-            .iter()
-            .filter(|h| force.token.is_none_or(|t| h.token == Some(t)))
-            .collect();
-        if !st.holders.is_empty() && matched.is_empty() {
-            return Ok(Broken::TokenMismatch(
-                st.holders.iter().filter_map(|h| h.token).collect(),
-            ));
-        }
-        if matched.is_empty() || matched.iter().any(|h| !h.min_hold) {
-            let what = if matched.is_empty() {
+        let standing: Vec<Standing> = st.holders.iter().map(Standing::of).collect();
+        let cuts = match plan::force(&standing, force) {
+            ForcePlan::Done(Broken::NotHeld) => Vec::new(),
+            ForcePlan::Done(done) => return Ok(done),
+            ForcePlan::Cut(cuts) => cuts,
+        };
+        if cuts.is_empty() || cuts.iter().any(|(_, cut)| *cut != Cut::EndWindow) {
+            let what = if cuts.is_empty() {
                 format!("{name} is not held")
             } else {
                 format!("{name} is held by a running job; stop the holder's process instead")
@@ -32,6 +29,7 @@ impl Local {
                  ended)"
             )));
         }
+        let matched: Vec<&Holder> = cuts.iter().map(|(i, _)| &st.holders[*i]).collect();
         let ended = self.end_held_windows(&files, &matched)?;
         if ended.is_empty() {
             // It ended, or was taken, while we looked.

@@ -31,6 +31,7 @@ use link::{Link, describe, is_auth_error};
 use reply::Renewed;
 use scripts::{FORCE_SCRIPT, INSPECT_SCRIPT, Keys, RENEW_SCRIPT};
 
+use super::plan;
 use super::{
     Acquired, Broken, Engine, EngineInfo, Error, Force, Held, ListBound, Listing, Opening, Request,
     Status, Wait,
@@ -119,7 +120,8 @@ impl Redis {
             prefix: how.prefix.clone(),
             replicas: url.replicas,
         };
-        if how.check_settings {
+        // Worth a round trip only where its warning is shown (`-v`).
+        if log::level() >= 2 {
             r.warn_on_eviction();
         }
         Ok(r)
@@ -263,10 +265,7 @@ impl Redis {
                 return Ok(names);
             }
             if names.len() >= bound.names || bound.passed() {
-                notes.push(format!(
-                    "stopped after {} names: the list is incomplete",
-                    names.len()
-                ));
+                notes.push(plan::cut_short(names.len()));
                 return Ok(names);
             }
         }
@@ -480,9 +479,8 @@ impl Held for RedisHeld {
         ))
     }
 
-    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
+    fn drop_window(&mut self) {
         self.min_hold = None;
-        self.release()
     }
 }
 

@@ -34,9 +34,13 @@ const PRELUDE: &str = include_str!("scripts/prelude.lua");
 /// `--supersede` ('1'), `--preempt` ('1') (the last three may be absent).
 /// {1, token, slot} granted (idempotent for our owner value: a retried
 /// acquire, or the confirmation of a grant handed over in the queue, gets a
-/// full ttl); {0, holder} busy; {2, holder, ms until a holder ends or the
-/// queue stops regathering, arrival number} queued (a waiter only keeping its place hears no holder and no
-/// number);
+/// full ttl); {0, holder, in the way} busy; {2, holder, ms until a holder
+/// ends or the queue stops regathering, arrival number, in the way} queued
+/// (a waiter only keeping its place hears no holder, no number and no one
+/// in the way). In the way: who keeps the request waiting, as the
+/// admission table names it, once the queue was served: `w:<waiter id>`
+/// for the first waiter still queued ahead, else the holder's field; read
+/// by the test that holds this script to the table;
 /// {3, mode, limit} the holders disagree with this request; {4} the outer
 /// lockrun holds it (waiting would deadlock); {5, by} replaced by a newer
 /// `--supersede` request (out of the queue); {6, waiting} not queued

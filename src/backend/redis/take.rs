@@ -12,6 +12,7 @@ use super::reply::Acquire;
 use super::scripts::{ACQUIRE_SCRIPT, Keys, RELEASE_SCRIPT};
 use super::{Redis, RedisHeld};
 use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::plan;
 use crate::backend::quit::Leave;
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
@@ -139,10 +140,10 @@ impl Redis {
         let keys = Keys::new(&self.prefix, req.name);
         let id = waiter_id(req.group.supersede);
         let wake_key = format!("{}{id}", keys.wake);
-        // A queued waiter keeps its place for a third of its ttl, so one
+        // A queued waiter keeps its place as long as a place lasts, so one
         // killed in the queue is dropped from it within that; it renews its
         // place `op` (the bound on one request) before the place would lapse.
-        let alive = (req.timing.ttl / 3).max(Duration::from_millis(100));
+        let alive = plan::place_lasts(req.timing.ttl);
         let mut taking = Taking {
             redis: self,
             req,

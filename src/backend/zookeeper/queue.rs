@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::backend::admit::{self, Place};
+use crate::backend::plan::{self, Standing};
 use crate::backend::{Error, Mode, Request};
 
 /// The node `--prefix` names: `/` and the prefix less one trailing `:`
@@ -253,6 +254,28 @@ impl Window {
     pub fn token(&self) -> u64 {
         self.record.token.unwrap_or(0)
     }
+
+    /// As the join rule and `release --force` see it.
+    pub fn standing(&self) -> Standing {
+        Standing {
+            token: Some(self.token()),
+            window: true,
+            ..Standing::default()
+        }
+    }
+}
+
+impl Entry {
+    /// As the join rule and `release --force` see it.
+    pub fn standing(&self) -> Standing {
+        Standing {
+            token: Some(self.czxid),
+            revoked: self.record.revoked,
+            preempted: self.record.preempted_by.is_some(),
+            window: false,
+            supersede: self.record.supersede,
+        }
+    }
 }
 
 /// The queue: request nodes in sequence order, those another request
@@ -325,25 +348,12 @@ pub fn judge(windows: &[Window], queue: &[Entry], me: usize, req: &Request) -> V
         }
         admit::Verdict::Wait(_) => {}
     }
-    // Watch the nodes whose going could let us in: the one just ahead
-    // that blocks (no herd), and under --limit the N just ahead.
-    let ahead = &queue[..me];
-    let blocking = |e: &Entry| match req.mode {
-        Mode::Exclusive => true,
-        Mode::Shared => e.record.mode() != Mode::Shared,
-        Mode::Limit(_) => e.record.mode() != req.mode,
-    };
-    let mut watch: Vec<String> = Vec::new();
-    if let Some(e) = ahead.iter().rev().find(|e| blocking(e)) {
-        watch.push(e.node.clone());
-    }
-    if let Mode::Limit(n) = req.mode {
-        for e in ahead.iter().rev().take(n as usize) {
-            if !watch.contains(&e.node) {
-                watch.push(e.node.clone());
-            }
-        }
-    }
+    // Watch the nodes whose going could let us in.
+    let ahead: Vec<Mode> = queue[..me].iter().map(|e| e.record.mode()).collect();
+    let watch = plan::watch(&ahead, req.mode)
+        .into_iter()
+        .map(|i| queue[i].node.clone())
+        .collect();
     // Windows in force wake us when the first of them ends.
     let until = windows.iter().map(|w| w.end).min();
     Verdict::Blocked { watch, until }

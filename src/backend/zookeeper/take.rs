@@ -14,6 +14,7 @@ use super::client::{CallError, Client, expired, sort};
 use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
 use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name_behind, server_now};
 use crate::backend::drive::{Step, Take, drive};
+use crate::backend::plan::{self, Standing};
 use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
@@ -155,6 +156,23 @@ impl Take for Taking<'_> {
 enum Failed {
     Call(CallError, String),
     Final(Error),
+}
+
+/// Rewrite request `e`'s record as `change` makes it, while it is as read.
+/// Ok(false): it changed or went since.
+fn mark(
+    c: &Client,
+    nodes: &Nodes,
+    e: &Entry,
+    change: impl FnOnce(Record) -> Record,
+) -> Result<bool, Failed> {
+    let path = nodes.child(&e.node);
+    let (version, r) = (e.version, change(e.record.clone()));
+    match c.call(|z| async move { z.set_data(&path, &r.encode(), Some(version)).await }) {
+        Ok(_) => Ok(true),
+        Err(CallError::Zk(zk::Error::NoNode | zk::Error::BadVersion)) => Ok(false),
+        Err(e) => Err(Failed::Call(e, "marking a request".into())),
+    }
 }
 
 fn call_failed(doing: &str) -> impl Fn(CallError) -> Failed + '_ {
@@ -461,72 +479,44 @@ impl Taking<'_> {
         }
     }
 
-    /// The first time our request finds itself waiting: `--preempt` marks
-    /// the holders, `--supersede` marks the earlier waiters that asked for
-    /// it too as replaced, then `--max-waiters` counts the waiters still
-    /// ahead of ours: with N or more, ours leaves.
+    /// The first time our request finds itself waiting, it carries out
+    /// its join plan (`plan::join`): a full queue (`--max-waiters`) and
+    /// ours leaves; else `--preempt` ends the windows and marks the
+    /// holders, and `--supersede` marks the earlier waiters that asked for
+    /// it too as replaced.
     fn join(&mut self, c: &Client, name: &Name, me: usize) -> Result<Option<Step>, Failed> {
-        let g = self.req.group;
         let queue = &name.queue;
         let held = name.queue_held().min(me);
+        // The windows, then the holders in the queue.
+        let mut holders: Vec<Standing> = name.windows.iter().map(|w| w.standing()).collect();
+        holders.extend(queue[..held].iter().map(Entry::standing));
+        let ahead: Vec<Standing> = queue[held..me].iter().map(Entry::standing).collect();
+        let plan = plan::join(self.req.group, &holders, &ahead);
+        if let Some(waiting) = plan.full {
+            self.leave();
+            return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
+        }
         let shown = &self.req.owner.shown;
         let mut again = false;
-        // Ending windows first: `mark` below keeps `again` to itself.
-        if g.preempt {
-            // A --min-hold window runs no job: it ends at once.
-            for w in &name.windows {
-                if !end_window(c, &self.nodes, w).map_err(call_failed("ending a window"))? {
-                    again = true;
-                }
-            }
-        }
-        let mut mark = |e: &Entry, r: Record| -> Result<bool, Failed> {
-            let path = self.nodes.child(&e.node);
-            let version = e.version;
-            match c.call(|z| async move { z.set_data(&path, &r.encode(), Some(version)).await }) {
-                Ok(_) => Ok(true),
-                Err(CallError::Zk(zk::Error::NoNode | zk::Error::BadVersion)) => {
-                    again = true;
-                    Ok(false)
-                }
-                Err(e) => Err(Failed::Call(e, "marking a request".into())),
-            }
-        };
-        if g.preempt {
-            for e in &queue[..held] {
-                if e.record.revoked || e.record.preempted_by.is_some() {
-                    continue;
-                }
-                let r = Record {
+        for (i, _) in plan.preempt {
+            let done = match i.checked_sub(name.windows.len()) {
+                // A --min-hold window runs no job: it ends at once.
+                None => end_window(c, &self.nodes, &name.windows[i])
+                    .map_err(call_failed("ending a window"))?,
+                Some(i) => mark(c, &self.nodes, &queue[i], |r| Record {
                     preempted_by: Some(shown.clone()),
-                    ..e.record.clone()
-                };
-                mark(e, r)?;
-            }
+                    ..r
+                })?,
+            };
+            again |= !done;
         }
-        let mut replaced = 0;
-        if g.supersede {
-            for e in queue[held..me].iter().filter(|e| e.record.supersede) {
-                let r = Record {
-                    replaced_by: Some(shown.clone()),
-                    ..e.record.clone()
-                };
-                if mark(e, r)? {
-                    replaced += 1;
-                }
-            }
+        for i in plan.replace {
+            again |= !mark(c, &self.nodes, &queue[held + i], |r| Record {
+                replaced_by: Some(shown.clone()),
+                ..r
+            })?;
         }
-        if again {
-            return Ok(Some(Step::Again));
-        }
-        if let Some(n) = g.max_waiters {
-            let waiting = (me - held - replaced) as u64;
-            if waiting >= n as u64 {
-                self.leave();
-                return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
-            }
-        }
-        Ok(None)
+        Ok(again.then_some(Step::Again))
     }
 
     /// Block until a watched node goes (or ours is marked replaced), or

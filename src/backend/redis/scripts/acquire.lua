@@ -148,7 +148,7 @@ local function answer()
   local queued = redis.call('ZSCORE', KEYS[3], ARGV[7])
   if queued then
     if not back then keep_place(ARGV[7], tonumber(ARGV[8])) end
-    return {2, first_label(hs), soonest_end(hs), tonumber(queued)}
+    return {2, first_label(hs), soonest_end(hs), tonumber(queued), in_the_way(mode, hs)}
   end
   -- --supersede: the --supersede waiters queued (all before us); they
   -- leave once we join, and do not count for --max-waiters.
@@ -187,7 +187,10 @@ local function answer()
         ended = true
       else
         kept[#kept + 1] = r
-        if kind_code(r.field) == 0 then running[#running + 1] = r end
+        -- A holder asked to stop already stops: its mark stays the first.
+        if kind_code(r.field) == 0 and not preempted_by(r.token) then
+          running[#running + 1] = r
+        end
       end
     end
     if ended then
@@ -209,13 +212,14 @@ local function answer()
     local r = grant(hs, ARGV[1], ARGV[2], ttl, mode, limit, slot)
     return {1, r.token, r.slot}
   end
-  if ARGV[6] ~= '1' then return {0, first_label(hs)} end
+  if ARGV[6] ~= '1' then return {0, first_label(hs), in_the_way(mode, hs)} end
+  local blocker = in_the_way(mode, hs)
   -- Behind everyone already queued, also within one microsecond.
   local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
   local seq = now_us()
   if last[2] and tonumber(last[2]) >= seq then seq = tonumber(last[2]) + 1 end
   enqueue(fmt(seq))
-  return {2, first_label(hs), soonest_end(hs), seq}
+  return {2, first_label(hs), soonest_end(hs), seq, blocker}
 end
 local reply = answer()
 settle(hs)

@@ -193,6 +193,18 @@ local function first_label(hs)
   if kind_code(hs[1].field) == 2 then return 'the min-hold window of ' .. hs[1].label end
   return hs[1].label
 end
+-- Who keeps a request of this mode waiting, as the admission table names
+-- it (once the queue was served): the first waiter still queued ahead of it
+-- ('w:' .. its id: the line stops there), else the first holder in its way
+-- (its field; under --limit the name is full, so the first holder).
+local function in_the_way(mode, hs)
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head and head ~= ARGV[7] then return 'w:' .. head end
+  for _, r in ipairs(hs) do
+    if mode ~= 's' or r.mode ~= 's' then return r.field end
+  end
+  return ''
+end
 -- When the head must look again on its own: the soonest holder's end, or
 -- the end of a regathering (-1: neither).
 local function soonest_end(hs)

@@ -1,0 +1,387 @@
+//! The rules every engine follows around the admission rule (`admit.rs`),
+//! as plans: pure answers an engine carries out with its own requests. What
+//! a request does to the others of its name when it joins the queue, what
+//! `release --force` breaks, how long a place in the queue lasts, what a
+//! waiter watches, and how a listing is read within its bound. Written once
+//! here, so changing a rule is one edit; the Redis scripts keep an atomic
+//! copy, held to the same table (`tests/admit/table.rs`).
+
+use std::time::Duration;
+
+use super::{Broken, Error, Force, Group, Holder, ListBound, Listing, Mode, Status};
+
+/// A holder or a waiter as the join rule and `release --force` see it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// The lease's token (a holder's; a waiter's is not read).
+    pub token: Option<u64>,
+    /// Revoked by `release --force`: no job runs under it any more.
+    pub revoked: bool,
+    /// Already asked to stop by a `--preempt` request.
+    pub preempted: bool,
+    /// Kept by `--min-hold` after its job ended: no job runs under it.
+    pub window: bool,
+    /// A waiter that asked for `--supersede`.
+    pub supersede: bool,
+}
+
+impl Standing {
+    /// A holder as `status` shows it: what an engine that reads its
+    /// holders as `Holder`s (the SQL engines, the local one) plans with.
+    pub fn of(h: &Holder) -> Standing {
+        Standing {
+            token: h.token,
+            revoked: h.revoked,
+            preempted: h.preempted_by.is_some(),
+            window: h.min_hold,
+            supersede: false,
+        }
+    }
+}
+
+/// What a `--preempt` request does to one holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Ask it to stop: its next renewal says so, and it releases once its
+    /// job is dead.
+    Mark,
+    /// A `--min-hold` window runs no job: it ends at once.
+    End,
+}
+
+/// What a request that must wait does as it joins the queue.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Join {
+    /// `--max-waiters`: the queue is full, with this many waiting; the
+    /// request leaves at once and does nothing of the rest.
+    pub full: Option<u64>,
+    /// `--preempt`: these holders, by index, and what becomes of each.
+    pub preempt: Vec<(usize, Stop)>,
+    /// `--supersede`: these waiters ahead, by index, leave the queue,
+    /// each told which request replaced it.
+    pub replace: Vec<usize>,
+}
+
+/// The join plan of a request of `group` that must wait behind `holders`
+/// and the waiters `ahead` of it (in arrival order). `--supersede` takes
+/// out every earlier waiter that asked for it too, and those do not count
+/// for `--max-waiters`; a full queue refuses the request before it
+/// disturbs anyone; `--preempt` marks every holder that runs a job and is
+/// not marked or revoked already, and ends every window not revoked.
+///
+/// An engine that carries out `preempt` or `replace` and finds any of them
+/// changed since it read the name looks again rather than counting: each
+/// request that stays saw fewer than N ahead when it joined, so no more
+/// than N ever wait.
+pub fn join(group: Group, holders: &[Standing], ahead: &[Standing]) -> Join {
+    let replace: Vec<usize> = if group.supersede {
+        (0..ahead.len()).filter(|&i| ahead[i].supersede).collect()
+    } else {
+        Vec::new()
+    };
+    if let Some(n) = group.max_waiters {
+        let waiting = (ahead.len() - replace.len()) as u64;
+        if waiting >= u64::from(n) {
+            return Join {
+                full: Some(waiting),
+                ..Join::default()
+            };
+        }
+    }
+    let preempt = if group.preempt {
+        holders
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| match h {
+                // Revoked: its place goes when its lease ends, as promised.
+                h if h.revoked => None,
+                h if h.window => Some((i, Stop::End)),
+                // A marked one stops already: its mark stays the first.
+                h if h.preempted => None,
+                _ => Some((i, Stop::Mark)),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Join {
+        full: None,
+        preempt,
+        replace,
+    }
+}
+
+/// What `release --force` does to one holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Revoke it: its place stays until its lease would have ended (nobody
+    /// else gets in early), and its job stops at its next renewal.
+    Revoke,
+    /// Delete it (`--now`): the name may be granted at once.
+    Delete,
+    /// End a `--min-hold` window: it runs no job, so it goes at once,
+    /// `--now` or not.
+    EndWindow,
+}
+
+impl Cut {
+    /// Whether the holder's place goes now (rather than when its lease ends).
+    pub fn deletes(self) -> bool {
+        self != Cut::Revoke
+    }
+
+    /// The holder as `release --force` reports it once cut.
+    pub fn shown(self, mut h: Holder) -> Holder {
+        if self.deletes() {
+            h.ttl_left = None;
+        } else {
+            h.revoked = true;
+        }
+        h
+    }
+}
+
+/// The force plan: the answer at once, or what to cut.
+#[derive(Debug, Clone)]
+pub enum ForcePlan {
+    /// Nothing to do: not held, or `--token` matched no holder.
+    Done(Broken),
+    /// These holders, by index, each cut so. Empty: every one matched was
+    /// revoked already.
+    Cut(Vec<(usize, Cut)>),
+}
+
+/// The force plan of `release --force` over a name's `held` (its windows
+/// among them): `--token` picks one holder, else all; one revoked already
+/// is left be unless `--now` deletes it.
+pub fn force(held: &[Standing], force: Force) -> ForcePlan {
+    if held.is_empty() {
+        return ForcePlan::Done(Broken::NotHeld);
+    }
+    let matched: Vec<usize> = (0..held.len())
+        .filter(|&i| force.token.is_none_or(|t| Some(t) == held[i].token))
+        .collect();
+    if matched.is_empty() {
+        return ForcePlan::Done(Broken::TokenMismatch(
+            held.iter().filter_map(|h| h.token).collect(),
+        ));
+    }
+    ForcePlan::Cut(
+        matched
+            .into_iter()
+            .filter(|&i| force.now || !held[i].revoked)
+            .map(|i| {
+                let cut = match held[i] {
+                    h if h.window => Cut::EndWindow,
+                    _ if force.now => Cut::Delete,
+                    _ => Cut::Revoke,
+                };
+                (i, cut)
+            })
+            .collect(),
+    )
+}
+
+/// What `release --force` did, from the holders it cut (shown by
+/// `Cut::shown`): none means each was revoked already, or changed hands
+/// while it was cut (not the lease asked about).
+pub fn forced(cut: Vec<Holder>) -> Broken {
+    if cut.is_empty() {
+        Broken::AlreadyRevoked
+    } else {
+        Broken::Leases(cut)
+    }
+}
+
+/// How long a place in the queue lasts without being kept: a third of
+/// the ttl, so a waiter that died stops holding up the queue well before a
+/// lease would have ended, and a live one keeps it with a few requests per
+/// ttl. Never under 100 ms: a waiter needs a request's time to keep it.
+pub fn place_lasts(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(100))
+}
+
+/// The places ahead of a waiter in `mode` (by index into `ahead`, in
+/// arrival order) whose going could let it in: the nearest one that
+/// blocks it (no herd: never the whole queue), and under `--limit N` also
+/// the N just ahead (any of those going moves it up to a free place; one
+/// further ahead going moves them up with it), so no turn is missed.
+pub fn watch(ahead: &[Mode], mode: Mode) -> Vec<usize> {
+    let blocks = |m: Mode| match mode {
+        Mode::Exclusive => true,
+        Mode::Shared => m != Mode::Shared,
+        Mode::Limit(_) => m != mode,
+    };
+    let mut watch: Vec<usize> = Vec::new();
+    if let Some(i) = (0..ahead.len()).rev().find(|&i| blocks(ahead[i])) {
+        watch.push(i);
+    }
+    if let Mode::Limit(n) = mode {
+        for i in (0..ahead.len()).rev().take(n as usize) {
+            if !watch.contains(&i) {
+                watch.push(i);
+            }
+        }
+    }
+    watch
+}
+
+/// What reading one name for a listing found.
+pub enum Read {
+    Listed(Status),
+    /// Nothing held or waiting: not listed.
+    Empty,
+    /// Left out, with the note that says why (a file or key that is not
+    /// lockrun's costs its name a note, not the whole list).
+    LeftOut(String),
+    /// This identity may not read it, with why.
+    Unreadable(String),
+}
+
+/// The note of a listing cut short by its bound.
+pub fn cut_short(read: usize) -> String {
+    format!("stopped after {read} names: the list is incomplete")
+}
+
+/// A listing read name by name within `bound`: `read` each of `names`
+/// (each with where the engine finds it)
+/// until the bound's names or time run out (names listed or unreadable
+/// count; the rest do not), then sorted, with `notes` (what the engine said
+/// before), and `how` last: how the list was read.
+pub fn listing<T>(
+    names: impl IntoIterator<Item = (String, T)>,
+    bound: ListBound,
+    mut notes: Vec<String>,
+    how: &str,
+    mut read: impl FnMut(&str, T) -> Result<Read, Error>,
+) -> Result<Listing, Error> {
+    let mut listed = Vec::new();
+    let mut unreadable = Vec::new();
+    for (name, at) in names {
+        let count = listed.len() + unreadable.len();
+        if count >= bound.names || bound.passed() {
+            notes.push(cut_short(count));
+            break;
+        }
+        match read(&name, at)? {
+            Read::Listed(st) => listed.push((name, st)),
+            Read::Empty => {}
+            Read::LeftOut(note) => notes.push(note),
+            Read::Unreadable(why) => unreadable.push((name, why)),
+        }
+    }
+    listed.sort_by(|a, b| a.0.cmp(&b.0));
+    notes.push(how.to_string());
+    Ok(Listing {
+        names: listed,
+        notes,
+        unreadable,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Mode::{Exclusive as X, Limit, Shared as S};
+
+    fn held(token: u64) -> Standing {
+        Standing {
+            token: Some(token),
+            ..Standing::default()
+        }
+    }
+
+    #[test]
+    fn force_plans_follow_the_token_the_revocations_and_now() {
+        let no = Force {
+            token: None,
+            now: false,
+        };
+        assert!(matches!(force(&[], no), ForcePlan::Done(Broken::NotHeld)));
+        let mut hs = [held(5), held(7)];
+        let one = Force {
+            token: Some(9),
+            now: false,
+        };
+        match force(&hs, one) {
+            ForcePlan::Done(Broken::TokenMismatch(t)) => assert_eq!(t, vec![5, 7]),
+            p => panic!("{p:?}"),
+        }
+        hs[0].revoked = true;
+        hs[1].window = true;
+        let cuts = |p| match p {
+            ForcePlan::Cut(c) => c,
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(cuts(force(&hs, no)), vec![(1, Cut::EndWindow)]);
+        let now = Force {
+            token: None,
+            now: true,
+        };
+        assert_eq!(
+            cuts(force(&hs, now)),
+            vec![(0, Cut::Delete), (1, Cut::EndWindow)]
+        );
+        let first = Force {
+            token: Some(5),
+            now: false,
+        };
+        assert_eq!(cuts(force(&hs, first)), vec![]);
+        assert!(matches!(forced(Vec::new()), Broken::AlreadyRevoked));
+    }
+
+    #[test]
+    fn a_waiter_watches_the_nearest_that_blocks_it_and_a_limit_its_n() {
+        assert_eq!(watch(&[], X), Vec::<usize>::new());
+        assert_eq!(watch(&[S, S, S], X), vec![2]);
+        assert_eq!(watch(&[X, S, S], S), vec![0]);
+        assert_eq!(watch(&[S, S], S), Vec::<usize>::new());
+        let l = Limit(2);
+        assert_eq!(watch(&[l, l, l], l), vec![2, 1]);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_before_anyone_is_disturbed() {
+        let group = Group {
+            max_waiters: Some(2),
+            supersede: true,
+            preempt: true,
+        };
+        let sup = Standing {
+            supersede: true,
+            ..Standing::default()
+        };
+        let plain = Standing::default();
+        let window = Standing {
+            window: true,
+            ..Standing::default()
+        };
+        let marked = Standing {
+            preempted: true,
+            ..Standing::default()
+        };
+        // The replaced waiter does not count: one waits, under two.
+        let j = join(group, &[plain, window, marked], &[sup, plain]);
+        assert_eq!(j.full, None);
+        assert_eq!(j.replace, vec![0]);
+        assert_eq!(j.preempt, vec![(0, Stop::Mark), (1, Stop::End)]);
+        let full = join(group, &[plain], &[plain, sup, plain]);
+        assert_eq!(
+            full,
+            Join {
+                full: Some(2),
+                ..Join::default()
+            }
+        );
+        assert_eq!(join(Group::default(), &[plain], &[sup]), Join::default());
+    }
+
+    #[test]
+    fn a_place_lasts_a_third_of_the_ttl() {
+        assert_eq!(place_lasts(Duration::from_secs(3)), Duration::from_secs(1));
+        assert_eq!(
+            place_lasts(Duration::from_millis(30)),
+            Duration::from_millis(100)
+        );
+    }
+}
