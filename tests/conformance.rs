@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
+mod passwords;
+pub use passwords::*;
+
 /// An engine under test: where it lives and the few things a test must do
 /// behind lockrun's back.
 pub trait Fixture {
@@ -28,6 +31,27 @@ pub trait Fixture {
     fn lapses(&self) -> bool {
         true
     }
+    /// The ttl a queue test asks for: short, but no shorter than the
+    /// engine's smallest lease or session, and long where a place is given
+    /// up at once (so that this is told from a place that lapses).
+    fn queue_ttl(&self) -> Duration {
+        Duration::from_secs(3)
+    }
+    /// How long the place of a waiter killed with SIGKILL can outlive it,
+    /// the waiter having asked for `ttl`: a third of it where the place is
+    /// kept by renewal; nothing where it is a lock or connection that dies
+    /// with the process.
+    fn dead_place(&self, ttl: Duration) -> Duration {
+        ttl / 3
+    }
+    /// A URL of this engine that logs in with the password `pw` (a user
+    /// made for it); none where the engine has no passwords.
+    fn with_password(&self, _pw: &str) -> Option<String> {
+        None
+    }
+    /// URLs of this engine, each with the password `pw-s3cret`, that
+    /// lockrun must refuse as they are written, contacting nothing.
+    fn bad_urls(&self) -> Vec<String>;
 }
 
 pub struct LocalEngine {
@@ -68,6 +92,21 @@ impl Fixture for LocalEngine {
     fn unreachable(&self) -> String {
         "file:///proc/lockrun-nowhere/locks".into()
     }
+    fn queue_ttl(&self) -> Duration {
+        // Long, so that a place given up at once is told from one that
+        // lapses.
+        Duration::from_secs(30)
+    }
+    fn dead_place(&self, _ttl: Duration) -> Duration {
+        // A place is a flock, and it dies with its process.
+        Duration::ZERO
+    }
+    fn bad_urls(&self) -> Vec<String> {
+        vec![
+            "file://u:pw-s3cret@h/locks".into(),
+            "file://u:pw-s3cret@h:99999/locks".into(),
+        ]
+    }
     fn endless(&self) -> Vec<String> {
         // Lock files stay by design; one still locked once every lockrun
         // is gone would be a leftover.
@@ -79,6 +118,35 @@ impl Fixture for LocalEngine {
             .map(|e| e.path().display().to_string())
             .collect()
     }
+}
+
+/// A user made on each of `nodes` that may do everything, with password
+/// `pw`: its name.
+fn acl_user_for(nodes: &[&Redis], pw: &str) -> String {
+    let user = format!("u{}", hex(pw));
+    for n in nodes {
+        n.cmd::<String>(&[
+            "ACL",
+            "SETUSER",
+            &user,
+            "on",
+            &format!(">{pw}"),
+            "~*",
+            "&*",
+            "+@all",
+        ]);
+    }
+    user
+}
+
+/// `url` with `user:pw@` before its hosts.
+fn with_userinfo(url: &str, user: &str, pw: &str) -> String {
+    url.replacen("://", &format!("://{user}:{pw}@"), 1)
+}
+
+/// A user name per password, the same each time.
+fn hex(pw: &str) -> String {
+    pw.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Someone holds a flock on `path`: an exclusive one is refused to us.
@@ -120,6 +188,17 @@ impl Fixture for RedisEngine {
     fn unreachable(&self) -> String {
         format!("redis://127.0.0.1:{}", free_port())
     }
+    fn with_password(&self, pw: &str) -> Option<String> {
+        let user = acl_user_for(&[&self.redis], pw);
+        Some(with_userinfo(&self.redis.url(), &user, pw))
+    }
+    fn bad_urls(&self) -> Vec<String> {
+        vec![
+            "redis://u:pw-s3cret@h:99999".into(),
+            "redis://u:pw-s3cret@h/notadb".into(),
+            "rediss://u:pw-s3cret@h#secure".into(),
+        ]
+    }
     fn endless(&self) -> Vec<String> {
         self.redis.keys_without_expiry(&mut self.redis.conn(), "*")
     }
@@ -157,6 +236,18 @@ impl Fixture for SentinelEngine {
     fn unreachable(&self) -> String {
         format!("redis+sentinel://127.0.0.1:{}/{MASTER}", free_port())
     }
+    fn with_password(&self, pw: &str) -> Option<String> {
+        let nodes: Vec<&Redis> = self.set.nodes.iter().collect();
+        let user = acl_user_for(&nodes, pw);
+        Some(with_userinfo(&self.set.url(), &user, pw))
+    }
+    fn bad_urls(&self) -> Vec<String> {
+        vec![
+            format!("redis+sentinel://u:pw-s3cret@h:99999/{MASTER}"),
+            "redis+sentinel://u:pw-s3cret@h".into(),
+            format!("redis+sentinel://u:pw-s3cret@h/{MASTER}/notadb"),
+        ]
+    }
     fn endless(&self) -> Vec<String> {
         let master = self.set.master();
         master.keys_without_expiry(&mut master.conn(), "*")
@@ -193,6 +284,17 @@ impl Fixture for ClusterEngine {
     fn unreachable(&self) -> String {
         format!("redis+cluster://127.0.0.1:{}", free_port())
     }
+    fn with_password(&self, pw: &str) -> Option<String> {
+        let nodes: Vec<&Redis> = self.cluster.nodes.iter().collect();
+        let user = acl_user_for(&nodes, pw);
+        Some(with_userinfo(&self.cluster.url(), &user, pw))
+    }
+    fn bad_urls(&self) -> Vec<String> {
+        vec![
+            "redis+cluster://u:pw-s3cret@h:99999".into(),
+            "redis+cluster://u:pw-s3cret@h,".into(),
+        ]
+    }
     fn endless(&self) -> Vec<String> {
         let nodes = self.cluster.nodes.iter();
         nodes
@@ -204,12 +306,15 @@ impl Fixture for ClusterEngine {
 /// An etcd server of our own.
 pub struct EtcdEngine {
     etcd: Etcd,
+    /// Authentication is on: a user was made.
+    auth: std::cell::Cell<bool>,
 }
 
 impl EtcdEngine {
     pub fn new() -> EtcdEngine {
         EtcdEngine {
             etcd: Etcd::start(),
+            auth: Default::default(),
         }
     }
 }
@@ -230,6 +335,36 @@ impl Fixture for EtcdEngine {
     }
     fn unreachable(&self) -> String {
         format!("etcd://127.0.0.1:{}", free_port())
+    }
+    fn queue_ttl(&self) -> Duration {
+        // A waiter's place is a lease of a third of the ttl, and etcd's
+        // smallest lease is 2 s.
+        Duration::from_secs(6)
+    }
+    fn with_password(&self, pw: &str) -> Option<String> {
+        // The first user turns authentication on; the next ones are added
+        // by root, with the same role.
+        if !self.auth.replace(true) {
+            return Some(self.etcd.with_locker(pw));
+        }
+        let user = format!("locker-{}", hex(pw));
+        let root = ["--user", "root:rootpw"];
+        self.etcd
+            .ctl(&[&root[..], &["user", "add", &format!("{user}:{pw}")]].concat());
+        self.etcd
+            .ctl(&[&root[..], &["user", "grant-role", &user, "locking"]].concat());
+        Some(with_userinfo(&self.etcd.url(), &user, pw))
+    }
+    fn bad_urls(&self) -> Vec<String> {
+        let port = self.etcd.port;
+        vec![
+            format!("etcd://127.0.0.1:{port}/path"),
+            format!("etcd://u:pw-s3cret@127.0.0.1:{port}/x"),
+            "etcd://u:pw-s3cret@h:port".into(),
+            "etcd://u:pw-s3cret@h:99999".into(),
+            "etcd://".into(),
+            format!("etcd://127.0.0.1:{port},"),
+        ]
     }
     fn endless(&self) -> Vec<String> {
         // Every key is bound to a lease; with every lockrun gone they go.
@@ -272,6 +407,21 @@ impl Fixture for PostgresEngine {
     }
     fn unreachable(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", free_port())
+    }
+    fn with_password(&self, pw: &str) -> Option<String> {
+        let user = format!("u{}", hex(pw));
+        self.pg.sql(&format!(
+            "CREATE ROLE {user} LOGIN SUPERUSER PASSWORD '{pw}'"
+        ));
+        Some(self.pg.url_as(&user, pw))
+    }
+    fn bad_urls(&self) -> Vec<String> {
+        vec![
+            "postgres://u:pw-s3cret@h:99999/d".into(),
+            "postgres://u:pw-s3cret@h/d?nope=1".into(),
+            "postgresql://u:pw-s3cret@h/d/e".into(),
+            "postgres://u:pw-s3cret@h/d?sslmode=sometimes".into(),
+        ]
     }
     fn endless(&self) -> Vec<String> {
         // Rows that are live, or that the next request cleans, are fine: run
@@ -353,6 +503,28 @@ impl Fixture for ZookeeperEngine {
     fn unreachable(&self) -> String {
         format!("zk://127.0.0.1:{}", free_port())
     }
+    fn queue_ttl(&self) -> Duration {
+        Duration::from_secs(6)
+    }
+    fn dead_place(&self, ttl: Duration) -> Duration {
+        // A waiter's node lives as long as its session, and a session
+        // lasts the ttl: the node would become a holder's, whose session
+        // is its lease (lockrun-engines(7) "ZOOKEEPER").
+        ttl
+    }
+    fn with_password(&self, pw: &str) -> Option<String> {
+        // Nodes a digest makes are that digest's: each password gets a
+        // chroot of its own on the same server.
+        let (port, chroot) = zk_chroot_on(self.hosts[0]);
+        Some(format!("zk://locker:{pw}@127.0.0.1:{port}{chroot}"))
+    }
+    fn bad_urls(&self) -> Vec<String> {
+        vec![
+            "zk://u:pw-s3cret@h:99999/x".into(),
+            "zk://u:pw-s3cret@h:port/x".into(),
+            "zks://u:pw-s3cret@h#secure".into(),
+        ]
+    }
     fn endless(&self) -> Vec<String> {
         // Request nodes are ephemeral and the parents containers: with
         // every lockrun gone, only a persistent node would stay.
@@ -399,6 +571,31 @@ impl Fixture for MariadbEngine {
     }
     fn unreachable(&self) -> String {
         format!("mysql://root@127.0.0.1:{}/app", free_port())
+    }
+    fn queue_ttl(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+    fn dead_place(&self, _ttl: Duration) -> Duration {
+        // A place is known by a wake-up lock of the waiter's connection,
+        // and it ends with the process.
+        Duration::ZERO
+    }
+    fn with_password(&self, pw: &str) -> Option<String> {
+        let db = &self.my.db;
+        let user = format!("{db}_u{}", hex(pw));
+        self.my.sql(&format!(
+            "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{pw}'; \
+             GRANT ALL ON `{db}`.* TO '{user}'@'127.0.0.1'"
+        ));
+        Some(self.my.server.url_as(&user, pw, db))
+    }
+    fn bad_urls(&self) -> Vec<String> {
+        vec![
+            "mysql://u:pw-s3cret@h:99999/d".into(),
+            "mysql://u:pw-s3cret@h/d?nope=1".into(),
+            "mariadb://u:pw-s3cret@h".into(),
+            "mysql://u:pw-s3cret@h/d?ssl-mode=sometimes".into(),
+        ]
     }
     fn endless(&self) -> Vec<String> {
         // As on PostgreSQL: one request cleans what has lapsed; a waiter
@@ -1652,6 +1849,62 @@ pub fn a_signalled_waiter_leaves_at_once(e: &dyn Fixture) {
     }
 }
 
+/// A waiter killed with SIGKILL in the queue, behind the holder and ahead
+/// of another, cannot end its place itself: the one behind starts once the
+/// place is gone, at most the engine's `dead_place` after the holder ends
+/// (a third of the ttl where a place is renewed), not a whole ttl or never.
+pub fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let ttl = e.queue_ttl();
+    let ttl_arg = format!("{}ms", ttl.as_millis());
+    let (mut h, job) = holder(e, &scratch, "h", &["--ttl", &ttl_arg, "kq"]);
+    let mut dead = on(&url)
+        .args(["-q", "--ttl", &ttl_arg, "kq", "true"])
+        .spawn();
+    wait_queued(&url, "kq", 1);
+    let started = scratch.path("started");
+    let mut next = on(&url)
+        .args(["-q", "--ttl", &ttl_arg, "kq", "-c"])
+        .arg(format!(
+            "kill -0 {job} 2>/dev/null && touch {}; date +%s%N > {}",
+            scratch.path("beside").display(),
+            started.display()
+        ))
+        .spawn();
+    wait_queued(&url, "kq", 2);
+    signal(dead.id() as i32, libc::SIGKILL);
+    let _ = dead.wait();
+    let released = now_ns();
+    assert_eq!(stop(&mut h), Some(143));
+    assert_eq!(
+        wait_child(&mut next, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    let at: u128 = scratch.read("started").trim().parse().unwrap();
+    let waited = Duration::from_nanos((at - released) as u64);
+    let bound = e.dead_place(ttl) + Duration::from_millis(1500);
+    assert!(
+        waited < bound,
+        "the waiter behind a killed one started {waited:?} after the holder was told to \
+         end (ttl {ttl:?}, a dead place lasts {:?} here)",
+        e.dead_place(ttl)
+    );
+    assert!(
+        !scratch.exists("beside"),
+        "the next job ran beside the holder's"
+    );
+    assert_eq!(waiters(e, "kq"), 0, "a place outlived its waiter");
+}
+
+/// The wall clock in ns, as `date +%s%N` gives it to a job.
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
 /// Every test above, on each engine: one line per engine.
 macro_rules! conformance {
     ($($engine:ident: $fixture:expr;)*) => {$(
@@ -1684,6 +1937,10 @@ macro_rules! conformance {
             #[test] fn only_preempt_disturbs_a_holder() { super::only_preempt_disturbs_a_holder(&$fixture) }
             #[test] fn group_words_refused_with_no_wait() { super::group_words_refused_with_no_wait(&$fixture) }
             #[test] fn a_signalled_waiter_leaves_at_once() { super::a_signalled_waiter_leaves_at_once(&$fixture) }
+            #[test] fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place() { super::a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place(&$fixture) }
+            #[test] fn short_passwords_garble_no_word() { super::short_passwords_garble_no_word(&$fixture) }
+            #[test] fn the_password_is_never_printed_nor_given_to_the_job() { super::the_password_is_never_printed_nor_given_to_the_job(&$fixture) }
+            #[test] fn bad_urls_are_refused_with_one_line_and_no_password() { super::bad_urls_are_refused_with_one_line_and_no_password(&$fixture) }
         }
     )*};
 }

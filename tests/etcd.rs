@@ -177,22 +177,14 @@ fn unreachable_endpoints_are_69_and_a_dead_first_one_is_passed_over() {
     on(&url).args(["status", "first"]).code(1);
 }
 
+/// A ttl below etcd's smallest lease is 64 before anything is contacted
+/// (bad URLs: the conformance suite).
 #[test]
-fn bad_urls_and_short_ttls_are_64_before_anything_is_contacted() {
+fn short_ttls_are_64_before_anything_is_contacted() {
     let etcd = Etcd::start();
     let scratch = Scratch::new();
     let ran = scratch.path("ran");
     let job = format!("touch {}", ran.display());
-    for url in [
-        format!("etcd://127.0.0.1:{}/path", etcd.port),
-        format!("etcd://u:s3cret@127.0.0.1:{}/x", etcd.port),
-        "etcd://u:s3cret@h:port".to_string(),
-        "etcd://".to_string(),
-        format!("etcd://127.0.0.1:{},", etcd.port),
-    ] {
-        let out = on(&url).args(["bad", "-c", &job]).code(64).says(&[]);
-        assert!(!out.stderr().contains("s3cret"), "{}", out.stderr());
-    }
     on(&etcd)
         .args(["--ttl", "1s", "bad", "-c", &job])
         .code(64)
@@ -206,47 +198,13 @@ fn bad_urls_and_short_ttls_are_64_before_anything_is_contacted() {
     assert_eq!(out.stdout(), "3000\n");
 }
 
+/// A wrong password is refused at once, naming the user; a prefix outside
+/// the role's keys too. (A user's password reaching no line and no job:
+/// the conformance suite.)
 #[test]
-fn a_waiter_killed_in_the_queue_holds_up_the_next_by_a_third_of_the_ttl() {
-    let etcd = Etcd::start();
-    let url = etcd.url();
-    let scratch = Scratch::new();
-    let (mut h, _) = holder(&url, &scratch, "q", "9s");
-    let mut first = on(&url).args(["-q", "--ttl", "9s", "q", "true"]).spawn();
-    wait_queued(&url, "q", 1);
-    let mut second = on(&url)
-        .args(["-q", "--ttl", "9s", "q", "-c"])
-        .arg(format!("touch {}", scratch.path("ran").display()))
-        .spawn();
-    wait_queued(&url, "q", 2);
-    signal(first.id() as i32, libc::SIGKILL);
-    let _ = first.wait();
-    signal(h.id() as i32, libc::SIGTERM);
-    wait_child(&mut h, Duration::from_secs(20));
-    let freed = Instant::now();
-    assert_eq!(
-        wait_child(&mut second, Duration::from_secs(30)).code(),
-        Some(0)
-    );
-    // The dead waiter's key lives on a 3 s lease; a second for this test.
-    let took = freed.elapsed();
-    assert!(took < Duration::from_secs(4), "waited {took:?}");
-}
-
-#[test]
-fn a_user_s_password_opens_etcd_and_reaches_no_line_and_no_job() {
+fn a_wrong_password_or_a_prefix_outside_the_role_is_refused_at_once() {
     let etcd = Etcd::start();
     let url = etcd.with_locker("s3cretpw");
-    let out = lockrun()
-        .env("LOCKRUN_URL", &url)
-        .args(["-v", "--ttl", "3s", "auth", "-c"])
-        .arg("env; sleep 1.2")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    for seen in [text(&out.stdout), text(&out.stderr)] {
-        assert!(!seen.contains("s3cretpw"), "{seen}");
-    }
     let wrong = format!("etcd://locker:wrongpw@127.0.0.1:{}", etcd.port);
     let out = on(&wrong)
         .args(["auth", "true"])
