@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 
 mod passwords;
+mod servers;
 pub use passwords::*;
+pub use servers::*;
 
 /// An engine under test: where it lives and the few things a test must do
 /// behind lockrun's back.
@@ -52,6 +54,13 @@ pub trait Fixture {
     /// URLs of this engine, each with the password `pw-s3cret`, that
     /// lockrun must refuse as they are written, contacting nothing.
     fn bad_urls(&self) -> Vec<String>;
+    /// A server of this engine for one test alone, to restart or stop;
+    /// none where there is no server, or where a restart is a failover
+    /// (Sentinel, Cluster) or loses leases by design (Redis without
+    /// persistence): those are tested in the engine's file.
+    fn own_server(&self) -> Option<Box<dyn Server>> {
+        None
+    }
 }
 
 pub struct LocalEngine {
@@ -355,6 +364,9 @@ impl Fixture for EtcdEngine {
             .ctl(&[&root[..], &["user", "grant-role", &user, "locking"]].concat());
         Some(with_userinfo(&self.etcd.url(), &user, pw))
     }
+    fn own_server(&self) -> Option<Box<dyn Server>> {
+        Some(Box::new(Etcd::start()))
+    }
     fn bad_urls(&self) -> Vec<String> {
         let port = self.etcd.port;
         vec![
@@ -414,6 +426,9 @@ impl Fixture for PostgresEngine {
             "CREATE ROLE {user} LOGIN SUPERUSER PASSWORD '{pw}'"
         ));
         Some(self.pg.url_as(&user, pw))
+    }
+    fn own_server(&self) -> Option<Box<dyn Server>> {
+        Some(Box::new(Postgres::start()))
     }
     fn bad_urls(&self) -> Vec<String> {
         vec![
@@ -518,6 +533,12 @@ impl Fixture for ZookeeperEngine {
         let (port, chroot) = zk_chroot_on(self.hosts[0]);
         Some(format!("zk://locker:{pw}@127.0.0.1:{port}{chroot}"))
     }
+    fn own_server(&self) -> Option<Box<dyn Server>> {
+        // One member of an ensemble restarted is a failover, tested in
+        // the engine's file.
+        let alone = self.hosts.len() == 1;
+        alone.then(|| Box::new(Zookeeper::start()) as Box<dyn Server>)
+    }
     fn bad_urls(&self) -> Vec<String> {
         vec![
             "zk://u:pw-s3cret@h:99999/x".into(),
@@ -588,6 +609,9 @@ impl Fixture for MariadbEngine {
              GRANT ALL ON `{db}`.* TO '{user}'@'127.0.0.1'"
         ));
         Some(self.my.server.url_as(&user, pw, db))
+    }
+    fn own_server(&self) -> Option<Box<dyn Server>> {
+        Some(Box::new(Mariadb::start()))
     }
     fn bad_urls(&self) -> Vec<String> {
         vec![
@@ -1941,6 +1965,7 @@ macro_rules! conformance {
             #[test] fn short_passwords_garble_no_word() { super::short_passwords_garble_no_word(&$fixture) }
             #[test] fn the_password_is_never_printed_nor_given_to_the_job() { super::the_password_is_never_printed_nor_given_to_the_job(&$fixture) }
             #[test] fn bad_urls_are_refused_with_one_line_and_no_password() { super::bad_urls_are_refused_with_one_line_and_no_password(&$fixture) }
+            #[test] fn a_server_restart_mid_job_is_ridden_out() { super::a_server_restart_mid_job_is_ridden_out(&$fixture) }
         }
     )*};
 }
