@@ -1966,6 +1966,7 @@ macro_rules! conformance {
             #[test] fn the_password_is_never_printed_nor_given_to_the_job() { super::the_password_is_never_printed_nor_given_to_the_job(&$fixture) }
             #[test] fn bad_urls_are_refused_with_one_line_and_no_password() { super::bad_urls_are_refused_with_one_line_and_no_password(&$fixture) }
             #[test] fn a_server_restart_mid_job_is_ridden_out() { super::a_server_restart_mid_job_is_ridden_out(&$fixture) }
+            #[test] fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() { super::a_stopped_server_stops_the_job_before_its_lease_could_lapse(&$fixture) }
         }
     )*};
 }

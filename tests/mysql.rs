@@ -158,28 +158,6 @@ fn tokens_never_go_back_when_the_counter_is_lost() {
 }
 
 #[test]
-fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() {
-    let my = Mariadb::start();
-    let url = my.url();
-    let scratch = Scratch::new();
-    let (mut h, job) = holder(&url, &scratch, "stall", "2s");
-    let paused = Instant::now();
-    my.pause();
-    let code = wait_child(&mut h, Duration::from_secs(20)).code();
-    let took = paused.elapsed();
-    my.resume();
-    assert_eq!(code, Some(76), "{}", scratch.read("err"));
-    assert!(!alive(job), "the job outlived its lease");
-    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
-    let err = scratch.read("err");
-    assert!(
-        err.lines()
-            .any(|l| l.contains("lease on stall lost") && l.contains("(last attempt: ")),
-        "the line does not say why the lease was lost: {err}"
-    );
-}
-
-#[test]
 fn a_stopped_server_is_said_not_to_answer_within_the_bound() {
     let my = Mariadb::start();
     let url = my.url();

@@ -176,35 +176,6 @@ fn a_chroot_that_does_not_exist_is_69_and_a_ttl_above_the_server_s_max_is_64() {
 }
 
 #[test]
-fn a_paused_server_stops_the_job_before_its_session_could_expire() {
-    let zk = Zookeeper::start();
-    let url = zk.url();
-    let scratch = Scratch::new();
-    let mut h = on(&url)
-        .args(["--ttl", "3s", "paused", "-c"])
-        .arg(format!(
-            "echo $$ > {}; exec sleep 60",
-            scratch.path("pid").display()
-        ))
-        .spawn();
-    let job = scratch.pid_in("pid");
-    zk.server.pause();
-    let paused = Instant::now();
-    let code = wait_child(&mut h, Duration::from_secs(20)).code();
-    let took = paused.elapsed();
-    assert_eq!(code, Some(76));
-    assert!(!alive(job));
-    // Lost within the ttl of the last renewal (at most a ttl before the pause).
-    assert!(
-        took < Duration::from_secs(3),
-        "stopped {took:?} after the pause"
-    );
-    zk.server.resume();
-    // The session expires on the server; the name comes free.
-    on(&url).args(["-w", "20", "paused", "true"]).succeeds();
-}
-
-#[test]
 fn a_partition_from_every_server_stops_the_job_on_schedule() {
     let port = shared_zookeeper();
     let (_, chroot) = zk_chroot();
