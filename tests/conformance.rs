@@ -54,6 +54,11 @@ pub trait Fixture {
     /// URLs of this engine, each with the password `pw-s3cret`, that
     /// lockrun must refuse as they are written, contacting nothing.
     fn bad_urls(&self) -> Vec<String>;
+    /// A URL of a user with only the rights lockrun-engines(7) tells
+    /// operators to give; none where the engine has no users.
+    fn documented_user(&self) -> Option<String> {
+        None
+    }
     /// A server of this engine for one test alone, to restart or stop;
     /// none where there is no server, or where a restart is a failover
     /// (Sentinel, Cluster) or loses leases by design (Redis without
@@ -148,6 +153,20 @@ fn acl_user_for(nodes: &[&Redis], pw: &str) -> String {
     user
 }
 
+/// The user lockrun-engines(7) tells operators to make, with exactly its
+/// rules and the `more` its topology adds, on each of `nodes`: `url`
+/// logged in as it.
+fn documented_acl_user(nodes: &[&Redis], url: &str, more: &str) -> String {
+    let rules = crate::docs::documented_redis_acl();
+    for n in nodes {
+        let mut args = vec!["ACL", "SETUSER", "locker", "reset", "on", ">locker-pw"];
+        args.extend(rules.split_whitespace());
+        args.extend(more.split_whitespace());
+        n.cmd::<String>(&args);
+    }
+    with_userinfo(url, "locker", "locker-pw")
+}
+
 /// `url` with `user:pw@` before its hosts.
 fn with_userinfo(url: &str, user: &str, pw: &str) -> String {
     url.replacen("://", &format!("://{user}:{pw}@"), 1)
@@ -201,6 +220,9 @@ impl Fixture for RedisEngine {
         let user = acl_user_for(&[&self.redis], pw);
         Some(with_userinfo(&self.redis.url(), &user, pw))
     }
+    fn documented_user(&self) -> Option<String> {
+        Some(documented_acl_user(&[&self.redis], &self.redis.url(), ""))
+    }
     fn bad_urls(&self) -> Vec<String> {
         vec![
             "redis://u:pw-s3cret@h:99999".into(),
@@ -250,6 +272,11 @@ impl Fixture for SentinelEngine {
         let user = acl_user_for(&nodes, pw);
         Some(with_userinfo(&self.set.url(), &user, pw))
     }
+    fn documented_user(&self) -> Option<String> {
+        let nodes: Vec<&Redis> = self.set.nodes.iter().collect();
+        // lockrun-engines(7) "REDIS SENTINEL": as Redis, plus +role.
+        Some(documented_acl_user(&nodes, &self.set.url(), "+role"))
+    }
     fn bad_urls(&self) -> Vec<String> {
         vec![
             format!("redis+sentinel://u:pw-s3cret@h:99999/{MASTER}"),
@@ -297,6 +324,13 @@ impl Fixture for ClusterEngine {
         let nodes: Vec<&Redis> = self.cluster.nodes.iter().collect();
         let user = acl_user_for(&nodes, pw);
         Some(with_userinfo(&self.cluster.url(), &user, pw))
+    }
+    fn documented_user(&self) -> Option<String> {
+        let nodes: Vec<&Redis> = self.cluster.nodes.iter().collect();
+        // lockrun-engines(7) "REDIS CLUSTER": as Redis, plus these, on
+        // every node.
+        let more = "+cluster|slots +asking +cluster|nodes";
+        Some(documented_acl_user(&nodes, &self.cluster.url(), more))
     }
     fn bad_urls(&self) -> Vec<String> {
         vec![
@@ -367,6 +401,10 @@ impl Fixture for EtcdEngine {
     fn own_server(&self) -> Option<Box<dyn Server>> {
         Some(Box::new(Etcd::start()))
     }
+    fn documented_user(&self) -> Option<String> {
+        // Every user made here has the role the page gives.
+        self.with_password("locker-pw")
+    }
     fn bad_urls(&self) -> Vec<String> {
         let port = self.etcd.port;
         vec![
@@ -429,6 +467,15 @@ impl Fixture for PostgresEngine {
     }
     fn own_server(&self) -> Option<Box<dyn Server>> {
         Some(Box::new(Postgres::start()))
+    }
+    fn documented_user(&self) -> Option<String> {
+        // The owner creates the tables; the job's role only uses them.
+        on(&self.pg.url()).args(["x", "true"]).succeeds();
+        self.pg.sql(&format!(
+            "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; {}",
+            crate::docs::documented_postgres_grants("ci")
+        ));
+        Some(self.pg.url_as("ci", "ci-pw"))
     }
     fn bad_urls(&self) -> Vec<String> {
         vec![
@@ -612,6 +659,16 @@ impl Fixture for MariadbEngine {
     }
     fn own_server(&self) -> Option<Box<dyn Server>> {
         Some(Box::new(Mariadb::start()))
+    }
+    fn documented_user(&self) -> Option<String> {
+        // It may create the tables itself.
+        let db = &self.my.db;
+        let user = format!("ci_{db}");
+        self.my.sql(&format!(
+            "CREATE USER '{user}'@'%' IDENTIFIED BY 'ci-pw'; {}",
+            crate::docs::documented_mysql_grants(&user, db)
+        ));
+        Some(self.my.server.url_as(&user, "ci-pw", db))
     }
     fn bad_urls(&self) -> Vec<String> {
         vec![
@@ -1966,6 +2023,7 @@ macro_rules! conformance {
             #[test] fn the_password_is_never_printed_nor_given_to_the_job() { super::the_password_is_never_printed_nor_given_to_the_job(&$fixture) }
             #[test] fn bad_urls_are_refused_with_one_line_and_no_password() { super::bad_urls_are_refused_with_one_line_and_no_password(&$fixture) }
             #[test] fn a_server_restart_mid_job_is_ridden_out() { super::a_server_restart_mid_job_is_ridden_out(&$fixture) }
+            #[test] fn the_rights_the_manual_lists_are_enough() { super::the_rights_the_manual_lists_are_enough(&$fixture) }
             #[test] fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() { super::a_stopped_server_stops_the_job_before_its_lease_could_lapse(&$fixture) }
         }
     )*};

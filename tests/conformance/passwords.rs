@@ -1,7 +1,9 @@
-//! Passwords, on every engine that takes one: however short, a password
-//! is hidden where the address is shown and nowhere else (the words around
-//! it come out whole); however long, it reaches no line and no job; and a
-//! URL written wrong is refused before anything is contacted, without it.
+//! Users and passwords, on every engine that has them: however short, a
+//! password is hidden where the address is shown and nowhere else (the
+//! words around it come out whole); however long, it reaches no line and
+//! no job; a URL written wrong is refused before anything is contacted,
+//! without it; and a user with only the rights the manual gives can do
+//! all lockrun does.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -169,4 +171,47 @@ pub fn bad_urls_are_refused_with_one_line_and_no_password(e: &dyn Fixture) {
         );
     }
     assert!(!ran.exists(), "a job ran with a bad URL");
+}
+
+/// A user with only the rights lockrun-engines(7) gives runs a job, holds
+/// and is refused beside a holder, reads `status`, waits and is handed the
+/// name when `release --force` breaks the holder, shares with `-s`, and
+/// lists every name.
+pub fn the_rights_the_manual_lists_are_enough(e: &dyn Fixture) {
+    let Some(url) = e.documented_user() else {
+        return;
+    };
+    let token = on(&url)
+        .args(["x", "-c", "echo $LOCKRUN_TOKEN"])
+        .succeeds()
+        .stdout();
+    assert!(token.trim().parse::<u64>().unwrap() > 0, "token {token:?}");
+    let scratch = Scratch::new();
+    let mut h = on(&url)
+        .args(["--ttl", "3s", "g", "-c"])
+        .arg(format!(
+            "echo $$ > {}; exec sleep 60",
+            scratch.path("pid").display()
+        ))
+        .spawn();
+    scratch.pid_in("pid");
+    on(&url).args(["-n", "g", "true"]).code(75);
+    on(&url).args(["status", "g"]).code(0);
+    let mut waiter = on(&url).args(["-q", "g", "true"]).spawn();
+    wait_queued(&url, "g", 1);
+    if e.breaks() {
+        on(&url).args(["release", "--force", "g"]).succeeds();
+        assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
+    } else {
+        assert_eq!(stop(&mut h), Some(143));
+    }
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    on(&url).args(["-s", "g", "true"]).succeeds();
+    on(&url).arg("status").code(1);
+    let _held = crate::operators::hold_name(&url, "listed");
+    let listed = on(&url).arg("status").code(0).stdout();
+    assert!(listed.contains("listed: held by"), "{listed}");
 }
