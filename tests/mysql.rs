@@ -753,33 +753,6 @@ fn doctor_fails_a_user_that_may_neither_find_nor_create_the_tables() {
 }
 
 #[test]
-fn release_force_now_wakes_the_next_waiter_at_once() {
-    let my = MyDb::new();
-    let url = my.url();
-    let scratch = Scratch::new();
-    let (mut h, _) = holder(&url, &scratch, "now", "30s");
-    let started = scratch.path("started");
-    let mut w = on(&url)
-        .args(["-q", "now", "-c"])
-        .arg(format!("touch {}", started.display()))
-        .spawn();
-    wait_queued(&url, "now", 1);
-    let at = Instant::now();
-    on(&url)
-        .args(["release", "--force", "--now", "now"])
-        .succeeds();
-    // Well before the waiter would look again by itself (ttl/9 = 3.3 s).
-    assert!(
-        wait_until(Duration::from_secs(3), || started.exists()),
-        "the waiter did not start"
-    );
-    assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
-    assert_eq!(wait_child(&mut w, Duration::from_secs(20)).code(), Some(0));
-    // The holder's lease is gone; its job ends as it will.
-    finish(&scratch, &mut h);
-}
-
-#[test]
 fn mariadb_urls_and_unix_sockets_reach_the_same_tables() {
     let my = MyDb::new();
     let socket = my.server.socket().display().to_string();

@@ -802,36 +802,6 @@ fn force_release_is_refused_on_the_local_backend() {
 }
 
 #[test]
-fn force_release_now_deletes_and_wakes_a_waiter() {
-    let redis = Redis::start();
-    let scratch = Scratch::new();
-    let url = redis.url();
-    let mut holder = hold(Some(&url), "now", "30s", &scratch);
-    scratch.pid_in("pid");
-    let mut waiter = on(&url)
-        .args(["now", "-c"])
-        .arg(format!("touch {}", scratch.path("started").display()))
-        .spawn();
-    wait_queued(&url, "now", 1);
-    on(&url)
-        .args(["release", "--force", "--now", "now"])
-        .code(0);
-    let t = Instant::now();
-    assert!(wait_child(&mut waiter, Duration::from_secs(20)).success());
-    // With a 30 s ttl only the wake-up explains a start this soon.
-    assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "waiter took {:?}",
-        t.elapsed()
-    );
-    // The old holder finds out at its next renewal (ttl/3), exit 76.
-    assert_eq!(
-        wait_child(&mut holder, Duration::from_secs(30)).code(),
-        Some(76)
-    );
-}
-
-#[test]
 fn force_release_revokes_safely() {
     let redis = Redis::start();
     let scratch = Scratch::new();
