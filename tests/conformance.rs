@@ -843,17 +843,19 @@ pub fn stop(child: &mut Child) -> Option<i32> {
 }
 
 /// The job's exit code, its death by a signal and an exec failure come back
-/// as a shell would report them.
+/// as a shell would report them, and the name is free after each.
 pub fn runs_and_passes_exit_codes(e: &dyn Fixture) {
     let url = e.url();
     on(&url).args(["c", "true"]).code(0);
     on(&url).args(["c", "-c", "exit 3"]).code(3);
+    on(&url).args(["c", "-c", "exit 255"]).code(255);
     on(&url).args(["c", "-c", "kill -TERM $$"]).code(143);
     on(&url).args(["c", "no-such-command-here"]).code(127);
     let out = on(&url)
         .args(["c", "--", "sh", "-c", "echo $LOCKRUN_NAME $LOCKRUN_TTL_MS"])
         .succeeds();
     assert_eq!(out.stdout(), "c 30000\n");
+    on(&url).args(["status", "c"]).code(1);
 }
 
 /// Jobs under one name never overlap, and every grant's token is higher
@@ -1391,7 +1393,8 @@ pub fn prefixes_keep_names_apart(e: &dyn Fixture) {
 
 /// `lockrun X` from inside a job holding X would wait for itself once
 /// anyone queues between them: refused with 64 in every mode, also when
-/// another holder's label is the one a waiter sees first.
+/// another holder's label is the one a waiter sees first. Another name
+/// inside is fine.
 pub fn nested_requests_are_refused_in_every_mode(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let url = e.url();
@@ -1413,6 +1416,10 @@ pub fn nested_requests_are_refused_in_every_mode(e: &dyn Fixture) {
             .says(&["deadlock"]);
         stop(&mut other);
     }
+    // Another name inside is no deadlock.
+    on(&url)
+        .args(["nest", "-c", &format!("{BIN} --url {url} inner true")])
+        .code(0);
 }
 
 /// `status` without a name, `doctor` and `--metrics-file` (lockrun(1) "COMMANDS",

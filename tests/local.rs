@@ -230,18 +230,6 @@ fn a_killed_lockrun_takes_its_job_along_and_only_then_frees_the_lock() {
     assert!(!alive(escaped));
 }
 
-#[test]
-fn nested_local_lock_is_refused() {
-    let scratch = Scratch::new();
-    let url = scratch.file_url();
-    let out = run(lockrun().args([
-        "--url", &url, "outer", "--", BIN, "--url", &url, "outer", "true",
-    ]));
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "{err}");
-    assert!(err.contains("deadlock"), "{err}");
-}
-
 /// Wall-clock nanoseconds, as the jobs' `date +%s%N` prints them.
 fn wall_ns() -> u128 {
     std::time::SystemTime::now()

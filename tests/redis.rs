@@ -9,21 +9,6 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 
 #[test]
-fn exit_codes_pass_through() {
-    let redis = Redis::start();
-    for code in [0, 3, 255] {
-        let out = run(on(&redis).args(["x", "--", "sh", "-c", &format!("exit {code}")]));
-        assert_eq!(out.status.code(), Some(code));
-    }
-    on(&redis).args(["x", "-c", "exit 7"]).code(7);
-    assert!(
-        redis.keys().iter().all(|k| !k.ends_with('}')),
-        "lease left behind: {:?}",
-        redis.keys()
-    );
-}
-
-#[test]
 fn stdio_passes_through() {
     let redis = Redis::start();
     let mut child = on(&redis)
@@ -329,20 +314,6 @@ fn redis_killed_mid_hold_stops_the_job_before_expiry() {
 #[test]
 fn redis_paused_mid_hold_stops_the_job_before_expiry() {
     outage_kills_the_job_in_time(true);
-}
-
-#[test]
-fn nested_lockrun_on_the_same_lock_is_refused() {
-    let redis = Redis::start();
-    let url = redis.url();
-    let out = run(on(&redis).args(["outer", "--", BIN, "--url", &url, "outer", "true"]));
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "{err}");
-    assert!(err.contains("deadlock"), "{err}");
-    // A different name inside is fine.
-    on(&redis)
-        .args(["outer", "--", BIN, "--url", &url, "inner", "true"])
-        .code(0);
 }
 
 fn waiters(redis: &Redis, name: &str) -> u64 {
