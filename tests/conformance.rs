@@ -1992,6 +1992,47 @@ pub fn a_signalled_waiter_leaves_at_once(e: &dyn Fixture) {
     }
 }
 
+/// Reading creates nothing (`status`, with and without a name, and
+/// `release --force` of a name never used); then eight first users at once
+/// all succeed, one at a time, each with a token of its own, and the tokens
+/// after rise above them.
+pub fn first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise(e: &dyn Fixture) {
+    let url = e.url();
+    on(&url).args(["status", "tok"]).code(1);
+    on(&url).arg("status").code(1);
+    let force = if e.breaks() { 1 } else { 64 };
+    on(&url).args(["release", "--force", "tok"]).code(force);
+    assert!(e.untouched(), "reading left something behind");
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            on(&url)
+                .args(["tok", "-c"])
+                .arg(logging_job(&scratch, &format!("j{i}"), "0.05"))
+                .spawn()
+        })
+        .collect();
+    all_succeed(children);
+    let spans = spans(&scratch);
+    assert_eq!(spans.len(), 8);
+    assert_eq!(
+        most_at_once(&spans),
+        1,
+        "two first users at once: {spans:#?}"
+    );
+    tokens_follow_grants(&spans);
+    let mut last = spans.iter().map(|s| s.token).max().unwrap();
+    for _ in 0..3 {
+        let out = on(&url)
+            .args(["tok", "-c", "echo $LOCKRUN_TOKEN"])
+            .succeeds()
+            .stdout();
+        let t: u64 = out.trim().parse().unwrap();
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+    }
+}
+
 /// A waiter killed with SIGKILL in the queue, behind the holder and ahead
 /// of another, cannot end its place itself: the one behind starts once the
 /// place is gone, at most the engine's `dead_place` after the holder ends
@@ -2080,6 +2121,7 @@ macro_rules! conformance {
             #[test] fn only_preempt_disturbs_a_holder() { super::only_preempt_disturbs_a_holder(&$fixture) }
             #[test] fn group_words_refused_with_no_wait() { super::group_words_refused_with_no_wait(&$fixture) }
             #[test] fn a_signalled_waiter_leaves_at_once() { super::a_signalled_waiter_leaves_at_once(&$fixture) }
+            #[test] fn first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise() { super::first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise(&$fixture) }
             #[test] fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place() { super::a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place(&$fixture) }
             #[test] fn short_passwords_garble_no_word() { super::short_passwords_garble_no_word(&$fixture) }
             #[test] fn the_password_is_never_printed_nor_given_to_the_job() { super::the_password_is_never_printed_nor_given_to_the_job(&$fixture) }
