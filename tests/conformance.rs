@@ -1337,6 +1337,65 @@ pub fn first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise(e: &dyn F
     }
 }
 
+/// Beside a holder, `-n` gives up at once (75, or `-E`'s code) and its
+/// job never starts; `-w 1s` gives up after a second, not before and not
+/// much later.
+pub fn no_wait_gives_up_at_once_and_wait_gives_up_in_time(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let (mut h, _) = holder(e, &scratch, "h", &["held"]);
+    let job = format!("touch {}", scratch.path("ran").display());
+    let start = Instant::now();
+    on(&url).args(["-n", "held", "-c", &job]).code(75);
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "-n took {took:?}");
+    on(&url).args(["-n", "-E", "3", "held", "true"]).code(3);
+    let start = Instant::now();
+    on(&url).args(["-w", "1s", "held", "-c", &job]).code(75);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(950),
+        "gave up too early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(6), "gave up too late: {took:?}");
+    assert!(!scratch.exists("ran"), "a job ran beside the holder");
+    assert_eq!(stop(&mut h), Some(143));
+}
+
+/// A waiter starts within a second of the holder's job ending, with a 30 s
+/// ttl: only the release's wake-up explains a start this soon.
+pub fn a_waiter_starts_promptly_after_release(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let mut h = on(&url)
+        .args(["--ttl", "30s", "handoff", "-c"])
+        .arg(format!(
+            "touch {0}; while [ ! -e {1} ]; do sleep 0.01; done; date +%s%N > {2}",
+            scratch.path("holding").display(),
+            scratch.path("go").display(),
+            scratch.path("end").display()
+        ))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+    let mut waiter = on(&url)
+        .args(["--ttl", "30s", "handoff", "-c"])
+        .arg(format!("date +%s%N > {}", scratch.path("start").display()))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || waiters(
+        e, "handoff"
+    ) == 1));
+    std::fs::write(scratch.path("go"), "").unwrap();
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(0));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    let end: u128 = scratch.read("end").trim().parse().unwrap();
+    let start: u128 = scratch.read("start").trim().parse().unwrap();
+    let gap = Duration::from_nanos((start - end) as u64);
+    assert!(gap < Duration::from_secs(1), "hand-off took {gap:?}");
+}
+
 /// A waiter killed with SIGKILL in the queue, behind the holder and ahead
 /// of another, cannot end its place itself: the one behind starts once the
 /// place is gone, at most the engine's `dead_place` after the holder ends
@@ -1425,6 +1484,8 @@ macro_rules! conformance {
             #[test] fn only_preempt_disturbs_a_holder() { super::only_preempt_disturbs_a_holder(&$fixture) }
             #[test] fn group_words_refused_with_no_wait() { super::group_words_refused_with_no_wait(&$fixture) }
             #[test] fn a_signalled_waiter_leaves_at_once() { super::a_signalled_waiter_leaves_at_once(&$fixture) }
+            #[test] fn no_wait_gives_up_at_once_and_wait_gives_up_in_time() { super::no_wait_gives_up_at_once_and_wait_gives_up_in_time(&$fixture) }
+            #[test] fn a_waiter_starts_promptly_after_release() { super::a_waiter_starts_promptly_after_release(&$fixture) }
             #[test] fn first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise() { super::first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise(&$fixture) }
             #[test] fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place() { super::a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place(&$fixture) }
             #[test] fn short_passwords_garble_no_word() { super::short_passwords_garble_no_word(&$fixture) }
