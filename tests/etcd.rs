@@ -23,16 +23,6 @@ pub(crate) fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Ch
     (child, scratch.pid_in("pid"))
 }
 
-fn run_token(url: &str, name: &str) -> u64 {
-    on(url)
-        .args([name, "-c", "echo $LOCKRUN_TOKEN"])
-        .succeeds()
-        .stdout()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// The lease etcd holds for `name`'s first key (decimal id), from etcdctl.
 fn lease_of(etcd: &Etcd, name: &str) -> i64 {
     let out = etcd.ctl(&["get", "--prefix", &format!("lockrun:{name}/"), "-w", "json"]);
@@ -40,21 +30,6 @@ fn lease_of(etcd: &Etcd, name: &str) -> i64 {
     v["kvs"][0]["lease"]
         .as_i64()
         .unwrap_or_else(|| panic!("no lease on {name}: {out}"))
-}
-
-#[test]
-fn tokens_strictly_increase_and_never_go_back_after_a_restart() {
-    let mut etcd = Etcd::start();
-    let url = etcd.url();
-    let mut last = 0;
-    for _ in 0..3 {
-        let t = run_token(&url, "tok");
-        assert!(t > last, "token {t} after {last}");
-        last = t;
-    }
-    etcd.restart();
-    let t = run_token(&url, "tok");
-    assert!(t > last, "token {t} after a restart, {last} before");
 }
 
 #[test]
