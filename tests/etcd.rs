@@ -1,27 +1,17 @@
 //! The etcd engine end to end, beyond the conformance suite (which covers
 //! exclusion, first come first served, `--limit`, `-s`, status, `release
-//! --force`, `kill -9` of a holder's lockrun): tokens across a restart,
-//! leases revoked or starved behind lockrun's back, endpoints, URLs, auth.
+//! --force`, `kill -9` of a holder's lockrun, a restart and a stop of the
+//! server, users and URLs): leases revoked or starved behind lockrun's
+//! back, endpoints, the smallest lease, a role's prefix.
 
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-/// A holder whose job runs until stopped, started with `-vv` (every
-/// renewal logged to the scratch file `err`); returns once its job runs.
-pub(crate) fn holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
-    let err = std::fs::File::create(scratch.path("err")).unwrap();
-    let child = on(url)
-        .args(["-vv", "--ttl", ttl, name, "-c"])
-        .arg(format!(
-            "echo $$ > {}; exec sleep 60",
-            scratch.path("pid").display()
-        ))
-        .stderr(Stdio::from(err))
-        .spawn();
-    (child, scratch.pid_in("pid"))
-}
+/// The conformance suite's `-vv` holder (every renewal logged to the
+/// scratch file `err`), whose job runs until stopped.
+pub(crate) use crate::conformance::logged_holder as holder;
 
 /// The lease etcd holds for `name`'s first key (decimal id), from etcdctl.
 fn lease_of(etcd: &Etcd, name: &str) -> i64 {

@@ -1,8 +1,9 @@
-//! The MySQL/MariaDB engine end to end, beyond the conformance suite: the
-//! tables and their token counter, connections killed under a holder, a
-//! server restart, a stopped server, a read-only server, users without
-//! rights and with exactly the documented grants, foreign tables, URLs and
-//! passwords, the session time zone, and what waiting costs the server.
+//! The MySQL/MariaDB engine end to end, beyond the conformance suite (which
+//! also covers a server restarted or stopped, bad URLs, passwords and the
+//! documented grants): the tables and their token counter, connections
+//! killed under a holder, a stopped server's message, a read-only server,
+//! users without rights, doctor for the documented user, foreign tables,
+//! `MYSQL_PWD`, the session time zone, and what waiting costs the server.
 //! Tests share one server (a database each) unless they break it. The
 //! attacks on the engine (server settings, URLs and races) are in
 //! `mysql/attacks.rs`; its concurrency groups in `groups/mysql.rs`.

@@ -1,8 +1,9 @@
 //! The PostgreSQL engine end to end, beyond the conformance suite (which
 //! covers exclusion, first come first served, `--limit`, `-s`, status,
-//! `release --force`, `kill -9` of a holder's lockrun): the lease table and
-//! its token sequence, connections terminated under a holder, a server
-//! restart, roles without rights, foreign tables, URLs and passwords, and
+//! `release --force`, `kill -9` of a holder's lockrun, a server restarted
+//! or stopped, bad URLs, passwords and the documented grants): the lease
+//! table and its token sequence, connections terminated under a holder,
+//! roles without rights, foreign tables, libpq's URLs and variables, and
 //! PgBouncer in transaction pooling mode.
 
 use std::process::{Child, Stdio};

@@ -1,6 +1,6 @@
 //! The Redis engine end to end, beyond the conformance suite: pass-through,
-//! tokens, exclusion, waiting, renewal and losing the lease, TLS, ACL
-//! logins and least privilege.
+//! tokens, exclusion, waiting on a busy or restarted server, renewal and
+//! losing the lease, TLS, ACL logins and least privilege.
 
 use std::io::Write;
 use std::process::Stdio;

@@ -1,6 +1,6 @@
 //! The ZooKeeper engine against real servers from Debian's jar: what the
 //! conformance suite cannot say on every engine (the token is the czxid, a
-//! create whose reply was lost, a paused server, a partition, revocation,
+//! create whose reply was lost, a partition, revocation,
 //! digest credentials, chroots and session timeouts). Tests that stop or
 //! pause their server have one of their own; the rest share one, each on
 //! a chroot of its own. The attacks on the engine (races, pauses,

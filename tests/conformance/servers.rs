@@ -10,7 +10,7 @@ use crate::support::*;
 
 /// A holder with `-vv` (every renewal logged to the scratch file `err`)
 /// whose job runs until stopped; returns once its job runs.
-fn logged_holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
+pub fn logged_holder(url: &str, scratch: &Scratch, name: &str, ttl: &str) -> (Child, i32) {
     let err = std::fs::File::create(scratch.path("err")).unwrap();
     let child = on(url)
         .args(["-vv", "--ttl", ttl, name, "-c"])
