@@ -1,423 +1,22 @@
 //! The behaviour every engine promises (lockrun-engines(7)), tested once and
 //! run on each engine the machine has: one line per engine at the bottom.
 //! What an engine cannot do (say, `release --force` on the local engine) is
-//! checked as its one-line refusal.
+//! checked as its one-line refusal. The engines and what each must provide
+//! are in `fixtures`; users and passwords in `passwords`; the server at
+//! fault in `servers`. A behaviour of several engines is written here once,
+//! not in their files.
 
 use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-/// An engine under test: where it lives and the few things a test must do
-/// behind lockrun's back.
-pub trait Fixture {
-    fn url(&self) -> String;
-    /// `release --force` can break a holder here.
-    fn breaks(&self) -> bool;
-    /// Make the lease of `name` no longer the holder's, as an operator or a
-    /// fault would.
-    fn take_away(&self, name: &str);
-    /// Nothing at all is stored (no lock, no counter, no queue).
-    fn untouched(&self) -> bool;
-    /// An address of this engine where nothing can be reached.
-    fn unreachable(&self) -> String;
-    /// What is stored that will never go on its own, once every lockrun of
-    /// the test has ended (empty: nothing).
-    fn endless(&self) -> Vec<String>;
-    /// A lease lapses when nobody renews it (a flock does not).
-    fn lapses(&self) -> bool {
-        true
-    }
-}
-
-pub struct LocalEngine {
-    scratch: Scratch,
-    url: String,
-}
-
-impl LocalEngine {
-    pub fn new() -> LocalEngine {
-        let scratch = Scratch::new();
-        let url = scratch.file_url();
-        LocalEngine { scratch, url }
-    }
-}
-
-impl Fixture for LocalEngine {
-    fn url(&self) -> String {
-        self.url.clone()
-    }
-    fn lapses(&self) -> bool {
-        false
-    }
-    fn breaks(&self) -> bool {
-        false
-    }
-    fn take_away(&self, name: &str) {
-        // A lock file replaced under a holder: the one it locked is gone.
-        let f = self.scratch.path(&format!("locks/{name}.lock"));
-        std::fs::remove_file(&f).unwrap();
-        std::fs::write(&f, "").unwrap();
-    }
-    fn untouched(&self) -> bool {
-        std::fs::read_dir(self.scratch.path("locks"))
-            .unwrap()
-            .next()
-            .is_none()
-    }
-    fn unreachable(&self) -> String {
-        "file:///proc/lockrun-nowhere/locks".into()
-    }
-    fn endless(&self) -> Vec<String> {
-        // Lock files stay by design; one still locked once every lockrun
-        // is gone would be a leftover.
-        let dir = std::fs::read_dir(self.scratch.path("locks"));
-        dir.into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| still_locked(&e.path()))
-            .map(|e| e.path().display().to_string())
-            .collect()
-    }
-}
-
-/// Someone holds a flock on `path`: an exclusive one is refused to us.
-fn still_locked(path: &std::path::Path) -> bool {
-    use std::os::fd::AsRawFd;
-    let Ok(f) = std::fs::File::open(path) else {
-        return false;
-    };
-    // SAFETY: flock on a descriptor this function owns; nothing is passed
-    // but the descriptor and flags.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
-}
-
-pub struct RedisEngine {
-    redis: Redis,
-}
-
-impl RedisEngine {
-    pub fn new() -> RedisEngine {
-        RedisEngine {
-            redis: Redis::start(),
-        }
-    }
-}
-
-impl Fixture for RedisEngine {
-    fn url(&self) -> String {
-        self.redis.url()
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn take_away(&self, name: &str) {
-        let _: () = self.redis.cmd(&["DEL", &format!("lockrun:{{{name}}}")]);
-    }
-    fn untouched(&self) -> bool {
-        self.redis.keys().is_empty()
-    }
-    fn unreachable(&self) -> String {
-        format!("redis://127.0.0.1:{}", free_port())
-    }
-    fn endless(&self) -> Vec<String> {
-        self.redis.keys_without_expiry(&mut self.redis.conn(), "*")
-    }
-}
-
-/// A master and a replica behind three sentinels.
-pub struct SentinelEngine {
-    set: Sentinels,
-}
-
-impl SentinelEngine {
-    pub fn new() -> SentinelEngine {
-        SentinelEngine {
-            set: Sentinels::start(),
-        }
-    }
-}
-
-impl Fixture for SentinelEngine {
-    fn url(&self) -> String {
-        self.set.url()
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn take_away(&self, name: &str) {
-        let _: () = self
-            .set
-            .master()
-            .cmd(&["DEL", &format!("lockrun:{{{name}}}")]);
-    }
-    fn untouched(&self) -> bool {
-        self.set.nodes.iter().all(|n| n.keys().is_empty())
-    }
-    fn unreachable(&self) -> String {
-        format!("redis+sentinel://127.0.0.1:{}/{MASTER}", free_port())
-    }
-    fn endless(&self) -> Vec<String> {
-        let master = self.set.master();
-        master.keys_without_expiry(&mut master.conn(), "*")
-    }
-}
-
-/// Three masters of a Redis Cluster.
-pub struct ClusterEngine {
-    cluster: Cluster,
-}
-
-impl ClusterEngine {
-    pub fn new() -> ClusterEngine {
-        ClusterEngine {
-            cluster: Cluster::start(),
-        }
-    }
-}
-
-impl Fixture for ClusterEngine {
-    fn url(&self) -> String {
-        self.cluster.url()
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn take_away(&self, name: &str) {
-        let key = format!("lockrun:{{{name}}}");
-        let _: () = self.cluster.node_of(&key).cmd(&["DEL", &key]);
-    }
-    fn untouched(&self) -> bool {
-        self.cluster.keys().is_empty()
-    }
-    fn unreachable(&self) -> String {
-        format!("redis+cluster://127.0.0.1:{}", free_port())
-    }
-    fn endless(&self) -> Vec<String> {
-        let nodes = self.cluster.nodes.iter();
-        nodes
-            .flat_map(|n| n.keys_without_expiry(&mut n.conn(), "*"))
-            .collect()
-    }
-}
-
-/// An etcd server of our own.
-pub struct EtcdEngine {
-    etcd: Etcd,
-}
-
-impl EtcdEngine {
-    pub fn new() -> EtcdEngine {
-        EtcdEngine {
-            etcd: Etcd::start(),
-        }
-    }
-}
-
-impl Fixture for EtcdEngine {
-    fn url(&self) -> String {
-        self.etcd.url()
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn take_away(&self, name: &str) {
-        self.etcd
-            .ctl(&["del", "--prefix", &format!("lockrun:{name}/")]);
-    }
-    fn untouched(&self) -> bool {
-        self.etcd.keys().is_empty() && self.etcd.leases().is_empty()
-    }
-    fn unreachable(&self) -> String {
-        format!("etcd://127.0.0.1:{}", free_port())
-    }
-    fn endless(&self) -> Vec<String> {
-        // Every key is bound to a lease; with every lockrun gone they go.
-        let mut left = Vec::new();
-        wait_until(Duration::from_secs(40), || {
-            left = self.etcd.keys();
-            left.is_empty()
-        });
-        left
-    }
-}
-
-/// A PostgreSQL server of our own.
-pub struct PostgresEngine {
-    pg: Postgres,
-}
-
-impl PostgresEngine {
-    pub fn new() -> PostgresEngine {
-        PostgresEngine {
-            pg: Postgres::start(),
-        }
-    }
-}
-
-impl Fixture for PostgresEngine {
-    fn url(&self) -> String {
-        self.pg.url()
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn take_away(&self, name: &str) {
-        self.pg.sql(&format!(
-            "DELETE FROM lockrun.lockrun_leases WHERE name = '{name}'"
-        ));
-    }
-    fn untouched(&self) -> bool {
-        !self.pg.has_schema() && self.pg.rows() == 0
-    }
-    fn unreachable(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", free_port())
-    }
-    fn endless(&self) -> Vec<String> {
-        // Rows that are live, or that the next request cleans, are fine: run
-        // one request to clean, then any waiter row, or lease row still
-        // running, is one nobody would end.
-        let _ = on(&self.pg.url())
-            .args(["-n", "cleanup-probe", "true"])
-            .output();
-        let q = self.pg.sql(
-            "SELECT 'waiter '||name||' '||owner FROM lockrun.lockrun_waiters \
-             UNION ALL SELECT 'lease '||name||' '||owner||' '||label FROM lockrun.lockrun_leases \
-             WHERE expires_at > clock_timestamp()",
-        );
-        q.lines()
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect()
-    }
-}
-
-/// A chroot of its own on the ZooKeeper server the run shares.
-pub struct ZookeeperEngine {
-    port: u16,
-    chroot: String,
-    /// Every server's client port (one, or the ensemble's three).
-    hosts: Vec<u16>,
-}
-
-impl ZookeeperEngine {
-    pub fn new() -> ZookeeperEngine {
-        let (port, chroot) = zk_chroot();
-        ZookeeperEngine {
-            port,
-            chroot,
-            hosts: vec![port],
-        }
-    }
-
-    /// A chroot of its own on the three-server ensemble the run shares.
-    pub fn ensemble() -> ZookeeperEngine {
-        let hosts = shared_ensemble();
-        let (port, chroot) = zk_chroot_on(hosts[0]);
-        ZookeeperEngine {
-            port,
-            chroot,
-            hosts,
-        }
-    }
-
-    fn tree(&self) -> Vec<(String, i64)> {
-        zk_tree(self.port, Some(&self.chroot))
-    }
-}
-
-impl Fixture for ZookeeperEngine {
-    fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .hosts
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        format!("zk://{}{}", hosts.join(","), self.chroot)
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn take_away(&self, name: &str) {
-        // Every request node of the name, as an operator's delete would.
-        let parent = format!("/lockrun/{name}");
-        for (path, _) in self.tree() {
-            if path.starts_with(&format!("{parent}/")) {
-                zk_delete(self.port, Some(&self.chroot), &path);
-            }
-        }
-    }
-    fn untouched(&self) -> bool {
-        self.tree().is_empty()
-    }
-    fn unreachable(&self) -> String {
-        format!("zk://127.0.0.1:{}", free_port())
-    }
-    fn endless(&self) -> Vec<String> {
-        // Request nodes are ephemeral and the parents containers: with
-        // every lockrun gone, only a persistent node would stay.
-        let mut left = Vec::new();
-        wait_until(Duration::from_secs(40), || {
-            left = self
-                .tree()
-                .into_iter()
-                .filter(|(_, owner)| *owner == 0)
-                .map(|(p, _)| p)
-                .collect();
-            left.is_empty()
-        });
-        left
-    }
-}
-
-/// MariaDB: one server for the whole run, a database of its own per test.
-pub struct MariadbEngine {
-    my: MyDb,
-}
-
-impl MariadbEngine {
-    pub fn new() -> MariadbEngine {
-        MariadbEngine { my: MyDb::new() }
-    }
-}
-
-impl Fixture for MariadbEngine {
-    fn url(&self) -> String {
-        self.my.server.url_in(&self.my.db)
-    }
-    fn breaks(&self) -> bool {
-        true
-    }
-    fn take_away(&self, name: &str) {
-        self.my.sql(&format!(
-            "DELETE FROM {}.lockrun_leases WHERE name = '{name}'",
-            self.my.db
-        ));
-    }
-    fn untouched(&self) -> bool {
-        !self.my.server.has_tables(&self.my.db)
-    }
-    fn unreachable(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/app", free_port())
-    }
-    fn endless(&self) -> Vec<String> {
-        // As on PostgreSQL: one request cleans what has lapsed; a waiter
-        // row, or a lease row still running, is one nobody would end.
-        let _ = on(&self.url())
-            .args(["-n", "cleanup-probe", "true"])
-            .output();
-        let db = &self.my.db;
-        let q = self.my.sql(&format!(
-            "SELECT CONCAT('waiter ', name, ' ', owner) FROM {db}.lockrun_waiters \
-             UNION ALL SELECT CONCAT('lease ', name, ' ', owner, ' ', label) \
-             FROM {db}.lockrun_leases WHERE expires_at > UTC_TIMESTAMP(6)"
-        ));
-        q.lines()
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect()
-    }
-}
+mod fixtures;
+mod passwords;
+mod servers;
+pub use fixtures::*;
+pub use passwords::*;
+pub use servers::*;
 
 /// One job's run as it logged it: `start|end WHO SLOT TOKEN NANOS`.
 #[derive(Debug, Clone)]
@@ -548,17 +147,19 @@ pub fn stop(child: &mut Child) -> Option<i32> {
 }
 
 /// The job's exit code, its death by a signal and an exec failure come back
-/// as a shell would report them.
+/// as a shell would report them, and the name is free after each.
 pub fn runs_and_passes_exit_codes(e: &dyn Fixture) {
     let url = e.url();
     on(&url).args(["c", "true"]).code(0);
     on(&url).args(["c", "-c", "exit 3"]).code(3);
+    on(&url).args(["c", "-c", "exit 255"]).code(255);
     on(&url).args(["c", "-c", "kill -TERM $$"]).code(143);
     on(&url).args(["c", "no-such-command-here"]).code(127);
     let out = on(&url)
         .args(["c", "--", "sh", "-c", "echo $LOCKRUN_NAME $LOCKRUN_TTL_MS"])
         .succeeds();
     assert_eq!(out.stdout(), "c 30000\n");
+    on(&url).args(["status", "c"]).code(1);
 }
 
 /// Jobs under one name never overlap, and every grant's token is higher
@@ -812,15 +413,25 @@ pub fn release_force_token_and_now(e: &dyn Fixture) {
         .arg(format!("touch {}", scratch.path("ran").display()))
         .spawn();
     assert!(wait_until(Duration::from_secs(20), || waiters(e, "now") == 1));
+    let since = Instant::now();
     on(&url)
         .args(["release", "--force", "--now", "now"])
         .code(0);
-    let since = Instant::now();
+    // Woken: well before a waiter would look again by itself.
+    assert!(
+        wait_until(Duration::from_secs(3), || scratch.exists("ran")),
+        "the waiter did not start within 3 s of release --force --now"
+    );
+    let took = since.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the waiter started after {took:?}"
+    );
     assert_eq!(
         wait_child(&mut waiter, Duration::from_secs(20)).code(),
         Some(0)
     );
-    assert!(since.elapsed() < Duration::from_secs(10));
+    // The old holder finds out at its next renewal.
     assert_eq!(wait_child(&mut h, Duration::from_secs(30)).code(), Some(76));
 }
 
@@ -1086,7 +697,8 @@ pub fn prefixes_keep_names_apart(e: &dyn Fixture) {
 
 /// `lockrun X` from inside a job holding X would wait for itself once
 /// anyone queues between them: refused with 64 in every mode, also when
-/// another holder's label is the one a waiter sees first.
+/// another holder's label is the one a waiter sees first. Another name
+/// inside is fine.
 pub fn nested_requests_are_refused_in_every_mode(e: &dyn Fixture) {
     let scratch = Scratch::new();
     let url = e.url();
@@ -1108,6 +720,10 @@ pub fn nested_requests_are_refused_in_every_mode(e: &dyn Fixture) {
             .says(&["deadlock"]);
         stop(&mut other);
     }
+    // Another name inside is no deadlock.
+    on(&url)
+        .args(["nest", "-c", &format!("{BIN} --url {url} inner true")])
+        .code(0);
 }
 
 /// `status` without a name, `doctor` and `--metrics-file` (lockrun(1) "COMMANDS",
@@ -1166,25 +782,7 @@ pub fn operators_see_every_name_doctor_and_metrics(e: &dyn Fixture) {
     assert_eq!(crate::operators::value(&m, "acquired"), 0.0);
     assert_eq!(crate::operators::value(&m, "exit_code"), 75.0);
 
-    let text = on(&url).arg("status").code(0).stdout();
-    let held: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("held by"))
-        .map(|l| l.split(':').next().unwrap())
-        .collect();
-    assert_eq!(held, ["a-held", "c-held", "d-held"], "{text}");
-    // Free names show as free, where the engine keeps a trace of them.
-    for l in text.lines().filter(|l| !l.contains("held by")) {
-        assert!(l == "b-free: free" || l == "e-free: free", "{text}");
-    }
-    let v = on(&url).args(["list", "--json"]).code(0).json();
-    let all = v.as_array().expect("an array");
-    for obj in all {
-        let name = obj["name"].as_str().unwrap();
-        assert_eq!(obj["held"], name.ends_with("-held"), "{obj}");
-        assert_eq!(obj["token"], status(e, name)["token"], "{obj}");
-    }
-    assert_eq!(all.iter().filter(|o| o["held"] == true).count(), 3);
+    every_name_listed_sorted(e);
 
     for mut h in holders {
         stop(&mut h);
@@ -1192,6 +790,52 @@ pub fn operators_see_every_name_doctor_and_metrics(e: &dyn Fixture) {
     assert!(wait_until(Duration::from_secs(20), || {
         on(&url).arg("status").output().out.status.code() == Some(1)
     }));
+}
+
+/// With b-free and e-free used once, and a-held, c-held and d-held held:
+/// `status` and `list` show the names sorted, one line each, the held ones
+/// held and the free ones free (listed where the engine keeps a trace of
+/// them); `--json` is an array of the objects `status --json NAME` prints.
+#[track_caller]
+fn every_name_listed_sorted(e: &dyn Fixture) {
+    let url = e.url();
+    let text = on(&url).arg("status").code(0).stdout();
+    let names: Vec<&str> = text.lines().map(|l| l.split(':').next().unwrap()).collect();
+    let expected = if e.keeps_free_names() {
+        &["a-held", "b-free", "c-held", "d-held", "e-free"][..]
+    } else {
+        &["a-held", "c-held", "d-held"]
+    };
+    assert_eq!(names, expected, "{text}");
+    for l in text.lines() {
+        assert_eq!(l.contains("held by"), l.contains("-held:"), "{l}");
+        if l.contains("-free:") {
+            assert!(l.ends_with(": free"), "{l}");
+        }
+    }
+    // `list` is the same command (the times in it move on).
+    let listed = on(&url).arg("list").code(0).stdout();
+    let listed: Vec<&str> = listed
+        .lines()
+        .map(|l| l.split(':').next().unwrap())
+        .collect();
+    assert_eq!(listed, names, "list and status differ");
+    for args in [&["status", "--json"], &["list", "--json"]] {
+        let v = on(&url).args(args).code(0).json();
+        let all = v.as_array().expect("an array");
+        assert_eq!(all.len(), expected.len(), "{args:?}: {v}");
+        for obj in all {
+            let name = obj["name"].as_str().unwrap();
+            assert_eq!(obj["held"], name.ends_with("-held"), "{obj}");
+            // The same object `status --json NAME` prints, but for what moves.
+            let one = status(e, name);
+            let keys =
+                |o: &serde_json::Value| o.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+            assert_eq!(keys(obj), keys(&one), "{args:?}: {obj} beside {one}");
+            assert_eq!(obj["token"], one["token"], "{obj}");
+            assert_eq!(obj["holder"], one["holder"], "{obj}");
+        }
+    }
 }
 
 // --min-hold (lockrun(1) "Once per window").
@@ -1652,6 +1296,162 @@ pub fn a_signalled_waiter_leaves_at_once(e: &dyn Fixture) {
     }
 }
 
+/// Reading creates nothing (`status`, with and without a name, and
+/// `release --force` of a name never used); then eight first users at once
+/// all succeed, one at a time, each with a token of its own, and the tokens
+/// after rise above them.
+pub fn first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise(e: &dyn Fixture) {
+    let url = e.url();
+    on(&url).args(["status", "tok"]).code(1);
+    on(&url).arg("status").code(1);
+    let force = if e.breaks() { 1 } else { 64 };
+    on(&url).args(["release", "--force", "tok"]).code(force);
+    assert!(e.untouched(), "reading left something behind");
+    let scratch = Scratch::new();
+    let children: Vec<Child> = (0..8)
+        .map(|i| {
+            on(&url)
+                .args(["tok", "-c"])
+                .arg(logging_job(&scratch, &format!("j{i}"), "0.05"))
+                .spawn()
+        })
+        .collect();
+    all_succeed(children);
+    let spans = spans(&scratch);
+    assert_eq!(spans.len(), 8);
+    assert_eq!(
+        most_at_once(&spans),
+        1,
+        "two first users at once: {spans:#?}"
+    );
+    tokens_follow_grants(&spans);
+    let mut last = spans.iter().map(|s| s.token).max().unwrap();
+    for _ in 0..3 {
+        let out = on(&url)
+            .args(["tok", "-c", "echo $LOCKRUN_TOKEN"])
+            .succeeds()
+            .stdout();
+        let t: u64 = out.trim().parse().unwrap();
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+    }
+}
+
+/// Beside a holder, `-n` gives up at once (75, or `-E`'s code) and its
+/// job never starts; `-w 1s` gives up after a second, not before and not
+/// much later.
+pub fn no_wait_gives_up_at_once_and_wait_gives_up_in_time(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let (mut h, _) = holder(e, &scratch, "h", &["held"]);
+    let job = format!("touch {}", scratch.path("ran").display());
+    let start = Instant::now();
+    on(&url).args(["-n", "held", "-c", &job]).code(75);
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "-n took {took:?}");
+    on(&url).args(["-n", "-E", "3", "held", "true"]).code(3);
+    let start = Instant::now();
+    on(&url).args(["-w", "1s", "held", "-c", &job]).code(75);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(950),
+        "gave up too early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(6), "gave up too late: {took:?}");
+    assert!(!scratch.exists("ran"), "a job ran beside the holder");
+    assert_eq!(stop(&mut h), Some(143));
+}
+
+/// A waiter starts within a second of the holder's job ending, with a 30 s
+/// ttl: only the release's wake-up explains a start this soon.
+pub fn a_waiter_starts_promptly_after_release(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let mut h = on(&url)
+        .args(["--ttl", "30s", "handoff", "-c"])
+        .arg(format!(
+            "touch {0}; while [ ! -e {1} ]; do sleep 0.01; done; date +%s%N > {2}",
+            scratch.path("holding").display(),
+            scratch.path("go").display(),
+            scratch.path("end").display()
+        ))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
+    let mut waiter = on(&url)
+        .args(["--ttl", "30s", "handoff", "-c"])
+        .arg(format!("date +%s%N > {}", scratch.path("start").display()))
+        .spawn();
+    assert!(wait_until(Duration::from_secs(20), || waiters(
+        e, "handoff"
+    ) == 1));
+    std::fs::write(scratch.path("go"), "").unwrap();
+    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(0));
+    assert_eq!(
+        wait_child(&mut waiter, Duration::from_secs(20)).code(),
+        Some(0)
+    );
+    let end: u128 = scratch.read("end").trim().parse().unwrap();
+    let start: u128 = scratch.read("start").trim().parse().unwrap();
+    let gap = Duration::from_nanos((start - end) as u64);
+    assert!(gap < Duration::from_secs(1), "hand-off took {gap:?}");
+}
+
+/// A waiter killed with SIGKILL in the queue, behind the holder and ahead
+/// of another, cannot end its place itself: the one behind starts once the
+/// place is gone, at most the engine's `dead_place` after the holder ends
+/// (a third of the ttl where a place is renewed), not a whole ttl or never.
+pub fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place(e: &dyn Fixture) {
+    let scratch = Scratch::new();
+    let url = e.url();
+    let ttl = e.queue_ttl();
+    let ttl_arg = format!("{}ms", ttl.as_millis());
+    let (mut h, job) = holder(e, &scratch, "h", &["--ttl", &ttl_arg, "kq"]);
+    let mut dead = on(&url)
+        .args(["-q", "--ttl", &ttl_arg, "kq", "true"])
+        .spawn();
+    wait_queued(&url, "kq", 1);
+    let started = scratch.path("started");
+    let mut next = on(&url)
+        .args(["-q", "--ttl", &ttl_arg, "kq", "-c"])
+        .arg(format!(
+            "kill -0 {job} 2>/dev/null && touch {}; date +%s%N > {}",
+            scratch.path("beside").display(),
+            started.display()
+        ))
+        .spawn();
+    wait_queued(&url, "kq", 2);
+    signal(dead.id() as i32, libc::SIGKILL);
+    let _ = dead.wait();
+    let released = now_ns();
+    assert_eq!(stop(&mut h), Some(143));
+    assert_eq!(
+        wait_child(&mut next, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    let at: u128 = scratch.read("started").trim().parse().unwrap();
+    let waited = Duration::from_nanos((at - released) as u64);
+    let bound = e.dead_place(ttl) + Duration::from_millis(1500);
+    assert!(
+        waited < bound,
+        "the waiter behind a killed one started {waited:?} after the holder was told to \
+         end (ttl {ttl:?}, a dead place lasts {:?} here)",
+        e.dead_place(ttl)
+    );
+    assert!(
+        !scratch.exists("beside"),
+        "the next job ran beside the holder's"
+    );
+    assert_eq!(waiters(e, "kq"), 0, "a place outlived its waiter");
+}
+
+/// The wall clock in ns, as `date +%s%N` gives it to a job.
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
 /// Every test above, on each engine: one line per engine.
 macro_rules! conformance {
     ($($engine:ident: $fixture:expr;)*) => {$(
@@ -1684,6 +1484,16 @@ macro_rules! conformance {
             #[test] fn only_preempt_disturbs_a_holder() { super::only_preempt_disturbs_a_holder(&$fixture) }
             #[test] fn group_words_refused_with_no_wait() { super::group_words_refused_with_no_wait(&$fixture) }
             #[test] fn a_signalled_waiter_leaves_at_once() { super::a_signalled_waiter_leaves_at_once(&$fixture) }
+            #[test] fn no_wait_gives_up_at_once_and_wait_gives_up_in_time() { super::no_wait_gives_up_at_once_and_wait_gives_up_in_time(&$fixture) }
+            #[test] fn a_waiter_starts_promptly_after_release() { super::a_waiter_starts_promptly_after_release(&$fixture) }
+            #[test] fn first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise() { super::first_use_by_many_at_once_creates_what_it_needs_and_tokens_rise(&$fixture) }
+            #[test] fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place() { super::a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_its_place(&$fixture) }
+            #[test] fn short_passwords_garble_no_word() { super::short_passwords_garble_no_word(&$fixture) }
+            #[test] fn the_password_is_never_printed_nor_given_to_the_job() { super::the_password_is_never_printed_nor_given_to_the_job(&$fixture) }
+            #[test] fn bad_urls_are_refused_with_one_line_and_no_password() { super::bad_urls_are_refused_with_one_line_and_no_password(&$fixture) }
+            #[test] fn a_server_restart_mid_job_is_ridden_out() { super::a_server_restart_mid_job_is_ridden_out(&$fixture) }
+            #[test] fn the_rights_the_manual_lists_are_enough() { super::the_rights_the_manual_lists_are_enough(&$fixture) }
+            #[test] fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() { super::a_stopped_server_stops_the_job_before_its_lease_could_lapse(&$fixture) }
         }
     )*};
 }

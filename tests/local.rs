@@ -230,18 +230,6 @@ fn a_killed_lockrun_takes_its_job_along_and_only_then_frees_the_lock() {
     assert!(!alive(escaped));
 }
 
-#[test]
-fn nested_local_lock_is_refused() {
-    let scratch = Scratch::new();
-    let url = scratch.file_url();
-    let out = run(lockrun().args([
-        "--url", &url, "outer", "--", BIN, "--url", &url, "outer", "true",
-    ]));
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "{err}");
-    assert!(err.contains("deadlock"), "{err}");
-}
-
 /// Wall-clock nanoseconds, as the jobs' `date +%s%N` prints them.
 fn wall_ns() -> u128 {
     std::time::SystemTime::now()
@@ -324,39 +312,6 @@ fn a_stopped_waiter_loses_its_place_within_a_third_of_its_ttl() {
     assert!(
         stopped_start > third_end,
         "the continued waiter ran beside the holder that went ahead: {log}"
-    );
-}
-
-/// A waiter killed outright gives its place up at once (its locks die with
-/// it), well before a third of its ttl: the next one starts as the holder ends.
-#[test]
-fn a_killed_waiter_gives_its_place_up_at_once() {
-    let scratch = Scratch::new();
-    let url = scratch.file_url();
-    let mut holder = on(&url)
-        .args(["k", "-c"])
-        .arg(timed_job(&scratch, "holder", "1.5"))
-        .spawn();
-    assert!(wait_until(Duration::from_secs(20), || scratch
-        .read("log")
-        .contains("holder-start")));
-    let mut doomed = on(&url).args(["-q", "--ttl", "30s", "k", "true"]).spawn();
-    assert!(wait_until(Duration::from_secs(20), || waiters(&url, "k") == 1));
-    let mut next = on(&url)
-        .args(["-q", "--ttl", "30s", "k", "-c"])
-        .arg(timed_job(&scratch, "next", "0"))
-        .spawn();
-    assert!(wait_until(Duration::from_secs(20), || waiters(&url, "k") == 2));
-    signal(doomed.id() as i32, libc::SIGKILL);
-    let _ = doomed.wait();
-    for c in [&mut holder, &mut next] {
-        assert_eq!(wait_child(c, Duration::from_secs(30)).code(), Some(0));
-    }
-    let log = scratch.read("log");
-    let gap = logged(&log, "next-start").unwrap() - logged(&log, "holder-end").unwrap();
-    assert!(
-        Duration::from_nanos(gap as u64) < Duration::from_secs(2),
-        "the next waiter started {gap} ns after the holder ended (ttl 30 s): {log}"
     );
 }
 

@@ -5,51 +5,6 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-/// A waiter killed while queued delays the next one by at most a third of
-/// its ttl (here 2 s; a grant it could never confirm would last 6 s).
-#[test]
-fn a_killed_queued_waiter_delays_the_next_by_at_most_a_third_of_its_ttl() {
-    let redis = Redis::start();
-    let scratch = Scratch::new();
-    let ended = scratch.path("ended");
-    let started = scratch.path("started");
-    let mut holder = on(&redis)
-        .args(["--ttl", "6s", "q", "-c"])
-        .arg(format!("sleep 2.5; date +%s%N > {}", ended.display()))
-        .spawn();
-    wait_queued(&redis.url(), "q", 0);
-    let mut doomed = on(&redis).args(["-q", "--ttl", "6s", "q", "true"]).spawn();
-    wait_queued(&redis.url(), "q", 1);
-    let mut next = on(&redis)
-        .args(["-q", "--ttl", "6s", "q", "-c"])
-        .arg(format!("date +%s%N > {}", started.display()))
-        .spawn();
-    assert!(wait_until(Duration::from_secs(20), || {
-        let st = on(&redis).args(["status", "--json", "q"]).output().json();
-        st["waiters"] == 2
-    }));
-    // Killed at its place in the queue, just before the holder ends.
-    std::thread::sleep(Duration::from_millis(1500));
-    signal(doomed.id() as i32, libc::SIGKILL);
-    let _ = doomed.wait();
-    assert_eq!(
-        wait_child(&mut holder, Duration::from_secs(30)).code(),
-        Some(0)
-    );
-    assert_eq!(
-        wait_child(&mut next, Duration::from_secs(30)).code(),
-        Some(0)
-    );
-    let ns = |p: &std::path::Path| -> u128 {
-        std::fs::read_to_string(p).unwrap().trim().parse().unwrap()
-    };
-    let delay = Duration::from_nanos((ns(&started) - ns(&ended)) as u64);
-    assert!(
-        delay < Duration::from_millis(3500),
-        "the next waiter started {delay:?} after the holder ended"
-    );
-}
-
 /// With `--limit`, the job is told its slot; without, an outer LOCKRUN_SLOT
 /// does not pass through.
 #[test]

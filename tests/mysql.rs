@@ -1,8 +1,9 @@
-//! The MySQL/MariaDB engine end to end, beyond the conformance suite: the
-//! tables and their token counter, connections killed under a holder, a
-//! server restart, a stopped server, a read-only server, users without
-//! rights and with exactly the documented grants, foreign tables, URLs and
-//! passwords, the session time zone, and what waiting costs the server.
+//! The MySQL/MariaDB engine end to end, beyond the conformance suite (which
+//! also covers a server restarted or stopped, bad URLs, passwords and the
+//! documented grants): the tables and their token counter, connections
+//! killed under a holder, a stopped server's message, a read-only server,
+//! users without rights, doctor for the documented user, foreign tables,
+//! `MYSQL_PWD`, the session time zone, and what waiting costs the server.
 //! Tests share one server (a database each) unless they break it. The
 //! attacks on the engine (server settings, URLs and races) are in
 //! `mysql/attacks.rs`; its concurrency groups in `groups/mysql.rs`.
@@ -47,44 +48,15 @@ fn run_token(url: &str, name: &str) -> u64 {
         .unwrap()
 }
 
+/// The counter holds the last token, released rows are gone, and
+/// another `--prefix` has tables of its own. (First use by many at once:
+/// the conformance suite.)
 #[test]
-fn the_tables_are_created_on_first_use_by_many_at_once_and_tokens_rise() {
+fn the_counter_holds_the_last_token_and_each_prefix_has_tables_of_its_own() {
     let my = MyDb::new();
     let url = my.url();
-    // Reading creates nothing.
-    on(&url).args(["status", "tok"]).code(1);
-    on(&url).args(["release", "--force", "tok"]).code(1);
-    on(&url).arg("status").code(1);
-    assert!(!my.server.has_tables(&my.db));
-    // Eight first users at once: every one succeeds, one at a time.
-    let scratch = Scratch::new();
-    let children: Vec<Child> = (0..8)
-        .map(|i| {
-            on(&url)
-                .args(["tok", "-c"])
-                .arg(format!(
-                    "echo $LOCKRUN_TOKEN > {}",
-                    scratch.path(&format!("t{i}")).display()
-                ))
-                .spawn()
-        })
-        .collect();
-    for c in children {
-        let (code, err) = exited(c, Duration::from_secs(60));
-        assert_eq!(code, Some(0), "{err}");
-    }
-    let mut tokens: Vec<u64> = (0..8)
-        .map(|i| scratch.read(&format!("t{i}")).trim().parse().unwrap())
-        .collect();
-    tokens.sort();
-    tokens.dedup();
-    assert_eq!(tokens.len(), 8, "tokens repeat: {tokens:?}");
-    let mut last = *tokens.last().unwrap();
-    for _ in 0..3 {
-        let t = run_token(&url, "tok");
-        assert!(t > last, "token {t} after {last}");
-        last = t;
-    }
+    run_token(&url, "tok");
+    let last = run_token(&url, "tok");
     // The counter holds the last token; released rows are gone.
     let counter = my.sql(&format!(
         "SELECT token FROM {}.lockrun_tokens WHERE name = 'tok'",
@@ -142,54 +114,18 @@ fn killing_every_lockrun_connection_keeps_the_lease() {
     assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
 }
 
+/// A counter lost with its table: tokens still rise (the clock floors
+/// them). (A restart mid job: the conformance suite.)
 #[test]
-fn a_server_restart_mid_job_is_ridden_out_and_tokens_never_go_back() {
-    let mut my = Mariadb::start();
+fn tokens_never_go_back_when_the_counter_is_lost() {
+    let my = MyDb::new();
     let url = my.url();
-    let scratch = Scratch::new();
-    let before = run_token(&url, "rs");
-    let (mut h, job) = holder(&url, &scratch, "rs", "10s");
-    my.restart();
-    let renewed = wait_until(Duration::from_secs(30), || {
-        scratch.read("err").matches("renewed").count() >= 2
-    });
-    assert!(renewed, "{}", scratch.read("err"));
-    assert!(alive(job));
-    on(&url).args(["-n", "rs", "true"]).code(75);
-    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
     let after = run_token(&url, "rs");
-    assert!(
-        after > before,
-        "token {after} after a restart, {before} before"
-    );
-    // A counter lost with its table: tokens still rise (the clock floors them).
-    my.sql("DROP TABLE app.lockrun_tokens");
+    my.sql(&format!("DROP TABLE {}.lockrun_tokens", my.db));
     let lost = run_token(&url, "rs");
     assert!(
         lost > after,
         "token {lost} after a lost counter, {after} before"
-    );
-}
-
-#[test]
-fn a_stopped_server_stops_the_job_before_its_lease_could_lapse() {
-    let my = Mariadb::start();
-    let url = my.url();
-    let scratch = Scratch::new();
-    let (mut h, job) = holder(&url, &scratch, "stall", "2s");
-    let paused = Instant::now();
-    my.pause();
-    let code = wait_child(&mut h, Duration::from_secs(20)).code();
-    let took = paused.elapsed();
-    my.resume();
-    assert_eq!(code, Some(76), "{}", scratch.read("err"));
-    assert!(!alive(job), "the job outlived its lease");
-    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
-    let err = scratch.read("err");
-    assert!(
-        err.lines()
-            .any(|l| l.contains("lease on stall lost") && l.contains("(last attempt: ")),
-        "the line does not say why the lease was lost: {err}"
     );
 }
 
@@ -272,8 +208,11 @@ fn a_user_without_rights_is_refused_with_one_line_creating_nothing() {
     assert!(!ran.exists(), "a job ran without a lease");
 }
 
+/// doctor, for the user lockrun-engines(7) gives, sees it may create the
+/// tables and warns only that it cannot read the replication state. (That
+/// the grants are enough for every command: the conformance suite.)
 #[test]
-fn the_grants_the_manual_lists_are_enough() {
+fn doctor_warns_the_documented_user_only_of_replication() {
     let my = MyDb::new();
     let user = format!("ci_{}", my.db);
     my.sql(&format!(
@@ -281,26 +220,10 @@ fn the_grants_the_manual_lists_are_enough() {
         documented_mysql_grants(&user, &my.db)
     ));
     let url = my.server.url_as(&user, "ci-pw", &my.db);
-    // doctor sees it may create the tables (and warns that it cannot read
-    // the replication state); it creates them on first use, then holds,
-    // waits and is woken.
     let out = on(&url).arg("doctor").code(1).stdout();
     let warned: Vec<&str> = out.lines().filter(|l| !l.starts_with("ok  ")).collect();
     assert_eq!(warned.len(), 1, "{out}");
     assert!(warned[0].starts_with("warn  replication:"), "{out}");
-    assert!(run_token(&url, "x") > 0);
-    let scratch = Scratch::new();
-    let (mut h, _) = holder(&url, &scratch, "g", "3s");
-    let mut waiter = on(&url).args(["-q", "g", "true"]).spawn();
-    wait_queued(&url, "g", 1);
-    on(&url).args(["release", "--force", "g"]).succeeds();
-    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
-    assert_eq!(
-        wait_child(&mut waiter, Duration::from_secs(20)).code(),
-        Some(0)
-    );
-    on(&url).args(["-s", "g", "true"]).succeeds();
-    on(&url).arg("status").code(1);
 }
 
 #[test]
@@ -323,34 +246,21 @@ fn a_foreign_table_in_the_way_is_refused_with_one_line() {
     );
 }
 
+/// A CA file on an address that asks for no TLS (bad URLs themselves:
+/// the conformance suite).
 #[test]
-fn bad_urls_are_refused_with_one_line_and_no_password() {
-    for url in [
-        "mysql://u:pw-s3cret@h:99999/d",
-        "mysql://u:pw-s3cret@h/d?nope=1",
-        "mariadb://u:pw-s3cret@h",
-        "mysql://u:pw-s3cret@h/d?ssl-mode=sometimes",
-    ] {
-        let started = Instant::now();
-        let out = on(url).args(["x", "true"]).code(64).says(&["--url"]);
-        assert!(!out.stderr().contains("pw-s3cret"), "{}", out.stderr());
-        assert!(started.elapsed() < Duration::from_secs(2));
-    }
+fn a_ca_file_on_an_address_without_tls_is_refused() {
     on("mysql://h/d?ssl-mode=DISABLED")
         .args(["--tls-ca", "/etc/hostname", "x", "true"])
         .code(64)
         .says(&["--tls-ca"]);
 }
 
+/// A password from `MYSQL_PWD` is kept from lines and the job as one in
+/// the URL is (that one: the conformance suite).
 #[test]
-fn the_password_is_never_printed_nor_given_to_the_job() {
+fn a_password_from_mysql_pwd_is_never_printed_nor_given_to_the_job() {
     let my = MyDb::new();
-    let out = on(&my.url())
-        .args(["-vv", "x", "-c", "env; echo url=$LOCKRUN_URL"])
-        .succeeds();
-    let all = format!("{}{}", out.stdout(), out.stderr());
-    assert!(!all.contains(MY_PASSWORD), "{all}");
-    assert!(out.stderr().contains("***"), "{}", out.stderr());
     // From MYSQL_PWD, the URL without one: kept from the job too.
     let bare = format!("mysql://root@127.0.0.1:{}/{}", my.server.port, my.db);
     let out = on(&bare)
@@ -359,11 +269,6 @@ fn the_password_is_never_printed_nor_given_to_the_job() {
         .succeeds();
     let all = format!("{}{}", out.stdout(), out.stderr());
     assert!(!all.contains(MY_PASSWORD), "{all}");
-    for cmd in [&["status"][..], &["status", "x", "--json"], &["doctor"]] {
-        let out = on(&my.url()).args(cmd).output();
-        let all = format!("{}{}", out.stdout(), out.stderr());
-        assert!(!all.contains(MY_PASSWORD), "{cmd:?}: {all}");
-    }
 }
 
 #[test]
@@ -437,31 +342,6 @@ fn ten_waiters_cost_fewer_than_ten_queries_a_second_together() {
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
-    );
-}
-
-#[test]
-fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl() {
-    let my = MyDb::new();
-    let url = my.url();
-    let scratch = Scratch::new();
-    let (mut h, _) = holder(&url, &scratch, "kq", "6s");
-    let mut first = on(&url).args(["--ttl", "6s", "-q", "kq", "true"]).spawn();
-    wait_queued(&url, "kq", 1);
-    let mut second = on(&url).args(["--ttl", "6s", "-q", "kq", "true"]).spawn();
-    wait_queued(&url, "kq", 2);
-    signal(first.id() as i32, libc::SIGKILL);
-    let _ = first.wait();
-    let released = Instant::now();
-    assert_eq!(finish(&scratch, &mut h), Some(0));
-    assert_eq!(
-        wait_child(&mut second, Duration::from_secs(20)).code(),
-        Some(0)
-    );
-    assert!(
-        released.elapsed() < Duration::from_millis(2000 + 1500),
-        "{:?}",
-        released.elapsed()
     );
 }
 
@@ -842,33 +722,6 @@ fn doctor_fails_a_user_that_may_neither_find_nor_create_the_tables() {
         out.stdout()
     );
     assert!(!my.server.has_tables(&my.db));
-}
-
-#[test]
-fn release_force_now_wakes_the_next_waiter_at_once() {
-    let my = MyDb::new();
-    let url = my.url();
-    let scratch = Scratch::new();
-    let (mut h, _) = holder(&url, &scratch, "now", "30s");
-    let started = scratch.path("started");
-    let mut w = on(&url)
-        .args(["-q", "now", "-c"])
-        .arg(format!("touch {}", started.display()))
-        .spawn();
-    wait_queued(&url, "now", 1);
-    let at = Instant::now();
-    on(&url)
-        .args(["release", "--force", "--now", "now"])
-        .succeeds();
-    // Well before the waiter would look again by itself (ttl/9 = 3.3 s).
-    assert!(
-        wait_until(Duration::from_secs(3), || started.exists()),
-        "the waiter did not start"
-    );
-    assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
-    assert_eq!(wait_child(&mut w, Duration::from_secs(20)).code(), Some(0));
-    // The holder's lease is gone; its job ends as it will.
-    finish(&scratch, &mut h);
 }
 
 #[test]

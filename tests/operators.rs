@@ -35,77 +35,6 @@ pub(crate) fn hold_name(url: &str, name: &str) -> Holding {
     Holding(child)
 }
 
-/// Five names used, three of them held now: `status` (and `list`) shows
-/// them sorted, one line each, `--json` an array of `status --json NAME`
-/// objects; exit 0, and 1 once none is held. `free_listed`: the engine
-/// keeps a trace of a free name (a lock file, a token counter). The
-/// conformance suite runs the engine-neutral part on every engine.
-fn three_held_among_five(url: &str, free_listed: bool) {
-    for name in ["e-free", "b-free"] {
-        on(url).args([name, "true"]).succeeds();
-    }
-    let holders: Vec<Holding> = ["d-held", "a-held", "c-held"]
-        .iter()
-        .map(|n| hold_name(url, n))
-        .collect();
-
-    let out = on(url).arg("status").code(0).stdout();
-    let lines: Vec<&str> = out.lines().collect();
-    let names: Vec<&str> = lines.iter().map(|l| l.split(':').next().unwrap()).collect();
-    let expected: Vec<&str> = if free_listed {
-        vec!["a-held", "b-free", "c-held", "d-held", "e-free"]
-    } else {
-        vec!["a-held", "c-held", "d-held"]
-    };
-    assert_eq!(names, expected, "{out}");
-    for l in &lines {
-        assert_eq!(l.contains("held by"), l.contains("-held:"), "{l}");
-        if l.contains("-free:") {
-            assert!(l.ends_with(": free"), "{l}");
-        }
-    }
-    // `list` is the same command.
-    let listed = on(url).arg("list").code(0).stdout();
-    let names_of = |out: &str| -> Vec<String> {
-        out.lines()
-            .map(|l| l.split(':').next().unwrap().to_string())
-            .collect()
-    };
-    assert_eq!(names_of(&listed), names_of(&out));
-
-    let v = on(url).args(["status", "--json"]).code(0).json();
-    let all = v.as_array().expect("an array");
-    assert_eq!(all.len(), expected.len(), "{v}");
-    for obj in all {
-        let name = obj["name"].as_str().unwrap();
-        assert_eq!(obj["held"], name.ends_with("-held"), "{obj}");
-        // The same object `status --json NAME` prints, but for what moves.
-        let one = status_json(url, name);
-        let keys =
-            |o: &serde_json::Value| o.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
-        assert_eq!(keys(obj), keys(&one));
-        assert_eq!(obj["token"], one["token"]);
-        assert_eq!(obj["holder"], one["holder"]);
-    }
-
-    drop(holders);
-    assert!(wait_until(Duration::from_secs(20), || {
-        on(url).arg("status").output().out.status.code() == Some(1)
-    }));
-}
-
-#[test]
-fn status_without_a_name_lists_every_lock_on_the_local_engine() {
-    let scratch = Scratch::new();
-    three_held_among_five(&scratch.file_url(), true);
-}
-
-#[test]
-fn status_without_a_name_lists_every_lock_on_redis() {
-    let redis = Redis::start();
-    three_held_among_five(&redis.url(), true);
-}
-
 #[test]
 fn status_without_a_name_says_it_is_no_snapshot_and_lists_nothing_else() {
     let redis = Redis::start();
@@ -799,36 +728,6 @@ fn force_release_is_refused_on_the_local_backend() {
         .code(64)
         .out;
     assert_eq!(text(&out.stderr).lines().count(), 1);
-}
-
-#[test]
-fn force_release_now_deletes_and_wakes_a_waiter() {
-    let redis = Redis::start();
-    let scratch = Scratch::new();
-    let url = redis.url();
-    let mut holder = hold(Some(&url), "now", "30s", &scratch);
-    scratch.pid_in("pid");
-    let mut waiter = on(&url)
-        .args(["now", "-c"])
-        .arg(format!("touch {}", scratch.path("started").display()))
-        .spawn();
-    wait_queued(&url, "now", 1);
-    on(&url)
-        .args(["release", "--force", "--now", "now"])
-        .code(0);
-    let t = Instant::now();
-    assert!(wait_child(&mut waiter, Duration::from_secs(20)).success());
-    // With a 30 s ttl only the wake-up explains a start this soon.
-    assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "waiter took {:?}",
-        t.elapsed()
-    );
-    // The old holder finds out at its next renewal (ttl/3), exit 76.
-    assert_eq!(
-        wait_child(&mut holder, Duration::from_secs(30)).code(),
-        Some(76)
-    );
 }
 
 #[test]

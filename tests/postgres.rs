@@ -1,8 +1,9 @@
 //! The PostgreSQL engine end to end, beyond the conformance suite (which
 //! covers exclusion, first come first served, `--limit`, `-s`, status,
-//! `release --force`, `kill -9` of a holder's lockrun): the lease table and
-//! its token sequence, connections terminated under a holder, a server
-//! restart, roles without rights, foreign tables, URLs and passwords, and
+//! `release --force`, `kill -9` of a holder's lockrun, a server restarted
+//! or stopped, bad URLs, passwords and the documented grants): the lease
+//! table and its token sequence, connections terminated under a holder,
+//! roles without rights, foreign tables, libpq's URLs and variables, and
 //! PgBouncer in transaction pooling mode.
 
 use std::process::{Child, Stdio};
@@ -69,20 +70,14 @@ fn terminate_lockrun_backends(pg: &Postgres) -> usize {
     n.trim().parse().unwrap_or(0)
 }
 
+/// The sequence hands out one token at a time, released rows are gone,
+/// and another `--prefix` is a schema of its own. (First use and rising
+/// tokens: the conformance suite.)
 #[test]
-fn the_table_and_its_sequence_are_created_on_first_use_and_tokens_rise() {
+fn the_sequence_is_uncached_and_each_prefix_is_a_schema() {
     let pg = Postgres::start();
     let url = pg.url();
-    // Reading creates nothing.
-    on(&url).args(["status", "tok"]).code(1);
-    on(&url).args(["release", "--force", "tok"]).code(1);
-    assert!(!pg.has_schema());
-    let mut last = 0;
-    for _ in 0..3 {
-        let t = run_token(&url, "tok");
-        assert!(t > last, "token {t} after {last}");
-        last = t;
-    }
+    run_token(&url, "tok");
     // Tokens follow grant order across sessions: the sequence hands out
     // one value at a time.
     let cache = pg.sql(
@@ -137,46 +132,6 @@ fn terminating_the_holder_s_connections_keeps_the_lease() {
 }
 
 #[test]
-fn a_server_restart_mid_job_is_ridden_out() {
-    let mut pg = Postgres::start();
-    let url = pg.url();
-    let scratch = Scratch::new();
-    let before = run_token(&url, "rs");
-    let (mut h, job) = holder(&url, &scratch, "rs", "10s");
-    pg.restart();
-    // A renewal after the restart goes through (one is due every 3.3 s).
-    let renewed = wait_until(Duration::from_secs(20), || {
-        scratch.read("err").matches("renewed").count() >= 2
-    });
-    assert!(renewed, "{}", scratch.read("err"));
-    assert!(alive(job));
-    on(&url).args(["-n", "rs", "true"]).code(75);
-    assert_eq!(finish(&scratch, &mut h), Some(0), "{}", scratch.read("err"));
-    let after = run_token(&url, "rs");
-    assert!(
-        after > before,
-        "token {after} after a restart, {before} before"
-    );
-}
-
-#[test]
-fn a_stalled_server_stops_the_job_before_its_lease_could_lapse() {
-    let pg = Postgres::start();
-    let url = pg.url();
-    let scratch = Scratch::new();
-    let (mut h, job) = holder(&url, &scratch, "stall", "2s");
-    let paused = Instant::now();
-    pg.pause_all();
-    let code = wait_child(&mut h, Duration::from_secs(20)).code();
-    let took = paused.elapsed();
-    pg.resume_all();
-    assert_eq!(code, Some(76), "{}", scratch.read("err"));
-    assert!(!alive(job), "the job outlived its lease");
-    // Stopped within the ttl of the last renewal, not hung on the server.
-    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
-}
-
-#[test]
 fn a_role_without_rights_is_refused_with_one_line() {
     let pg = Postgres::start();
     pg.sql("CREATE ROLE norights LOGIN PASSWORD 'nr-pw'");
@@ -206,32 +161,21 @@ fn a_role_without_rights_is_refused_with_one_line() {
     assert!(!ran.exists(), "a job ran without a lease");
 }
 
+/// The role lockrun-engines(7) gives may move the sequence up to a token
+/// floored by the clock (its UPDATE grant). (That the grants are enough
+/// for every command: the conformance suite.)
 #[test]
-fn the_grants_the_readme_lists_are_enough() {
+fn the_documented_role_moves_the_token_sequence_up() {
     let pg = Postgres::start();
-    // As lockrun-engines(7) "POSTGRESQL" says, the owner creates, the job's role uses.
     on(&pg.url()).args(["x", "true"]).succeeds();
-    pg.sql(
-        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; \
-         GRANT USAGE ON SCHEMA lockrun TO ci; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON lockrun.lockrun_leases, lockrun.lockrun_waiters TO ci; \
-         GRANT USAGE, UPDATE ON SEQUENCE lockrun.lockrun_tokens TO ci",
-    );
+    pg.sql(&format!(
+        "CREATE ROLE ci LOGIN PASSWORD 'ci-pw'; {}",
+        crate::docs::documented_postgres_grants("ci")
+    ));
     let url = pg.url_as("ci", "ci-pw");
     let t = run_token(&url, "x");
     assert!(t > 0);
-    // UPDATE moves the sequence up to the token floored by the clock.
     assert!(sequence_value(&pg) >= t);
-    let scratch = Scratch::new();
-    let (mut h, _) = holder(&url, &scratch, "g", "3s");
-    let mut waiter = on(&url).args(["-q", "g", "true"]).spawn();
-    wait_queued(&url, "g", 1);
-    on(&url).args(["release", "--force", "g"]).succeeds();
-    assert_eq!(wait_child(&mut h, Duration::from_secs(20)).code(), Some(76));
-    assert_eq!(
-        wait_child(&mut waiter, Duration::from_secs(20)).code(),
-        Some(0)
-    );
 }
 
 #[test]
@@ -253,34 +197,21 @@ fn a_foreign_table_in_the_way_is_refused_with_one_line() {
     );
 }
 
+/// A CA file on an address that asks for no TLS (bad URLs themselves:
+/// the conformance suite).
 #[test]
-fn bad_urls_are_refused_with_one_line_and_no_password() {
-    for url in [
-        "postgres://u:pw-s3cret@h:99999/d",
-        "postgres://u:pw-s3cret@h/d?nope=1",
-        "postgresql://u:pw-s3cret@h/d/e",
-        "postgres://u:pw-s3cret@h/d?sslmode=sometimes",
-    ] {
-        let out = on(url).args(["x", "true"]).code(64).says(&["--url"]);
-        assert!(!out.stderr().contains("pw-s3cret"), "{}", out.stderr());
-    }
-    // A CA file on an address that asks for no TLS.
+fn a_ca_file_on_an_address_without_tls_is_refused() {
     on("postgres://h/d?sslmode=disable")
         .args(["--tls-ca", "/etc/hostname", "x", "true"])
         .code(64)
         .says(&["--tls-ca"]);
 }
 
+/// A password from `PGPASSWORD` is kept from lines and the job as one in
+/// the URL is (that one: the conformance suite).
 #[test]
-fn the_password_is_never_printed_nor_given_to_the_job() {
+fn a_password_from_pgpassword_is_never_printed_nor_given_to_the_job() {
     let pg = Postgres::start();
-    // In the URL, with every line lockrun has to say.
-    let out = on(&pg.url())
-        .args(["-vv", "x", "-c", "env; echo url=$LOCKRUN_URL"])
-        .succeeds();
-    let all = format!("{}{}", out.stdout(), out.stderr());
-    assert!(!all.contains(PG_PASSWORD), "{all}");
-    assert!(out.stderr().contains("***"), "{}", out.stderr());
     // From PGPASSWORD, the URL without one: kept from the job too.
     let bare = format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port);
     let out = on(&bare)
@@ -463,34 +394,6 @@ fn tls_as_sslmode_asks_checked_as_libpq_checks_it() {
         .args(["x", "true"])
         .code(69)
         .says(&["TLS"]);
-}
-
-#[test]
-fn a_waiter_killed_in_the_queue_holds_the_next_up_by_at_most_a_third_of_the_ttl() {
-    let pg = Postgres::start();
-    let url = pg.url();
-    let scratch = Scratch::new();
-    let (mut h, _) = holder(&url, &scratch, "kq", "3s");
-    let mut dead = on(&url).args(["-q", "--ttl", "3s", "kq", "true"]).spawn();
-    wait_queued(&url, "kq", 1);
-    let ran = scratch.path("ran");
-    let mut next = on(&url)
-        .args(["-q", "--ttl", "3s", "kq", "-c"])
-        .arg(format!("touch {}", ran.display()))
-        .spawn();
-    wait_queued(&url, "kq", 2);
-    signal(dead.id() as i32, libc::SIGKILL);
-    let _ = dead.wait();
-    let released = Instant::now();
-    assert_eq!(finish(&scratch, &mut h), Some(0));
-    assert_eq!(
-        wait_child(&mut next, Duration::from_secs(20)).code(),
-        Some(0)
-    );
-    // The dead waiter's place lapses within ttl/3 = 1 s of its last keep.
-    let took = released.elapsed();
-    assert!(ran.exists());
-    assert!(took < Duration::from_millis(2500), "held up for {took:?}");
 }
 
 #[test]

@@ -1,27 +1,12 @@
 //! The Redis engine end to end, beyond the conformance suite: pass-through,
-//! tokens, exclusion, waiting, renewal and losing the lease, TLS, ACL
-//! logins and least privilege.
+//! tokens, exclusion, waiting on a busy or restarted server, renewal and
+//! losing the lease, TLS, ACL logins and least privilege.
 
 use std::io::Write;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-
-#[test]
-fn exit_codes_pass_through() {
-    let redis = Redis::start();
-    for code in [0, 3, 255] {
-        let out = run(on(&redis).args(["x", "--", "sh", "-c", &format!("exit {code}")]));
-        assert_eq!(out.status.code(), Some(code));
-    }
-    on(&redis).args(["x", "-c", "exit 7"]).code(7);
-    assert!(
-        redis.keys().iter().all(|k| !k.ends_with('}')),
-        "lease left behind: {:?}",
-        redis.keys()
-    );
-}
 
 #[test]
 fn stdio_passes_through() {
@@ -146,80 +131,6 @@ fn eight_processes_never_overlap() {
 }
 
 #[test]
-fn no_wait_gives_up_at_once_and_wait_gives_up_in_time() {
-    let redis = Redis::start();
-    let scratch = Scratch::new();
-    let mut holder = on(&redis)
-        .args(["held", "-c"])
-        .arg(format!(
-            "touch {}; sleep 30",
-            scratch.path("holding").display()
-        ))
-        .spawn();
-    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
-
-    let start = Instant::now();
-    on(&redis)
-        .args(["-n", "held", "-c"])
-        .arg(format!("touch {}", scratch.path("ran").display()))
-        .code(75);
-    assert!(
-        start.elapsed() < Duration::from_secs(3),
-        "-n took {:?}",
-        start.elapsed()
-    );
-    assert!(!scratch.exists("ran"), "the job must not start");
-
-    on(&redis).args(["-n", "-E", "3", "held", "true"]).code(3);
-
-    let start = Instant::now();
-    let out = run(on(&redis)
-        .args(["-w", "1s", "held", "-c"])
-        .arg(format!("touch {}", scratch.path("ran").display())));
-    let took = start.elapsed();
-    assert_eq!(out.status.code(), Some(75));
-    assert!(
-        took >= Duration::from_millis(950),
-        "gave up too early: {took:?}"
-    );
-    assert!(took < Duration::from_secs(6), "gave up too late: {took:?}");
-    assert!(!scratch.exists("ran"));
-
-    signal(holder.id() as i32, libc::SIGTERM);
-    wait_child(&mut holder, Duration::from_secs(20));
-}
-
-#[test]
-fn a_waiter_starts_promptly_after_release() {
-    let redis = Redis::start();
-    let scratch = Scratch::new();
-    let mut holder = on(&redis)
-        .args(["--ttl", "30s", "handoff", "-c"])
-        .arg(format!(
-            "touch {0}; while [ ! -e {1} ]; do sleep 0.01; done; date +%s%N > {2}",
-            scratch.path("holding").display(),
-            scratch.path("go").display(),
-            scratch.path("end").display()
-        ))
-        .spawn();
-    assert!(wait_until(Duration::from_secs(20), || scratch.exists("holding")));
-    let mut waiter = on(&redis)
-        .args(["--ttl", "30s", "handoff", "-c"])
-        .arg(format!("date +%s%N > {}", scratch.path("start").display()))
-        .spawn();
-    // Let the waiter block on the wake-up list before the holder ends.
-    std::thread::sleep(Duration::from_millis(500));
-    std::fs::write(scratch.path("go"), "").unwrap();
-    assert!(wait_child(&mut holder, Duration::from_secs(20)).success());
-    assert!(wait_child(&mut waiter, Duration::from_secs(20)).success());
-    let end: u128 = scratch.read("end").trim().parse().unwrap();
-    let start: u128 = scratch.read("start").trim().parse().unwrap();
-    let gap = Duration::from_nanos((start - end) as u64);
-    // With a 30 s ttl, only the release's wake-up explains a start this soon.
-    assert!(gap < Duration::from_secs(1), "hand-off took {gap:?}");
-}
-
-#[test]
 fn a_short_lease_survives_a_long_job() {
     let redis = Redis::start();
     let scratch = Scratch::new();
@@ -329,20 +240,6 @@ fn redis_killed_mid_hold_stops_the_job_before_expiry() {
 #[test]
 fn redis_paused_mid_hold_stops_the_job_before_expiry() {
     outage_kills_the_job_in_time(true);
-}
-
-#[test]
-fn nested_lockrun_on_the_same_lock_is_refused() {
-    let redis = Redis::start();
-    let url = redis.url();
-    let out = run(on(&redis).args(["outer", "--", BIN, "--url", &url, "outer", "true"]));
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "{err}");
-    assert!(err.contains("deadlock"), "{err}");
-    // A different name inside is fine.
-    on(&redis)
-        .args(["outer", "--", BIN, "--url", &url, "inner", "true"])
-        .code(0);
 }
 
 fn waiters(redis: &Redis, name: &str) -> u64 {

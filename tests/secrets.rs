@@ -1,152 +1,30 @@
 //! Secrets: a password in the URL, however short, is hidden where the
 //! address is shown and nowhere else (the words around it come out whole),
-//! and reaches neither lockrun's output nor the job. How each engine reads
-//! its own credentials (libpq's and MySQL's URL options, etcd users,
-//! ZooKeeper digests) is tested in that engine's file.
+//! and reaches neither lockrun's output nor the job. What every engine's
+//! users promise is in the conformance suite; here are the forms of one
+//! engine or of none (a default user's password, a URL without its host,
+//! /proc). How each engine reads its own credentials (libpq's and MySQL's
+//! URL options, etcd users, ZooKeeper digests) is tested in that engine's
+//! file.
 
 use std::process::Command;
 use std::time::Duration;
 
+use crate::conformance::{masked_only_in_addresses, printed};
 use crate::operators::hold_name;
 use crate::support::*;
 
-/// Short passwords whose letters are in lockrun's own words.
-const SHORT: [&str; 3] = ["lock", "ok", "x"];
-
-/// Everything one invocation printed, stdout then stderr.
-fn printed(ran: &Ran) -> String {
-    format!("{}{}", ran.stdout(), ran.stderr())
-}
-
-/// No password as userinfo, and no mask anywhere but in the userinfo of an
-/// address (`user:***@`): a mask elsewhere garbles a word and gives away
-/// which letters the password has.
-#[track_caller]
-fn masked_only_in_addresses(what: &str, pw: &str, out: &str) {
-    assert!(!out.contains(&format!(":{pw}@")), "{what}: {out}");
-    let outside = out.replace(":***@", "");
-    assert!(
-        !outside.contains("***"),
-        "{what}: a mask outside an address: {out}"
-    );
-}
-
-/// doctor, a `-v` run of a job and `status` with `url`, whose password is `pw`.
-fn plain_words(url: &str, pw: &str) {
-    let doctor = on(url).arg("doctor").output();
-    let out = printed(&doctor);
-    assert!(
-        matches!(doctor.out.status.code(), Some(0 | 1)),
-        "doctor with {pw:?}: {out}"
-    );
-    masked_only_in_addresses(&format!("doctor with {pw:?}"), pw, &out);
-
-    let run = on(url)
-        .args(["-v", "--ttl", "10s", "nox", "--", "true"])
-        .succeeds();
-    let err = run.stderr();
-    masked_only_in_addresses(&format!("-v run with {pw:?}"), pw, &err);
-    assert!(err.contains("acquired nox"), "-v run with {pw:?}: {err}");
-    assert!(err.contains("exited with 0"), "-v run with {pw:?}: {err}");
-
-    for args in [
-        vec!["status", "nox"],
-        vec!["status"],
-        vec!["status", "--json", "nox"],
-    ] {
-        let ran = on(url).args(&args).output();
-        let out = printed(&ran);
-        masked_only_in_addresses(&format!("{args:?} with {pw:?}"), pw, &out);
-        assert!(
-            args.len() == 1 || out.contains("nox"),
-            "{args:?} with {pw:?}: {out}"
-        );
-    }
-}
-
+/// The default user's short password, as `requirepass` sets it: masked
+/// in the address doctor shows, and no word garbled (every engine's own
+/// users: the conformance suite).
 #[test]
-fn short_passwords_on_redis_garble_no_word() {
+fn a_short_requirepass_on_redis_garbles_no_word() {
     let redis = Redis::start();
-    for (i, pw) in SHORT.iter().enumerate() {
-        let user = format!("u{i}");
-        redis.cmd::<String>(&[
-            "ACL",
-            "SETUSER",
-            &user,
-            "on",
-            &format!(">{pw}"),
-            "~*",
-            "&*",
-            "+@all",
-        ]);
-        plain_words(&format!("redis://{user}:{pw}@127.0.0.1:{}", redis.port), pw);
-    }
-    // The default user's password, as `requirepass` sets it.
     redis.cmd::<String>(&["CONFIG", "SET", "requirepass", "lock"]);
     let url = format!("redis://:lock@127.0.0.1:{}", redis.port);
     let out = on(&url).arg("doctor").output().stdout();
     assert!(out.contains("lockrun-safety(7)"), "{out}");
     masked_only_in_addresses("doctor", "lock", &out);
-}
-
-#[test]
-fn short_passwords_on_etcd_garble_no_word() {
-    let etcd = Etcd::start();
-    let url = etcd.with_locker("lock");
-    plain_words(&url, "lock");
-    for pw in ["ok", "x"] {
-        let user = format!("locker-{pw}");
-        etcd.ctl(&[
-            "--user",
-            "root:rootpw",
-            "user",
-            "add",
-            &format!("{user}:{pw}"),
-        ]);
-        etcd.ctl(&[
-            "--user",
-            "root:rootpw",
-            "user",
-            "grant-role",
-            &user,
-            "locking",
-        ]);
-        plain_words(&format!("etcd://{user}:{pw}@127.0.0.1:{}", etcd.port), pw);
-    }
-}
-
-#[test]
-fn short_passwords_on_postgres_garble_no_word() {
-    let pg = Postgres::start();
-    for (i, pw) in SHORT.iter().enumerate() {
-        pg.sql(&format!("CREATE ROLE u{i} LOGIN SUPERUSER PASSWORD '{pw}'"));
-        plain_words(&pg.url_as(&format!("u{i}"), pw), pw);
-    }
-    let out = on(&pg.url_as("u1", "ok")).arg("doctor").output().stdout();
-    assert!(out.contains("tokens"), "{out}");
-    assert!(out.lines().any(|l| l.starts_with("ok  ")), "{out}");
-}
-
-#[test]
-fn short_passwords_on_mysql_garble_no_word() {
-    let db = MyDb::new();
-    for (i, pw) in SHORT.iter().enumerate() {
-        let user = format!("{}_u{i}", db.db);
-        db.sql(&format!(
-            "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{pw}'; \
-             GRANT ALL ON `{}`.* TO '{user}'@'127.0.0.1'",
-            db.db
-        ));
-        plain_words(&db.server.url_as(&user, pw, &db.db), pw);
-    }
-}
-
-#[test]
-fn short_passwords_on_zookeeper_garble_no_word() {
-    for pw in SHORT {
-        let (port, chroot) = zk_chroot();
-        plain_words(&format!("zk://locker:{pw}@127.0.0.1:{port}{chroot}"), pw);
-    }
 }
 
 /// A password long and distinctive enough to be found: not in any line,

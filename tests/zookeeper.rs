@@ -1,6 +1,6 @@
 //! The ZooKeeper engine against real servers from Debian's jar: what the
 //! conformance suite cannot say on every engine (the token is the czxid, a
-//! create whose reply was lost, a paused server, a partition, revocation,
+//! create whose reply was lost, a partition, revocation,
 //! digest credentials, chroots and session timeouts). Tests that stop or
 //! pause their server have one of their own; the rest share one, each on
 //! a chroot of its own. The attacks on the engine (races, pauses,
@@ -173,35 +173,6 @@ fn a_chroot_that_does_not_exist_is_69_and_a_ttl_above_the_server_s_max_is_64() {
         "{}",
         out.stderr()
     );
-}
-
-#[test]
-fn a_paused_server_stops_the_job_before_its_session_could_expire() {
-    let zk = Zookeeper::start();
-    let url = zk.url();
-    let scratch = Scratch::new();
-    let mut h = on(&url)
-        .args(["--ttl", "3s", "paused", "-c"])
-        .arg(format!(
-            "echo $$ > {}; exec sleep 60",
-            scratch.path("pid").display()
-        ))
-        .spawn();
-    let job = scratch.pid_in("pid");
-    zk.server.pause();
-    let paused = Instant::now();
-    let code = wait_child(&mut h, Duration::from_secs(20)).code();
-    let took = paused.elapsed();
-    assert_eq!(code, Some(76));
-    assert!(!alive(job));
-    // Lost within the ttl of the last renewal (at most a ttl before the pause).
-    assert!(
-        took < Duration::from_secs(3),
-        "stopped {took:?} after the pause"
-    );
-    zk.server.resume();
-    // The session expires on the server; the name comes free.
-    on(&url).args(["-w", "20", "paused", "true"]).succeeds();
 }
 
 #[test]

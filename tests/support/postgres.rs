@@ -394,6 +394,16 @@ impl Server for Postgres {
     fn start_again(&mut self) {
         self.launch(true);
     }
+
+    /// Every process: a backend goes on answering its connection while
+    /// the postmaster alone is stopped.
+    fn pause(&self) {
+        self.pause_all();
+    }
+
+    fn resume(&self) {
+        self.resume_all();
+    }
 }
 
 impl Drop for Postgres {

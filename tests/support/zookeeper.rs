@@ -207,6 +207,27 @@ impl Zookeeper {
     }
 }
 
+/// A server of its own is its one server.
+impl Server for Zookeeper {
+    fn process(&self) -> &Process {
+        self.server.process()
+    }
+
+    fn process_mut(&mut self) -> &mut Process {
+        self.server.process_mut()
+    }
+
+    fn start_again(&mut self) {
+        self.server.start_again();
+    }
+}
+
+impl Engine for Zookeeper {
+    fn url(&self) -> String {
+        self.server.url()
+    }
+}
+
 /// The standalone server every test of the run shares, each on a chroot
 /// of its own.
 pub fn shared_zookeeper() -> u16 {

@@ -123,54 +123,6 @@ pub(crate) fn lockrun_nodes(port: u16, chroot: &str) -> Vec<(String, i64)> {
 // Queue and session attacks
 // ---------------------------------------------------------------------
 
-/// A waiter killed with SIGKILL while queued leaves its ephemeral node
-/// until its session expires; once the holder leaves, the live waiter
-/// behind it waits for that. The bound is the killed waiter's session
-/// timeout, its ttl (lockrun-engines(7) "ZOOKEEPER"), not ttl/3: its node
-/// would become a holder's node, and a holder's session is its lease, so
-/// a waiter cannot have a shorter session. Protects against a dead
-/// waiter holding the queue up for longer than that.
-#[test]
-fn a_killed_waiter_delays_the_queue_by_at_most_its_ttl() {
-    let (url, _, _) = chroot_url();
-    let scratch = Scratch::new();
-    let holder = Reap(
-        on(&url)
-            .args(["--ttl", "6s", "kw", "-c"])
-            .arg(gated_job(&scratch, "hpid", "go"))
-            .spawn(),
-    );
-    scratch.pid_in("hpid");
-    let mut w1 = Reap(
-        on(&url)
-            .args(["--ttl", "6s", "-w", "60", "kw", "true"])
-            .spawn(),
-    );
-    wait_queued(&url, "kw", 1);
-    let w2 = on(&url)
-        .args(["--ttl", "6s", "-w", "60", "kw", "-c"])
-        .arg(checking_job(&scratch, "hpid", "seen"))
-        .spawn();
-    wait_queued(&url, "kw", 2);
-    signal(w1.0.id() as i32, libc::SIGKILL);
-    let _ = w1.0.wait();
-    std::fs::write(scratch.path("go"), "").unwrap();
-    let released = now_ns();
-    let (code, err) = exited(w2, Duration::from_secs(60));
-    drop(holder);
-    assert_eq!(code, Some(0), "{err}");
-    let at: u128 = scratch.read("seen.at").trim().parse().unwrap();
-    let waited = Duration::from_nanos((at - released) as u64);
-    // The session timeout counts from the kill, before the release: the
-    // ttl from the release is a bound with room for the server's expiry
-    // check (a tick) and the hand-off.
-    assert!(
-        waited < Duration::from_millis(7500),
-        "the live waiter waited {waited:?} after the holder left, behind a killed waiter \
-         (ttl 6s)"
-    );
-}
-
 /// A waiter whose lockrun is stopped past its session timeout loses its
 /// session and its place; resumed, it takes a new session and a new place
 /// and never runs beside the holder that took the name meanwhile.
