@@ -336,7 +336,7 @@ impl Fixture for ClusterEngine {
         let nodes: Vec<&Redis> = self.cluster.nodes.iter().collect();
         // lockrun-engines(7) "REDIS CLUSTER": as Redis, plus these, on
         // every node.
-        let more = "+cluster|slots +asking +cluster|nodes";
+        let more = "+ping +cluster|slots +asking +cluster|nodes";
         Some(documented_acl_user(&nodes, &self.cluster.url(), more))
     }
     fn keeps_free_names(&self) -> bool {
