@@ -24,6 +24,7 @@ pub mod mysql;
 pub mod postgres;
 pub mod quit;
 pub mod redis;
+mod sql;
 mod table;
 pub mod wait;
 pub mod zookeeper;

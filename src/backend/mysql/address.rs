@@ -5,9 +5,15 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::{ENGINE, Mysql};
-use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+use super::ENGINE;
+use super::client::Client;
+use super::sql::Tables;
+use crate::backend::sql::address::{
+    Env, SqlAddress, SqlUrl, Userinfo, from_env, os_user, plain_prefix,
+};
+use crate::backend::{Address, AddressOptions, Check, EngineInfo, Error, Opening};
 
 /// The server's port when the URL names none.
 const DEFAULT_PORT: u16 = 3306;
@@ -55,24 +61,25 @@ impl std::fmt::Debug for MyUrl {
     }
 }
 
-impl Address for MyUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
+impl SqlUrl for MyUrl {
+    type Dialect = Tables;
+    const ENGINE: &'static EngineInfo = &ENGINE;
+    const SECRET_ENV: &'static str = "MYSQL_PWD";
+
+    fn display(&self) -> &str {
+        &self.display
     }
-    fn shown(&self) -> String {
-        self.display.clone()
-    }
-    fn secret(&self) -> Option<&str> {
+    fn password(&self) -> Option<&str> {
         self.password.as_deref()
     }
-    fn secret_env(&self) -> Option<&'static str> {
-        self.password_from_env.then_some("MYSQL_PWD")
+    fn password_from_env(&self) -> bool {
+        self.password_from_env
     }
-    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
-        tables_of(prefix).map(|_| ())
+    fn tables(prefix: &str) -> Result<Tables, Error> {
+        tables_of(prefix).map(|base| Tables::new(&base))
     }
-    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
-        Ok(Box::new(Mysql::open(self, how)?))
+    fn client(&self, op: Duration) -> Client {
+        Client::new(Arc::new(self.clone()), op)
     }
     fn doctor(&self, how: &Opening) -> Vec<Check> {
         super::doctor::doctor(self, how)
@@ -83,45 +90,18 @@ impl Address for MyUrl {
 /// one trailing `:` (so the default `lockrun:` makes `lockrun_leases`), a
 /// plain lower-case identifier that needs no quoting anywhere.
 pub fn tables_of(prefix: &str) -> Result<String, Error> {
-    let base = prefix.strip_suffix(':').unwrap_or(prefix);
-    let plain = !base.is_empty()
-        && base.len() <= 48
-        && base
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && base
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if !plain {
-        let shown: String = prefix.chars().take(60).collect();
-        return Err(Error::Request(format!(
-            "invalid --prefix {shown:?} for MySQL: it starts the names of lockrun's tables, \
-             so it must be a lower-case identifier (a-z, 0-9, _, at most 48), optionally \
-             followed by ':' (the default lockrun: makes the tables lockrun_leases, \
-             lockrun_waiters and lockrun_tokens)"
-        )));
+    match plain_prefix(prefix) {
+        Some(base) => Ok(base.to_string()),
+        None => {
+            let shown: String = prefix.chars().take(60).collect();
+            Err(Error::Request(format!(
+                "invalid --prefix {shown:?} for MySQL: it starts the names of lockrun's \
+                 tables, so it must be a lower-case identifier (a-z, 0-9, _, at most 48), \
+                 optionally followed by ':' (the default lockrun: makes the tables \
+                 lockrun_leases, lockrun_waiters and lockrun_tokens)"
+            )))
+        }
     }
-    Ok(base.to_string())
-}
-
-/// What the process environment says, for the parser (a function, so
-/// tests can give their own).
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
-
-fn from_env(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
-}
-
-/// The login name of the user lockrun runs as (the `mysql` client's
-/// default user).
-fn os_user() -> Option<String> {
-    let uid = rustix::process::getuid().as_raw().to_string();
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 2 && f[2] == uid).then(|| f[0].to_string())
-    })
 }
 
 /// Parse `mysql://[user[:pass]@]host[:port][/db][?ssl-mode=…&socket=…]`.
@@ -133,7 +113,7 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
         url.ca_file = opts.tls_ca.clone();
     }
     opts.no_replicas(&url.display)?;
-    Ok(Arc::new(url))
+    Ok(SqlAddress::of(url))
 }
 
 fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
@@ -166,18 +146,9 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
         Some((a, p)) => (a, Some(p)),
         None => (rest, None),
     };
-    let (url_user, url_password) = match userinfo {
-        None => (None, None),
-        Some(u) => match u.split_once(':') {
-            Some((name, pass)) => (Some(name), Some(pass)),
-            None => (Some(u), None),
-        },
-    };
-    let shown_user = match (url_user, url_password) {
-        (Some(u), Some(_)) => format!("{u}:***@"),
-        (Some(u), None) => format!("{u}@"),
-        _ => String::new(),
-    };
+    let userinfo = Userinfo::split(userinfo);
+    let (url_user, url_password) = (userinfo.user, userinfo.password);
+    let shown_user = userinfo.shown();
     // A port that is not a number may be a password whose host was left
     // out (`user:pass` read as a host and a port): that host is never shown.
     let port_reads = |p: &str| p.parse::<u16>().is_ok_and(|p| p > 0);

@@ -5,9 +5,15 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::{ENGINE, Postgres};
-use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+use super::ENGINE;
+use super::client::Client;
+use super::sql::Tables;
+use crate::backend::sql::address::{
+    Env, SqlAddress, SqlUrl, Userinfo, from_env, os_user, plain_prefix,
+};
+use crate::backend::{Address, AddressOptions, Check, EngineInfo, Error, Opening};
 
 /// PostgreSQL's port when neither the URL nor PGPORT names one.
 const DEFAULT_PORT: u16 = 5432;
@@ -66,24 +72,25 @@ impl std::fmt::Debug for PgUrl {
     }
 }
 
-impl Address for PgUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
+impl SqlUrl for PgUrl {
+    type Dialect = Tables;
+    const ENGINE: &'static EngineInfo = &ENGINE;
+    const SECRET_ENV: &'static str = "PGPASSWORD";
+
+    fn display(&self) -> &str {
+        &self.display
     }
-    fn shown(&self) -> String {
-        self.display.clone()
-    }
-    fn secret(&self) -> Option<&str> {
+    fn password(&self) -> Option<&str> {
         self.password.as_deref()
     }
-    fn secret_env(&self) -> Option<&'static str> {
-        self.password_from_env.then_some("PGPASSWORD")
+    fn password_from_env(&self) -> bool {
+        self.password_from_env
     }
-    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
-        schema_of(prefix).map(|_| ())
+    fn tables(prefix: &str) -> Result<Tables, Error> {
+        schema_of(prefix).map(|schema| Tables::new(&schema))
     }
-    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
-        Ok(Box::new(Postgres::open(self, how)?))
+    fn client(&self, op: Duration) -> Client {
+        Client::new(Arc::new(self.clone()), op)
     }
     fn doctor(&self, how: &Opening) -> Vec<Check> {
         super::doctor::doctor(self, how)
@@ -94,45 +101,18 @@ impl Address for PgUrl {
 /// default `lockrun:` is the schema `lockrun`), a plain lower-case SQL
 /// identifier that needs no quoting anywhere.
 pub fn schema_of(prefix: &str) -> Result<String, Error> {
-    let schema = prefix.strip_suffix(':').unwrap_or(prefix);
-    let plain = !schema.is_empty()
-        && schema.len() <= 48
-        && schema
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && schema
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !schema.starts_with("pg_");
-    if !plain {
-        let shown: String = prefix.chars().take(60).collect();
-        return Err(Error::Request(format!(
-            "invalid --prefix {shown:?} for PostgreSQL: it names the schema of lockrun's \
-             tables, so it must be a lower-case identifier (a-z, 0-9, _, at most 48, not \
-             starting with pg_), optionally followed by ':' (the default lockrun: is the \
-             schema lockrun)"
-        )));
+    match plain_prefix(prefix).filter(|schema| !schema.starts_with("pg_")) {
+        Some(schema) => Ok(schema.to_string()),
+        None => {
+            let shown: String = prefix.chars().take(60).collect();
+            Err(Error::Request(format!(
+                "invalid --prefix {shown:?} for PostgreSQL: it names the schema of lockrun's \
+                 tables, so it must be a lower-case identifier (a-z, 0-9, _, at most 48, not \
+                 starting with pg_), optionally followed by ':' (the default lockrun: is the \
+                 schema lockrun)"
+            )))
+        }
     }
-    Ok(schema.to_string())
-}
-
-/// What the process environment says, for the parser (a function, so
-/// tests can give their own).
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
-
-fn from_env(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
-}
-
-/// The login name of the user lockrun runs as (libpq's default user).
-fn os_user() -> Option<String> {
-    let uid = rustix::process::getuid().as_raw().to_string();
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 2 && f[2] == uid).then(|| f[0].to_string())
-    })
 }
 
 /// Parse `postgres://[user[:password]@][host][:port][,host[:port]…][/dbname][?param=value&…]`.
@@ -144,7 +124,7 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
         url.ca_file = opts.tls_ca.clone();
     }
     opts.no_replicas(&url.display)?;
-    Ok(Arc::new(url))
+    Ok(SqlAddress::of(url))
 }
 
 fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
@@ -178,18 +158,9 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
-    let (url_user, url_password) = match userinfo {
-        None => (None, None),
-        Some(u) => match u.split_once(':') {
-            Some((name, pass)) => (Some(name), Some(pass)),
-            None => (Some(u), None),
-        },
-    };
-    let shown_user = match (url_user, url_password) {
-        (Some(u), Some(_)) => format!("{u}:***@"),
-        (Some(u), None) => format!("{u}@"),
-        _ => String::new(),
-    };
+    let userinfo = Userinfo::split(userinfo);
+    let (url_user, url_password) = (userinfo.user, userinfo.password);
+    let shown_user = userinfo.shown();
     // A host that does not read (the host left out, so that `user:pass`
     // reads as a host and a port) is never shown.
     let shown_hosts: Vec<&str> = hosts
@@ -473,7 +444,7 @@ mod tests {
         assert_eq!(u.servers[0].port, 5433);
         assert_eq!((u.user.as_str(), u.dbname.as_str()), ("deploy", "prod"));
         assert!(u.password_from_env);
-        assert_eq!(u.secret_env(), Some("PGPASSWORD"));
+        assert_eq!(SqlAddress(u).secret_env(), Some("PGPASSWORD"));
         // The URL wins over the environment.
         let u = with("postgres://me:pw@h/db", &env).unwrap();
         assert_eq!((u.user.as_str(), u.dbname.as_str()), ("me", "db"));

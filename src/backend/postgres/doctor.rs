@@ -14,9 +14,9 @@ use tokio_postgres::types::Type;
 use super::address::{PgUrl, schema_of};
 use super::client::{Call, Client, Params};
 use super::sql::{Tables, bounded};
-use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
+use crate::backend::doctor::{shown, time_round_trips};
+use crate::backend::sql::doctor::{Doctor, examine};
 use crate::backend::{Check, Error, Opening};
-use crate::clock::Boot;
 
 /// The oldest server lockrun's tables work on (identity columns, `CREATE
 /// SEQUENCE … AS bigint`).
@@ -50,76 +50,83 @@ const WAITER_COLUMNS: [(&str, &str); 7] = [
 ];
 
 pub fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
-    let mut out = Vec::new();
-    let schema = match schema_of(&how.prefix) {
-        Ok(s) => s,
-        Err(e) => {
-            out.push(Check::fail("prefix", e.to_string()));
-            return out;
+    let at = schema_of(&how.prefix).map(|schema| {
+        let url = Arc::new(url.clone());
+        PgDoctor {
+            client: Client::new(Arc::clone(&url), how.op),
+            url,
+            how,
+            schema,
+            pids: Vec::new(),
         }
-    };
-    let url = Arc::new(url.clone());
-    let mut client = Client::new(Arc::clone(&url), how.op);
-    let started = Boot::now();
-    let about = match ask(
-        &mut client,
-        "SELECT current_setting('server_version'), current_setting('server_version_num')::int, \
-           current_user::text, current_database()::text, pg_is_in_recovery()",
-        &[],
-    ) {
-        Ok(rows) => rows,
-        Err(e) => {
-            let what = match e {
-                Error::Transient(m) => format!("{m}; check the address and that PostgreSQL runs"),
-                e => e.to_string(),
-            };
-            out.push(Check::fail("reachable", what));
-            return out;
+    });
+    examine(at, how.op)
+}
+
+/// The doctor at one PostgreSQL database and schema.
+struct PgDoctor<'a> {
+    client: Client,
+    url: Arc<PgUrl>,
+    how: &'a Opening,
+    schema: String,
+    /// The server processes that answered this connection.
+    pids: Vec<i32>,
+}
+
+impl Doctor for PgDoctor<'_> {
+    type About = Row;
+
+    fn about(&mut self) -> Result<Option<Row>, String> {
+        match ask(
+            &mut self.client,
+            "SELECT current_setting('server_version'), \
+               current_setting('server_version_num')::int, \
+               current_user::text, current_database()::text, pg_is_in_recovery()",
+            &[],
+        ) {
+            Ok(rows) => Ok(rows.into_iter().next()),
+            Err(Error::Transient(m)) => {
+                Err(format!("{m}; check the address and that PostgreSQL runs"))
+            }
+            Err(e) => Err(e.to_string()),
         }
-    };
-    let Some(about) = about.first() else {
-        out.push(Check::fail("reachable", "the server answered with no row"));
-        return out;
-    };
-    let role: String = about.get(2);
-    out.push(Check::ok(
-        "reachable",
+    }
+
+    fn reached(&self, about: &Row, took: &str) -> String {
         format!(
-            "PostgreSQL at {} answered in {} as role {role} in database {}",
-            url.display,
-            shown(Boot::now().since(started)),
+            "PostgreSQL at {} answered in {took} as role {} in database {}",
+            self.url.display,
+            about.get::<_, String>(2),
             about.get::<_, String>(3)
-        ),
-    ));
-    let mut pids = Vec::new();
-    match round_trips(&mut client, &mut pids) {
-        Ok((worst, offset)) => {
-            out.push(round_trip_check(worst, how.op));
-            out.push(clock(offset));
+        )
+    }
+
+    fn round_trips(&mut self) -> Result<(Duration, f64), Error> {
+        round_trips(&mut self.client, &mut self.pids)
+    }
+
+    fn rest(&mut self, about: Row) -> Vec<Check> {
+        let (client, how) = (&mut self.client, self.how);
+        let mut out = vec![version_check(about.get(0), about.get(1))];
+        if about.get::<_, bool>(4) {
+            out.push(Check::fail(
+                "primary",
+                "this server is a standby (in recovery): it is read-only, so every grant \
+                 fails; point lockrun at the primary",
+            ));
         }
-        Err(e) => {
-            out.push(Check::fail("round trip", e.to_string()));
-            return out;
+        out.push(pooler_check(client, &self.url, how, &self.pids));
+        match settings(client, how) {
+            Ok(checks) => out.extend(checks),
+            Err(e) => out.push(Check::warn("settings", format!("could not be read: {e}"))),
         }
+        let role: String = about.get(2);
+        match tables(client, &self.schema, &role) {
+            Ok(checks) => out.extend(checks),
+            Err(e) => out.push(Check::fail("tables", e.to_string())),
+        }
+        out
     }
-    out.push(version_check(about.get(0), about.get(1)));
-    if about.get::<_, bool>(4) {
-        out.push(Check::fail(
-            "primary",
-            "this server is a standby (in recovery): it is read-only, so every grant fails; \
-             point lockrun at the primary",
-        ));
-    }
-    out.push(pooler_check(&mut client, &url, how, &pids));
-    match settings(&mut client, how) {
-        Ok(checks) => out.extend(checks),
-        Err(e) => out.push(Check::warn("settings", format!("could not be read: {e}"))),
-    }
-    match tables(&mut client, &schema, &role) {
-        Ok(checks) => out.extend(checks),
-        Err(e) => out.push(Check::fail("tables", e.to_string())),
-    }
-    out
 }
 
 /// One check's statement, run as a run runs its own: inside a transaction
@@ -168,17 +175,6 @@ fn round_trips(client: &mut Client, pids: &mut Vec<i32>) -> Result<(Duration, f6
             timed.offset.unwrap_or_default(),
         )),
     }
-}
-
-/// Leases, windows and tokens count on the server's clock alone.
-fn clock(offset: f64) -> Check {
-    clock_check(
-        offset,
-        "leases, --min-hold windows and tokens count on the server's clock alone",
-        "leases, --min-hold windows and tokens count on the server's clock alone; a clock that \
-         far off is likely not kept by NTP, and a step of the server's clock shortens or \
-         lengthens every lease by the step: keep NTP on",
-    )
 }
 
 fn version_check(version: String, num: i32) -> Check {
@@ -339,11 +335,23 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
 
 /// One object of lockrun's in the catalog.
 struct Object {
+    /// Its relation name, unqualified.
+    rel: String,
     kind: String,
     rights: Vec<(&'static str, Option<bool>)>,
     /// UPDATE on the sequence: what moves it up to a token floored by
     /// the clock.
     moves_sequence: Option<bool>,
+}
+
+/// Where lockrun's objects are to be, and what the current role may do.
+struct Place<'a> {
+    schema: &'a str,
+    role: &'a str,
+    /// USAGE on the schema.
+    usage: bool,
+    /// CREATE on the schema.
+    create: bool,
 }
 
 /// lockrun's schema, its three objects, and the current role's rights on
@@ -364,28 +372,16 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
     .first()
     .is_some_and(|r| r.get::<_, bool>(0));
     let Some(ns) = ns.first() else {
-        return Ok(vec![if db_create {
-            Check::ok(
-                "tables",
-                format!(
-                    "schema {schema} does not exist yet: role {role} may create it and \
-                     lockrun's tables in it, as the first run does"
-                ),
-            )
-        } else {
-            Check::fail(
-                "tables",
-                format!(
-                    "schema {schema} does not exist and role {role} may not create it: \
-                     create it and lockrun's tables once as a role that may, then grant \
-                     this one what lockrun-engines(7) \"POSTGRESQL\" lists"
-                ),
-            )
-        }]);
+        return Ok(vec![no_schema(schema, role, db_create)]);
     };
-    let (usage, create): (bool, bool) = (ns.get(0), ns.get(1));
+    let at = Place {
+        schema,
+        role,
+        usage: ns.get(0),
+        create: ns.get(1),
+    };
     let mut out = Vec::new();
-    if !usage {
+    if !at.usage {
         out.push(Check::fail(
             "schema",
             format!(
@@ -394,6 +390,77 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
             ),
         ));
     }
+    let objects = catalog(client, schema)?;
+    let columns = ask(
+        client,
+        "SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod) \
+         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
+           JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname IN ('lockrun_leases', 'lockrun_waiters') \
+           AND a.attnum > 0 AND NOT a.attisdropped",
+        &[(&schema, Type::TEXT)],
+    )?;
+    let lacking = |table: &str, want: &[(&str, &str)]| -> Vec<String> {
+        want.iter()
+            .filter(|(col, ty)| {
+                !columns.iter().any(|r| {
+                    r.get::<_, String>(0) == table
+                        && r.get::<_, String>(1) == *col
+                        && r.get::<_, String>(2) == *ty
+                })
+            })
+            .map(|(col, ty)| format!("{col} {ty}"))
+            .collect()
+    };
+    let wanted: [(&'static str, &str, &str, Columns); 3] = [
+        ("leases table", "lockrun_leases", &t.leases, &LEASE_COLUMNS),
+        (
+            "waiters table",
+            "lockrun_waiters",
+            &t.waiters,
+            &WAITER_COLUMNS,
+        ),
+        ("token sequence", "lockrun_tokens", &t.tokens, &[]),
+    ];
+    for (topic, rel, full, want) in wanted {
+        let found = objects.iter().find(|o| o.rel == rel);
+        let sequence = want.is_empty();
+        out.push(object_check(
+            topic,
+            found,
+            || lacking(rel, want),
+            sequence,
+            full,
+            &at,
+        ));
+    }
+    Ok(out)
+}
+
+/// No schema of lockrun's yet: fine when the role may create it.
+fn no_schema(schema: &str, role: &str, db_create: bool) -> Check {
+    if db_create {
+        Check::ok(
+            "tables",
+            format!(
+                "schema {schema} does not exist yet: role {role} may create it and \
+                 lockrun's tables in it, as the first run does"
+            ),
+        )
+    } else {
+        Check::fail(
+            "tables",
+            format!(
+                "schema {schema} does not exist and role {role} may not create it: \
+                 create it and lockrun's tables once as a role that may, then grant \
+                 this one what lockrun-engines(7) \"POSTGRESQL\" lists"
+            ),
+        )
+    }
+}
+
+/// lockrun's objects found in `schema`, with the current role's rights.
+fn catalog(client: &mut Client, schema: &str) -> Result<Vec<Object>, Error> {
     let rows = ask(
         client,
         "SELECT c.relname::text, c.relkind::text, \
@@ -409,9 +476,10 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
            AND c.relname IN ('lockrun_leases', 'lockrun_waiters', 'lockrun_tokens')",
         &[(&schema, Type::TEXT)],
     )?;
-    let found = |name: &str| -> Option<Object> {
-        let r: &Row = rows.iter().find(|r| r.get::<_, String>(0) == name)?;
-        Some(Object {
+    Ok(rows
+        .iter()
+        .map(|r: &Row| Object {
+            rel: r.get(0),
             kind: r.get(1),
             rights: vec![
                 ("SELECT", r.get(2)),
@@ -422,126 +490,109 @@ fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, E
             ],
             moves_sequence: r.get(7),
         })
-    };
-    let columns = ask(
-        client,
-        "SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod) \
-         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
-           JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname IN ('lockrun_leases', 'lockrun_waiters') \
-           AND a.attnum > 0 AND NOT a.attisdropped",
-        &[(&schema, Type::TEXT)],
-    )?;
-    let has_columns = |table: &str, want: &[(&str, &str)]| -> Vec<String> {
-        want.iter()
-            .filter(|(col, ty)| {
-                !columns.iter().any(|r| {
-                    r.get::<_, String>(0) == table
-                        && r.get::<_, String>(1) == *col
-                        && r.get::<_, String>(2) == *ty
-                })
-            })
-            .map(|(col, ty)| format!("{col} {ty}"))
-            .collect()
-    };
-    let objects: [(&'static str, &str, &str, Columns); 3] = [
-        ("leases table", "lockrun_leases", &t.leases, &LEASE_COLUMNS),
-        (
-            "waiters table",
-            "lockrun_waiters",
-            &t.waiters,
-            &WAITER_COLUMNS,
-        ),
-        ("token sequence", "lockrun_tokens", &t.tokens, &[]),
-    ];
-    for (topic, rel, full, want) in objects {
-        let sequence = want.is_empty();
-        let Some(o) = found(rel) else {
-            out.push(if create {
-                Check::ok(
-                    topic,
-                    format!("{full} does not exist yet: role {role} may create it, as the first run does"),
-                )
-            } else {
-                Check::fail(
-                    topic,
-                    format!(
-                        "{full} does not exist and role {role} may not create it in schema \
-                         {schema}: create lockrun's tables once as a role that may (lockrun-engines(7) \
-                         \"POSTGRESQL\")"
-                    ),
-                )
-            });
-            continue;
-        };
-        let right_kind = if sequence {
-            o.kind == "S"
-        } else {
-            matches!(o.kind.as_str(), "r" | "p")
-        };
-        if !right_kind {
-            out.push(Check::fail(
-                topic,
-                format!(
-                    "{full} is not a {}: it is not lockrun's; remove it or choose another --prefix",
-                    if sequence { "sequence" } else { "table" }
-                ),
-            ));
-            continue;
-        }
-        let lacking = has_columns(rel, want);
-        if !lacking.is_empty() {
-            out.push(Check::fail(
-                topic,
-                format!(
-                    "{full} is not lockrun's (it lacks {}); remove it or choose another --prefix",
-                    lacking.join(", ")
-                ),
-            ));
-            continue;
-        }
-        let grant = if sequence {
-            format!("GRANT USAGE, UPDATE ON SEQUENCE {full} TO {role}")
-        } else {
-            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {full} TO {role}")
-        };
-        let missing: Vec<&str> = o
-            .rights
-            .iter()
-            .filter(|(_, held)| *held == Some(false))
-            .map(|(what, _)| *what)
-            .collect();
-        let unmoved = o.moves_sequence == Some(false);
-        out.push(if missing.is_empty() && usage && unmoved {
-            Check::warn(
-                topic,
-                format!(
-                    "{full}: role {role} lacks UPDATE on it: its tokens are floored by the \
-                     server's clock all the same, but the sequence is not moved up to them, so \
-                     an older lockrun, which takes nextval alone, may hand out lower ones; \
-                     {grant} (lockrun-engines(7) \"POSTGRESQL\")"
-                ),
-            )
-        } else if missing.is_empty() && usage {
+        .collect())
+}
+
+/// One object's check: there, lockrun's by
+/// kind and columns (`lacking`), and usable by the role.
+fn object_check(
+    topic: &'static str,
+    found: Option<&Object>,
+    lacking: impl FnOnce() -> Vec<String>,
+    sequence: bool,
+    full: &str,
+    at: &Place,
+) -> Check {
+    let (schema, role) = (at.schema, at.role);
+    let Some(o) = found else {
+        return if at.create {
             Check::ok(
                 topic,
-                format!("{full}: role {role} may use it as lockrun does"),
-            )
-        } else if missing.is_empty() {
-            Check::fail(
-                topic,
-                format!("{full}: role {role} may not reach it (no USAGE on schema {schema})"),
+                format!(
+                    "{full} does not exist yet: role {role} may create it, as the first run does"
+                ),
             )
         } else {
             Check::fail(
                 topic,
                 format!(
-                    "{full}: role {role} lacks {} on it: every run would fail with 69; {grant} \
-                     (lockrun-engines(7) \"POSTGRESQL\")",
-                    missing.join(", ")
+                    "{full} does not exist and role {role} may not create it in schema \
+                     {schema}: create lockrun's tables once as a role that may (lockrun-engines(7) \
+                     \"POSTGRESQL\")"
                 ),
             )
-        });
+        };
+    };
+    let right_kind = if sequence {
+        o.kind == "S"
+    } else {
+        matches!(o.kind.as_str(), "r" | "p")
+    };
+    if !right_kind {
+        return Check::fail(
+            topic,
+            format!(
+                "{full} is not a {}: it is not lockrun's; remove it or choose another --prefix",
+                if sequence { "sequence" } else { "table" }
+            ),
+        );
     }
-    Ok(out)
+    let lacking = lacking();
+    if !lacking.is_empty() {
+        return Check::fail(
+            topic,
+            format!(
+                "{full} is not lockrun's (it lacks {}); remove it or choose another --prefix",
+                lacking.join(", ")
+            ),
+        );
+    }
+    rights_check(topic, o, sequence, full, at)
+}
+
+/// The role's rights on one of lockrun's objects.
+fn rights_check(topic: &'static str, o: &Object, sequence: bool, full: &str, at: &Place) -> Check {
+    let (schema, role) = (at.schema, at.role);
+    let grant = if sequence {
+        format!("GRANT USAGE, UPDATE ON SEQUENCE {full} TO {role}")
+    } else {
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {full} TO {role}")
+    };
+    let missing: Vec<&str> = o
+        .rights
+        .iter()
+        .filter(|(_, held)| *held == Some(false))
+        .map(|(what, _)| *what)
+        .collect();
+    let unmoved = o.moves_sequence == Some(false);
+    if missing.is_empty() && at.usage && unmoved {
+        Check::warn(
+            topic,
+            format!(
+                "{full}: role {role} lacks UPDATE on it: its tokens are floored by the \
+                 server's clock all the same, but the sequence is not moved up to them, so \
+                 an older lockrun, which takes nextval alone, may hand out lower ones; \
+                 {grant} (lockrun-engines(7) \"POSTGRESQL\")"
+            ),
+        )
+    } else if missing.is_empty() && at.usage {
+        Check::ok(
+            topic,
+            format!("{full}: role {role} may use it as lockrun does"),
+        )
+    } else if missing.is_empty() {
+        Check::fail(
+            topic,
+            format!("{full}: role {role} may not reach it (no USAGE on schema {schema})"),
+        )
+    } else {
+        Check::fail(
+            topic,
+            format!(
+                "{full}: role {role} lacks {} on it: every run would fail with 69; {grant} \
+                 (lockrun-engines(7) \"POSTGRESQL\")",
+                missing.join(", ")
+            ),
+        )
+    }
 }
