@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use mysql::Row;
 
-use super::MyHeld;
 use super::client::{Client, Woke, int, text};
 use super::create;
-use super::sql::Tables;
+use super::sql::{Tables, lit, wake_key};
 use super::take::{Looking, commit, transaction};
 use crate::backend::quit::Leave;
-use crate::backend::sql::{self, Blocked, Deciding, Dialect, Outcome, SqlRow, place_ttl};
+use crate::backend::sql::{
+    self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, place_ttl,
+};
 use crate::backend::table::{Cells, Target};
 use crate::backend::wait::Patience;
 use crate::backend::{Error, Force, Held, Holder, Request};
@@ -192,10 +193,59 @@ impl Dialect for Tables {
         Ok(())
     }
 
+    /// The lease's connection holds its wake-up lock for the waiters; the
+    /// first renewer's is opened now.
     fn held(&self, c: &mut Client, req: &Request, slot: u32) -> Box<dyn Held> {
         let fresh = c.fresh();
-        let client = std::mem::replace(c, fresh);
-        Box::new(MyHeld::new(client, self, req, slot))
+        let mut client = std::mem::replace(c, fresh);
+        client.wait = Duration::ZERO;
+        let mut spare = client.fresh();
+        // Best effort: without it the first renewal connects.
+        let spare = match spare.run(&["DO 0".into()]) {
+            Ok(_) => Some(spare),
+            Err(_) => None,
+        };
+        Box::new(SqlHeld::new(client, self, req, slot, spare))
+    }
+
+    fn fresh(c: &Client) -> Client {
+        c.fresh()
+    }
+
+    /// No row changed means lost.
+    fn renew(&self, c: &mut Client, o: &Ours<Tables>) -> Result<Option<String>, Error> {
+        let sets = c.run(&self.renew(&o.name, o.slot, &o.owner, o.ttl_ms))?;
+        let row = sets[1].first().filter(|row| int(row, 0).unwrap_or(0) != 0);
+        Ok(row.map(|row| text(row, 1).unwrap_or_default()))
+    }
+
+    fn release(
+        &self,
+        c: &mut Client,
+        o: &Ours<Tables>,
+        window: i64,
+    ) -> Result<(bool, bool), Error> {
+        let mut stmts: Vec<String> = self.release(&o.name, o.slot, &o.owner, window).into();
+        let wake = c.locked.is_some();
+        if wake {
+            // The waiter blocked on this lease wakes now.
+            stmts.push(format!(
+                "DO RELEASE_LOCK({})",
+                wake_key('h', &lit(&o.owner))
+            ));
+        }
+        let sets = match c.run(&stmts) {
+            Err(e) if e.is_transient() => {
+                if wake {
+                    stmts.pop();
+                }
+                c.run(&stmts)
+            }
+            done => done,
+        }?;
+        let count = |i: usize| sets[i].first().and_then(|row| int(row, 0)).unwrap_or(0);
+        let (kept, gone) = (count(1), count(3));
+        Ok((kept > 0, kept + gone > 0))
     }
 
     fn wait(

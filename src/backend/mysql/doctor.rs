@@ -283,7 +283,7 @@ fn wake_check(client: &mut Client) -> Check {
 
 /// Whether the server's binary log takes statements, under which InnoDB
 /// refuses lockrun's READ COMMITTED writes unless its sessions may log
-/// rows (`take::check_engines` does the same before a run).
+/// rows (`create::check_engines` does the same before a run).
 fn binlog(client: &mut Client) -> Check {
     let Ok(rows) = client.query(sql::BINLOG.into()) else {
         return Check::ok("binlog", "no binary log this user can see");
@@ -316,100 +316,19 @@ fn binlog(client: &mut Client) -> Check {
 /// checks every privilege, roles and patterns included; nothing is written).
 fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Check {
     let t = Tables::new(base);
-    let names = format!("{base}_leases, {base}_waiters, {base}_tokens");
-    let mut probe = vec!["START TRANSACTION".to_string()];
-    for table in [&t.leases, &t.waiters, &t.tokens] {
-        probe.push(format!("SELECT COUNT(*) FROM {table}"));
-    }
-    match client.run(&probe) {
-        Ok(_) => {}
-        Err(_) if client.last_code == Some(1146) => {
-            let _ = client.run(&["ROLLBACK".into()]);
-            return missing_tables(client, &names, &grant(database, grantee, true));
-        }
-        Err(e)
-            if client
-                .last_code
-                .is_some_and(|c| super::client::DENIED.contains(&c)) =>
-        {
-            return Check::fail(
-                "tables",
-                format!(
-                    "{names} exist, but this user may not read them ({}): {}",
-                    denied(&e),
-                    grant(database, grantee, false)
-                ),
-            );
-        }
-        Err(e) => return Check::fail("tables", e.to_string()),
-    }
-    let writes = [
-        (&t.leases, "slot"),
-        (&t.waiters, "seq"),
-        (&t.tokens, "token"),
-    ]
-    .into_iter()
-    .flat_map(|(table, col)| {
-        [
-            format!("INSERT INTO {table} SELECT * FROM {table} WHERE FALSE"),
-            format!("UPDATE {table} SET {col} = {col} WHERE FALSE"),
-            format!("DELETE FROM {table} WHERE FALSE"),
-        ]
-    })
-    .chain(["ROLLBACK".to_string(), t.engines()])
-    .collect::<Vec<_>>();
-    let sets = match client.run(&writes) {
-        Ok(sets) => sets,
-        Err(_) if client.last_code == Some(1665) => {
-            return Check::fail("tables", sql::STATEMENT_BINLOG);
-        }
-        Err(e)
-            if matches!(client.last_code, Some(1036 | 1792 | 1836))
-                || (client.last_code == Some(1290) && denied(&e).contains("read")) =>
-        {
-            return Check::fail(
-                "tables",
-                format!(
-                    "{names} exist, but the server refuses to write them ({}): it is \
-                     read-only; point lockrun at a server that may write",
-                    denied(&e)
-                ),
-            );
-        }
-        Err(e)
-            if client
-                .last_code
-                .is_some_and(|c| super::client::DENIED.contains(&c)) =>
-        {
-            return Check::fail(
-                "tables",
-                format!(
-                    "{names} exist, but this user may not write them ({}): {}",
-                    denied(&e),
-                    grant(database, grantee, false)
-                ),
-            );
-        }
-        // Writes that wait (a global read lock: FLUSH TABLES WITH READ
-        // LOCK, a backup running; a server overloaded) are no question of
-        // rights.
-        Err(e) if e.is_transient() => {
-            return Check::fail(
-                "tables",
-                format!(
-                    "{names} exist, but a write to them got no answer ({e}): the server may \
-                     hold a global read lock (FLUSH TABLES WITH READ LOCK, a backup running) \
-                     or be overloaded; runs wait on it too"
-                ),
-            );
-        }
-        Err(e) => {
-            return Check::fail(
-                "tables",
-                format!("{names} exist, but writing them failed: {e}"),
-            );
-        }
+    let at = Whose {
+        names: format!("{base}_leases, {base}_waiters, {base}_tokens"),
+        database,
+        grantee,
     };
+    if let Some(refused) = read_tables(client, &t, &at) {
+        return refused;
+    }
+    let sets = match write_tables(client, &t, &at) {
+        Ok(sets) => sets,
+        Err(refused) => return refused,
+    };
+    let names = &at.names;
     if let Some(r) = sets.last().and_then(|s| s.first()) {
         return Check::fail(
             "tables",
@@ -439,6 +358,108 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
              read and write them"
         ),
     )
+}
+
+/// lockrun's tables in one database, and the user whose rights they are.
+struct Whose<'a> {
+    /// The three tables' names, for messages.
+    names: String,
+    database: &'a str,
+    grantee: &'a str,
+}
+
+impl Whose<'_> {
+    /// The last statement was refused for want of a right.
+    fn denied(&self, c: &Client) -> bool {
+        c.last_code
+            .is_some_and(|c| super::client::DENIED.contains(&c))
+    }
+
+    fn lacks(&self, to: &str, e: &Error) -> Check {
+        Check::fail(
+            "tables",
+            format!(
+                "{} exist, but this user may not {to} them ({}): {}",
+                self.names,
+                denied(e),
+                grant(self.database, self.grantee, false)
+            ),
+        )
+    }
+}
+
+/// Each table read once: None, they are there to read; else why not.
+fn read_tables(client: &mut Client, t: &Tables, at: &Whose) -> Option<Check> {
+    let mut probe = vec!["START TRANSACTION".to_string()];
+    for table in [&t.leases, &t.waiters, &t.tokens] {
+        probe.push(format!("SELECT COUNT(*) FROM {table}"));
+    }
+    match client.run(&probe) {
+        Ok(_) => None,
+        Err(_) if client.last_code == Some(1146) => {
+            let _ = client.run(&["ROLLBACK".into()]);
+            let grant = grant(at.database, at.grantee, true);
+            Some(missing_tables(client, &at.names, &grant))
+        }
+        Err(e) if at.denied(client) => Some(at.lacks("read", &e)),
+        Err(e) => Some(Check::fail("tables", e.to_string())),
+    }
+}
+
+/// Each write lockrun makes, with a condition no row meets, rolled back,
+/// then the tables' engines: the rows of each, or why the writes failed.
+fn write_tables(
+    client: &mut Client,
+    t: &Tables,
+    at: &Whose,
+) -> Result<Vec<Vec<mysql::Row>>, Check> {
+    let writes = [
+        (&t.leases, "slot"),
+        (&t.waiters, "seq"),
+        (&t.tokens, "token"),
+    ]
+    .into_iter()
+    .flat_map(|(table, col)| {
+        [
+            format!("INSERT INTO {table} SELECT * FROM {table} WHERE FALSE"),
+            format!("UPDATE {table} SET {col} = {col} WHERE FALSE"),
+            format!("DELETE FROM {table} WHERE FALSE"),
+        ]
+    })
+    .chain(["ROLLBACK".to_string(), t.engines()])
+    .collect::<Vec<_>>();
+    let names = &at.names;
+    client.run(&writes).map_err(|e| match e {
+        _ if client.last_code == Some(1665) => Check::fail("tables", sql::STATEMENT_BINLOG),
+        e if matches!(client.last_code, Some(1036 | 1792 | 1836))
+            || (client.last_code == Some(1290) && denied(&e).contains("read")) =>
+        {
+            Check::fail(
+                "tables",
+                format!(
+                    "{names} exist, but the server refuses to write them ({}): it is \
+                     read-only; point lockrun at a server that may write",
+                    denied(&e)
+                ),
+            )
+        }
+        e if at.denied(client) => at.lacks("write", &e),
+        // Writes that wait (a global read lock: FLUSH TABLES WITH READ
+        // LOCK, a backup running; a server overloaded) are no question of
+        // rights.
+        e if e.is_transient() => Check::fail(
+            "tables",
+            format!(
+                "{names} exist, but a write to them got no answer ({e}): the server may \
+                 hold a global read lock (FLUSH TABLES WITH READ LOCK, a backup running) \
+                 or be overloaded; runs wait on it too"
+            ),
+        ),
+        e => Check::fail(
+            "tables",
+            format!("{names} exist, but writing them failed: {e}"),
+        ),
+    })
 }
 
 /// The tables are not there yet: whether the user may create them (a

@@ -129,10 +129,69 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
 
 fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
     let expected = format!("expected {}", ENGINE.form);
+    let parts = split(raw, &expected)?;
+    let r = Reading {
+        display: parts.shown(),
+        expected: &expected,
+    };
+    let mut q = Query {
+        user: r.text_of("user name", parts.login.user)?,
+        password: r.text_of("password", parts.login.password)?,
+        dbname: r.text_of("database name", parts.path.filter(|p| !p.is_empty()))?,
+        ..Query::default()
+    };
+    q.read(parts.query, &r)?;
+    if parts.hosts.contains(['/', '#']) || parts.path.is_some_and(|p| p.contains(['/', '#'])) {
+        return Err(r.bad("a database name is one path segment".into()));
+    }
+
+    // What the URL leaves out, the environment says, then libpq's defaults.
+    let password_from_env = q.password.is_none() && env("PGPASSWORD").is_some();
+    let password = q.password.or_else(|| env("PGPASSWORD"));
+    let user = match q.user.filter(|u| !u.is_empty()).or_else(|| env("PGUSER")) {
+        Some(u) => u,
+        None => {
+            os_user().ok_or_else(|| r.bad("no user name: give one in the URL or PGUSER".into()))?
+        }
+    };
+    let dbname = q
+        .dbname
+        .filter(|d| !d.is_empty())
+        .or_else(|| env("PGDATABASE"))
+        .unwrap_or_else(|| user.clone());
+    let sslmode = q.sslmode.or_else(|| env("PGSSLMODE"));
+    let sslmode = sslmode_of(sslmode.as_deref().unwrap_or("prefer")).map_err(|e| r.bad(e))?;
+    let rootcert = q
+        .rootcert
+        .or_else(|| env("PGSSLROOTCERT").map(PathBuf::from));
+    let port = q.port.or_else(|| env("PGPORT"));
+    let host = q.host.or_else(|| env("PGHOST"));
+    let servers = servers(parts.hosts, host, port).map_err(|e| r.bad(e))?;
+    Ok(PgUrl {
+        servers,
+        user,
+        password,
+        password_from_env,
+        dbname,
+        sslmode,
+        ca_file: rootcert,
+        display: r.display,
+    })
+}
+
+/// A URL's parts as written, before any is decoded.
+struct Parts<'a> {
+    scheme: String,
+    login: Userinfo<'a>,
+    hosts: &'a str,
+    path: Option<&'a str>,
+    query: Option<&'a str>,
+}
+
+fn split<'a>(raw: &'a str, expected: &str) -> Result<Parts<'a>, Error> {
     let (scheme, rest) = raw
         .split_once("://")
         .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
-    let scheme = scheme.to_ascii_lowercase();
     // An '@' after a '/', '?' or '#' is most likely a password that did not
     // percent-encode them: split there, it would reach messages and
     // `status` as a host, a port or a database name. Refused, echoing none
@@ -153,105 +212,129 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         Some((a, p)) => (a, Some(p)),
         None => (rest, None),
     };
-    // Never echo the raw URL: it may hold a password.
     let (userinfo, hosts) = match authority.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
-    let userinfo = Userinfo::split(userinfo);
-    let (url_user, url_password) = (userinfo.user, userinfo.password);
-    let shown_user = userinfo.shown();
-    // A host that does not read (the host left out, so that `user:pass`
-    // reads as a host and a port) is never shown.
-    let shown_hosts: Vec<&str> = hosts
-        .split(',')
-        .map(|h| {
-            if h.is_empty() || server(h, 5432).is_ok() {
-                h
-            } else {
-                "(hidden)"
-            }
-        })
-        .collect();
-    let mut display = format!("{scheme}://{shown_user}{}", shown_hosts.join(","));
-    if let Some(p) = path.filter(|p| !p.is_empty()) {
-        display.push('/');
-        display.push_str(p);
+    Ok(Parts {
+        scheme: scheme.to_ascii_lowercase(),
+        login: Userinfo::split(userinfo),
+        hosts,
+        path,
+        query,
+    })
+}
+
+impl Parts<'_> {
+    /// The URL for messages: never the raw URL, which may hold a password.
+    fn shown(&self) -> String {
+        // A host that does not read (the host left out, so that `user:pass`
+        // reads as a host and a port) is never shown.
+        let shown_hosts: Vec<&str> = self
+            .hosts
+            .split(',')
+            .map(|h| {
+                if h.is_empty() || server(h, 5432).is_ok() {
+                    h
+                } else {
+                    "(hidden)"
+                }
+            })
+            .collect();
+        let mut display = format!(
+            "{}://{}{}",
+            self.scheme,
+            self.login.shown(),
+            shown_hosts.join(",")
+        );
+        if let Some(p) = self.path.filter(|p| !p.is_empty()) {
+            display.push('/');
+            display.push_str(p);
+        }
+        if let Some(q) = self.query {
+            display.push('?');
+            display.push_str(&shown_query(q));
+        }
+        display.chars().take(200).collect()
     }
-    if let Some(q) = query {
-        display.push('?');
-        display.push_str(&shown_query(q));
+}
+
+/// A URL being read: how it is shown, and what a refusal of it says.
+struct Reading<'a> {
+    display: String,
+    expected: &'a str,
+}
+
+impl Reading<'_> {
+    fn bad(&self, why: String) -> Error {
+        Error::Request(format!(
+            "invalid --url {}: {why}; {}",
+            self.display, self.expected
+        ))
     }
-    let display: String = display.chars().take(200).collect();
-    let bad = |why: String| Error::Request(format!("invalid --url {display}: {why}; {expected}"));
-    let text = |what: &str, s: &str| {
+
+    /// `s` %-decoded, or refused as `what` with a bad %-escape.
+    fn text(&self, what: &str, s: &str) -> Result<String, Error> {
         crate::backend::percent_decoded(s)
-            .ok_or_else(|| bad(format!("the {what} has a bad %-escape")))
-    };
+            .ok_or_else(|| self.bad(format!("the {what} has a bad %-escape")))
+    }
 
-    let mut user = url_user.map(|u| text("user name", u)).transpose()?;
-    let mut password = url_password.map(|p| text("password", p)).transpose()?;
-    let mut dbname = path
-        .filter(|p| !p.is_empty())
-        .map(|p| text("database name", p))
-        .transpose()?;
-    let mut host_param = None;
-    let mut port_param = None;
-    let mut sslmode = None;
-    let mut rootcert = None;
-    for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
-        // libpq decodes the key as well as the value: %70assword is password.
-        let (k, v) = match kv.split_once('=') {
-            Some((k, v)) => (crate::backend::percent_decoded(k), v),
-            None => (crate::backend::percent_decoded(kv), ""),
-        };
-        let k = k.ok_or_else(|| bad("a parameter's name has a bad %-escape".into()))?;
-        let k: &str = &k;
-        if !kv.contains('=') {
-            let k: String = k.chars().take(40).collect();
-            return Err(bad(format!("the parameter {k:?} has no value")));
-        }
-        let v = text(k, v)?;
-        match k {
-            "host" => host_param = Some(v),
-            "port" => port_param = Some(v),
-            "user" => user = Some(v),
-            "password" => password = Some(v),
-            "dbname" => dbname = Some(v),
-            "sslmode" => sslmode = Some(v),
-            "sslrootcert" => rootcert = Some(PathBuf::from(v)),
-            // Bounded by lockrun's own request budget instead.
-            "connect_timeout" | "application_name" => {}
-            other => {
-                return Err(bad(format!(
-                    "unknown parameter {other:?} (lockrun reads host, port, user, password, \
-                     dbname, sslmode, sslrootcert)"
-                )));
+    fn text_of(&self, what: &str, s: Option<&str>) -> Result<Option<String>, Error> {
+        s.map(|s| self.text(what, s)).transpose()
+    }
+}
+
+/// What the URL says, its query parameters over its other parts.
+#[derive(Default)]
+struct Query {
+    host: Option<String>,
+    port: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    dbname: Option<String>,
+    sslmode: Option<String>,
+    rootcert: Option<PathBuf>,
+}
+
+impl Query {
+    fn read(&mut self, query: Option<&str>, r: &Reading) -> Result<(), Error> {
+        for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
+            // libpq decodes the key as well as the value: %70assword is password.
+            let (k, v) = match kv.split_once('=') {
+                Some((k, v)) => (crate::backend::percent_decoded(k), v),
+                None => (crate::backend::percent_decoded(kv), ""),
+            };
+            let k = k.ok_or_else(|| r.bad("a parameter's name has a bad %-escape".into()))?;
+            let k: &str = &k;
+            if !kv.contains('=') {
+                let k: String = k.chars().take(40).collect();
+                return Err(r.bad(format!("the parameter {k:?} has no value")));
+            }
+            let v = r.text(k, v)?;
+            match k {
+                "host" => self.host = Some(v),
+                "port" => self.port = Some(v),
+                "user" => self.user = Some(v),
+                "password" => self.password = Some(v),
+                "dbname" => self.dbname = Some(v),
+                "sslmode" => self.sslmode = Some(v),
+                "sslrootcert" => self.rootcert = Some(PathBuf::from(v)),
+                // Bounded by lockrun's own request budget instead.
+                "connect_timeout" | "application_name" => {}
+                other => {
+                    return Err(r.bad(format!(
+                        "unknown parameter {other:?} (lockrun reads host, port, user, password, \
+                         dbname, sslmode, sslrootcert)"
+                    )));
+                }
             }
         }
+        Ok(())
     }
-    if hosts.contains(['/', '#']) || path.is_some_and(|p| p.contains(['/', '#'])) {
-        return Err(bad("a database name is one path segment".into()));
-    }
+}
 
-    // What the URL leaves out, the environment says, then libpq's defaults.
-    let password_from_env = password.is_none() && env("PGPASSWORD").is_some();
-    let password = password.or_else(|| env("PGPASSWORD"));
-    let user = match user.filter(|u| !u.is_empty()).or_else(|| env("PGUSER")) {
-        Some(u) => u,
-        None => {
-            os_user().ok_or_else(|| bad("no user name: give one in the URL or PGUSER".into()))?
-        }
-    };
-    let dbname = dbname
-        .filter(|d| !d.is_empty())
-        .or_else(|| env("PGDATABASE"))
-        .unwrap_or_else(|| user.clone());
-    let sslmode = match sslmode
-        .or_else(|| env("PGSSLMODE"))
-        .as_deref()
-        .unwrap_or("prefer")
-    {
+fn sslmode_of(mode: &str) -> Result<SslMode, String> {
+    Ok(match mode {
         "disable" => SslMode::Disable,
         "allow" | "prefer" => SslMode::Prefer,
         "require" => SslMode::Require,
@@ -259,42 +342,36 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         "verify-full" => SslMode::VerifyFull,
         other => {
             let other: String = other.chars().take(20).collect();
-            return Err(bad(format!(
+            return Err(format!(
                 "sslmode {other:?} is none of disable, allow, prefer, require, verify-ca, verify-full"
-            )));
+            ));
         }
-    };
-    let rootcert = rootcert.or_else(|| env("PGSSLROOTCERT").map(PathBuf::from));
+    })
+}
 
-    let port_text = port_param.or_else(|| env("PGPORT"));
-    let default_port = match port_text.as_deref() {
+/// The servers to try: the URL's host list, else `host` (the parameter or
+/// PGHOST), each on `port` unless it names its own; none at all is the
+/// default socket directory.
+fn servers(hosts: &str, host: Option<String>, port: Option<String>) -> Result<Vec<Server>, String> {
+    let default_port = match port.as_deref() {
         None => DEFAULT_PORT,
-        Some(p) => port(p).map_err(bad)?,
+        Some(p) => self::port(p)?,
     };
-    let host_list: Vec<String> = match host_param.or_else(|| env("PGHOST")) {
+    let host_list: Vec<String> = match host {
         Some(h) if hosts.is_empty() => h.split(',').map(String::from).collect(),
         _ => hosts.split(',').map(String::from).collect(),
     };
     let mut servers = Vec::new();
     for h in host_list {
-        servers.push(server(&h, default_port).map_err(bad)?);
+        servers.push(server(&h, default_port)?);
     }
     if servers.len() == 1 && servers[0].host.is_empty() {
         servers[0].host = default_socket_dir(servers[0].port);
     }
     if servers.iter().any(|s| s.host.is_empty()) {
-        return Err(bad("an empty host in the host list".into()));
+        return Err("an empty host in the host list".into());
     }
-    Ok(PgUrl {
-        servers,
-        user,
-        password,
-        password_from_env,
-        dbname,
-        sslmode,
-        ca_file: rootcert,
-        display,
-    })
+    Ok(servers)
 }
 
 /// The parameters whose values may be shown: lockrun's own, none secret.

@@ -9,12 +9,13 @@ use std::time::Duration;
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::PgHeld;
 use super::client::{Call, Client};
 use super::sql::Tables;
 use super::take::{Looking, commit, transaction};
 use crate::backend::quit::Leave;
-use crate::backend::sql::{self, Blocked, Deciding, Dialect, Outcome, SqlRow, place_ttl};
+use crate::backend::sql::{
+    self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, place_ttl,
+};
 use crate::backend::table::Cells;
 use crate::backend::wait::Patience;
 use crate::backend::{Error, Force, Held, Holder, Request};
@@ -169,7 +170,51 @@ impl Dialect for Tables {
         }
         let fresh = c.fresh();
         let client = std::mem::replace(c, fresh);
-        Box::new(PgHeld::new(client, self, req, slot))
+        Box::new(SqlHeld::new(client, self, req, slot, None))
+    }
+
+    fn fresh(c: &Client) -> Client {
+        c.fresh()
+    }
+
+    /// One statement: no row back means lost.
+    fn renew(&self, c: &mut Client, o: &Ours<Tables>) -> Result<Option<String>, Error> {
+        let slot = o.slot as i32;
+        let rows = c.query(
+            &self.renew(),
+            &[
+                (&o.name, Type::TEXT),
+                (&slot, Type::INT4),
+                (&o.owner, Type::TEXT),
+                (&o.ttl_ms, Type::INT8),
+            ],
+        )?;
+        Ok(rows
+            .first()
+            .map(|row| row.get::<_, Option<String>>(1).unwrap_or_default()))
+    }
+
+    fn release(
+        &self,
+        c: &mut Client,
+        o: &Ours<Tables>,
+        window: i64,
+    ) -> Result<(bool, bool), Error> {
+        let (slot, channel) = (o.slot as i32, self.channel(&o.name));
+        let params: [(&(dyn ToSql + Sync), Type); 5] = [
+            (&o.name, Type::TEXT),
+            (&slot, Type::INT4),
+            (&o.owner, Type::TEXT),
+            (&channel, Type::TEXT),
+            (&window, Type::INT8),
+        ];
+        let sql = self.release();
+        let rows = match c.query(&sql, &params) {
+            Err(e) if e.is_transient() => c.query(&sql, &params),
+            done => done,
+        }?;
+        let count = |i: usize| rows.first().map_or(0, |row| row.get::<_, i64>(i));
+        Ok((count(1) > 0, count(0) > 0))
     }
 
     fn wait(

@@ -286,10 +286,17 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
              one request, so a client stopped mid-transaction holds no name up for long)"
         ),
     ));
-    let timeout_ms: Option<i64> = r.get(3);
+    out.push(statement_timeout_check(r.get(3), how.op));
+    out.push(standbys_check(r.get(4), r.get(5), r.get(6)));
+    Ok(out)
+}
+
+/// A `statement_timeout` below the bound on one request cancels
+/// renewals and releases.
+fn statement_timeout_check(timeout_ms: Option<i64>, op: Duration) -> Check {
     let timeout = timeout_shown(timeout_ms.unwrap_or(0));
-    let op_ms = how.op.as_millis() as i64;
-    out.push(match timeout_ms {
+    let op_ms = op.as_millis() as i64;
+    match timeout_ms {
         Some(ms) if ms > 0 && ms < op_ms => Check::warn(
             "statement_timeout",
             format!(
@@ -298,16 +305,18 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
                  (at a few ms, nearly all: a job longer than its ttl loses its lease, and \
                  every release leaves the lease to expire); ALTER ROLE … SET \
                  statement_timeout = 0 (or at least {}) for lockrun's role",
-                shown(how.op),
-                shown(how.op)
+                shown(op),
+                shown(op)
             ),
         ),
         _ => Check::ok("statement_timeout", timeout),
-    });
-    let sync_names: String = r.get(4);
-    let sync_commit: String = r.get(5);
-    let standbys: i64 = r.get(6);
-    out.push(if standbys == 0 {
+    }
+}
+
+/// Standbys streaming from this server, and whether a failover to one
+/// could lose a grant.
+fn standbys_check(sync_names: String, sync_commit: String, standbys: i64) -> Check {
+    if standbys == 0 {
         Check::ok(
             "standbys",
             "none streaming from this server: no failover can lose a grant, and none can \
@@ -327,10 +336,11 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
     } else {
         Check::ok(
             "standbys",
-            format!("{standbys}, synchronous ({sync_names}): a grant is on a standby before its job starts"),
+            format!(
+                "{standbys}, synchronous ({sync_names}): a grant is on a standby before its job starts"
+            ),
         )
-    });
-    Ok(out)
+    }
 }
 
 /// One object of lockrun's in the catalog.

@@ -13,11 +13,13 @@
 
 pub mod address;
 pub mod doctor;
+mod lease;
 mod look;
 mod take;
 
 use std::time::Duration;
 
+pub use lease::{Ours, SqlHeld};
 pub use look::{Deciding, Join};
 pub use take::{Blocked, Outcome, place_ttl};
 
@@ -107,8 +109,22 @@ pub trait Dialect: Clone + Send + 'static {
     fn stalled(&self, _c: &mut Self::Client, _tries: u32) -> Result<(), Error> {
         Ok(())
     }
-    /// The granted lease's row, on a connection of its own.
+    /// The granted lease's row, on a connection of its own (`SqlHeld`).
     fn held(&self, c: &mut Self::Client, req: &Request, slot: u32) -> Box<dyn Held>;
+    /// A new client for the same database, not yet connected.
+    fn fresh(c: &Self::Client) -> Self::Client;
+    /// Extend our row by its ttl: the label of the row extended, or None
+    /// when it is no longer ours.
+    fn renew(&self, c: &mut Self::Client, ours: &Ours<Self>) -> Result<Option<String>, Error>;
+    /// Release our row, keeping it `window_us` past its grant when that
+    /// is later (`--min-hold`): whether it is kept, and whether it was
+    /// ours. A connection that went while the job ran is tried once more.
+    fn release(
+        &self,
+        c: &mut Self::Client,
+        ours: &Ours<Self>,
+        window_us: i64,
+    ) -> Result<(bool, bool), Error>;
     /// Blocked: wait for news or until something is due. Some: nothing
     /// moved, the next step waits again without a look.
     fn wait(
@@ -211,41 +227,6 @@ pub fn break_each(
 /// than when the holder's lockrun ends.
 pub fn deleted(broken: &[Holder]) -> bool {
     broken.iter().any(|h| h.ttl_left.is_none())
-}
-
-/// A release's window (`--min-hold`) in whole µs, the servers'
-/// resolution, rounded up: it ends no sooner than asked.
-pub fn window_us(min_hold: Option<Duration>) -> i64 {
-    min_hold.map_or(0, |d| {
-        i64::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(i64::MAX)
-    })
-}
-
-/// The line a release leaves: whether `--min-hold` keeps the row.
-pub fn released(name: &str, kept: bool, min_hold: Option<Duration>) {
-    if kept {
-        log::info(format!(
-            "released {name}; kept by --min-hold until {} after its grant",
-            crate::text::duration(min_hold.unwrap_or_default())
-        ));
-    } else {
-        log::info(format!("released {name}"));
-    }
-}
-
-/// A renewal's answer from the label of the row it extended (None: no
-/// row was ours any more).
-pub fn renewal(label: Option<String>, ttl_ms: i64) -> super::Renewal {
-    let Some(label) = label else {
-        return super::Renewal::Lost;
-    };
-    // Renewed all the same: the lease stays ours while the job stops.
-    if let (_, Some(by)) = split_label(&label) {
-        return super::Renewal::Preempted { by: by.to_string() };
-    }
-    super::Renewal::Renewed {
-        ttl: Duration::from_millis(ttl_ms as u64),
-    }
 }
 
 impl<D: Dialect> Engine for Sql<D> {
