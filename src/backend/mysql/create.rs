@@ -4,8 +4,9 @@
 //! or its tokens are used up.
 
 use super::client::{Client, int, text};
+use super::session;
 use super::shape;
-use super::sql::{self, Tables, lit};
+use super::sql::{Tables, lit};
 use crate::backend::Error;
 use crate::log;
 
@@ -91,7 +92,7 @@ fn enforced_engine(c: &mut Client) -> Option<String> {
 /// user may set that, else it is refused before any table is made.
 pub fn check_engines(c: &mut Client, t: &Tables) -> Result<(), Error> {
     // A server without these variables has no such log.
-    let f = c.flight_keeping(&[t.engines(), sql::BINLOG.into()], &[1193]);
+    let f = c.flight_keeping(&[t.engines(), session::BINLOG.into()], &[1193]);
     match f.failed {
         Some((0, e)) => return Err(e),
         Some((_, e)) if e.is_transient() => return Err(e),
@@ -103,10 +104,10 @@ pub fn check_engines(c: &mut Client, t: &Tables) -> Result<(), Error> {
         && int(r, 0).unwrap_or(0) != 0
         && text(r, 1).is_some_and(|f| f.eq_ignore_ascii_case("STATEMENT"))
     {
-        match c.run(&[sql::ROW_BINLOG.into()]) {
+        match c.run(&[session::ROW_BINLOG.into()]) {
             Ok(_) => c.row_binlog = true,
             Err(Error::Transient(m)) => return Err(Error::Transient(m)),
-            Err(_) => return Err(Error::Refused(sql::STATEMENT_BINLOG.into())),
+            Err(_) => return Err(Error::Refused(session::STATEMENT_BINLOG.into())),
         }
     }
     let Some(r) = sets[0].first() else {

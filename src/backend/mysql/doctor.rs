@@ -8,8 +8,9 @@ use mysql::Row;
 
 use super::address::{MyUrl, tables_of};
 use super::client::{Client, float, int, text};
+use super::session;
 use super::shape;
-use super::sql::{self, Tables};
+use super::sql::Tables;
 use crate::backend::doctor::time_round_trips;
 use crate::backend::sql::doctor::{Doctor, examine};
 use crate::backend::{Check, Error, Opening};
@@ -285,7 +286,7 @@ fn wake_check(client: &mut Client) -> Check {
 /// refuses lockrun's READ COMMITTED writes unless its sessions may log
 /// rows (`create::check_engines` does the same before a run).
 fn binlog(client: &mut Client) -> Check {
-    let Ok(rows) = client.query(sql::BINLOG.into()) else {
+    let Ok(rows) = client.query(session::BINLOG.into()) else {
         return Check::ok("binlog", "no binary log this user can see");
     };
     let Some(r) = rows.first() else {
@@ -298,7 +299,7 @@ fn binlog(client: &mut Client) -> Check {
     if !format.eq_ignore_ascii_case("STATEMENT") {
         return Check::ok("binlog", format!("binlog_format = {format}"));
     }
-    match client.run(&[sql::ROW_BINLOG.into()]) {
+    match client.run(&[session::ROW_BINLOG.into()]) {
         Ok(_) => {
             client.row_binlog = true;
             Check::ok(
@@ -306,7 +307,7 @@ fn binlog(client: &mut Client) -> Check {
                 "binlog_format = STATEMENT; this user may set ROW, and lockrun's sessions do",
             )
         }
-        Err(_) => Check::fail("binlog", sql::STATEMENT_BINLOG),
+        Err(_) => Check::fail("binlog", session::STATEMENT_BINLOG),
     }
 }
 
@@ -430,7 +431,7 @@ fn write_tables(
     .collect::<Vec<_>>();
     let names = &at.names;
     client.run(&writes).map_err(|e| match e {
-        _ if client.last_code == Some(1665) => Check::fail("tables", sql::STATEMENT_BINLOG),
+        _ if client.last_code == Some(1665) => Check::fail("tables", session::STATEMENT_BINLOG),
         e if matches!(client.last_code, Some(1036 | 1792 | 1836))
             || (client.last_code == Some(1290) && denied(&e).contains("read")) =>
         {

@@ -23,6 +23,7 @@ mod create;
 mod dialect;
 mod doctor;
 mod leave;
+mod session;
 mod shape;
 mod sql;
 mod take;
