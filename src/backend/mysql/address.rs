@@ -3,16 +3,13 @@
 //! from its query, the password from `MYSQL_PWD` when the URL has none;
 //! which part is secret; and `--prefix` as the start of the tables' names.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::ENGINE;
 use super::client::Client;
 use super::sql::Tables;
-use crate::backend::sql::address::{
-    Env, SqlAddress, SqlUrl, Userinfo, from_env, os_user, plain_prefix,
-};
+use crate::backend::sql::address::{Env, Part, Url, Userinfo, from_env, os_user, plain_prefix};
 use crate::backend::{Address, AddressOptions, Check, EngineInfo, Error, Opening};
 
 /// The server's port when the URL names none.
@@ -35,54 +32,33 @@ pub enum SslMode {
 }
 
 /// A database's address (lockrun-engines(7) "MYSQL AND MARIADB").
+pub type MyUrl = Url<MyDb>;
+
+/// What a MySQL URL says besides the login: the database, and how to
+/// reach its server.
 #[derive(Clone)]
-pub struct MyUrl {
+pub struct MyDb {
     pub host: String,
     pub port: u16,
     /// A Unix socket to connect through instead of TCP.
     pub socket: Option<String>,
-    pub user: String,
-    pub password: Option<String>,
-    /// The password came from MYSQL_PWD: it is kept from the job too.
-    pub password_from_env: bool,
     pub database: String,
     pub ssl_mode: SslMode,
-    pub ca_file: Option<PathBuf>,
-    /// The URL with any password replaced, for messages.
-    pub display: String,
 }
 
-impl std::fmt::Debug for MyUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the password, also not in a debug print.
-        f.debug_struct("MyUrl")
-            .field("display", &self.display)
-            .finish()
-    }
-}
-
-impl SqlUrl for MyUrl {
+impl Part for MyDb {
     type Dialect = Tables;
     const ENGINE: &'static EngineInfo = &ENGINE;
     const SECRET_ENV: &'static str = "MYSQL_PWD";
 
-    fn display(&self) -> &str {
-        &self.display
-    }
-    fn password(&self) -> Option<&str> {
-        self.password.as_deref()
-    }
-    fn password_from_env(&self) -> bool {
-        self.password_from_env
-    }
     fn tables(prefix: &str) -> Result<Tables, Error> {
         tables_of(prefix).map(|base| Tables::new(&base))
     }
-    fn client(&self, op: Duration) -> Client {
-        Client::new(Arc::new(self.clone()), op)
+    fn client(url: &MyUrl, op: Duration) -> Client {
+        Client::new(Arc::new(url.clone()), op)
     }
-    fn doctor(&self, how: &Opening) -> Vec<Check> {
-        super::doctor::doctor(self, how)
+    fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(url, how)
     }
 }
 
@@ -113,7 +89,7 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
         url.ca_file = opts.tls_ca.clone();
     }
     opts.no_replicas(&url.display)?;
-    Ok(SqlAddress::of(url))
+    Ok(Arc::new(url))
 }
 
 fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
@@ -153,21 +129,23 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
         Some(s) => format!("{display}?socket={}", crate::text::printable(s)),
         None => display,
     };
-    Ok(MyUrl {
-        host: if host.is_empty() {
-            "localhost".into()
-        } else {
-            host
-        },
-        port,
-        socket,
+    Ok(Url {
         user,
         password,
         password_from_env,
-        database,
-        ssl_mode,
         ca_file: None,
         display,
+        part: MyDb {
+            host: if host.is_empty() {
+                "localhost".into()
+            } else {
+                host
+            },
+            port,
+            socket,
+            database,
+            ssl_mode,
+        },
     })
 }
 

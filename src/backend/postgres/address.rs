@@ -10,9 +10,7 @@ use std::time::Duration;
 use super::ENGINE;
 use super::client::Client;
 use super::sql::Tables;
-use crate::backend::sql::address::{
-    Env, SqlAddress, SqlUrl, Userinfo, from_env, os_user, plain_prefix,
-};
+use crate::backend::sql::address::{Env, Part, Url, Userinfo, from_env, os_user, plain_prefix};
 use crate::backend::{Address, AddressOptions, Check, EngineInfo, Error, Opening};
 
 /// PostgreSQL's port when neither the URL nor PGPORT names one.
@@ -46,54 +44,31 @@ pub struct Server {
 }
 
 /// A database's address (lockrun-engines(7) "POSTGRESQL").
+pub type PgUrl = Url<PgDb>;
+
+/// What a PostgreSQL URL says besides the login: the database, and the
+/// servers to try for it.
 #[derive(Clone)]
-pub struct PgUrl {
+pub struct PgDb {
     /// Tried in the order given, as libpq does.
     pub servers: Vec<Server>,
-    pub user: String,
-    pub password: Option<String>,
-    /// The password came from PGPASSWORD: it is kept from the job too.
-    pub password_from_env: bool,
     pub dbname: String,
     pub sslmode: SslMode,
-    /// The CA the server's certificate is checked against (else the
-    /// system's roots, when a mode checks it).
-    pub ca_file: Option<PathBuf>,
-    /// The URL with any password replaced, for messages.
-    pub display: String,
 }
 
-impl std::fmt::Debug for PgUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the password, also not in a debug print.
-        f.debug_struct("PgUrl")
-            .field("display", &self.display)
-            .finish()
-    }
-}
-
-impl SqlUrl for PgUrl {
+impl Part for PgDb {
     type Dialect = Tables;
     const ENGINE: &'static EngineInfo = &ENGINE;
     const SECRET_ENV: &'static str = "PGPASSWORD";
 
-    fn display(&self) -> &str {
-        &self.display
-    }
-    fn password(&self) -> Option<&str> {
-        self.password.as_deref()
-    }
-    fn password_from_env(&self) -> bool {
-        self.password_from_env
-    }
     fn tables(prefix: &str) -> Result<Tables, Error> {
         schema_of(prefix).map(|schema| Tables::new(&schema))
     }
-    fn client(&self, op: Duration) -> Client {
-        Client::new(Arc::new(self.clone()), op)
+    fn client(url: &PgUrl, op: Duration) -> Client {
+        Client::new(Arc::new(url.clone()), op)
     }
-    fn doctor(&self, how: &Opening) -> Vec<Check> {
-        super::doctor::doctor(self, how)
+    fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(url, how)
     }
 }
 
@@ -124,7 +99,7 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
         url.ca_file = opts.tls_ca.clone();
     }
     opts.no_replicas(&url.display)?;
-    Ok(SqlAddress::of(url))
+    Ok(Arc::new(url))
 }
 
 fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
@@ -167,15 +142,17 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
     let port = q.port.or_else(|| env("PGPORT"));
     let host = q.host.or_else(|| env("PGHOST"));
     let servers = servers(parts.hosts, host, port).map_err(|e| r.bad(e))?;
-    Ok(PgUrl {
-        servers,
+    Ok(Url {
         user,
         password,
         password_from_env,
-        dbname,
-        sslmode,
         ca_file: rootcert,
         display: r.display,
+        part: PgDb {
+            servers,
+            dbname,
+            sslmode,
+        },
     })
 }
 
@@ -521,7 +498,7 @@ mod tests {
         assert_eq!(u.servers[0].port, 5433);
         assert_eq!((u.user.as_str(), u.dbname.as_str()), ("deploy", "prod"));
         assert!(u.password_from_env);
-        assert_eq!(SqlAddress(u).secret_env(), Some("PGPASSWORD"));
+        assert_eq!(u.secret_env(), Some("PGPASSWORD"));
         // The URL wins over the environment.
         let u = with("postgres://me:pw@h/db", &env).unwrap();
         assert_eq!((u.user.as_str(), u.dbname.as_str()), ("me", "db"));

@@ -11,13 +11,15 @@
 //!
 //! By layer: `address.rs` reads the URL and the `PG*` variables;
 //! `client.rs` is the transport (bounded calls, notifications, the error
-//! table); `doctor.rs` the read-only checks; `sql.rs` the tables and every
-//! statement; `dialect.rs` what the SQL engine (`backend::sql`) asks of
-//! PostgreSQL, `take.rs` the statements that end a look, `leave.rs` the
-//! way out of the queue on a signal. This file holds the engine's row of
-//! the scheme table.
+//! table); `doctor.rs` the read-only checks, `catalog.rs` those of
+//! lockrun's objects; `sql.rs` the tables and every statement;
+//! `dialect.rs` what the SQL engine (`backend::sql`) asks of PostgreSQL,
+//! `take.rs` the statements that end a look, `leave.rs` the way out of
+//! the queue on a signal. This file holds the engine's row of the scheme
+//! table.
 
 mod address;
+mod catalog;
 mod client;
 mod dialect;
 mod doctor;

@@ -3,65 +3,82 @@
 //! part of a URL and how it is shown, what the environment and the login
 //! name supply, and the address as the scheme table holds it.
 
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{Dialect, Sql};
 use crate::backend::{Address, Check, Engine, EngineInfo, Error, Opening};
 use crate::log;
 
-/// An SQL database's URL as its dialect reads it.
-pub trait SqlUrl: Clone + std::fmt::Debug + Send + Sync + 'static {
+/// An SQL database's address: the login every dialect's URL holds, and
+/// the dialect's own part (`P`: where the database is, how to reach it).
+#[derive(Clone)]
+pub struct Url<P> {
+    pub user: String,
+    pub password: Option<String>,
+    /// The password came from `P::SECRET_ENV`: it is kept from the job too.
+    pub password_from_env: bool,
+    /// The CA the server's certificate is checked against (else the
+    /// system's roots, when a mode checks it).
+    pub ca_file: Option<PathBuf>,
+    /// The URL with any password replaced, for messages.
+    pub display: String,
+    pub part: P,
+}
+
+impl<P> std::ops::Deref for Url<P> {
+    type Target = P;
+    fn deref(&self) -> &P {
+        &self.part
+    }
+}
+
+impl<P> std::fmt::Debug for Url<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password, also not in a debug print.
+        f.debug_struct("Url")
+            .field("display", &self.display)
+            .finish()
+    }
+}
+
+/// What a dialect's URL adds, and what the engine asks of its address.
+pub trait Part: Clone + Send + Sync + Sized + 'static {
     type Dialect: Dialect;
     const ENGINE: &'static EngineInfo;
     /// The variable a password from the environment is read from.
     const SECRET_ENV: &'static str;
 
-    /// The URL with any password replaced, for messages.
-    fn display(&self) -> &str;
-    fn password(&self) -> Option<&str>;
-    /// The password came from `SECRET_ENV`: it is kept from the job too.
-    fn password_from_env(&self) -> bool;
     /// The dialect's statements for lockrun's tables where `prefix` says.
     fn tables(prefix: &str) -> Result<Self::Dialect, Error>;
-    /// A client for this database, each request bounded by `op`.
-    fn client(&self, op: Duration) -> <Self::Dialect as Dialect>::Client;
-    fn doctor(&self, how: &Opening) -> Vec<Check>;
+    /// A client for the database, each request bounded by `op`.
+    fn client(url: &Url<Self>, op: Duration) -> <Self::Dialect as Dialect>::Client;
+    fn doctor(url: &Url<Self>, how: &Opening) -> Vec<Check>;
 }
 
-/// An SQL database's address, as the scheme table holds it.
-#[derive(Debug)]
-pub struct SqlAddress<U>(pub U);
-
-impl<U: SqlUrl> SqlAddress<U> {
-    pub fn of(url: U) -> Arc<dyn Address> {
-        Arc::new(SqlAddress(url))
-    }
-}
-
-impl<U: SqlUrl> Address for SqlAddress<U> {
+impl<P: Part> Address for Url<P> {
     fn engine(&self) -> &'static EngineInfo {
-        U::ENGINE
+        P::ENGINE
     }
     fn shown(&self) -> String {
-        self.0.display().to_string()
+        self.display.clone()
     }
     fn secret(&self) -> Option<&str> {
-        self.0.password()
+        self.password.as_deref()
     }
     fn secret_env(&self) -> Option<&'static str> {
-        self.0.password_from_env().then_some(U::SECRET_ENV)
+        self.password_from_env.then_some(P::SECRET_ENV)
     }
     fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
-        U::tables(prefix).map(|_| ())
+        P::tables(prefix).map(|_| ())
     }
     fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
-        let tables = U::tables(&how.prefix)?;
-        log::info(format!("using {} at {}", U::ENGINE.name, self.0.display()));
-        Ok(Box::new(Sql::new(self.0.client(how.op), tables)))
+        let tables = P::tables(&how.prefix)?;
+        log::info(format!("using {} at {}", P::ENGINE.name, self.display));
+        Ok(Box::new(Sql::new(P::client(self, how.op), tables)))
     }
     fn doctor(&self, how: &Opening) -> Vec<Check> {
-        self.0.doctor(how)
+        P::doctor(self, how)
     }
 }
 
