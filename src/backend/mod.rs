@@ -27,6 +27,7 @@ pub mod plan;
 pub mod postgres;
 pub mod quit;
 pub mod redis;
+mod sql;
 mod table;
 pub mod wait;
 pub mod zookeeper;

@@ -3,11 +3,14 @@
 //! from its query, the password from `MYSQL_PWD` when the URL has none;
 //! which part is secret; and `--prefix` as the start of the tables' names.
 
-use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::{ENGINE, Mysql};
-use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+use super::ENGINE;
+use super::client::Client;
+use super::sql::Tables;
+use crate::backend::sql::address::{Env, Part, Url, Userinfo, from_env, os_user, plain_prefix};
+use crate::backend::{Address, AddressOptions, Check, EngineInfo, Error, Opening};
 
 /// The server's port when the URL names none.
 const DEFAULT_PORT: u16 = 3306;
@@ -29,53 +32,33 @@ pub enum SslMode {
 }
 
 /// A database's address (lockrun-engines(7) "MYSQL AND MARIADB").
+pub type MyUrl = Url<MyDb>;
+
+/// What a MySQL URL says besides the login: the database, and how to
+/// reach its server.
 #[derive(Clone)]
-pub struct MyUrl {
+pub struct MyDb {
     pub host: String,
     pub port: u16,
     /// A Unix socket to connect through instead of TCP.
     pub socket: Option<String>,
-    pub user: String,
-    pub password: Option<String>,
-    /// The password came from MYSQL_PWD: it is kept from the job too.
-    pub password_from_env: bool,
     pub database: String,
     pub ssl_mode: SslMode,
-    pub ca_file: Option<PathBuf>,
-    /// The URL with any password replaced, for messages.
-    pub display: String,
 }
 
-impl std::fmt::Debug for MyUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the password, also not in a debug print.
-        f.debug_struct("MyUrl")
-            .field("display", &self.display)
-            .finish()
-    }
-}
+impl Part for MyDb {
+    type Dialect = Tables;
+    const ENGINE: &'static EngineInfo = &ENGINE;
+    const SECRET_ENV: &'static str = "MYSQL_PWD";
 
-impl Address for MyUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
+    fn tables(prefix: &str) -> Result<Tables, Error> {
+        tables_of(prefix).map(|base| Tables::new(&base))
     }
-    fn shown(&self) -> String {
-        self.display.clone()
+    fn client(url: &MyUrl, op: Duration) -> Client {
+        Client::new(Arc::new(url.clone()), op)
     }
-    fn secret(&self) -> Option<&str> {
-        self.password.as_deref()
-    }
-    fn secret_env(&self) -> Option<&'static str> {
-        self.password_from_env.then_some("MYSQL_PWD")
-    }
-    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
-        tables_of(prefix).map(|_| ())
-    }
-    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
-        Ok(Box::new(Mysql::open(self, how)?))
-    }
-    fn doctor(&self, how: &Opening) -> Vec<Check> {
-        super::doctor::doctor(self, how)
+    fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(url, how)
     }
 }
 
@@ -83,45 +66,18 @@ impl Address for MyUrl {
 /// one trailing `:` (so the default `lockrun:` makes `lockrun_leases`), a
 /// plain lower-case identifier that needs no quoting anywhere.
 pub fn tables_of(prefix: &str) -> Result<String, Error> {
-    let base = prefix.strip_suffix(':').unwrap_or(prefix);
-    let plain = !base.is_empty()
-        && base.len() <= 48
-        && base
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && base
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if !plain {
-        let shown: String = prefix.chars().take(60).collect();
-        return Err(Error::Request(format!(
-            "invalid --prefix {shown:?} for MySQL: it starts the names of lockrun's tables, \
-             so it must be a lower-case identifier (a-z, 0-9, _, at most 48), optionally \
-             followed by ':' (the default lockrun: makes the tables lockrun_leases, \
-             lockrun_waiters and lockrun_tokens)"
-        )));
+    match plain_prefix(prefix) {
+        Some(base) => Ok(base.to_string()),
+        None => {
+            let shown: String = prefix.chars().take(60).collect();
+            Err(Error::Request(format!(
+                "invalid --prefix {shown:?} for MySQL: it starts the names of lockrun's \
+                 tables, so it must be a lower-case identifier (a-z, 0-9, _, at most 48), \
+                 optionally followed by ':' (the default lockrun: makes the tables \
+                 lockrun_leases, lockrun_waiters and lockrun_tokens)"
+            )))
+        }
     }
-    Ok(base.to_string())
-}
-
-/// What the process environment says, for the parser (a function, so
-/// tests can give their own).
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
-
-fn from_env(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
-}
-
-/// The login name of the user lockrun runs as (the `mysql` client's
-/// default user).
-fn os_user() -> Option<String> {
-    let uid = rustix::process::getuid().as_raw().to_string();
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 2 && f[2] == uid).then(|| f[0].to_string())
-    })
 }
 
 /// Parse `mysql://[user[:pass]@]host[:port][/db][?ssl-mode=…&socket=…]`.
@@ -139,63 +95,9 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
 fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
     let bad =
         |why: String| Error::Request(format!("invalid --url: {why}; expected {}", ENGINE.form));
-    let (scheme, rest) = raw
-        .split_once("://")
-        .ok_or_else(|| bad("no scheme".into()))?;
-    let scheme = scheme.to_ascii_lowercase();
-    // The user and password run to the last '@', before the path and the
-    // query are split off: a password may hold '/', '?' or '@' unencoded.
-    // An '@' in a socket's path is not that one. Never echo the raw URL,
-    // nor any part of what precedes that '@'.
-    let (userinfo, rest) = match user_end(rest) {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    if rest.contains('#') {
-        return Err(bad(
-            "it has a fragment (#…), which no MySQL URL has (write a '#' in a database \
-             or socket name as %23)"
-                .into(),
-        ));
-    }
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, Some(q)),
-        None => (rest, None),
-    };
-    let (hostport, path) = match rest.split_once('/') {
-        Some((a, p)) => (a, Some(p)),
-        None => (rest, None),
-    };
-    let (url_user, url_password) = match userinfo {
-        None => (None, None),
-        Some(u) => match u.split_once(':') {
-            Some((name, pass)) => (Some(name), Some(pass)),
-            None => (Some(u), None),
-        },
-    };
-    let shown_user = match (url_user, url_password) {
-        (Some(u), Some(_)) => format!("{u}:***@"),
-        (Some(u), None) => format!("{u}@"),
-        _ => String::new(),
-    };
-    // A port that is not a number may be a password whose host was left
-    // out (`user:pass` read as a host and a port): that host is never shown.
-    let port_reads = |p: &str| p.parse::<u16>().is_ok_and(|p| p > 0);
-    let readable = match hostport.strip_prefix('[').and_then(|r| r.split_once(']')) {
-        Some((_, after)) => after.is_empty() || after.strip_prefix(':').is_some_and(port_reads),
-        None => match hostport.rsplit_once(':') {
-            Some((h, p)) => !h.contains(':') && port_reads(p),
-            None => true,
-        },
-    };
-    let shown_hostport = if readable { hostport } else { "(hidden)" };
-    let mut display = format!("{scheme}://{shown_user}{shown_hostport}");
-    if let Some(p) = path.filter(|p| !p.is_empty()) {
-        display.push('/');
-        display.push_str(p);
-    }
-    let display = crate::text::printable(&display).into_owned();
-    let user = match url_user {
+    let parts = split(raw).map_err(bad)?;
+    let display = parts.shown();
+    let user = match parts.login.user {
         Some(u) => crate::backend::percent_decoded(u)
             .ok_or_else(|| bad("the user has a bad %-escape".into()))?,
         None => os_user().unwrap_or_else(|| "root".into()),
@@ -203,7 +105,7 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
     if user.is_empty() {
         return Err(bad("the user is empty".into()));
     }
-    let (password, password_from_env) = match url_password {
+    let (password, password_from_env) = match parts.login.password {
         Some(p) => (
             Some(
                 crate::backend::percent_decoded(p)
@@ -216,83 +118,9 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
             None => (None, false),
         },
     };
-    let (host, port) = match crate::backend::bracketed_host(hostport, "host").map_err(bad)? {
-        Some((h, p)) => (h.to_string(), p),
-        None => match hostport.rsplit_once(':') {
-            Some((h, p)) => (h.to_string(), Some(p)),
-            None => (hostport.to_string(), None),
-        },
-    };
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-            bad(
-                "the port is not a port number (not shown: it may be a password, if the host \
-                 was left out)"
-                    .into(),
-            )
-        })?,
-    };
-    let host = crate::backend::percent_decoded(&host)
-        .ok_or_else(|| bad("the host has a bad %-escape".into()))?;
-    if host
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control() || "/@?#".contains(c))
-    {
-        return Err(bad("the host is not a host name or address".into()));
-    }
-    let database = match path {
-        Some(p) if !p.is_empty() => crate::backend::percent_decoded(p)
-            .ok_or_else(|| bad("the database has a bad %-escape".into()))?,
-        _ => {
-            return Err(bad(
-                "it names no database (…/dbname), where lockrun keeps its tables".into(),
-            ));
-        }
-    };
-    // At most 64 characters, not bytes; any other rule is the server's to
-    // apply (the name is sent as it is, never written into a statement).
-    if database.chars().count() > 64 || database.contains('\0') {
-        return Err(bad("the database name is not one MySQL allows".into()));
-    }
-    let mut ssl_mode = SslMode::Preferred;
-    let mut socket = None;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = crate::backend::percent_decoded(v)
-            .ok_or_else(|| bad("a parameter has a bad %-escape".into()))?;
-        match k.to_ascii_lowercase().replace('_', "-").as_str() {
-            "ssl-mode" | "sslmode" => {
-                ssl_mode = match v.to_ascii_uppercase().replace('-', "_").as_str() {
-                    "DISABLED" => SslMode::Disabled,
-                    "PREFERRED" => SslMode::Preferred,
-                    "REQUIRED" => SslMode::Required,
-                    "VERIFY_CA" => SslMode::VerifyCa,
-                    "VERIFY_IDENTITY" => SslMode::VerifyIdentity,
-                    other => {
-                        return Err(bad(format!(
-                            "ssl-mode {:?} is none of DISABLED, PREFERRED, REQUIRED, \
-                             VERIFY_CA, VERIFY_IDENTITY",
-                            crate::text::printable(other)
-                        )));
-                    }
-                }
-            }
-            "socket" => {
-                if !v.starts_with('/') {
-                    return Err(bad("socket must be an absolute path".into()));
-                }
-                socket = Some(v);
-            }
-            other => {
-                let shown: String = other.chars().take(30).collect();
-                return Err(bad(format!(
-                    "unknown parameter {:?} (lockrun knows ssl-mode and socket)",
-                    crate::text::printable(&shown)
-                )));
-            }
-        }
-    }
+    let (host, port) = host_port(parts.hostport).map_err(bad)?;
+    let database = database(parts.path).map_err(bad)?;
+    let (ssl_mode, socket) = params(parts.query).map_err(bad)?;
     if host.is_empty() && socket.is_none() {
         return Err(bad("it names no host".into()));
     }
@@ -301,21 +129,177 @@ fn read(raw: &str, env: Env) -> Result<MyUrl, Error> {
         Some(s) => format!("{display}?socket={}", crate::text::printable(s)),
         None => display,
     };
-    Ok(MyUrl {
-        host: if host.is_empty() {
-            "localhost".into()
-        } else {
-            host
-        },
-        port,
-        socket,
+    Ok(Url {
         user,
         password,
         password_from_env,
-        database,
-        ssl_mode,
         ca_file: None,
         display,
+        part: MyDb {
+            host: if host.is_empty() {
+                "localhost".into()
+            } else {
+                host
+            },
+            port,
+            socket,
+            database,
+            ssl_mode,
+        },
+    })
+}
+
+/// A URL's parts as written, before any is decoded.
+struct Parts<'a> {
+    scheme: String,
+    login: Userinfo<'a>,
+    hostport: &'a str,
+    path: Option<&'a str>,
+    query: Option<&'a str>,
+}
+
+fn split(raw: &str) -> Result<Parts<'_>, String> {
+    let (scheme, rest) = raw.split_once("://").ok_or("no scheme")?;
+    // The user and password run to the last '@', before the path and the
+    // query are split off: a password may hold '/', '?' or '@' unencoded.
+    // An '@' in a socket's path is not that one. Never echo the raw URL,
+    // nor any part of what precedes that '@'.
+    let (userinfo, rest) = match user_end(rest) {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    if rest.contains('#') {
+        return Err(
+            "it has a fragment (#…), which no MySQL URL has (write a '#' in a \
+                    database or socket name as %23)"
+                .into(),
+        );
+    }
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (hostport, path) = match rest.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (rest, None),
+    };
+    Ok(Parts {
+        scheme: scheme.to_ascii_lowercase(),
+        login: Userinfo::split(userinfo),
+        hostport,
+        path,
+        query,
+    })
+}
+
+impl Parts<'_> {
+    /// The URL for messages, its password replaced (the socket is added
+    /// once read).
+    fn shown(&self) -> String {
+        // A port that is not a number may be a password whose host was left
+        // out (`user:pass` read as a host and a port): that host is never shown.
+        let port_reads = |p: &str| p.parse::<u16>().is_ok_and(|p| p > 0);
+        let hostport = self.hostport;
+        let readable = match hostport.strip_prefix('[').and_then(|r| r.split_once(']')) {
+            Some((_, after)) => after.is_empty() || after.strip_prefix(':').is_some_and(port_reads),
+            None => match hostport.rsplit_once(':') {
+                Some((h, p)) => !h.contains(':') && port_reads(p),
+                None => true,
+            },
+        };
+        let shown_hostport = if readable { hostport } else { "(hidden)" };
+        let mut display = format!("{}://{}{shown_hostport}", self.scheme, self.login.shown());
+        if let Some(p) = self.path.filter(|p| !p.is_empty()) {
+            display.push('/');
+            display.push_str(p);
+        }
+        crate::text::printable(&display).into_owned()
+    }
+}
+
+/// The host (empty: none given) and port of `host[:port]` or `[v6][:port]`.
+fn host_port(hostport: &str) -> Result<(String, u16), String> {
+    let (host, port) = match crate::backend::bracketed_host(hostport, "host")? {
+        Some((h, p)) => (h.to_string(), p),
+        None => match hostport.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (hostport.to_string(), None),
+        },
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or(
+            "the port is not a port number (not shown: it may be a password, if the host \
+             was left out)",
+        )?,
+    };
+    let host = crate::backend::percent_decoded(&host).ok_or("the host has a bad %-escape")?;
+    if host
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || "/@?#".contains(c))
+    {
+        return Err("the host is not a host name or address".into());
+    }
+    Ok((host, port))
+}
+
+/// The database the path names, where lockrun keeps its tables.
+fn database(path: Option<&str>) -> Result<String, String> {
+    let database = match path {
+        Some(p) if !p.is_empty() => {
+            crate::backend::percent_decoded(p).ok_or("the database has a bad %-escape")?
+        }
+        _ => return Err("it names no database (…/dbname), where lockrun keeps its tables".into()),
+    };
+    // At most 64 characters, not bytes; any other rule is the server's to
+    // apply (the name is sent as it is, never written into a statement).
+    if database.chars().count() > 64 || database.contains('\0') {
+        return Err("the database name is not one MySQL allows".into());
+    }
+    Ok(database)
+}
+
+/// `ssl-mode` and `socket` from the query, the only parameters there are.
+fn params(query: Option<&str>) -> Result<(SslMode, Option<String>), String> {
+    let mut ssl_mode = SslMode::Preferred;
+    let mut socket = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = crate::backend::percent_decoded(v).ok_or("a parameter has a bad %-escape")?;
+        match k.to_ascii_lowercase().replace('_', "-").as_str() {
+            "ssl-mode" | "sslmode" => ssl_mode = ssl_mode_of(&v)?,
+            "socket" => {
+                if !v.starts_with('/') {
+                    return Err("socket must be an absolute path".into());
+                }
+                socket = Some(v);
+            }
+            other => {
+                let shown: String = other.chars().take(30).collect();
+                return Err(format!(
+                    "unknown parameter {:?} (lockrun knows ssl-mode and socket)",
+                    crate::text::printable(&shown)
+                ));
+            }
+        }
+    }
+    Ok((ssl_mode, socket))
+}
+
+fn ssl_mode_of(v: &str) -> Result<SslMode, String> {
+    Ok(match v.to_ascii_uppercase().replace('-', "_").as_str() {
+        "DISABLED" => SslMode::Disabled,
+        "PREFERRED" => SslMode::Preferred,
+        "REQUIRED" => SslMode::Required,
+        "VERIFY_CA" => SslMode::VerifyCa,
+        "VERIFY_IDENTITY" => SslMode::VerifyIdentity,
+        other => {
+            return Err(format!(
+                "ssl-mode {:?} is none of DISABLED, PREFERRED, REQUIRED, VERIFY_CA, \
+                 VERIFY_IDENTITY",
+                crate::text::printable(other)
+            ));
+        }
     })
 }
 

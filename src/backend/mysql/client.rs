@@ -11,6 +11,7 @@ use mysql::prelude::Queryable;
 use mysql::{Conn, OptsBuilder, Row, SslOpts, Value};
 
 use super::address::{MyUrl, SslMode};
+use super::session;
 use super::sql;
 use crate::backend::Error;
 use crate::backend::drive::Transport;
@@ -263,7 +264,7 @@ impl Client {
         let mut text = String::new();
         let mut skip = 0;
         if fresh {
-            let session = sql::session(self.op, self.row_binlog);
+            let session = session::session(self.op, self.row_binlog);
             // Each of the session's statements answers with a set of its own.
             skip = session.split(';').count();
             text.push_str(&session);
@@ -354,7 +355,7 @@ impl Client {
             }
             None => format!("GET_LOCK({key}, {secs:.3})"),
         };
-        let hint = sql::wait_hint((d + self.op).as_millis() as u64);
+        let hint = session::wait_hint((d + self.op).as_millis() as u64);
         stmts.push(format!("SELECT {hint} {wait}, RELEASE_LOCK({key})"));
         let started = crate::clock::Boot::now();
         // Interrupted (`KILL QUERY` from a request that changed our place):
@@ -362,7 +363,7 @@ impl Client {
         let f = self.flight_keeping(&stmts, &[1317, 1969, 3024]);
         match f.failed {
             Some(_) if self.last_code == Some(1317) => Ok(Woke::Woken),
-            Some(_) if matches!(self.last_code, Some(c) if sql::STATEMENT_TIME.contains(&c)) => {
+            Some(_) if matches!(self.last_code, Some(c) if session::STATEMENT_TIME.contains(&c)) => {
                 // Cut by a statement time limit the session could not
                 // lift: sleep out the wait rather than ask again at once.
                 let spent = crate::clock::Boot::now().since(started);

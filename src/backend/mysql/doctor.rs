@@ -2,88 +2,133 @@
 //! (lockrun-engines(7) "MYSQL AND MARIADB").
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use mysql::Row;
 
 use super::address::{MyUrl, tables_of};
 use super::client::{Client, float, int, text};
+use super::session;
 use super::shape;
-use super::sql::{self, Tables};
-use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
+use super::sql::Tables;
+use crate::backend::doctor::time_round_trips;
+use crate::backend::sql::doctor::{Doctor, examine};
 use crate::backend::{Check, Error, Opening};
-use crate::clock::Boot;
 
 pub fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
-    let mut out = Vec::new();
-    let base = match tables_of(&how.prefix) {
-        Ok(b) => b,
-        Err(e) => {
-            out.push(Check::fail("prefix", e.to_string()));
-            return out;
-        }
-    };
-    let mut client = Client::new(Arc::new(url.clone()), how.op);
-    let started = Boot::now();
-    let about = match client.query(
-        "SELECT VERSION(), CURRENT_USER(), DATABASE(), @@global.read_only, \
-           @@session.time_zone, @@global.time_zone, @@version_comment"
-            .into(),
-    ) {
-        Ok(rows) => rows,
-        Err(e) => {
-            let what = match e {
-                Error::Transient(m) => format!("{m}; check the address and that the server runs"),
-                // No right to the database: the grant, to the user as the server named it.
-                e if client.last_code == Some(1044) => {
-                    let said = denied(&e);
-                    let who = said
-                        .split_once("for user ")
-                        .and_then(|(_, r)| r.split_once(" to database"))
-                        .map(|(who, _)| who.to_string())
-                        .unwrap_or_else(|| grantee(&format!("{}@%", url.user)));
-                    format!("{said}: {}", grant(&url.database, &who, true))
-                }
-                e => e.to_string(),
-            };
-            out.push(Check::fail("reachable", what));
-            return out;
-        }
-    };
-    let Some(about) = about.first() else {
-        out.push(Check::fail("reachable", "the server answered with no row"));
-        return out;
-    };
-    let version = text(about, 0).unwrap_or_default();
-    let user = text(about, 1).unwrap_or_default();
-    out.push(Check::ok(
-        "reachable",
-        format!(
-            "{} answered in {} as {user} in database {}",
-            url.display,
-            shown(Boot::now().since(started)),
-            text(about, 2).unwrap_or_default()
-        ),
-    ));
-    let (timed, failed) = time_round_trips(|| {
-        let rows = client.query(
-            "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1e6"
-                .into(),
-        )?;
-        rows.first()
-            .and_then(|r| float(r, 0))
-            .ok_or_else(|| Error::Refused("the server answered with no row".into()))
+    let at = tables_of(&how.prefix).map(|base| MyDoctor {
+        client: Client::new(Arc::new(url.clone()), how.op),
+        url,
+        base,
     });
-    if let Some(e) = failed {
-        out.push(Check::fail("round trip", e.to_string()));
-        return out;
+    examine(at, how.op)
+}
+
+/// The doctor at one MySQL or MariaDB database.
+struct MyDoctor<'a> {
+    client: Client,
+    url: &'a MyUrl,
+    /// The tables' names less their `_leases`, `_waiters`, `_tokens`.
+    base: String,
+}
+
+impl Doctor for MyDoctor<'_> {
+    type About = Row;
+
+    fn about(&mut self) -> Result<Option<Row>, String> {
+        let c = &mut self.client;
+        let e = match c.query(
+            "SELECT VERSION(), CURRENT_USER(), DATABASE(), @@global.read_only, \
+               @@session.time_zone, @@global.time_zone, @@version_comment"
+                .into(),
+        ) {
+            Ok(rows) => return Ok(rows.into_iter().next()),
+            Err(e) => e,
+        };
+        Err(match e {
+            Error::Transient(m) => format!("{m}; check the address and that the server runs"),
+            // No right to the database: the grant, to the user as the server named it.
+            e if c.last_code == Some(1044) => {
+                let said = denied(&e);
+                let who = said
+                    .split_once("for user ")
+                    .and_then(|(_, r)| r.split_once(" to database"))
+                    .map(|(who, _)| who.to_string())
+                    .unwrap_or_else(|| grantee(&format!("{}@%", self.url.user)));
+                format!("{said}: {}", grant(&self.url.database, &who, true))
+            }
+            e => e.to_string(),
+        })
     }
-    out.push(round_trip_check(timed.worst.unwrap_or_default(), how.op));
-    out.push(clock_check(
-        timed.offset.unwrap_or_default(),
-        "leases, --min-hold windows and tokens count on the server's clock alone",
-        "leases, --min-hold windows and tokens count on the server's clock alone; a clock that \
-         far off is likely not kept by NTP, and a step of the server's clock shortens or \
-         lengthens every lease by the step: keep NTP on",
-    ));
-    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+
+    fn reached(&self, about: &Row, took: &str) -> String {
+        format!(
+            "{} answered in {took} as {} in database {}",
+            self.url.display,
+            text(about, 1).unwrap_or_default(),
+            text(about, 2).unwrap_or_default()
+        )
+    }
+
+    fn round_trips(&mut self) -> Result<(Duration, f64), Error> {
+        let (timed, failed) = time_round_trips(|| {
+            let rows = self.client.query(
+                "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1e6"
+                    .into(),
+            )?;
+            rows.first()
+                .and_then(|r| float(r, 0))
+                .ok_or_else(|| Error::Refused("the server answered with no row".into()))
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((
+                timed.worst.unwrap_or_default(),
+                timed.offset.unwrap_or_default(),
+            )),
+        }
+    }
+
+    fn rest(&mut self, about: Row) -> Vec<Check> {
+        let client = &mut self.client;
+        let version = text(&about, 0).unwrap_or_default();
+        let mariadb = version.to_ascii_lowercase().contains("mariadb");
+        let mut out = vec![version_check(&version, mariadb)];
+        // Not in the first query: a server without InnoDB has no such variable.
+        let innodb_read_only = client
+            .query("SELECT @@GLOBAL.innodb_read_only".into())
+            .ok()
+            .and_then(|r| r.first().and_then(|r| int(r, 0)))
+            .unwrap_or(0)
+            != 0;
+        out.push(read_only_check(innodb_read_only, &about));
+        out.push(Check::ok(
+            "time_zone",
+            format!(
+                "session {}, global {} (lockrun reads UTC_TIMESTAMP, which no time zone moves)",
+                text(&about, 4).unwrap_or_default(),
+                text(&about, 5).unwrap_or_default()
+            ),
+        ));
+        let grantee = grantee(&text(&about, 1).unwrap_or_default());
+        out.extend(replication(client, mariadb, &grantee));
+        out.push(wake_check(client));
+        out.push(binlog(client));
+        let database = text(&about, 2).unwrap_or_default();
+        out.push(if innodb_read_only {
+            Check::fail(
+                "tables",
+                "neither created nor written while InnoDB is read-only (innodb_read_only = ON)",
+            )
+        } else {
+            tables(client, &self.base, &database, &grantee)
+        });
+        out
+    }
+}
+
+/// MariaDB 10.5 or MySQL 8 or later.
+fn version_check(version: &str, mariadb: bool) -> Check {
     let (major, minor) = {
         let mut p = version
             .split(['.', '-'])
@@ -95,57 +140,31 @@ pub fn doctor(url: &MyUrl, how: &Opening) -> Vec<Check> {
     } else {
         major >= 8
     };
-    out.push(if new_enough {
-        Check::ok("version", version.clone())
+    if new_enough {
+        Check::ok("version", version.to_string())
     } else {
         Check::warn(
             "version",
-            format!("{version}: lockrun is tested on MariaDB 10.11; MariaDB 10.5 or MySQL 8 or later is expected"),
+            format!(
+                "{version}: lockrun is tested on MariaDB 10.11; MariaDB 10.5 or MySQL 8 or later is expected"
+            ),
         )
-    });
-    // Not in the first query: a server without InnoDB has no such variable.
-    let innodb_read_only = client
-        .query("SELECT @@GLOBAL.innodb_read_only".into())
-        .ok()
-        .and_then(|r| r.first().and_then(|r| int(r, 0)))
-        .unwrap_or(0)
-        != 0;
+    }
+}
+
+/// A server that may write: neither InnoDB nor the server read-only.
+fn read_only_check(innodb_read_only: bool, about: &Row) -> Check {
     if innodb_read_only {
-        out.push(Check::fail("read-only", INNODB_READ_ONLY));
+        Check::fail("read-only", INNODB_READ_ONLY)
     } else if int(about, 3).unwrap_or(0) != 0 {
-        out.push(Check::fail(
+        Check::fail(
             "read-only",
             "the server is read-only (read_only = ON): every grant fails; point lockrun at \
              the primary",
-        ));
-    } else {
-        out.push(Check::ok(
-            "read-only",
-            "read_only = OFF, innodb_read_only = OFF",
-        ));
-    }
-    out.push(Check::ok(
-        "time_zone",
-        format!(
-            "session {}, global {} (lockrun reads UTC_TIMESTAMP, which no time zone moves)",
-            text(about, 4).unwrap_or_default(),
-            text(about, 5).unwrap_or_default()
-        ),
-    ));
-    let grantee = grantee(&user);
-    out.extend(replication(&mut client, mariadb, &grantee));
-    out.push(wake_check(&mut client));
-    out.push(binlog(&mut client));
-    let database = text(about, 2).unwrap_or_default();
-    out.push(if innodb_read_only {
-        Check::fail(
-            "tables",
-            "neither created nor written while InnoDB is read-only (innodb_read_only = ON)",
         )
     } else {
-        tables(&mut client, &base, &database, &grantee)
-    });
-    out
+        Check::ok("read-only", "read_only = OFF, innodb_read_only = OFF")
+    }
 }
 
 /// Why nothing can be done on a server whose InnoDB is read-only.
@@ -265,9 +284,9 @@ fn wake_check(client: &mut Client) -> Check {
 
 /// Whether the server's binary log takes statements, under which InnoDB
 /// refuses lockrun's READ COMMITTED writes unless its sessions may log
-/// rows (`take::check_engines` does the same before a run).
+/// rows (`create::check_engines` does the same before a run).
 fn binlog(client: &mut Client) -> Check {
-    let Ok(rows) = client.query(sql::BINLOG.into()) else {
+    let Ok(rows) = client.query(session::BINLOG.into()) else {
         return Check::ok("binlog", "no binary log this user can see");
     };
     let Some(r) = rows.first() else {
@@ -280,7 +299,7 @@ fn binlog(client: &mut Client) -> Check {
     if !format.eq_ignore_ascii_case("STATEMENT") {
         return Check::ok("binlog", format!("binlog_format = {format}"));
     }
-    match client.run(&[sql::ROW_BINLOG.into()]) {
+    match client.run(&[session::ROW_BINLOG.into()]) {
         Ok(_) => {
             client.row_binlog = true;
             Check::ok(
@@ -288,7 +307,7 @@ fn binlog(client: &mut Client) -> Check {
                 "binlog_format = STATEMENT; this user may set ROW, and lockrun's sessions do",
             )
         }
-        Err(_) => Check::fail("binlog", sql::STATEMENT_BINLOG),
+        Err(_) => Check::fail("binlog", session::STATEMENT_BINLOG),
     }
 }
 
@@ -298,100 +317,19 @@ fn binlog(client: &mut Client) -> Check {
 /// checks every privilege, roles and patterns included; nothing is written).
 fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Check {
     let t = Tables::new(base);
-    let names = format!("{base}_leases, {base}_waiters, {base}_tokens");
-    let mut probe = vec!["START TRANSACTION".to_string()];
-    for table in [&t.leases, &t.waiters, &t.tokens] {
-        probe.push(format!("SELECT COUNT(*) FROM {table}"));
-    }
-    match client.run(&probe) {
-        Ok(_) => {}
-        Err(_) if client.last_code == Some(1146) => {
-            let _ = client.run(&["ROLLBACK".into()]);
-            return missing_tables(client, &names, &grant(database, grantee, true));
-        }
-        Err(e)
-            if client
-                .last_code
-                .is_some_and(|c| super::client::DENIED.contains(&c)) =>
-        {
-            return Check::fail(
-                "tables",
-                format!(
-                    "{names} exist, but this user may not read them ({}): {}",
-                    denied(&e),
-                    grant(database, grantee, false)
-                ),
-            );
-        }
-        Err(e) => return Check::fail("tables", e.to_string()),
-    }
-    let writes = [
-        (&t.leases, "slot"),
-        (&t.waiters, "seq"),
-        (&t.tokens, "token"),
-    ]
-    .into_iter()
-    .flat_map(|(table, col)| {
-        [
-            format!("INSERT INTO {table} SELECT * FROM {table} WHERE FALSE"),
-            format!("UPDATE {table} SET {col} = {col} WHERE FALSE"),
-            format!("DELETE FROM {table} WHERE FALSE"),
-        ]
-    })
-    .chain(["ROLLBACK".to_string(), t.engines()])
-    .collect::<Vec<_>>();
-    let sets = match client.run(&writes) {
-        Ok(sets) => sets,
-        Err(_) if client.last_code == Some(1665) => {
-            return Check::fail("tables", sql::STATEMENT_BINLOG);
-        }
-        Err(e)
-            if matches!(client.last_code, Some(1036 | 1792 | 1836))
-                || (client.last_code == Some(1290) && denied(&e).contains("read")) =>
-        {
-            return Check::fail(
-                "tables",
-                format!(
-                    "{names} exist, but the server refuses to write them ({}): it is \
-                     read-only; point lockrun at a server that may write",
-                    denied(&e)
-                ),
-            );
-        }
-        Err(e)
-            if client
-                .last_code
-                .is_some_and(|c| super::client::DENIED.contains(&c)) =>
-        {
-            return Check::fail(
-                "tables",
-                format!(
-                    "{names} exist, but this user may not write them ({}): {}",
-                    denied(&e),
-                    grant(database, grantee, false)
-                ),
-            );
-        }
-        // Writes that wait (a global read lock: FLUSH TABLES WITH READ
-        // LOCK, a backup running; a server overloaded) are no question of
-        // rights.
-        Err(e) if e.is_transient() => {
-            return Check::fail(
-                "tables",
-                format!(
-                    "{names} exist, but a write to them got no answer ({e}): the server may \
-                     hold a global read lock (FLUSH TABLES WITH READ LOCK, a backup running) \
-                     or be overloaded; runs wait on it too"
-                ),
-            );
-        }
-        Err(e) => {
-            return Check::fail(
-                "tables",
-                format!("{names} exist, but writing them failed: {e}"),
-            );
-        }
+    let at = Whose {
+        names: format!("{base}_leases, {base}_waiters, {base}_tokens"),
+        database,
+        grantee,
     };
+    if let Some(refused) = read_tables(client, &t, &at) {
+        return refused;
+    }
+    let sets = match write_tables(client, &t, &at) {
+        Ok(sets) => sets,
+        Err(refused) => return refused,
+    };
+    let names = &at.names;
     if let Some(r) = sets.last().and_then(|s| s.first()) {
         return Check::fail(
             "tables",
@@ -421,6 +359,108 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
              read and write them"
         ),
     )
+}
+
+/// lockrun's tables in one database, and the user whose rights they are.
+struct Whose<'a> {
+    /// The three tables' names, for messages.
+    names: String,
+    database: &'a str,
+    grantee: &'a str,
+}
+
+impl Whose<'_> {
+    /// The last statement was refused for want of a right.
+    fn denied(&self, c: &Client) -> bool {
+        c.last_code
+            .is_some_and(|c| super::client::DENIED.contains(&c))
+    }
+
+    fn lacks(&self, to: &str, e: &Error) -> Check {
+        Check::fail(
+            "tables",
+            format!(
+                "{} exist, but this user may not {to} them ({}): {}",
+                self.names,
+                denied(e),
+                grant(self.database, self.grantee, false)
+            ),
+        )
+    }
+}
+
+/// Each table read once: None, they are there to read; else why not.
+fn read_tables(client: &mut Client, t: &Tables, at: &Whose) -> Option<Check> {
+    let mut probe = vec!["START TRANSACTION".to_string()];
+    for table in [&t.leases, &t.waiters, &t.tokens] {
+        probe.push(format!("SELECT COUNT(*) FROM {table}"));
+    }
+    match client.run(&probe) {
+        Ok(_) => None,
+        Err(_) if client.last_code == Some(1146) => {
+            let _ = client.run(&["ROLLBACK".into()]);
+            let grant = grant(at.database, at.grantee, true);
+            Some(missing_tables(client, &at.names, &grant))
+        }
+        Err(e) if at.denied(client) => Some(at.lacks("read", &e)),
+        Err(e) => Some(Check::fail("tables", e.to_string())),
+    }
+}
+
+/// Each write lockrun makes, with a condition no row meets, rolled back,
+/// then the tables' engines: the rows of each, or why the writes failed.
+fn write_tables(
+    client: &mut Client,
+    t: &Tables,
+    at: &Whose,
+) -> Result<Vec<Vec<mysql::Row>>, Check> {
+    let writes = [
+        (&t.leases, "slot"),
+        (&t.waiters, "seq"),
+        (&t.tokens, "token"),
+    ]
+    .into_iter()
+    .flat_map(|(table, col)| {
+        [
+            format!("INSERT INTO {table} SELECT * FROM {table} WHERE FALSE"),
+            format!("UPDATE {table} SET {col} = {col} WHERE FALSE"),
+            format!("DELETE FROM {table} WHERE FALSE"),
+        ]
+    })
+    .chain(["ROLLBACK".to_string(), t.engines()])
+    .collect::<Vec<_>>();
+    let names = &at.names;
+    client.run(&writes).map_err(|e| match e {
+        _ if client.last_code == Some(1665) => Check::fail("tables", session::STATEMENT_BINLOG),
+        e if matches!(client.last_code, Some(1036 | 1792 | 1836))
+            || (client.last_code == Some(1290) && denied(&e).contains("read")) =>
+        {
+            Check::fail(
+                "tables",
+                format!(
+                    "{names} exist, but the server refuses to write them ({}): it is \
+                     read-only; point lockrun at a server that may write",
+                    denied(&e)
+                ),
+            )
+        }
+        e if at.denied(client) => at.lacks("write", &e),
+        // Writes that wait (a global read lock: FLUSH TABLES WITH READ
+        // LOCK, a backup running; a server overloaded) are no question of
+        // rights.
+        e if e.is_transient() => Check::fail(
+            "tables",
+            format!(
+                "{names} exist, but a write to them got no answer ({e}): the server may \
+                 hold a global read lock (FLUSH TABLES WITH READ LOCK, a backup running) \
+                 or be overloaded; runs wait on it too"
+            ),
+        ),
+        e => Check::fail(
+            "tables",
+            format!("{names} exist, but writing them failed: {e}"),
+        ),
+    })
 }
 
 /// The tables are not there yet: whether the user may create them (a

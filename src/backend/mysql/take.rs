@@ -1,427 +1,17 @@
-//! Taking a name on MySQL: one short transaction per look, under the row
-//! lock on the name's counter: read the name's live rows, judge them, then
-//! take a free slot (the grant), or take or keep a place in the queue.
-//! Between looks a waiter blocks on the wake-up lock of what is just ahead
-//! of it (a release or a grant frees it), else sleeps until what is in its
-//! way lapses or its place needs keeping. The give-up clock, the waiting
-//! line and the retry budget are the driver's (`backend::drive`).
+//! MySQL's part of a look: how a transaction runs (the row lock on the
+//! name's counter, statements in flights), the statements each ending of a
+//! look sends (`sql::Deciding`), and the wake-up locks (`GET_LOCK`) a
+//! place or a grant holds for the waiters behind it.
 
 use std::time::Duration;
 
 use mysql::Row;
 
-use super::client::{Client, Woke, int, text};
-use super::shape;
+use super::client::{Client, int};
 use super::sql::{self, Tables, lit, wake_key};
-use super::{MyHeld, Mysql};
-use crate::backend::drive::{Step, Take, Transport, drive};
-use crate::backend::table::{Cells, Rows, Target, Verdict, entries, judge};
-use crate::backend::table::{KEPT, PREEMPTED, SUPERSEDE};
-use crate::backend::wait::{Patience, Retry};
-use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
-use crate::clock::{Boot, backoff};
-use crate::log;
-
-/// A waiter's place lasts a third of the ttl unless kept. One killed in
-/// the queue lapses at the next look, its wake-up lock free (`sql::gone`);
-/// where the server refused it that lock, it holds up the others by no
-/// more than this.
-pub fn place_ttl(ttl: Duration) -> Duration {
-    (ttl / 3).max(Duration::from_millis(100))
-}
-
-/// The server's number for a table that is not there.
-pub(super) fn missing(code: Option<u16>) -> bool {
-    code == Some(1146)
-}
-
-#[derive(Default)]
-struct Place {
-    seq: Option<i64>,
-    joined: bool,
-    holder: Option<String>,
-    /// Looks in a row that neither waited nor decided: the name's counter
-    /// row made but not found, a grant not found after it was made.
-    stalls: u32,
-}
-
-/// Looks in a row that may stall before the run gives up: a name's first
-/// request makes its counter row once and looks again; tables that cut
-/// or lose what lockrun writes stall every time.
-const STALLS: u32 = 4;
-
-enum Outcome {
-    Granted {
-        slot: u32,
-        token: u64,
-    },
-    Blocked {
-        lapses_in: Option<Duration>,
-        wake_on: Option<Target>,
-    },
-    Busy,
-    QueueFull {
-        waiting: u64,
-    },
-    Replaced {
-        by: String,
-    },
-    Refused(Error),
-    Again,
-}
-
-struct Taking<'a> {
-    my: &'a mut Mysql,
-    req: &'a Request<'a>,
-    place: Place,
-    created: bool,
-    engines_checked: bool,
-}
-
-impl Take for Taking<'_> {
-    type Transport = Client;
-
-    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
-        let doing = || format!("acquiring {}", self.req.name);
-        if !self.engines_checked {
-            // Once per run: the tables as they are found.
-            self.my.check_engines()?;
-            self.engines_checked = true;
-        }
-        loop {
-            match self.my.step(self.req, &mut self.place, patience) {
-                Err(_) if !self.created && missing(self.my.client.last_code) => {
-                    // First use of these tables: create them, look again.
-                    self.created = true;
-                    let made = self.my.create().and_then(|()| self.my.check_engines());
-                    if let Err(e) = made {
-                        return Ok(Step::Over(self.my.client.failed(&doing(), e)));
-                    }
-                }
-                Err(_) if self.my.client.last_code == Some(1690) => {
-                    // BIGINT out of range: a token past the largest.
-                    let e = self.my.tokens_used_up(self.req.name);
-                    self.leave();
-                    return Ok(Step::Over(self.my.client.failed(&doing(), e)));
-                }
-                Ok(Step::Again) if self.place.stalls >= STALLS => {
-                    let e = self.my.stalled(self.place.stalls);
-                    self.leave();
-                    return Ok(Step::Over(self.my.client.failed(&doing(), e)));
-                }
-                Ok(Step::Again) if self.place.stalls > 1 => {
-                    // Again without waiting: not at once.
-                    std::thread::sleep(backoff(
-                        self.place.stalls - 1,
-                        Duration::from_millis(10),
-                        Duration::from_millis(500),
-                    ));
-                    return Ok(Step::Again);
-                }
-                done => return done,
-            }
-        }
-    }
-
-    fn leave(&mut self) {
-        if self.place.seq.take().is_some() {
-            let sql = self
-                .my
-                .tables
-                .dequeue(self.req.name, &self.req.owner.secret);
-            let _ = self.my.client.query(sql);
-        }
-    }
-
-    fn way_out(&self) -> Option<crate::backend::quit::Leave> {
-        Some(super::leave::way_out(
-            &self.my.client,
-            &self.my.tables,
-            self.req,
-        ))
-    }
-
-    fn transport(&self) -> &Client {
-        &self.my.client
-    }
-}
-
-impl Mysql {
-    pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
-        // A blocking wait lasts at most the time to keep our place.
-        self.client.wait = place_ttl(req.timing.ttl) / 3 + Duration::from_secs(1);
-        let mut taking = Taking {
-            my: self,
-            req,
-            place: Place::default(),
-            created: false,
-            engines_checked: false,
-        };
-        drive(&mut taking, req, wait)
-    }
-
-    /// Create lockrun's tables (lockrun-engines(7) "MYSQL AND MARIADB").
-    pub(super) fn create(&mut self) -> Result<(), Error> {
-        log::info(format!(
-            "creating lockrun's tables {}_leases, {}_waiters and {}_tokens",
-            self.tables.base, self.tables.base, self.tables.base
-        ));
-        let f = self.client.flight(&self.tables.create());
-        let Some((at, e)) = f.failed else {
-            return Ok(());
-        };
-        let code = self.client.last_code;
-        let database = crate::text::printable(&self.client.url().database).into_owned();
-        match e {
-            Error::Refused(m) if matches!(code, Some(1142 | 1044)) => Err(Error::Refused(format!(
-                "cannot create lockrun's tables in database {database}: {m}; create them once \
-                 as a user that may (lockrun-engines(7) \"MYSQL AND MARIADB\")"
-            ))),
-            Error::Refused(m) => {
-                let table = ["tokens", "leases", "waiters"]
-                    .get(at)
-                    .map_or(String::new(), |t| format!("{}_{t}", self.tables.base));
-                // A server that makes new tables in another engine refuses
-                // InnoDB (1290), or makes one whose keys are too long (1071).
-                if let Some(engine) = self.enforced_engine() {
-                    return Err(Error::Refused(format!(
-                        "cannot create lockrun's table {database}.{table}: the server makes \
-                         every new table in {engine} (enforce_storage_engine), and lockrun \
-                         needs InnoDB, whose transactions and row locks keep two holders \
-                         apart: set enforce_storage_engine to InnoDB, or to nothing"
-                    )));
-                }
-                if self.innodb_read_only() {
-                    return Err(Error::Refused(format!(
-                        "cannot create lockrun's table {database}.{table}: the server's InnoDB \
-                         is read-only (innodb_read_only = ON); point lockrun at a server that \
-                         may write"
-                    )));
-                }
-                let keys = if matches!(code, Some(1071 | 1709)) {
-                    "; lockrun's keys on names need InnoDB's DYNAMIC rows (keys up to 3072 \
-                     bytes): allow ROW_FORMAT=DYNAMIC on the server (innodb_default_row_format, \
-                     innodb_file_per_table)"
-                } else {
-                    ""
-                };
-                Err(Error::Refused(format!(
-                    "cannot create lockrun's table {database}.{table} in InnoDB: {m}{keys}"
-                )))
-            }
-            e => Err(e),
-        }
-    }
-
-    /// The server's InnoDB creates and writes nothing (`innodb_read_only`).
-    fn innodb_read_only(&mut self) -> bool {
-        let rows = self
-            .client
-            .flight_keeping(&["SELECT @@GLOBAL.innodb_read_only".into()], &[1193])
-            .sets;
-        rows.first()
-            .and_then(|s| s.first())
-            .and_then(|r| int(r, 0))
-            .is_some_and(|v| v != 0)
-    }
-
-    /// The engine `enforce_storage_engine` makes every new table in, when
-    /// it is set and is not InnoDB (MariaDB; MySQL has no such setting).
-    fn enforced_engine(&mut self) -> Option<String> {
-        let rows = self
-            .client
-            .flight_keeping(&["SELECT @@GLOBAL.enforce_storage_engine".into()], &[1193])
-            .sets;
-        let engine = rows.first()?.first().and_then(|r| text(r, 0))?;
-        (!engine.is_empty() && !engine.eq_ignore_ascii_case("InnoDB"))
-            .then(|| crate::text::printable(&engine).into_owned())
-    }
-
-    /// Refuse tables that are not InnoDB (`Tables::engines`); tables not
-    /// there yet are no answer. Before that, a server that logs statements
-    /// (`binlog_format = STATEMENT`), under which InnoDB refuses every
-    /// READ COMMITTED write: lockrun's sessions log rows instead where the
-    /// user may set that, else it is refused before any table is made.
-    pub(super) fn check_engines(&mut self) -> Result<(), Error> {
-        // A server without these variables has no such log.
-        let f = self
-            .client
-            .flight_keeping(&[self.tables.engines(), sql::BINLOG.into()], &[1193]);
-        match f.failed {
-            Some((0, e)) => return Err(e),
-            Some((_, e)) if e.is_transient() => return Err(e),
-            _ => {}
-        }
-        let sets = f.sets;
-        if !self.client.row_binlog
-            && let Some(r) = sets.get(1).and_then(|s| s.first())
-            && int(r, 0).unwrap_or(0) != 0
-            && text(r, 1).is_some_and(|f| f.eq_ignore_ascii_case("STATEMENT"))
-        {
-            match self.client.run(&[sql::ROW_BINLOG.into()]) {
-                Ok(_) => self.client.row_binlog = true,
-                Err(Error::Transient(m)) => return Err(Error::Transient(m)),
-                Err(_) => return Err(Error::Refused(sql::STATEMENT_BINLOG.into())),
-            }
-        }
-        let Some(r) = sets[0].first() else {
-            return Ok(());
-        };
-        let table = text(r, 0).unwrap_or_default();
-        let engine = text(r, 1).unwrap_or_default();
-        Err(Error::Refused(format!(
-            "lockrun's table {}.{} is in the {} engine, which has no transactions or row \
-             locks to keep two holders apart: make it InnoDB (ALTER TABLE … ENGINE=InnoDB \
-             while nothing runs; check enforce_storage_engine)",
-            crate::text::printable(&self.client.url().database),
-            crate::text::printable(&table),
-            crate::text::printable(&engine),
-        )))
-    }
-
-    fn step(
-        &mut self,
-        req: &Request,
-        place: &mut Place,
-        patience: &mut Patience,
-    ) -> Result<Step, Error> {
-        let sent = Boot::now();
-        let tables = self.tables.clone();
-        let wake = !self.client.no_wake;
-        // The places of waiters that are gone lapse first, and ours comes
-        // back if that was done to it while we lived (`Tables::purge`);
-        // not a --supersede place, which a newer one may have replaced
-        // meanwhile (one that did not find it live).
-        let mut first = vec![tables.purge(req.name, &req.owner.secret, wake)];
-        if let Some(seq) = place.seq.filter(|_| !req.group.supersede) {
-            let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
-            first.push(tables.revive(seq, &req.owner.secret, keep_ms, wake));
-        }
-        first.push(tables.look(req.name, wake));
-        let outcome = transaction(&mut self.client, &tables, req.name, first, |c, rows| {
-            look(c, rows, &tables, req, place, patience)
-        })?;
-        let Some(outcome) = outcome else {
-            // The counter row was made: look again.
-            place.stalls += 1;
-            return Ok(Step::Again);
-        };
-        if matches!(outcome, Outcome::Again) {
-            place.stalls += 1;
-        } else {
-            place.stalls = 0;
-        }
-        match outcome {
-            Outcome::Granted { slot, token } => {
-                let fresh = self.client.fresh();
-                let client = std::mem::replace(&mut self.client, fresh);
-                let held = MyHeld::new(client, &self.tables, req, slot);
-                Ok(Step::Done(Acquired::Granted(Lease::new(
-                    token,
-                    matches!(req.mode, Mode::Limit(_)).then_some(slot),
-                    sent,
-                    req.timing.ttl,
-                    Box::new(held),
-                ))))
-            }
-            Outcome::Busy => Ok(Step::Done(Acquired::Busy {
-                holder: place.holder.clone(),
-            })),
-            Outcome::QueueFull { waiting } => Ok(Step::Done(Acquired::QueueFull { waiting })),
-            Outcome::Replaced { by } => Ok(Step::Done(Acquired::Replaced { by })),
-            Outcome::Refused(e) => Err(e),
-            Outcome::Again => Ok(Step::Again),
-            Outcome::Blocked { lapses_in, wake_on } => {
-                patience.tick(place.holder.as_deref());
-                let keep = place_ttl(req.timing.ttl) / 3;
-                let at = |d: Duration| sent.add(d + Duration::from_millis(5));
-                let usable = !self.client.no_wake && self.client.connected();
-                let Some(target) = wake_on.filter(|_| usable) else {
-                    // Sleep until what is in our way lapses, or our place
-                    // needs keeping.
-                    let until_lapse = lapses_in.map_or(keep, |d| at(d).since(Boot::now()));
-                    std::thread::sleep(patience.cap(keep.min(until_lapse)));
-                    return Ok(Step::Again);
-                };
-                // Block on the row just ahead; a live place ahead keeps
-                // itself (its lockrun's death ends its lock), a holder may
-                // lapse with its session alive (its lockrun stopped).
-                let lapse_at = (target.kind == 'h').then(|| at(target.left));
-                let mut keep_sql = None;
-                loop {
-                    let until_lapse = lapse_at.map_or(keep, |t| t.since(Boot::now()));
-                    let nap = patience.cap(keep.min(until_lapse));
-                    let woke =
-                        self.client
-                            .wait_for(target.kind, &target.owner, nap, keep_sql.take())?;
-                    let due = lapse_at.is_some_and(|t| Boot::now() >= t)
-                        || patience
-                            .block_for()
-                            .is_some_and(|b| b < Duration::from_millis(5));
-                    // Nothing moved ahead of us: keep our place and wait
-                    // again without a look, unless something is due (a
-                    // lapse, the waiting line, the end of the wait).
-                    if woke != Woke::TimedOut || due {
-                        return Ok(Step::Again);
-                    }
-                    let Some(seq) = place.seq else {
-                        return Ok(Step::Again);
-                    };
-                    let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
-                    keep_sql = Some(self.keep_sql(req, seq, keep_ms, &target));
-                }
-            }
-        }
-    }
-
-    /// Why a name's looks keep stalling: how lockrun's tables differ from
-    /// what it needs, read from the server, or else what did not happen.
-    fn stalled(&mut self, tries: u32) -> Error {
-        let database = self.client.url().database.clone();
-        let f = self.client.flight(&shape::describe(&self.tables));
-        let diffs = shape::differences(&self.tables.base, &f.sets);
-        if !diffs.is_empty() {
-            return Error::Refused(shape::said(&database, &diffs));
-        }
-        Error::Refused(format!(
-            "after {tries} tries, the name's rows in database {}'s {}_tokens and {}_leases \
-             are still not as lockrun wrote them (something changes or removes them); \
-             run lockrun doctor",
-            crate::text::printable(&database),
-            self.tables.base,
-            self.tables.base,
-        ))
-    }
-
-    /// A name whose counter (or a lease row's token) is at BIGINT's
-    /// largest: no greater token can be given, and lockrun gives none
-    /// lower. Clearing the row is the operator's choice, said with what
-    /// it costs.
-    fn tokens_used_up(&self, name: &str) -> Error {
-        let database = crate::text::printable(&self.client.url().database).into_owned();
-        let t = &self.tables;
-        Error::Refused(format!(
-            "the name's token counter is at its maximum ({}, BIGINT's largest; set by hand or \
-             imported), so no greater token can be given: to clear it, while nothing holds \
-             the name, DELETE FROM {database}.{tokens} WHERE name = {n}, and its rows from \
-             {leases}; its tokens then start again from the server's clock in microseconds, \
-             below those given before",
-            i64::MAX,
-            tokens = t.tokens,
-            leases = t.leases,
-            n = lit(name),
-        ))
-    }
-
-    /// Keep our place, on condition that the row we block on is still there.
-    fn keep_sql(&self, req: &Request, seq: i64, keep_ms: i64, t: &Target) -> (String, String) {
-        (
-            self.tables
-                .keep_place(seq, &req.owner.secret, keep_ms, !self.client.no_wake),
-            self.tables.still(req.name, t.kind, &t.owner, t.pos),
-        )
-    }
-}
+use crate::backend::sql::{Deciding, Join, place_ttl};
+use crate::backend::table::{PREEMPTED, SUPERSEDE};
+use crate::backend::{Error, Request};
 
 /// How long a transaction of lockrun's may sit idle on the server before
 /// the server ends its connection: twice the bound on one request (ttl/3
@@ -556,202 +146,163 @@ fn place_owner(req: &Request) -> String {
     }
 }
 
-/// One look at the name, inside its transaction: `rows` are its live rows.
-fn look(
-    c: &mut Client,
-    rows: Vec<Row>,
-    tables: &Tables,
-    req: &Request,
-    place: &mut Place,
-    patience: &Patience,
-) -> Result<Outcome, Error> {
-    let name = req.name;
-    let owner = &req.owner.secret;
-    let Rows {
-        holders,
-        mut waiters,
-        replaced,
-    } = entries(rows.iter().map(|r| Cells {
-        kind: text(r, 0),
-        pos: int(r, 1),
-        owner: text(r, 2),
-        label: text(r, 3),
-        token: int(r, 4),
-        code: text(r, 5),
-        lim: int(r, 6),
-        left_ms: int(r, 7),
-        live: int(r, 8).unwrap_or(0) != 0,
-    }))?;
-    if let Some(mark) = replaced.iter().find(|m| &m.owner == owner) {
-        // A newer --supersede request took our place. Its mark goes.
-        commit(c, vec![tables.dequeue(name, owner)], Vec::new())?;
-        place.seq = None;
-        return Ok(Outcome::Replaced {
-            by: mark.label.clone(),
-        });
+/// One look's ending, on MySQL: the statements for `req`'s name, sent
+/// with the COMMIT of the look's transaction.
+pub(super) struct Looking<'a> {
+    pub c: &'a mut Client,
+    pub tables: &'a Tables,
+    pub req: &'a Request<'a>,
+}
+
+impl Looking<'_> {
+    fn keep_ms(&self) -> i64 {
+        place_ttl(self.req.timing.ttl).as_millis() as i64
     }
-    let mine = waiters.iter().find(|w| &w.owner == owner).map(|w| w.pos);
-    if let (Some(old), None) = (place.seq, mine) {
-        if req.group.supersede
-            && let Some(newer) = waiters.iter().find(|w| w.supersede && w.pos > old)
-        {
-            commit(c, Vec::new(), Vec::new())?;
-            place.seq = None;
-            return Ok(Outcome::Replaced {
-                by: newer.label.clone(),
-            });
-        }
-        log::info(format!(
-            "our place in {}'s queue lapsed; queueing again",
-            req.name
-        ));
-    }
-    place.seq = mine;
-    let ttl_ms = req.timing.ttl.as_millis() as i64;
-    let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
-    let mut verdict = judge(&holders, &waiters, place.seq, req);
-    let replacing = req.group.supersede
-        && place.seq.is_none()
-        && matches!(verdict, Verdict::Blocked { .. })
-        && waiters.iter().any(|w| w.supersede);
-    if replacing {
-        waiters.retain(|w| !w.supersede);
-        verdict = judge(&holders, &waiters, place.seq, req);
-    }
-    // The places it replaces, read first, then marked.
-    let replace = || {
+
+    /// The places a `--supersede` request replaces, read first, then marked.
+    fn replace(&self) -> [String; 2] {
+        let name = self.req.name;
         [
-            tables.to_replace(name, !c.no_wake),
-            tables.replace(name, &req.owner.shown, keep_ms),
+            self.tables.to_replace(name, !self.c.no_wake),
+            self.tables
+                .replace(name, &self.req.owner.shown, self.keep_ms()),
         ]
-    };
-    // Their waiters learn it at once.
-    let conns = |rows: &[Vec<Row>]| -> Vec<i64> {
-        if replacing {
-            rows[0].iter().filter_map(|r| int(r, 0)).collect()
-        } else {
-            Vec::new()
+    }
+
+    /// The wake-up lock statements a grant holds from its COMMIT on: the
+    /// lease's, and no longer our place's.
+    fn hold_grant(&self) -> Vec<String> {
+        let was_waiting = self.c.locked == Some('w');
+        let po = place_owner(self.req);
+        hold(
+            self.c,
+            'h',
+            &self.req.owner.secret,
+            was_waiting.then_some(po.as_str()),
+        )
+    }
+}
+
+/// The connections that wait on the places replaced, from the rows of the
+/// flight that replaced them: they learn it at once.
+fn replaced_conns(replacing: bool, rows: &[Vec<Row>]) -> Vec<i64> {
+    if replacing {
+        rows[0].iter().filter_map(|r| int(r, 0)).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+impl Deciding for Looking<'_> {
+    fn unmark(&mut self) -> Result<(), Error> {
+        let dequeue = self.tables.dequeue(self.req.name, &self.req.owner.secret);
+        commit(self.c, vec![dequeue], Vec::new()).map(|_| ())
+    }
+
+    fn end(&mut self, leave: bool) -> Result<(), Error> {
+        let dequeue = leave.then(|| self.tables.dequeue(self.req.name, &self.req.owner.secret));
+        commit(self.c, dequeue.into_iter().collect(), Vec::new()).map(|_| ())
+    }
+
+    fn renew(&mut self, slot: u32, leave: bool) -> Result<Option<u64>, Error> {
+        let (name, owner) = (self.req.name, &self.req.owner.secret);
+        let ttl_ms = self.req.timing.ttl.as_millis() as i64;
+        let [renew, read] = self.tables.renew(name, slot, owner, ttl_ms);
+        let mut last = vec![renew, read];
+        last.extend(leave.then(|| self.tables.dequeue(name, owner)));
+        let after = self.hold_grant();
+        let rows = commit(self.c, last, after.clone())?;
+        if !after.is_empty() && rows.len() > 3 {
+            self.c.locked = Some('h');
         }
-    };
-    let leave = |place: &mut Place| place.seq.take().map(|_| tables.dequeue(name, owner));
-    let was_waiting = c.locked == Some('w');
-    match verdict {
-        Verdict::Ours { slot } => {
-            let [renew, read] = tables.renew(name, slot, owner, ttl_ms);
-            let mut last = vec![renew, read];
-            last.extend(leave(place));
-            let po = place_owner(req);
-            let after = hold(c, 'h', owner, was_waiting.then_some(po.as_str()));
-            let rows = commit(c, last, after.clone())?;
-            if !after.is_empty() && rows.len() > 3 {
-                c.locked = Some('h');
+        let row = rows[1].first();
+        Ok(match row.and_then(|r| int(r, 2)) {
+            Some(token) if row.and_then(|r| int(r, 0)).unwrap_or(0) > 0 => {
+                Some(token.max(0) as u64)
             }
-            let row = rows[1].first();
-            Ok(match row.and_then(|r| int(r, 2)) {
-                Some(token) if row.and_then(|r| int(r, 0)).unwrap_or(0) > 0 => Outcome::Granted {
-                    slot,
-                    token: token.max(0) as u64,
-                },
-                _ => Outcome::Again,
-            })
+            _ => None,
+        })
+    }
+
+    fn grant(&mut self, slot: u32, replacing: bool, _: bool) -> Result<Option<u64>, Error> {
+        let req = self.req;
+        let mut last: Vec<String> = replacing
+            .then(|| self.replace())
+            .into_iter()
+            .flatten()
+            .collect();
+        last.push(self.tables.advance(req.name));
+        let [gone, insert, read] = self.tables.grant(
+            req.name,
+            slot,
+            &req.owner.secret,
+            &req.owner.shown,
+            req.mode.code(),
+            req.mode.limit(),
+            req.timing.ttl.as_millis() as i64,
+        );
+        last.push(gone);
+        last.push(insert);
+        let granted = last.len();
+        last.push(read);
+        let after = self.hold_grant();
+        let n = last.len();
+        let rows = commit(self.c, last, after.clone())?;
+        if !after.is_empty() && rows.len() > n + 1 {
+            self.c.locked = Some('h');
         }
-        Verdict::Granted { slot } => {
-            let mut last: Vec<String> = replacing.then(replace).into_iter().flatten().collect();
-            last.push(tables.advance(name));
-            let [gone, insert, read] = tables.grant(
-                name,
-                slot,
-                owner,
-                &req.owner.shown,
-                req.mode.code(),
-                req.mode.limit(),
-                ttl_ms,
-            );
-            last.push(gone);
-            last.push(insert);
-            let granted = last.len();
-            last.push(read);
-            let po = place_owner(req);
-            let after = hold(c, 'h', owner, was_waiting.then_some(po.as_str()));
-            let n = last.len();
-            let rows = commit(c, last, after.clone())?;
-            if !after.is_empty() && rows.len() > n + 1 {
-                c.locked = Some('h');
-            }
-            c.poke(&conns(&rows));
-            place.seq = None;
-            let Some(token) = rows[granted].first().and_then(|r| int(r, 0)) else {
-                return Ok(Outcome::Again);
-            };
-            Ok(Outcome::Granted {
-                slot,
-                token: token.max(0) as u64,
-            })
+        self.c.poke(&replaced_conns(replacing, &rows));
+        let token = rows[granted].first().and_then(|r| int(r, 0));
+        Ok(token.map(|t| t.max(0) as u64))
+    }
+
+    fn end_windows(&mut self) -> Result<(), Error> {
+        let end = self.tables.end_windows(self.req.name);
+        commit(self.c, vec![end], Vec::new()).map(|_| ())
+    }
+
+    fn join(&mut self, join: Join) -> Result<Option<Option<i64>>, Error> {
+        let req = self.req;
+        let (name, owner) = (req.name, &req.owner.secret);
+        let po = place_owner(req);
+        let keep_ms = self.keep_ms();
+        let mut last: Vec<String> = join
+            .replacing
+            .then(|| self.replace())
+            .into_iter()
+            .flatten()
+            .collect();
+        if join.preempting {
+            let mark = format!("{PREEMPTED}{}", req.owner.shown);
+            last.push(self.tables.preempt(name, &mark, owner));
         }
-        Verdict::Nested => {
-            commit(c, leave(place).into_iter().collect(), Vec::new())?;
-            Ok(Outcome::Refused(crate::backend::nested(req.name)))
+        let queued = last.len();
+        let wake = !self.c.no_wake;
+        match join.seq {
+            Some(seq) => last.push(self.tables.keep_place(seq, owner, keep_ms, wake)),
+            None => {
+                let [ins, id] = self.tables.enqueue(
+                    name,
+                    &po,
+                    &req.owner.shown,
+                    req.mode.code(),
+                    req.mode.limit(),
+                    keep_ms,
+                    wake,
+                );
+                last.push(ins);
+                last.push(id);
+            }
         }
-        Verdict::Disagrees(in_force) => {
-            commit(c, leave(place).into_iter().collect(), Vec::new())?;
-            Ok(Outcome::Refused(req.mode.disagreement(req.name, in_force)))
-        }
-        Verdict::Blocked {
-            holder,
-            lapses_in,
-            wake_on,
-        } => {
-            place.holder = holder.or(place.holder.take());
-            if patience.over() {
-                commit(c, leave(place).into_iter().collect(), Vec::new())?;
-                return Ok(Outcome::Busy);
-            }
-            let first = place.seq.is_none() && !place.joined;
-            if first && let Some(n) = req.group.max_waiters {
-                let waiting = waiters.iter().filter(|w| &w.owner != owner).count() as u64;
-                if waiting >= u64::from(n) {
-                    commit(c, Vec::new(), Vec::new())?;
-                    return Ok(Outcome::QueueFull { waiting });
-                }
-            }
-            let preempting = first && req.group.preempt && !holders.is_empty();
-            if preempting && holders.iter().any(|h| h.owner == KEPT) {
-                commit(c, vec![tables.end_windows(name)], Vec::new())?;
-                return Ok(Outcome::Again);
-            }
-            let po = place_owner(req);
-            let mut last: Vec<String> = replacing.then(replace).into_iter().flatten().collect();
-            if preempting {
-                let mark = format!("{PREEMPTED}{}", req.owner.shown);
-                last.push(tables.preempt(name, &mark, owner));
-            }
-            let queued = last.len();
-            let wake = !c.no_wake;
-            match place.seq {
-                Some(seq) => last.push(tables.keep_place(seq, owner, keep_ms, wake)),
-                None => {
-                    let [ins, id] = tables.enqueue(
-                        name,
-                        &po,
-                        &req.owner.shown,
-                        req.mode.code(),
-                        req.mode.limit(),
-                        keep_ms,
-                        wake,
-                    );
-                    last.push(ins);
-                    last.push(id);
-                }
-            }
-            let Some(rows) = commit_place(c, last, &po)? else {
-                return Ok(Outcome::Again);
-            };
-            c.poke(&conns(&rows));
-            if place.seq.is_none() {
-                place.seq = rows[queued + 1].first().and_then(|r| int(r, 0));
-            }
-            place.joined |= place.seq.is_some();
-            Ok(Outcome::Blocked { lapses_in, wake_on })
-        }
+        let Some(rows) = commit_place(self.c, last, &po)? else {
+            return Ok(None);
+        };
+        self.c.poke(&replaced_conns(join.replacing, &rows));
+        Ok(Some(
+            join.seq
+                .is_none()
+                .then(|| rows[queued + 1].first().and_then(|r| int(r, 0)))
+                .flatten(),
+        ))
     }
 }

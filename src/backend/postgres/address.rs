@@ -5,9 +5,13 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::{ENGINE, Postgres};
-use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+use super::ENGINE;
+use super::client::Client;
+use super::sql::Tables;
+use crate::backend::sql::address::{Env, Part, Url, Userinfo, from_env, os_user, plain_prefix};
+use crate::backend::{Address, AddressOptions, Check, EngineInfo, Error, Opening};
 
 /// PostgreSQL's port when neither the URL nor PGPORT names one.
 const DEFAULT_PORT: u16 = 5432;
@@ -40,53 +44,31 @@ pub struct Server {
 }
 
 /// A database's address (lockrun-engines(7) "POSTGRESQL").
+pub type PgUrl = Url<PgDb>;
+
+/// What a PostgreSQL URL says besides the login: the database, and the
+/// servers to try for it.
 #[derive(Clone)]
-pub struct PgUrl {
+pub struct PgDb {
     /// Tried in the order given, as libpq does.
     pub servers: Vec<Server>,
-    pub user: String,
-    pub password: Option<String>,
-    /// The password came from PGPASSWORD: it is kept from the job too.
-    pub password_from_env: bool,
     pub dbname: String,
     pub sslmode: SslMode,
-    /// The CA the server's certificate is checked against (else the
-    /// system's roots, when a mode checks it).
-    pub ca_file: Option<PathBuf>,
-    /// The URL with any password replaced, for messages.
-    pub display: String,
 }
 
-impl std::fmt::Debug for PgUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the password, also not in a debug print.
-        f.debug_struct("PgUrl")
-            .field("display", &self.display)
-            .finish()
-    }
-}
+impl Part for PgDb {
+    type Dialect = Tables;
+    const ENGINE: &'static EngineInfo = &ENGINE;
+    const SECRET_ENV: &'static str = "PGPASSWORD";
 
-impl Address for PgUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
+    fn tables(prefix: &str) -> Result<Tables, Error> {
+        schema_of(prefix).map(|schema| Tables::new(&schema))
     }
-    fn shown(&self) -> String {
-        self.display.clone()
+    fn client(url: &PgUrl, op: Duration) -> Client {
+        Client::new(Arc::new(url.clone()), op)
     }
-    fn secret(&self) -> Option<&str> {
-        self.password.as_deref()
-    }
-    fn secret_env(&self) -> Option<&'static str> {
-        self.password_from_env.then_some("PGPASSWORD")
-    }
-    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
-        schema_of(prefix).map(|_| ())
-    }
-    fn open(&self, how: &Opening) -> Result<Box<dyn Engine>, Error> {
-        Ok(Box::new(Postgres::open(self, how)?))
-    }
-    fn doctor(&self, how: &Opening) -> Vec<Check> {
-        super::doctor::doctor(self, how)
+    fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
+        super::doctor::doctor(url, how)
     }
 }
 
@@ -94,45 +76,18 @@ impl Address for PgUrl {
 /// default `lockrun:` is the schema `lockrun`), a plain lower-case SQL
 /// identifier that needs no quoting anywhere.
 pub fn schema_of(prefix: &str) -> Result<String, Error> {
-    let schema = prefix.strip_suffix(':').unwrap_or(prefix);
-    let plain = !schema.is_empty()
-        && schema.len() <= 48
-        && schema
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && schema
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !schema.starts_with("pg_");
-    if !plain {
-        let shown: String = prefix.chars().take(60).collect();
-        return Err(Error::Request(format!(
-            "invalid --prefix {shown:?} for PostgreSQL: it names the schema of lockrun's \
-             tables, so it must be a lower-case identifier (a-z, 0-9, _, at most 48, not \
-             starting with pg_), optionally followed by ':' (the default lockrun: is the \
-             schema lockrun)"
-        )));
+    match plain_prefix(prefix).filter(|schema| !schema.starts_with("pg_")) {
+        Some(schema) => Ok(schema.to_string()),
+        None => {
+            let shown: String = prefix.chars().take(60).collect();
+            Err(Error::Request(format!(
+                "invalid --prefix {shown:?} for PostgreSQL: it names the schema of lockrun's \
+                 tables, so it must be a lower-case identifier (a-z, 0-9, _, at most 48, not \
+                 starting with pg_), optionally followed by ':' (the default lockrun: is the \
+                 schema lockrun)"
+            )))
+        }
     }
-    Ok(schema.to_string())
-}
-
-/// What the process environment says, for the parser (a function, so
-/// tests can give their own).
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
-
-fn from_env(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
-}
-
-/// The login name of the user lockrun runs as (libpq's default user).
-fn os_user() -> Option<String> {
-    let uid = rustix::process::getuid().as_raw().to_string();
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() > 2 && f[2] == uid).then(|| f[0].to_string())
-    })
 }
 
 /// Parse `postgres://[user[:password]@][host][:port][,host[:port]…][/dbname][?param=value&…]`.
@@ -149,10 +104,71 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
 
 fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
     let expected = format!("expected {}", ENGINE.form);
+    let parts = split(raw, &expected)?;
+    let r = Reading {
+        display: parts.shown(),
+        expected: &expected,
+    };
+    let mut q = Query {
+        user: r.text_of("user name", parts.login.user)?,
+        password: r.text_of("password", parts.login.password)?,
+        dbname: r.text_of("database name", parts.path.filter(|p| !p.is_empty()))?,
+        ..Query::default()
+    };
+    q.read(parts.query, &r)?;
+    if parts.hosts.contains(['/', '#']) || parts.path.is_some_and(|p| p.contains(['/', '#'])) {
+        return Err(r.bad("a database name is one path segment".into()));
+    }
+
+    // What the URL leaves out, the environment says, then libpq's defaults.
+    let password_from_env = q.password.is_none() && env("PGPASSWORD").is_some();
+    let password = q.password.or_else(|| env("PGPASSWORD"));
+    let user = match q.user.filter(|u| !u.is_empty()).or_else(|| env("PGUSER")) {
+        Some(u) => u,
+        None => {
+            os_user().ok_or_else(|| r.bad("no user name: give one in the URL or PGUSER".into()))?
+        }
+    };
+    let dbname = q
+        .dbname
+        .filter(|d| !d.is_empty())
+        .or_else(|| env("PGDATABASE"))
+        .unwrap_or_else(|| user.clone());
+    let sslmode = q.sslmode.or_else(|| env("PGSSLMODE"));
+    let sslmode = sslmode_of(sslmode.as_deref().unwrap_or("prefer")).map_err(|e| r.bad(e))?;
+    let rootcert = q
+        .rootcert
+        .or_else(|| env("PGSSLROOTCERT").map(PathBuf::from));
+    let port = q.port.or_else(|| env("PGPORT"));
+    let host = q.host.or_else(|| env("PGHOST"));
+    let servers = servers(parts.hosts, host, port).map_err(|e| r.bad(e))?;
+    Ok(Url {
+        user,
+        password,
+        password_from_env,
+        ca_file: rootcert,
+        display: r.display,
+        part: PgDb {
+            servers,
+            dbname,
+            sslmode,
+        },
+    })
+}
+
+/// A URL's parts as written, before any is decoded.
+struct Parts<'a> {
+    scheme: String,
+    login: Userinfo<'a>,
+    hosts: &'a str,
+    path: Option<&'a str>,
+    query: Option<&'a str>,
+}
+
+fn split<'a>(raw: &'a str, expected: &str) -> Result<Parts<'a>, Error> {
     let (scheme, rest) = raw
         .split_once("://")
         .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
-    let scheme = scheme.to_ascii_lowercase();
     // An '@' after a '/', '?' or '#' is most likely a password that did not
     // percent-encode them: split there, it would reach messages and
     // `status` as a host, a port or a database name. Refused, echoing none
@@ -173,114 +189,129 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         Some((a, p)) => (a, Some(p)),
         None => (rest, None),
     };
-    // Never echo the raw URL: it may hold a password.
     let (userinfo, hosts) = match authority.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
     };
-    let (url_user, url_password) = match userinfo {
-        None => (None, None),
-        Some(u) => match u.split_once(':') {
-            Some((name, pass)) => (Some(name), Some(pass)),
-            None => (Some(u), None),
-        },
-    };
-    let shown_user = match (url_user, url_password) {
-        (Some(u), Some(_)) => format!("{u}:***@"),
-        (Some(u), None) => format!("{u}@"),
-        _ => String::new(),
-    };
-    // A host that does not read (the host left out, so that `user:pass`
-    // reads as a host and a port) is never shown.
-    let shown_hosts: Vec<&str> = hosts
-        .split(',')
-        .map(|h| {
-            if h.is_empty() || server(h, 5432).is_ok() {
-                h
-            } else {
-                "(hidden)"
-            }
-        })
-        .collect();
-    let mut display = format!("{scheme}://{shown_user}{}", shown_hosts.join(","));
-    if let Some(p) = path.filter(|p| !p.is_empty()) {
-        display.push('/');
-        display.push_str(p);
+    Ok(Parts {
+        scheme: scheme.to_ascii_lowercase(),
+        login: Userinfo::split(userinfo),
+        hosts,
+        path,
+        query,
+    })
+}
+
+impl Parts<'_> {
+    /// The URL for messages: never the raw URL, which may hold a password.
+    fn shown(&self) -> String {
+        // A host that does not read (the host left out, so that `user:pass`
+        // reads as a host and a port) is never shown.
+        let shown_hosts: Vec<&str> = self
+            .hosts
+            .split(',')
+            .map(|h| {
+                if h.is_empty() || server(h, 5432).is_ok() {
+                    h
+                } else {
+                    "(hidden)"
+                }
+            })
+            .collect();
+        let mut display = format!(
+            "{}://{}{}",
+            self.scheme,
+            self.login.shown(),
+            shown_hosts.join(",")
+        );
+        if let Some(p) = self.path.filter(|p| !p.is_empty()) {
+            display.push('/');
+            display.push_str(p);
+        }
+        if let Some(q) = self.query {
+            display.push('?');
+            display.push_str(&shown_query(q));
+        }
+        display.chars().take(200).collect()
     }
-    if let Some(q) = query {
-        display.push('?');
-        display.push_str(&shown_query(q));
+}
+
+/// A URL being read: how it is shown, and what a refusal of it says.
+struct Reading<'a> {
+    display: String,
+    expected: &'a str,
+}
+
+impl Reading<'_> {
+    fn bad(&self, why: String) -> Error {
+        Error::Request(format!(
+            "invalid --url {}: {why}; {}",
+            self.display, self.expected
+        ))
     }
-    let display: String = display.chars().take(200).collect();
-    let bad = |why: String| Error::Request(format!("invalid --url {display}: {why}; {expected}"));
-    let text = |what: &str, s: &str| {
+
+    /// `s` %-decoded, or refused as `what` with a bad %-escape.
+    fn text(&self, what: &str, s: &str) -> Result<String, Error> {
         crate::backend::percent_decoded(s)
-            .ok_or_else(|| bad(format!("the {what} has a bad %-escape")))
-    };
+            .ok_or_else(|| self.bad(format!("the {what} has a bad %-escape")))
+    }
 
-    let mut user = url_user.map(|u| text("user name", u)).transpose()?;
-    let mut password = url_password.map(|p| text("password", p)).transpose()?;
-    let mut dbname = path
-        .filter(|p| !p.is_empty())
-        .map(|p| text("database name", p))
-        .transpose()?;
-    let mut host_param = None;
-    let mut port_param = None;
-    let mut sslmode = None;
-    let mut rootcert = None;
-    for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
-        // libpq decodes the key as well as the value: %70assword is password.
-        let (k, v) = match kv.split_once('=') {
-            Some((k, v)) => (crate::backend::percent_decoded(k), v),
-            None => (crate::backend::percent_decoded(kv), ""),
-        };
-        let k = k.ok_or_else(|| bad("a parameter's name has a bad %-escape".into()))?;
-        let k: &str = &k;
-        if !kv.contains('=') {
-            let k: String = k.chars().take(40).collect();
-            return Err(bad(format!("the parameter {k:?} has no value")));
-        }
-        let v = text(k, v)?;
-        match k {
-            "host" => host_param = Some(v),
-            "port" => port_param = Some(v),
-            "user" => user = Some(v),
-            "password" => password = Some(v),
-            "dbname" => dbname = Some(v),
-            "sslmode" => sslmode = Some(v),
-            "sslrootcert" => rootcert = Some(PathBuf::from(v)),
-            // Bounded by lockrun's own request budget instead.
-            "connect_timeout" | "application_name" => {}
-            other => {
-                return Err(bad(format!(
-                    "unknown parameter {other:?} (lockrun reads host, port, user, password, \
-                     dbname, sslmode, sslrootcert)"
-                )));
+    fn text_of(&self, what: &str, s: Option<&str>) -> Result<Option<String>, Error> {
+        s.map(|s| self.text(what, s)).transpose()
+    }
+}
+
+/// What the URL says, its query parameters over its other parts.
+#[derive(Default)]
+struct Query {
+    host: Option<String>,
+    port: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    dbname: Option<String>,
+    sslmode: Option<String>,
+    rootcert: Option<PathBuf>,
+}
+
+impl Query {
+    fn read(&mut self, query: Option<&str>, r: &Reading) -> Result<(), Error> {
+        for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
+            // libpq decodes the key as well as the value: %70assword is password.
+            let (k, v) = match kv.split_once('=') {
+                Some((k, v)) => (crate::backend::percent_decoded(k), v),
+                None => (crate::backend::percent_decoded(kv), ""),
+            };
+            let k = k.ok_or_else(|| r.bad("a parameter's name has a bad %-escape".into()))?;
+            let k: &str = &k;
+            if !kv.contains('=') {
+                let k: String = k.chars().take(40).collect();
+                return Err(r.bad(format!("the parameter {k:?} has no value")));
+            }
+            let v = r.text(k, v)?;
+            match k {
+                "host" => self.host = Some(v),
+                "port" => self.port = Some(v),
+                "user" => self.user = Some(v),
+                "password" => self.password = Some(v),
+                "dbname" => self.dbname = Some(v),
+                "sslmode" => self.sslmode = Some(v),
+                "sslrootcert" => self.rootcert = Some(PathBuf::from(v)),
+                // Bounded by lockrun's own request budget instead.
+                "connect_timeout" | "application_name" => {}
+                other => {
+                    return Err(r.bad(format!(
+                        "unknown parameter {other:?} (lockrun reads host, port, user, password, \
+                         dbname, sslmode, sslrootcert)"
+                    )));
+                }
             }
         }
+        Ok(())
     }
-    if hosts.contains(['/', '#']) || path.is_some_and(|p| p.contains(['/', '#'])) {
-        return Err(bad("a database name is one path segment".into()));
-    }
+}
 
-    // What the URL leaves out, the environment says, then libpq's defaults.
-    let password_from_env = password.is_none() && env("PGPASSWORD").is_some();
-    let password = password.or_else(|| env("PGPASSWORD"));
-    let user = match user.filter(|u| !u.is_empty()).or_else(|| env("PGUSER")) {
-        Some(u) => u,
-        None => {
-            os_user().ok_or_else(|| bad("no user name: give one in the URL or PGUSER".into()))?
-        }
-    };
-    let dbname = dbname
-        .filter(|d| !d.is_empty())
-        .or_else(|| env("PGDATABASE"))
-        .unwrap_or_else(|| user.clone());
-    let sslmode = match sslmode
-        .or_else(|| env("PGSSLMODE"))
-        .as_deref()
-        .unwrap_or("prefer")
-    {
+fn sslmode_of(mode: &str) -> Result<SslMode, String> {
+    Ok(match mode {
         "disable" => SslMode::Disable,
         "allow" | "prefer" => SslMode::Prefer,
         "require" => SslMode::Require,
@@ -288,42 +319,36 @@ fn read(raw: &str, env: Env) -> Result<PgUrl, Error> {
         "verify-full" => SslMode::VerifyFull,
         other => {
             let other: String = other.chars().take(20).collect();
-            return Err(bad(format!(
+            return Err(format!(
                 "sslmode {other:?} is none of disable, allow, prefer, require, verify-ca, verify-full"
-            )));
+            ));
         }
-    };
-    let rootcert = rootcert.or_else(|| env("PGSSLROOTCERT").map(PathBuf::from));
+    })
+}
 
-    let port_text = port_param.or_else(|| env("PGPORT"));
-    let default_port = match port_text.as_deref() {
+/// The servers to try: the URL's host list, else `host` (the parameter or
+/// PGHOST), each on `port` unless it names its own; none at all is the
+/// default socket directory.
+fn servers(hosts: &str, host: Option<String>, port: Option<String>) -> Result<Vec<Server>, String> {
+    let default_port = match port.as_deref() {
         None => DEFAULT_PORT,
-        Some(p) => port(p).map_err(bad)?,
+        Some(p) => self::port(p)?,
     };
-    let host_list: Vec<String> = match host_param.or_else(|| env("PGHOST")) {
+    let host_list: Vec<String> = match host {
         Some(h) if hosts.is_empty() => h.split(',').map(String::from).collect(),
         _ => hosts.split(',').map(String::from).collect(),
     };
     let mut servers = Vec::new();
     for h in host_list {
-        servers.push(server(&h, default_port).map_err(bad)?);
+        servers.push(server(&h, default_port)?);
     }
     if servers.len() == 1 && servers[0].host.is_empty() {
         servers[0].host = default_socket_dir(servers[0].port);
     }
     if servers.iter().any(|s| s.host.is_empty()) {
-        return Err(bad("an empty host in the host list".into()));
+        return Err("an empty host in the host list".into());
     }
-    Ok(PgUrl {
-        servers,
-        user,
-        password,
-        password_from_env,
-        dbname,
-        sslmode,
-        ca_file: rootcert,
-        display,
-    })
+    Ok(servers)
 }
 
 /// The parameters whose values may be shown: lockrun's own, none secret.

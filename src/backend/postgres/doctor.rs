@@ -9,117 +9,97 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::Row;
-use tokio_postgres::types::Type;
 
 use super::address::{PgUrl, schema_of};
+use super::catalog::tables;
 use super::client::{Call, Client, Params};
-use super::sql::{Tables, bounded};
-use crate::backend::doctor::{clock_check, round_trip_check, shown, time_round_trips};
+use super::sql::bounded;
+use crate::backend::doctor::{shown, time_round_trips};
+use crate::backend::sql::doctor::{Doctor, examine};
 use crate::backend::{Check, Error, Opening};
-use crate::clock::Boot;
 
 /// The oldest server lockrun's tables work on (identity columns, `CREATE
 /// SEQUENCE … AS bigint`).
 const OLDEST: i32 = 100_000;
 
-/// A table's columns as (name, type as `format_type` writes it).
-type Columns = &'static [(&'static str, &'static str)];
-
-/// The columns lockrun reads and writes, by table; other columns may be
-/// there as long as they have defaults.
-const LEASE_COLUMNS: [(&str, &str); 10] = [
-    ("name", "text"),
-    ("slot", "integer"),
-    ("owner", "text"),
-    ("label", "text"),
-    ("token", "bigint"),
-    ("mode", "text"),
-    ("lim", "integer"),
-    ("expires_at", "timestamp with time zone"),
-    ("granted_at", "timestamp with time zone"),
-    ("revoked", "boolean"),
-];
-const WAITER_COLUMNS: [(&str, &str); 7] = [
-    ("name", "text"),
-    ("seq", "bigint"),
-    ("owner", "text"),
-    ("label", "text"),
-    ("mode", "text"),
-    ("lim", "integer"),
-    ("expires_at", "timestamp with time zone"),
-];
-
 pub fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
-    let mut out = Vec::new();
-    let schema = match schema_of(&how.prefix) {
-        Ok(s) => s,
-        Err(e) => {
-            out.push(Check::fail("prefix", e.to_string()));
-            return out;
+    let at = schema_of(&how.prefix).map(|schema| {
+        let url = Arc::new(url.clone());
+        PgDoctor {
+            client: Client::new(Arc::clone(&url), how.op),
+            url,
+            how,
+            schema,
+            pids: Vec::new(),
         }
-    };
-    let url = Arc::new(url.clone());
-    let mut client = Client::new(Arc::clone(&url), how.op);
-    let started = Boot::now();
-    let about = match ask(
-        &mut client,
-        "SELECT current_setting('server_version'), current_setting('server_version_num')::int, \
-           current_user::text, current_database()::text, pg_is_in_recovery()",
-        &[],
-    ) {
-        Ok(rows) => rows,
-        Err(e) => {
-            let what = match e {
-                Error::Transient(m) => format!("{m}; check the address and that PostgreSQL runs"),
-                e => e.to_string(),
-            };
-            out.push(Check::fail("reachable", what));
-            return out;
+    });
+    examine(at, how.op)
+}
+
+/// The doctor at one PostgreSQL database and schema.
+struct PgDoctor<'a> {
+    client: Client,
+    url: Arc<PgUrl>,
+    how: &'a Opening,
+    schema: String,
+    /// The server processes that answered this connection.
+    pids: Vec<i32>,
+}
+
+impl Doctor for PgDoctor<'_> {
+    type About = Row;
+
+    fn about(&mut self) -> Result<Option<Row>, String> {
+        match ask(
+            &mut self.client,
+            "SELECT current_setting('server_version'), \
+               current_setting('server_version_num')::int, \
+               current_user::text, current_database()::text, pg_is_in_recovery()",
+            &[],
+        ) {
+            Ok(rows) => Ok(rows.into_iter().next()),
+            Err(Error::Transient(m)) => {
+                Err(format!("{m}; check the address and that PostgreSQL runs"))
+            }
+            Err(e) => Err(e.to_string()),
         }
-    };
-    let Some(about) = about.first() else {
-        out.push(Check::fail("reachable", "the server answered with no row"));
-        return out;
-    };
-    let role: String = about.get(2);
-    out.push(Check::ok(
-        "reachable",
+    }
+
+    fn reached(&self, about: &Row, took: &str) -> String {
         format!(
-            "PostgreSQL at {} answered in {} as role {role} in database {}",
-            url.display,
-            shown(Boot::now().since(started)),
+            "PostgreSQL at {} answered in {took} as role {} in database {}",
+            self.url.display,
+            about.get::<_, String>(2),
             about.get::<_, String>(3)
-        ),
-    ));
-    let mut pids = Vec::new();
-    match round_trips(&mut client, &mut pids) {
-        Ok((worst, offset)) => {
-            out.push(round_trip_check(worst, how.op));
-            out.push(clock(offset));
+        )
+    }
+
+    fn round_trips(&mut self) -> Result<(Duration, f64), Error> {
+        round_trips(&mut self.client, &mut self.pids)
+    }
+
+    fn rest(&mut self, about: Row) -> Vec<Check> {
+        let (client, how) = (&mut self.client, self.how);
+        let mut out = vec![version_check(about.get(0), about.get(1))];
+        if about.get::<_, bool>(4) {
+            out.push(Check::fail(
+                "primary",
+                "this server is a standby (in recovery): it is read-only, so every grant \
+                 fails; point lockrun at the primary",
+            ));
         }
-        Err(e) => {
-            out.push(Check::fail("round trip", e.to_string()));
-            return out;
+        out.push(pooler_check(client, &self.url, how, &self.pids));
+        match settings(client, how) {
+            Ok(checks) => out.extend(checks),
+            Err(e) => out.push(Check::warn("settings", format!("could not be read: {e}"))),
         }
+        let role: String = about.get(2);
+        match tables(client, &self.schema, &role) {
+            Ok(checks) => out.extend(checks),
+            Err(e) => out.push(Check::fail("tables", e.to_string())),
+        }
+        out
     }
-    out.push(version_check(about.get(0), about.get(1)));
-    if about.get::<_, bool>(4) {
-        out.push(Check::fail(
-            "primary",
-            "this server is a standby (in recovery): it is read-only, so every grant fails; \
-             point lockrun at the primary",
-        ));
-    }
-    out.push(pooler_check(&mut client, &url, how, &pids));
-    match settings(&mut client, how) {
-        Ok(checks) => out.extend(checks),
-        Err(e) => out.push(Check::warn("settings", format!("could not be read: {e}"))),
-    }
-    match tables(&mut client, &schema, &role) {
-        Ok(checks) => out.extend(checks),
-        Err(e) => out.push(Check::fail("tables", e.to_string())),
-    }
-    out
 }
 
 /// One check's statement, run as a run runs its own: inside a transaction
@@ -129,7 +109,7 @@ pub fn doctor(url: &PgUrl, how: &Opening) -> Vec<Check> {
 /// short for a catalog query but overridden by every run, fails no check,
 /// and each check is bounded by `op` on the server as well as here. Only
 /// `SET LOCAL`: nothing outlives the transaction, also through a pooler.
-fn ask(client: &mut Client, sql: &str, params: &Params) -> Result<Vec<Row>, Error> {
+pub(super) fn ask(client: &mut Client, sql: &str, params: &Params) -> Result<Vec<Row>, Error> {
     let begin = bounded(client.op);
     let done = client.pipeline(&[
         Call::Batch(&begin),
@@ -168,17 +148,6 @@ fn round_trips(client: &mut Client, pids: &mut Vec<i32>) -> Result<(Duration, f6
             timed.offset.unwrap_or_default(),
         )),
     }
-}
-
-/// Leases, windows and tokens count on the server's clock alone.
-fn clock(offset: f64) -> Check {
-    clock_check(
-        offset,
-        "leases, --min-hold windows and tokens count on the server's clock alone",
-        "leases, --min-hold windows and tokens count on the server's clock alone; a clock that \
-         far off is likely not kept by NTP, and a step of the server's clock shortens or \
-         lengthens every lease by the step: keep NTP on",
-    )
 }
 
 fn version_check(version: String, num: i32) -> Check {
@@ -290,10 +259,17 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
              one request, so a client stopped mid-transaction holds no name up for long)"
         ),
     ));
-    let timeout_ms: Option<i64> = r.get(3);
+    out.push(statement_timeout_check(r.get(3), how.op));
+    out.push(standbys_check(r.get(4), r.get(5), r.get(6)));
+    Ok(out)
+}
+
+/// A `statement_timeout` below the bound on one request cancels
+/// renewals and releases.
+fn statement_timeout_check(timeout_ms: Option<i64>, op: Duration) -> Check {
     let timeout = timeout_shown(timeout_ms.unwrap_or(0));
-    let op_ms = how.op.as_millis() as i64;
-    out.push(match timeout_ms {
+    let op_ms = op.as_millis() as i64;
+    match timeout_ms {
         Some(ms) if ms > 0 && ms < op_ms => Check::warn(
             "statement_timeout",
             format!(
@@ -302,16 +278,18 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
                  (at a few ms, nearly all: a job longer than its ttl loses its lease, and \
                  every release leaves the lease to expire); ALTER ROLE … SET \
                  statement_timeout = 0 (or at least {}) for lockrun's role",
-                shown(how.op),
-                shown(how.op)
+                shown(op),
+                shown(op)
             ),
         ),
         _ => Check::ok("statement_timeout", timeout),
-    });
-    let sync_names: String = r.get(4);
-    let sync_commit: String = r.get(5);
-    let standbys: i64 = r.get(6);
-    out.push(if standbys == 0 {
+    }
+}
+
+/// Standbys streaming from this server, and whether a failover to one
+/// could lose a grant.
+fn standbys_check(sync_names: String, sync_commit: String, standbys: i64) -> Check {
+    if standbys == 0 {
         Check::ok(
             "standbys",
             "none streaming from this server: no failover can lose a grant, and none can \
@@ -331,217 +309,9 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
     } else {
         Check::ok(
             "standbys",
-            format!("{standbys}, synchronous ({sync_names}): a grant is on a standby before its job starts"),
-        )
-    });
-    Ok(out)
-}
-
-/// One object of lockrun's in the catalog.
-struct Object {
-    kind: String,
-    rights: Vec<(&'static str, Option<bool>)>,
-    /// UPDATE on the sequence: what moves it up to a token floored by
-    /// the clock.
-    moves_sequence: Option<bool>,
-}
-
-/// lockrun's schema, its three objects, and the current role's rights on
-/// them, from the catalogs (readable by every role) and `has_*_privilege`.
-fn tables(client: &mut Client, schema: &str, role: &str) -> Result<Vec<Check>, Error> {
-    let t = Tables::new(schema);
-    let ns = ask(
-        client,
-        "SELECT has_schema_privilege(n.oid, 'USAGE'), has_schema_privilege(n.oid, 'CREATE') \
-         FROM pg_namespace n WHERE n.nspname = $1",
-        &[(&schema, Type::TEXT)],
-    )?;
-    let db_create = ask(
-        client,
-        "SELECT has_database_privilege(current_database(), 'CREATE')",
-        &[],
-    )?
-    .first()
-    .is_some_and(|r| r.get::<_, bool>(0));
-    let Some(ns) = ns.first() else {
-        return Ok(vec![if db_create {
-            Check::ok(
-                "tables",
-                format!(
-                    "schema {schema} does not exist yet: role {role} may create it and \
-                     lockrun's tables in it, as the first run does"
-                ),
-            )
-        } else {
-            Check::fail(
-                "tables",
-                format!(
-                    "schema {schema} does not exist and role {role} may not create it: \
-                     create it and lockrun's tables once as a role that may, then grant \
-                     this one what lockrun-engines(7) \"POSTGRESQL\" lists"
-                ),
-            )
-        }]);
-    };
-    let (usage, create): (bool, bool) = (ns.get(0), ns.get(1));
-    let mut out = Vec::new();
-    if !usage {
-        out.push(Check::fail(
-            "schema",
             format!(
-                "role {role} may not use schema {schema}: GRANT USAGE ON SCHEMA {schema} TO \
-                 {role} (lockrun-engines(7) \"POSTGRESQL\")"
+                "{standbys}, synchronous ({sync_names}): a grant is on a standby before its job starts"
             ),
-        ));
+        )
     }
-    let rows = ask(
-        client,
-        "SELECT c.relname::text, c.relkind::text, \
-           CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'SELECT') END, \
-           CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'INSERT') END, \
-           CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'UPDATE') END, \
-           CASE WHEN c.relkind IN ('r', 'p') THEN has_table_privilege(c.oid, 'DELETE') END, \
-           CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(c.oid, 'USAGE') \
-             OR has_sequence_privilege(c.oid, 'UPDATE') END, \
-           CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(c.oid, 'UPDATE') END \
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 \
-           AND c.relname IN ('lockrun_leases', 'lockrun_waiters', 'lockrun_tokens')",
-        &[(&schema, Type::TEXT)],
-    )?;
-    let found = |name: &str| -> Option<Object> {
-        let r: &Row = rows.iter().find(|r| r.get::<_, String>(0) == name)?;
-        Some(Object {
-            kind: r.get(1),
-            rights: vec![
-                ("SELECT", r.get(2)),
-                ("INSERT", r.get(3)),
-                ("UPDATE", r.get(4)),
-                ("DELETE", r.get(5)),
-                ("USAGE", r.get(6)),
-            ],
-            moves_sequence: r.get(7),
-        })
-    };
-    let columns = ask(
-        client,
-        "SELECT c.relname::text, a.attname::text, format_type(a.atttypid, a.atttypmod) \
-         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
-           JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname IN ('lockrun_leases', 'lockrun_waiters') \
-           AND a.attnum > 0 AND NOT a.attisdropped",
-        &[(&schema, Type::TEXT)],
-    )?;
-    let has_columns = |table: &str, want: &[(&str, &str)]| -> Vec<String> {
-        want.iter()
-            .filter(|(col, ty)| {
-                !columns.iter().any(|r| {
-                    r.get::<_, String>(0) == table
-                        && r.get::<_, String>(1) == *col
-                        && r.get::<_, String>(2) == *ty
-                })
-            })
-            .map(|(col, ty)| format!("{col} {ty}"))
-            .collect()
-    };
-    let objects: [(&'static str, &str, &str, Columns); 3] = [
-        ("leases table", "lockrun_leases", &t.leases, &LEASE_COLUMNS),
-        (
-            "waiters table",
-            "lockrun_waiters",
-            &t.waiters,
-            &WAITER_COLUMNS,
-        ),
-        ("token sequence", "lockrun_tokens", &t.tokens, &[]),
-    ];
-    for (topic, rel, full, want) in objects {
-        let sequence = want.is_empty();
-        let Some(o) = found(rel) else {
-            out.push(if create {
-                Check::ok(
-                    topic,
-                    format!("{full} does not exist yet: role {role} may create it, as the first run does"),
-                )
-            } else {
-                Check::fail(
-                    topic,
-                    format!(
-                        "{full} does not exist and role {role} may not create it in schema \
-                         {schema}: create lockrun's tables once as a role that may (lockrun-engines(7) \
-                         \"POSTGRESQL\")"
-                    ),
-                )
-            });
-            continue;
-        };
-        let right_kind = if sequence {
-            o.kind == "S"
-        } else {
-            matches!(o.kind.as_str(), "r" | "p")
-        };
-        if !right_kind {
-            out.push(Check::fail(
-                topic,
-                format!(
-                    "{full} is not a {}: it is not lockrun's; remove it or choose another --prefix",
-                    if sequence { "sequence" } else { "table" }
-                ),
-            ));
-            continue;
-        }
-        let lacking = has_columns(rel, want);
-        if !lacking.is_empty() {
-            out.push(Check::fail(
-                topic,
-                format!(
-                    "{full} is not lockrun's (it lacks {}); remove it or choose another --prefix",
-                    lacking.join(", ")
-                ),
-            ));
-            continue;
-        }
-        let grant = if sequence {
-            format!("GRANT USAGE, UPDATE ON SEQUENCE {full} TO {role}")
-        } else {
-            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {full} TO {role}")
-        };
-        let missing: Vec<&str> = o
-            .rights
-            .iter()
-            .filter(|(_, held)| *held == Some(false))
-            .map(|(what, _)| *what)
-            .collect();
-        let unmoved = o.moves_sequence == Some(false);
-        out.push(if missing.is_empty() && usage && unmoved {
-            Check::warn(
-                topic,
-                format!(
-                    "{full}: role {role} lacks UPDATE on it: its tokens are floored by the \
-                     server's clock all the same, but the sequence is not moved up to them, so \
-                     an older lockrun, which takes nextval alone, may hand out lower ones; \
-                     {grant} (lockrun-engines(7) \"POSTGRESQL\")"
-                ),
-            )
-        } else if missing.is_empty() && usage {
-            Check::ok(
-                topic,
-                format!("{full}: role {role} may use it as lockrun does"),
-            )
-        } else if missing.is_empty() {
-            Check::fail(
-                topic,
-                format!("{full}: role {role} may not reach it (no USAGE on schema {schema})"),
-            )
-        } else {
-            Check::fail(
-                topic,
-                format!(
-                    "{full}: role {role} lacks {} on it: every run would fail with 69; {grant} \
-                     (lockrun-engines(7) \"POSTGRESQL\")",
-                    missing.join(", ")
-                ),
-            )
-        });
-    }
-    Ok(out)
 }

@@ -1,0 +1,216 @@
+//! What one look at a name decides, inside the name's transaction: the
+//! rows judged by the rules the SQL dialects share (`backend/table.rs`),
+//! then one ending the dialect carries out in a single flight with the
+//! COMMIT (`Deciding`).
+
+use super::take::{Outcome, Place};
+use crate::backend::table::{Cells, Entry, KEPT, Rows, Verdict, entries, judge};
+use crate::backend::wait::Patience;
+use crate::backend::{Error, Request};
+use crate::log;
+
+/// How a look's transaction ends, each in one flight with its COMMIT: the
+/// dialect's statements for the request it looks for.
+pub trait Deciding {
+    /// A newer `--supersede` request took our place: its mark of ours goes.
+    fn unmark(&mut self) -> Result<(), Error>;
+    /// Nothing more, or (`leave`) our place goes.
+    fn end(&mut self, leave: bool) -> Result<(), Error>;
+    /// Renew the row we hold already (`leave`: our place goes too); None:
+    /// it was not there to renew.
+    fn renew(&mut self, slot: u32, leave: bool) -> Result<Option<u64>, Error>;
+    /// Grant `slot`, replacing the superseding places first when
+    /// `replacing`; `others_wait`: other places are in the queue. The token,
+    /// or None when the grant did not take.
+    fn grant(
+        &mut self,
+        slot: u32,
+        replacing: bool,
+        others_wait: bool,
+    ) -> Result<Option<u64>, Error>;
+    /// `--preempt` found `--min-hold` windows: they end now.
+    fn end_windows(&mut self) -> Result<(), Error>;
+    /// Join the queue or keep our place. None: nothing was committed (look
+    /// again); else the place taken, when a new one was.
+    fn join(&mut self, join: Join) -> Result<Option<Option<i64>>, Error>;
+}
+
+/// A blocked request's part in the queue, as the look decided.
+pub struct Join {
+    /// Our place, when we have one: it is kept.
+    pub seq: Option<i64>,
+    /// The superseding places that ask for it go.
+    pub replacing: bool,
+    /// Every holder of this moment is asked to stop.
+    pub preempting: bool,
+}
+
+/// One look at the name, inside its transaction: `rows` are its live rows.
+pub fn decide(
+    tx: &mut dyn Deciding,
+    rows: Vec<Cells>,
+    req: &Request,
+    place: &mut Place,
+    patience: &Patience,
+) -> Result<Outcome, Error> {
+    let owner = &req.owner.secret;
+    let Rows {
+        holders,
+        mut waiters,
+        replaced,
+    } = entries(rows)?;
+    if let Some(mark) = replaced.iter().find(|m| &m.owner == owner) {
+        // A newer --supersede request took our place. Its mark goes, and
+        // an older lockrun that counted it as a place looks again.
+        tx.unmark()?;
+        place.seq = None;
+        return Ok(Outcome::Replaced {
+            by: mark.label.clone(),
+        });
+    }
+    let mine = waiters.iter().find(|w| &w.owner == owner).map(|w| w.pos);
+    if let (Some(old), None) = (place.seq, mine) {
+        // Our place lapsed (lockrun or the server paused past it). A
+        // --supersede request that a newer one follows would have been
+        // replaced by it, had it been there: it yields rather than
+        // queueing again and replacing the newer one.
+        if req.group.supersede
+            && let Some(newer) = waiters.iter().find(|w| w.supersede && w.pos > old)
+        {
+            tx.end(false)?;
+            place.seq = None;
+            return Ok(Outcome::Replaced {
+                by: newer.label.clone(),
+            });
+        }
+        log::info(format!(
+            "our place in {}'s queue lapsed; queueing again",
+            req.name
+        ));
+    }
+    place.seq = mine;
+    let mut verdict = judge(&holders, &waiters, place.seq, req);
+    // A --supersede request that must wait, joining the queue, replaces
+    // every earlier place that asked for it too: it is judged without them.
+    let replacing = req.group.supersede
+        && place.seq.is_none()
+        && matches!(verdict, Verdict::Blocked { .. })
+        && waiters.iter().any(|w| w.supersede);
+    if replacing {
+        waiters.retain(|w| !w.supersede);
+        verdict = judge(&holders, &waiters, place.seq, req);
+    }
+    let others_wait = waiters.iter().any(|w| &w.owner != owner);
+    let looked = Looked {
+        holders: &holders,
+        waiters: &waiters,
+        replacing,
+        others_wait,
+    };
+    carry(tx, verdict, &looked, req, place, patience)
+}
+
+/// What the look saw, once judged.
+struct Looked<'a> {
+    holders: &'a [Entry],
+    waiters: &'a [Entry],
+    replacing: bool,
+    others_wait: bool,
+}
+
+/// The verdict carried out.
+fn carry(
+    tx: &mut dyn Deciding,
+    verdict: Verdict,
+    looked: &Looked,
+    req: &Request,
+    place: &mut Place,
+    patience: &Patience,
+) -> Result<Outcome, Error> {
+    match verdict {
+        Verdict::Ours { slot } => {
+            let leave = place.seq.take().is_some();
+            Ok(match tx.renew(slot, leave)? {
+                Some(token) => Outcome::Granted { slot, token },
+                None => Outcome::Again,
+            })
+        }
+        Verdict::Granted { slot } => {
+            // Granted only once the places it replaces are out of the way;
+            // the next in line may hold beside us (readers, a limit), and
+            // a replaced waiter learns it.
+            let granted = tx.grant(slot, looked.replacing, looked.others_wait)?;
+            // The grant took our place in the queue with it.
+            place.seq = None;
+            Ok(match granted {
+                Some(token) => Outcome::Granted { slot, token },
+                None => Outcome::Again,
+            })
+        }
+        Verdict::Nested => {
+            tx.end(place.seq.take().is_some())?;
+            Ok(Outcome::Refused(crate::backend::nested(req.name)))
+        }
+        Verdict::Disagrees(in_force) => {
+            tx.end(place.seq.take().is_some())?;
+            Ok(Outcome::Refused(req.mode.disagreement(req.name, in_force)))
+        }
+        Verdict::Blocked {
+            holder,
+            lapses_in,
+            wake_on,
+        } => {
+            place.holder = holder.or(place.holder.take());
+            if patience.over() {
+                tx.end(place.seq.take().is_some())?;
+                return Ok(Outcome::Busy);
+            }
+            if let Some(refused) = joining(tx, looked, req, place)? {
+                return Ok(refused);
+            }
+            Ok(Outcome::Blocked { lapses_in, wake_on })
+        }
+    }
+}
+
+/// A blocked request takes or keeps its place; joining for the first
+/// time is the one step that judges `--max-waiters` and `--preempt`,
+/// under the name's lock. Some: it did not join, and why.
+fn joining(
+    tx: &mut dyn Deciding,
+    looked: &Looked,
+    req: &Request,
+    place: &mut Place,
+) -> Result<Option<Outcome>, Error> {
+    let owner = &req.owner.secret;
+    let first = place.seq.is_none() && !place.joined;
+    if first && let Some(n) = req.group.max_waiters {
+        // The places left once ours replaced theirs; none of ours.
+        let waiting = looked.waiters.iter().filter(|w| &w.owner != owner).count() as u64;
+        if waiting >= u64::from(n) {
+            // Not queued, nothing replaced: no trace.
+            tx.end(false)?;
+            return Ok(Some(Outcome::QueueFull { waiting }));
+        }
+    }
+    let preempting = first && req.group.preempt && !looked.holders.is_empty();
+    if preempting && looked.holders.iter().any(|h| h.owner == KEPT) {
+        // --min-hold windows run no job: they end at once, and the name is
+        // looked at again.
+        tx.end_windows()?;
+        return Ok(Some(Outcome::Again));
+    }
+    let join = Join {
+        seq: place.seq,
+        replacing: looked.replacing,
+        preempting,
+    };
+    let Some(taken) = tx.join(join)? else {
+        return Ok(Some(Outcome::Again));
+    };
+    if place.seq.is_none() {
+        place.seq = taken;
+    }
+    place.joined |= place.seq.is_some();
+    Ok(None)
+}
