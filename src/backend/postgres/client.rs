@@ -145,6 +145,7 @@ impl Client {
         let url = &self.url;
         let tls = tls::connector(url)?;
         let mut last = String::new();
+        let budget = until.since(Boot::now());
         for s in &url.servers {
             let left = until.since(Boot::now());
             if left.is_zero() {
@@ -192,7 +193,12 @@ impl Client {
                     continue;
                 }
                 Err(_) => {
-                    last = format!("{}:{}: no answer in time", s.host, s.port);
+                    last = format!(
+                        "{}:{}: no answer within {}",
+                        s.host,
+                        s.port,
+                        crate::text::duration(left)
+                    );
                     continue;
                 }
             };
@@ -205,7 +211,7 @@ impl Client {
             });
         }
         if last.is_empty() {
-            last = "no answer in time".into();
+            last = format!("no answer within {}", crate::text::duration(budget));
         }
         Err(Error::Transient(format!(
             "cannot reach PostgreSQL at {}: {last}",

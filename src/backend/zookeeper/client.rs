@@ -109,7 +109,7 @@ fn run<T: Send + 'static>(
     match rx.recv_timeout(limit) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(CallError::Zk(e)),
-        Err(_) => Err(CallError::Timeout),
+        Err(_) => Err(CallError::Timeout(limit)),
     }
 }
 
@@ -117,7 +117,8 @@ fn run<T: Send + 'static>(
 #[derive(Debug)]
 pub enum CallError {
     Zk(zk::Error),
-    Timeout,
+    /// No answer within this long.
+    Timeout(Duration),
     /// A node of a name (its path) that this identity may not read: the
     /// ACL of another identity's node. lockrun cannot tell whether it holds.
     Foreign(String),
@@ -187,7 +188,7 @@ impl Client {
             .map_err(|e| {
                 let unreached = matches!(
                     e,
-                    CallError::Timeout
+                    CallError::Timeout(_)
                         | CallError::Zk(
                             zk::Error::NoHosts | zk::Error::Timeout | zk::Error::ConnectionLoss
                         )
@@ -393,8 +394,11 @@ pub fn expired(e: &CallError) -> bool {
 /// ZooKeeper's errors by kind (lockrun-engines(7) "ZOOKEEPER").
 pub fn sort(e: CallError, doing: &str) -> Error {
     let e = match e {
-        CallError::Timeout => {
-            return Error::Transient(format!("{doing}: no answer in time"));
+        CallError::Timeout(limit) => {
+            return Error::Transient(format!(
+                "{doing}: no answer within {}",
+                crate::text::duration(limit)
+            ));
         }
         CallError::Foreign(path) => {
             return Error::Refused(format!(
