@@ -699,11 +699,10 @@ fn a_statement_binlog_server_runs_jobs() {
 /// without NO_ENGINE_SUBSTITUTION; the same tables an operator made or
 /// altered to a non-transactional engine): lockrun's CREATE TABLE …
 /// ENGINE=InnoDB silently makes tables without transactions or row locks,
-/// and nothing checks the tables' engine (src/backend/mysql/sql.rs
-/// `Tables::create`, src/backend/mysql/take.rs `create`; doctor neither),
 /// so `SELECT … FOR UPDATE` on the counter serializes nothing: lockruns
 /// that start together all take the name. lockrun must refuse such
-/// tables, or keep the jobs apart.
+/// tables, or keep the jobs apart; also a request that found no tables at
+/// its first look and then finds those another request just made.
 #[test]
 fn tables_without_transactions_are_refused_or_still_exclusive() {
     let _h = heavy();
@@ -723,9 +722,13 @@ fn tables_without_transactions_are_refused_or_still_exclusive() {
             l = log.display()
         );
         let name = format!("e{round}");
+        // Tables of their own each round: all sixteen meet them missing,
+        // and one of them creates them while the others look.
+        let prefix = format!("r{round}");
         let children: Vec<Child> = (0..16)
             .map(|_| {
                 on(&url)
+                    .args(["--prefix", &prefix])
                     .args(["--ttl", "5s", "-w", "90s", &name, "-c", &job])
                     .stderr(Stdio::piped())
                     .spawn()

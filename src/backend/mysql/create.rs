@@ -6,7 +6,7 @@
 use super::client::{Client, int, text};
 use super::session;
 use super::shape;
-use super::sql::{Tables, lit};
+use super::sql::{Tables, lit, not_innodb};
 use crate::backend::Error;
 use crate::log;
 
@@ -85,12 +85,14 @@ fn enforced_engine(c: &mut Client) -> Option<String> {
         .then(|| crate::text::printable(&engine).into_owned())
 }
 
-/// Refuse tables that are not InnoDB (`Tables::engines`); tables not
-/// there yet are no answer. Before that, a server that logs statements
-/// (`binlog_format = STATEMENT`), under which InnoDB refuses every
-/// READ COMMITTED write: lockrun's sessions log rows instead where the
-/// user may set that, else it is refused before any table is made.
-pub fn check_engines(c: &mut Client, t: &Tables) -> Result<(), Error> {
+/// Refuse tables that are not InnoDB (`Tables::engines`); true when all
+/// of lockrun's tables are there and were checked, false when some are
+/// not there yet (no answer: they must be checked once they are). Before
+/// that, a server that logs statements (`binlog_format = STATEMENT`),
+/// under which InnoDB refuses every READ COMMITTED write: lockrun's
+/// sessions log rows instead where the user may set that, else it is
+/// refused before any table is made.
+pub fn check_engines(c: &mut Client, t: &Tables) -> Result<bool, Error> {
     // A server without these variables has no such log.
     let f = c.flight_keeping(&[t.engines(), session::BINLOG.into()], &[1193]);
     match f.failed {
@@ -110,8 +112,8 @@ pub fn check_engines(c: &mut Client, t: &Tables) -> Result<(), Error> {
             Err(_) => return Err(Error::Refused(session::STATEMENT_BINLOG.into())),
         }
     }
-    let Some(r) = sets[0].first() else {
-        return Ok(());
+    let Some(r) = not_innodb(&sets[0]) else {
+        return Ok(sets[0].len() == 3);
     };
     let table = text(r, 0).unwrap_or_default();
     let engine = text(r, 1).unwrap_or_default();

@@ -86,7 +86,7 @@ impl Dialect for Tables {
     /// Writes follow: the same refusals as a run's, and rows logged where
     /// the binary log takes statements.
     fn before_force(&self, c: &mut Client) -> Result<(), Error> {
-        create::check_engines(c, self)
+        create::check_engines(c, self).map(|_| ())
     }
 
     fn force(
@@ -128,12 +128,12 @@ impl Dialect for Tables {
     }
 
     /// The tables as they are found.
-    fn prepare(&self, c: &mut Client) -> Result<(), Error> {
+    fn prepare(&self, c: &mut Client) -> Result<bool, Error> {
         create::check_engines(c, self)
     }
 
     fn create(&self, c: &mut Client) -> Result<(), Error> {
-        create::create(c, self).and_then(|()| create::check_engines(c, self))
+        create::create(c, self).and_then(|()| create::check_engines(c, self).map(|_| ()))
     }
 
     fn look(

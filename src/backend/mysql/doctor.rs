@@ -10,7 +10,7 @@ use super::address::{MyUrl, tables_of};
 use super::client::{Client, float, int, text};
 use super::session;
 use super::shape;
-use super::sql::Tables;
+use super::sql::{Tables, not_innodb};
 use crate::backend::doctor::time_round_trips;
 use crate::backend::sql::doctor::{Doctor, examine};
 use crate::backend::{Check, Error, Opening};
@@ -330,7 +330,7 @@ fn tables(client: &mut Client, base: &str, database: &str, grantee: &str) -> Che
         Err(refused) => return refused,
     };
     let names = &at.names;
-    if let Some(r) = sets.last().and_then(|s| s.first()) {
+    if let Some(r) = sets.last().and_then(|s| not_innodb(s)) {
         return Check::fail(
             "tables",
             format!(

@@ -151,19 +151,15 @@ impl Tables {
         ]
     }
 
-    /// lockrun's tables that are not in InnoDB, with their engine: a
-    /// table without transactions or row locks (MyISAM, Aria, MEMORY: made
-    /// by `enforce_storage_engine`, an engine substituted, an operator's
-    /// ALTER) takes no decision one at a time.
+    /// lockrun's tables that exist, with their engine (see
+    /// `not_innodb`): how many there are says whether they were all made.
     pub fn engines(&self) -> String {
         let names = ["leases", "waiters", "tokens"]
             .map(|t| lit(&format!("{}_{t}", self.base)))
             .join(", ");
         format!(
             "SELECT TABLE_NAME, COALESCE(ENGINE, TABLE_TYPE) FROM information_schema.TABLES \
-             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({names}) \
-               AND (ENGINE IS NULL OR UPPER(ENGINE) <> {})",
-            lit("INNODB")
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({names})"
         )
     }
 
@@ -585,6 +581,15 @@ impl Tables {
             "SELECT ROW_COUNT()".into(),
         ]
     }
+}
+
+/// The first of `engines`' rows whose table is not in InnoDB: a table
+/// without transactions or row locks (MyISAM, Aria, MEMORY: made by
+/// `enforce_storage_engine`, an engine substituted, an operator's ALTER)
+/// takes no decision one at a time.
+pub fn not_innodb(rows: &[mysql::Row]) -> Option<&mysql::Row> {
+    rows.iter()
+        .find(|r| !super::client::text(r, 1).is_some_and(|e| e.eq_ignore_ascii_case("InnoDB")))
 }
 
 #[cfg(test)]

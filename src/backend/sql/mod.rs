@@ -84,9 +84,13 @@ pub trait Dialect: Clone + Send + 'static {
 
     /// Before the driver starts: the client's settings for this request.
     fn begin(&self, _c: &mut Self::Client, _req: &Request) {}
-    /// At the first step, once per request.
-    fn prepare(&self, _c: &mut Self::Client) -> Result<(), Error> {
-        Ok(())
+    /// At the first step, once per request: the tables as they are found.
+    /// False when they are not all there yet, so were not checked: they
+    /// are then made (or found made) and checked before any look, since
+    /// a look at tables another request has just made could be a grant
+    /// on tables that keep no one apart.
+    fn prepare(&self, _c: &mut Self::Client) -> Result<bool, Error> {
+        Ok(true)
     }
     /// Create lockrun's tables.
     fn create(&self, c: &mut Self::Client) -> Result<(), Error>;

@@ -104,8 +104,14 @@ impl<D: Dialect> Take for Taking<'_, D> {
     fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
         let doing = || format!("acquiring {}", self.req.name);
         if !self.prepared {
-            // Once per request: the tables as they are found.
-            self.sql.dialect.prepare(&mut self.sql.client)?;
+            // Once per request: the tables as they are found, and made
+            // and checked first when they are not all there.
+            if !self.sql.dialect.prepare(&mut self.sql.client)? {
+                self.created = true;
+                if let Err(e) = self.sql.dialect.create(&mut self.sql.client) {
+                    return Ok(Step::Over(self.sql.client.failed(&doing(), e)));
+                }
+            }
             self.prepared = true;
         }
         if let Some(parked) = self.parked.take() {
