@@ -55,18 +55,23 @@ pub fn release(
     let broken = backend::bounded(&format!("breaking {name}"), op_budget(), move || {
         engine.force_release(&asked, Force { token, now })
     })?;
+    Ok(said(name, token, now, broken))
+}
+
+/// What the operator reads of `broken`, and how release ends.
+fn said(name: &str, token: Option<u64>, now: bool, broken: Broken) -> Ending {
     let mut err = std::io::stderr();
     match broken {
         Broken::NotHeld => {
             let _ = writeln!(err, "lockrun: {name} is not held; nothing to break");
-            Ok(Ending::Exit(exit::STATUS_FREE))
+            Ending::Exit(exit::STATUS_FREE)
         }
         Broken::AlreadyRevoked => {
             let _ = writeln!(
                 err,
                 "lockrun: {name} was already revoked; it comes free when the old lease ends"
             );
-            Ok(Ending::Exit(exit::STATUS_FREE))
+            Ending::Exit(exit::STATUS_FREE)
         }
         Broken::TokenMismatch(current) => {
             let current = if current.is_empty() {
@@ -83,48 +88,52 @@ pub fn release(
                 "lockrun: {name} not broken: no holder has token {}; the tokens in force: {current}",
                 token.unwrap_or_default()
             );
-            Ok(Ending::Exit(exit::STATUS_FREE))
+            Ending::Exit(exit::STATUS_FREE)
         }
         Broken::Leases(holders) => {
-            let mut out = std::io::stdout();
             for h in holders {
-                if h.min_hold {
-                    let mut of = vec![format!(
-                        "granted to {}",
-                        h.label.as_deref().unwrap_or("unknown")
-                    )];
-                    of.extend(h.token.map(|t| format!("token {t}")));
-                    let _ = writeln!(
-                        out,
-                        "{name}: ended the min-hold window ({}); no job ran under it, \
-                         the name is free now",
-                        of.join(", ")
-                    );
-                    continue;
-                }
-                let what = if now {
-                    "deleted; a waiter may start now, while the old job may still be stopping"
-                        .to_string()
-                } else {
-                    format!(
-                        "revoked; its job stops at its next renewal, new grants wait {}until the old lease ends",
-                        // A ZooKeeper session does not say how long it has left.
-                        h.ttl_left
-                            .map(|l| format!("{} ", human(l)))
-                            .unwrap_or_default()
-                    )
-                };
-                let _ = writeln!(
-                    out,
-                    "{name}: broke the lease {}: {what}",
-                    describe_holder(&Holder {
-                        ttl_left: None,
-                        revoked: false,
-                        ..h.clone()
-                    })
-                );
+                say_broken(name, now, &h);
             }
-            Ok(Ending::Exit(0))
+            Ending::Exit(0)
         }
     }
+}
+
+/// One broken lease (or ended window), as `release --force` prints it.
+fn say_broken(name: &str, now: bool, h: &Holder) {
+    let mut out = std::io::stdout();
+    if h.min_hold {
+        let mut of = vec![format!(
+            "granted to {}",
+            h.label.as_deref().unwrap_or("unknown")
+        )];
+        of.extend(h.token.map(|t| format!("token {t}")));
+        let _ = writeln!(
+            out,
+            "{name}: ended the min-hold window ({}); no job ran under it, \
+                 the name is free now",
+            of.join(", ")
+        );
+        return;
+    }
+    let what = if now {
+        "deleted; a waiter may start now, while the old job may still be stopping".to_string()
+    } else {
+        format!(
+            "revoked; its job stops at its next renewal, new grants wait {}until the old lease ends",
+            // A ZooKeeper session does not say how long it has left.
+            h.ttl_left
+                .map(|l| format!("{} ", human(l)))
+                .unwrap_or_default()
+        )
+    };
+    let _ = writeln!(
+        out,
+        "{name}: broke the lease {}: {what}",
+        describe_holder(&Holder {
+            ttl_left: None,
+            revoked: false,
+            ..h.clone()
+        })
+    );
 }
