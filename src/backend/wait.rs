@@ -1,7 +1,7 @@
-//! What every engine's wait shares, written once: when it gives up (`-n`,
-//! `-w`), the one line it prints after a second (unless `-q`), and how it
-//! rides out a failing server. An engine supplies the rest: one try at the
-//! name, and a way to block until it is woken or a deadline passes.
+//! The driver's clocks (`drive.rs`), which no engine holds: when a request
+//! gives up (`-n`, `-w`), the one line it prints after a second (unless
+//! `-q`), how long it rides out a failing server, and the pauses between
+//! tries that came to nothing. An engine is only told a deadline.
 
 use std::time::Duration;
 
@@ -52,25 +52,18 @@ impl Patience {
         self.give_up_at.is_some_and(|g| Boot::now() >= g)
     }
 
-    /// How long a waiter may block before it must look again, on its own
-    /// account (the engine adds its own reasons): none when it may block
+    /// Until when a waiter may block before the driver must hear from it
+    /// (to give up or to print the waiting line): none when it may block
     /// for ever.
-    pub fn block_for(&self) -> Option<Duration> {
-        let now = Boot::now();
+    pub fn until(&self) -> Option<Boot> {
         [self.give_up_at, self.announce_at]
             .into_iter()
             .flatten()
-            .map(|at| at.since(now))
             .min()
     }
 
-    /// The earlier of `d` and what the wait allows.
-    pub fn cap(&self, d: Duration) -> Duration {
-        self.block_for().map_or(d, |b| b.min(d))
-    }
-
-    /// Called by the engine each time the request is in the queue and about
-    /// to wait: the first time, a signal that ends lockrun leaves the queue
+    /// Called each time the request is in the queue and about to wait:
+    /// the first time, a signal that ends lockrun leaves the queue
     /// from now on. Print the waiting line once the wait has lasted a
     /// second, so a CI log says why it is stuck.
     pub fn tick(&mut self, holder: Option<&str>) {
@@ -88,11 +81,34 @@ impl Patience {
     }
 }
 
+/// Pauses that grow while tries keep coming to nothing in a row.
+#[derive(Default)]
+pub struct Backoff {
+    times: u32,
+}
+
+impl Backoff {
+    /// The pause after one more try that came to nothing.
+    pub fn pause(&mut self) -> Duration {
+        self.times += 1;
+        backoff(
+            self.times,
+            Duration::from_millis(25),
+            Duration::from_secs(1),
+        )
+    }
+
+    /// A try went through: the next pause is the shortest again.
+    pub fn reset(&mut self) {
+        self.times = 0;
+    }
+}
+
 /// How long a request keeps trying through transient failures in a row.
 pub struct Retry {
     budget: Duration,
     failing_since: Option<Boot>,
-    failures: u32,
+    pauses: Backoff,
 }
 
 impl Retry {
@@ -102,40 +118,25 @@ impl Retry {
         Retry {
             budget,
             failing_since: None,
-            failures: 0,
+            pauses: Backoff::default(),
         }
     }
 
     /// A request went through: the next failure starts a new outage.
     pub fn succeeded(&mut self) {
         self.failing_since = None;
-        self.failures = 0;
+        self.pauses.reset();
     }
 
     /// After a transient failure: how long to back off before the next try,
     /// or None once the outage has outlasted its budget or `patience`.
     pub fn failed(&mut self, patience: &Patience) -> Option<Duration> {
-        self.failures += 1;
+        let pause = self.pauses.pause();
         let since = *self.failing_since.get_or_insert_with(Boot::now);
         if patience.over() || Boot::now().since(since) >= self.budget {
             return None;
         }
-        Some(backoff(
-            self.failures,
-            Duration::from_millis(25),
-            Duration::from_secs(1),
-        ))
-    }
-
-    /// A failure that does not end the request by itself (a wait that
-    /// broke off): back off, longer each time in a row.
-    pub fn pause(&mut self) -> Duration {
-        self.failures += 1;
-        backoff(
-            self.failures,
-            Duration::from_millis(25),
-            Duration::from_secs(1),
-        )
+        Some(pause)
     }
 }
 
@@ -167,10 +168,9 @@ mod tests {
         let long = Patience::new(&request(&owner, false), Wait::For(Duration::from_secs(60)));
         assert!(!long.over());
         // The waiting line is due within a second.
-        assert!(long.block_for().unwrap() <= Duration::from_secs(1));
+        assert!(long.until().unwrap() <= Boot::now().add(Duration::from_secs(1)));
         let quiet = Patience::new(&request(&owner, true), Wait::Forever);
-        assert_eq!(quiet.block_for(), None);
-        assert_eq!(quiet.cap(Duration::from_secs(9)), Duration::from_secs(9));
+        assert_eq!(quiet.until(), None);
     }
 
     #[test]

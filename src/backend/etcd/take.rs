@@ -1,9 +1,9 @@
 //! Taking a name on etcd: create our key in the queue (on a lease of the
 //! full ttl, so an uncontended grant is two calls), judge the queue, and
 //! while blocked sit on a short lease and watch the keys whose going could
-//! let us in. The give-up clock, the waiting line and the retry budget are
-//! the driver's (`backend::drive`); the promotion when our turn comes is
-//! `promote.rs`'s.
+//! let us in. The give-up clock, the waiting line, the retry budget and
+//! every pause between tries are the driver's (`backend::drive`); the
+//! promotion when our turn comes is `promote.rs`'s.
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
@@ -14,9 +14,8 @@ use super::client::Client;
 use super::client::b64;
 use super::queue::{Entry, Keys, Mark, Record, Verdict, entries, holders, judge, replaced_by};
 use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
-use crate::backend::drive::{Step, Take, drive};
+use crate::backend::drive::{Look, Take, Woke, drive};
 use crate::backend::quit::Leave;
-use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
@@ -67,8 +66,6 @@ pub(super) struct Mine {
     /// A move onto a waiter lease sent whose reply may have been lost: the
     /// next look tells from the lease our key is on whether it went through.
     pub(super) moving: Option<Spare>,
-    /// Watches in a row that ended without an event soon after they opened.
-    pub(super) watch_failures: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -127,12 +124,41 @@ struct Taking<'a> {
     /// The concurrency group words were applied (once, as the request
     /// first found itself waiting): a request queued is never judged again.
     joined: bool,
+    /// What the last look found in our way, and the watch on it once open.
+    blocked: Option<Blocked>,
+    /// A watched key went: the next look first tries the hand-off write.
+    woken: bool,
+}
+
+/// The keys whose going could let us in, as of the queue's `revision`.
+struct Blocked {
+    watch: Vec<String>,
+    revision: u64,
+    watching: Option<Watching>,
+    /// The wait ended on the deletion of a watched key.
+    event: bool,
+}
+
+/// A watch open on the keys in our way.
+struct Watching {
+    events: std::sync::mpsc::Receiver<Result<bool, Error>>,
+    opened: Boot,
 }
 
 impl Take for Taking<'_> {
     type Transport = Client;
 
-    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+    fn look(&mut self, _last: bool, _until: Option<Boot>) -> Result<Look, Error> {
+        self.blocked = None;
+        if std::mem::take(&mut self.woken) {
+            match self
+                .etcd
+                .first_in_line(self.req, &self.keys, &mut self.mine)?
+            {
+                Look::Again => {}
+                done => return Ok(done),
+            }
+        }
         let Taking {
             etcd,
             req,
@@ -140,8 +166,30 @@ impl Take for Taking<'_> {
             mine,
             holder,
             joined,
+            blocked,
+            ..
         } = self;
-        etcd.step(req, keys, mine, patience, holder, joined)
+        etcd.look(req, keys, mine, holder, joined, blocked)
+    }
+
+    fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+        let Taking {
+            etcd,
+            req,
+            mine,
+            blocked,
+            woken,
+            ..
+        } = self;
+        let Some(b) = blocked.as_mut() else {
+            return Ok(Woke::Look);
+        };
+        let woke = etcd.wait_turn(req, mine, b, until)?;
+        *woken = b.event;
+        if !matches!(woke, Woke::Due) {
+            *blocked = None;
+        }
+        Ok(woke)
     }
 
     fn leave(&mut self) {
@@ -170,6 +218,8 @@ impl Etcd {
             mine: None,
             holder: None,
             joined: false,
+            blocked: None,
+            woken: false,
         };
         drive(&mut taking, req, wait)
     }
@@ -184,15 +234,15 @@ impl Etcd {
         }
     }
 
-    fn step(
+    fn look(
         &mut self,
         req: &Request,
         keys: &Keys,
         mine: &mut Option<Mine>,
-        patience: &mut Patience,
         holder: &mut Option<String>,
         joined: &mut bool,
-    ) -> Result<Step, Error> {
+        blocked: &mut Option<Blocked>,
+    ) -> Result<Look, Error> {
         if mine.is_none() {
             let sent = Boot::now();
             let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
@@ -213,7 +263,6 @@ impl Etcd {
                 spare: None,
                 promoting: None,
                 moving: None,
-                watch_failures: 0,
             });
         }
         let m = mine.as_mut().expect("set above");
@@ -255,7 +304,7 @@ impl Etcd {
                 // A newer --supersede request took our place: the mark it
                 // left is on our lease, and goes with it.
                 self.leave(mine);
-                return Ok(Step::Done(Acquired::Replaced { by }));
+                return Ok(Look::Done(Acquired::Replaced { by }));
             }
             // Our key went with its lease (lockrun or etcd paused past it):
             // queue again, at the back.
@@ -264,7 +313,7 @@ impl Etcd {
                 req.name
             ));
             self.leave(mine);
-            return Ok(Step::Again);
+            return Ok(Look::Again);
         };
         if let Some(w) = m.moving.take() {
             if queue[me].lease == w.lease {
@@ -284,7 +333,7 @@ impl Etcd {
                 m.promoted(p);
                 // Its write is the key's last: its revision is the token.
                 let token = queue[me].mod_rev;
-                return Ok(Step::Done(self.granted(m, req, slot, token)));
+                return Ok(Look::Done(self.granted(m, req, slot, token)));
             }
             if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
                 let _ = revoke(&mut self.client, p.lease);
@@ -301,7 +350,7 @@ impl Etcd {
                 let _ = revoke(&mut self.client, sp.lease);
             }
             *mine = None;
-            return Ok(Step::Again);
+            return Ok(Look::Again);
         }
         if queue[me].lease != m.lease {
             // Our key is not on the lease we keep alive (a write of ours
@@ -319,7 +368,7 @@ impl Etcd {
                 vec![],
             )?;
             self.leave(mine);
-            return Ok(Step::Again);
+            return Ok(Look::Again);
         }
         m.create_rev = queue[me].created;
         match judge(&queue, me, req) {
@@ -329,23 +378,18 @@ impl Etcd {
             Verdict::Blocked { watch, holder: h } => {
                 *holder = h.or(holder.take());
                 if !*joined {
-                    if let Some(step) = self.join(req, mine, &queue, me)? {
-                        return Ok(step);
+                    if let Some(look) = self.join(req, mine, &queue, me)? {
+                        return Ok(look);
                     }
                     *joined = true;
                 }
-                let m = mine.as_mut().expect("in the queue");
-                if patience.over() {
-                    self.leave(mine);
-                    return Ok(Step::Done(Acquired::Busy {
-                        holder: holder.clone(),
-                    }));
-                }
-                if !m.waiting && !self.onto_waiter_lease(m, req)? {
-                    return Ok(Step::Again);
-                }
-                patience.tick(holder.as_deref());
-                self.wait_turn(req, keys, mine, &watch, revision, patience, holder)
+                *blocked = Some(Blocked {
+                    watch,
+                    revision,
+                    watching: None,
+                    event: false,
+                });
+                Ok(Look::Blocked(holder.clone()))
             }
         }
     }
@@ -364,7 +408,7 @@ impl Etcd {
         mine: &mut Option<Mine>,
         queue: &[Entry],
         me: usize,
-    ) -> Result<Option<Step>, Error> {
+    ) -> Result<Option<Look>, Error> {
         let g = req.group;
         let held = holders(queue).min(me);
         let m = mine.as_ref().expect("in the queue");
@@ -434,7 +478,7 @@ impl Etcd {
         if again {
             // Something we judged changed (a holder went, a waiter moved
             // onto its waiter lease): look again, and judge again.
-            return Ok(Some(Step::Again));
+            return Ok(Some(Look::Again));
         }
         if let Some(n) = g.max_waiters {
             let waiting = (me - held - replaced) as u64;
@@ -443,7 +487,7 @@ impl Etcd {
                 // our key counted by the others until it goes.
                 revoke(&mut self.client, m.lease)?;
                 self.leave(mine);
-                return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
+                return Ok(Some(Look::Done(Acquired::QueueFull { waiting })));
             }
         }
         Ok(None)
@@ -505,27 +549,63 @@ impl Etcd {
         ))
     }
 
-    /// Block until a watched key goes, keeping our waiter lease alive,
-    /// printing the waiting line and giving up when the wait says so.
-    #[allow(clippy::too_many_arguments)]
+    /// Block until a watched key goes (then look, with the hand-off write
+    /// first) or `until`, keeping our leases alive; the first time, move
+    /// our key onto its waiter lease and open the watch.
     fn wait_turn(
         &mut self,
         req: &Request,
-        keys: &Keys,
         mine: &mut Option<Mine>,
-        watch: &[String],
-        revision: u64,
-        patience: &mut Patience,
-        holder: &mut Option<String>,
-    ) -> Result<Step, Error> {
-        // Only deletions matter, from just after the queue was read: one
-        // that happened since is not missed.
-        // A --supersede waiter watches its own key too: a newer one that
-        // takes its place deletes it, and it gives up at once.
-        let own = mine
-            .as_ref()
-            .filter(|_| req.group.supersede)
-            .map(|m| m.key.clone());
+        b: &mut Blocked,
+        until: Option<Boot>,
+    ) -> Result<Woke, Error> {
+        let m = mine.as_mut().expect("in the queue");
+        if !m.waiting && !self.onto_waiter_lease(m, req)? {
+            return Ok(Woke::Look);
+        }
+        if b.watching.is_none() {
+            b.watching = Some(self.watch(req, m, &b.watch, b.revision));
+        }
+        let w = b.watching.as_ref().expect("opened above");
+        loop {
+            let due = m.spare.map_or(m.next_keepalive, |sp| {
+                sp.next_keepalive.min(m.next_keepalive)
+            });
+            let due = until.map_or(due, |u| due.min(u));
+            let timeout = due.since(Boot::now()).max(Duration::from_millis(1));
+            match w.events.recv_timeout(timeout) {
+                Ok(Ok(true)) => {
+                    b.event = true;
+                    return Ok(Woke::Look);
+                }
+                // A watch that lived out its life: open the next at once.
+                Ok(Ok(false)) if Boot::now().since(w.opened) >= WATCH_LIFE / 2 => {
+                    b.watching = None;
+                    return Ok(Woke::Look);
+                }
+                // A stream that breaks or ends at once (a proxy that does
+                // not pass streaming, a member going away) says nothing of
+                // the queue: the driver looks again after a pause.
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(false)) | Err(RecvTimeoutError::Disconnected) => return Ok(Woke::Broke),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if !self.keep_alive(m)? {
+                // Gone: the next look finds our key missing and queues again.
+                return Ok(Woke::Look);
+            }
+            if until.is_some_and(|u| Boot::now() >= u) {
+                return Ok(Woke::Due);
+            }
+        }
+    }
+
+    /// Watch the keys in our way for their deletion, from just after the
+    /// queue was read: one that happened since is not missed. A
+    /// --supersede waiter watches its own key too: a newer one that takes
+    /// its place deletes it, and it gives up at once.
+    fn watch(&mut self, req: &Request, m: &Mine, watch: &[String], revision: u64) -> Watching {
+        let own = req.group.supersede.then(|| m.key.clone());
         let creates: String = watch
             .iter()
             .chain(own.iter())
@@ -538,93 +618,35 @@ impl Etcd {
                 .to_string()
             })
             .collect();
-        let opened = Boot::now();
-        let mut woken = Some(self.client.watch(creates, WATCH_LIFE));
-        // Once the watch failed: when to look again, our leases kept alive
-        // until then.
-        let mut look_at: Option<Boot> = None;
-        loop {
-            let m = mine.as_mut().expect("in the queue");
-            let mut due = m.spare.map_or(m.next_keepalive, |sp| {
-                sp.next_keepalive.min(m.next_keepalive)
-            });
-            if let Some(at) = look_at {
-                if Boot::now() >= at {
-                    return Ok(Step::Again);
-                }
-                due = due.min(at);
-            }
-            let timeout = patience
-                .cap(due.since(Boot::now()))
-                .max(Duration::from_millis(1));
-            let ended = match &woken {
-                Some(rx) => match rx.recv_timeout(timeout) {
-                    Ok(Ok(true)) => {
-                        m.watch_failures = 0;
-                        return self.first_in_line(req, keys, mine);
-                    }
-                    // A watch that lived out its life: open the next at once.
-                    Ok(Ok(false)) if Boot::now().since(opened) >= WATCH_LIFE / 2 => {
-                        m.watch_failures = 0;
-                        return Ok(Step::Again);
-                    }
-                    Ok(Err(e)) if !e.is_transient() => return Err(e),
-                    Ok(Err(e)) => {
-                        log::info(format!("waiting failed: {e}; retrying"));
-                        true
-                    }
-                    Ok(Ok(false)) | Err(RecvTimeoutError::Disconnected) => true,
-                    Err(RecvTimeoutError::Timeout) => false,
-                },
-                None => {
-                    std::thread::sleep(timeout);
-                    false
-                }
-            };
-            if ended {
-                // A stream that breaks or ends at once (a proxy that does
-                // not pass streaming, a member going away) says nothing of
-                // the queue: look again after a pause that grows each time
-                // in a row, and keep our leases alive meanwhile, so our
-                // place does not lapse while the watch cannot be had.
-                woken = None;
-                m.watch_failures += 1;
-                look_at = Some(Boot::now().add(crate::clock::backoff(
-                    m.watch_failures,
-                    Duration::from_millis(50),
-                    Duration::from_secs(1),
-                )));
-                continue;
-            }
-            if patience.over() {
-                self.leave(mine);
-                return Ok(Step::Done(Acquired::Busy {
-                    holder: holder.clone(),
-                }));
-            }
-            patience.tick(holder.as_deref());
-            if Boot::now() >= m.next_keepalive {
-                let sent = Boot::now();
-                match keepalive(&mut self.client, m.lease)? {
-                    Some(ttl) => m.next_keepalive = sent.add(ttl / 3),
-                    // Gone: the next look finds our key missing and queues again.
-                    None => return Ok(Step::Again),
-                }
-            }
-            if let Some(sp) = m.spare.as_mut()
-                && Boot::now() >= sp.next_keepalive
-            {
-                let sent = Boot::now();
-                match keepalive(&mut self.client, sp.lease)? {
-                    Some(ttl) => {
-                        sp.sent = sent;
-                        sp.ttl = ttl;
-                        sp.next_keepalive = sent.add(ttl / 3);
-                    }
-                    // Lapsed: our turn will grant a new one.
-                    None => m.spare = None,
-                }
+        Watching {
+            opened: Boot::now(),
+            events: self.client.watch(creates, WATCH_LIFE),
+        }
+    }
+
+    /// Keep our leases alive when due. False: our own lease is gone.
+    fn keep_alive(&mut self, m: &mut Mine) -> Result<bool, Error> {
+        if Boot::now() >= m.next_keepalive {
+            let sent = Boot::now();
+            match keepalive(&mut self.client, m.lease)? {
+                Some(ttl) => m.next_keepalive = sent.add(ttl / 3),
+                None => return Ok(false),
             }
         }
+        if let Some(sp) = m.spare.as_mut()
+            && Boot::now() >= sp.next_keepalive
+        {
+            let sent = Boot::now();
+            match keepalive(&mut self.client, sp.lease)? {
+                Some(ttl) => {
+                    sp.sent = sent;
+                    sp.ttl = ttl;
+                    sp.next_keepalive = sent.add(ttl / 3);
+                }
+                // Lapsed: our turn will grant a new one.
+                None => m.spare = None,
+            }
+        }
+        Ok(true)
     }
 }

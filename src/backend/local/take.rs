@@ -1,7 +1,149 @@
 //! Taking a name: the queue of places, the wait for our turn, and the
-//! grant that hands a name on in arrival order.
+//! grant that hands a name on in arrival order. A look takes the lock at
+//! once or joins the queue; a wait blocks in the queue and on the lock
+//! until the driver's deadline; the give-up clock, the waiting line and
+//! the "acquired" line are the driver's (`backend::drive`).
 
 use super::*;
+use crate::backend::drive::{Look, Take, Transport, Woke, drive};
+
+/// Looks in a row that may find a file deleted or replaced meanwhile (or
+/// our place lapsed) before the request gives up.
+const CHANGES: u32 = 100;
+
+/// One request for a name in the lock directory, as the driver takes it.
+struct Taking<'a> {
+    local: &'a Local,
+    req: &'a Request<'a>,
+    files: Files,
+    w: Waiter<'a>,
+    /// What the last wait came to, for the next look: a lock to grant, a
+    /// full queue, or a file changed under it.
+    next: Option<Try>,
+    /// Who was in the way when the last wait's deadline came.
+    holder: Option<String>,
+    /// Looks in a row that found something changed under them.
+    changed: u32,
+}
+
+impl Local {
+    pub(super) fn take_name(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
+        let files = self.files(req.name);
+        if Self::inside_holder(&files, req.inherited_fd) {
+            return Err(crate::backend::nested(req.name));
+        }
+        let mut taking = Taking {
+            local: self,
+            req,
+            files,
+            w: Waiter {
+                name: req.name,
+                req,
+                wait,
+                until: None,
+                last: false,
+                queued: None,
+                lapsed: false,
+                replaced: None,
+            },
+            next: None,
+            holder: None,
+            changed: 0,
+        };
+        drive(&mut taking, req, wait)
+    }
+}
+
+/// The local engine's errors name their files already; it has no server
+/// that could be away.
+impl Transport for Local {
+    fn replied(&self) -> bool {
+        true
+    }
+
+    fn shown(&self) -> &str {
+        self.dir.to_str().unwrap_or("the lock directory")
+    }
+
+    fn failed(&self, _doing: &str, e: Error) -> Error {
+        e
+    }
+}
+
+impl Take for Taking<'_> {
+    type Transport = Local;
+
+    fn look(&mut self, last: bool, until: Option<Boot>) -> Result<Look, Error> {
+        (self.w.until, self.w.last) = (until, last);
+        if let Some(by) = self.w.replaced.take() {
+            return Ok(Look::Done(Acquired::Replaced { by }));
+        }
+        let tried = match self.next.take() {
+            Some(tried) => tried,
+            None if self.w.queued.is_some() => {
+                let holder = self.holder.take();
+                return Ok(Look::Blocked(
+                    holder.or_else(|| recorded_holder(&self.files)),
+                ));
+            }
+            None => self.local.take(&mut self.w, self.req, &self.files, false)?,
+        };
+        match tried {
+            Try::Locked(got) => self.grant(got),
+            Try::Busy(holder) => Ok(Look::Blocked(holder)),
+            Try::Full(waiting) => Ok(Look::Done(Acquired::QueueFull { waiting })),
+            Try::Retry => self.changed(),
+        }
+    }
+
+    fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+        self.w.until = until;
+        match self.local.take(&mut self.w, self.req, &self.files, true)? {
+            // The deadline came, or a later request replaced us.
+            Try::Busy(holder) => self.holder = holder,
+            tried => self.next = Some(tried),
+        }
+        Ok(Woke::Look)
+    }
+
+    /// Our place goes with its descriptor; a lock got and not granted too.
+    fn leave(&mut self) {
+        self.w.queued = None;
+        self.next = None;
+    }
+
+    fn transport(&self) -> &Local {
+        self.local
+    }
+}
+
+impl Taking<'_> {
+    /// Grant a lock taken; a grant that could not be made looks again.
+    fn grant(&mut self, got: Got) -> Result<Look, Error> {
+        match self.local.grant(&mut self.w, self.req, &self.files, got)? {
+            Some(Acquired::Busy { .. }) if self.w.replaced.is_some() => {
+                let by = self.w.replaced.take().unwrap_or_default();
+                Ok(Look::Done(Acquired::Replaced { by }))
+            }
+            Some(Acquired::Busy { holder }) => Ok(Look::Blocked(holder)),
+            Some(done) => Ok(Look::Done(done)),
+            None => self.changed(),
+        }
+    }
+
+    /// Something changed under the look (a file deleted or replaced, our
+    /// place lapsed): look again, a bounded number of times.
+    fn changed(&mut self) -> Result<Look, Error> {
+        self.changed += 1;
+        if self.changed >= CHANGES {
+            return Err(Error::Refused(format!(
+                "lock file {} keeps changing under us",
+                self.files.main.display()
+            )));
+        }
+        Ok(Look::Again)
+    }
+}
 
 /// What joining the queue came to.
 pub(super) enum Joined {
@@ -94,7 +236,15 @@ impl Local {
 
     /// Take the request's lock: at once when nobody is queued, else through
     /// the queue, first come, first served across modes.
-    pub(super) fn take(&self, w: &mut Waiter, req: &Request, files: &Files) -> Result<Try, Error> {
+    /// Unless `block`, a request that joins the queue stops there (busy:
+    /// the wait is the driver's next step).
+    pub(super) fn take(
+        &self,
+        w: &mut Waiter,
+        req: &Request,
+        files: &Files,
+        block: bool,
+    ) -> Result<Try, Error> {
         if w.queued.is_none() {
             let open = self.nobody_queued(files)?;
             if !open && w.wait == Wait::No && !live_places(files, None).is_empty() {
@@ -114,13 +264,16 @@ impl Local {
                 self.preempt(files, req)?;
             }
             match self.join_queue(w, files, req)? {
+                Joined::Queued if !block => return Ok(Try::Busy(recorded_holder(files))),
                 Joined::Queued => {}
-                Joined::Again if w.patience.over() => {
+                Joined::Again if w.last => {
                     return Ok(Try::Busy(recorded_holder(files)));
                 }
                 Joined::Again => return Ok(Try::Retry),
                 Joined::Full(waiting) => return Ok(Try::Full(waiting)),
             }
+        } else if !block {
+            return Ok(Try::Busy(recorded_holder(files)));
         }
         loop {
             if !self.wait_turn(w, files)? {
@@ -317,7 +470,6 @@ impl Local {
     /// until it lets its place go (granted, gave up or died: its flock
     /// goes) or stops refreshing it. False: the wait ran out.
     pub(super) fn wait_turn(&self, w: &mut Waiter, files: &Files) -> Result<bool, Error> {
-        let holder = recorded_holder(files);
         loop {
             let Some(q) = &w.queued else { return Ok(true) };
             let (mine, rank) = (q.place.index, q.place.rank());
@@ -342,7 +494,7 @@ impl Local {
                 .map_err(|e| w.unavailable("cannot start a thread to wait for", e))?;
             let mut until = ahead.until;
             loop {
-                match w.hear(&rx, holder.as_deref(), Some(until)) {
+                match w.hear(&rx, Some(until)) {
                     Heard::Got(Ok(_)) => break,
                     Heard::Got(Err(e)) => return Err(w.unavailable("waiting in the queue of", e)),
                     // Taken again at the back: look again who is ahead.
@@ -391,7 +543,7 @@ impl Local {
                     Err(e) => return Err(self.unavailable("cannot lock", &files.grant, e)),
                 }
             }
-            if !locked && w.block(&fd, FlockOperation::LockExclusive, None)?.is_none() {
+            if !locked && w.block(&fd, FlockOperation::LockExclusive)?.is_none() {
                 return Ok(None);
             }
             // A replaced file would let two grants write at once.
@@ -477,11 +629,6 @@ impl Local {
         drop(turn);
         // Out of the queue: the next waiter's turn.
         w.queued = None;
-        log::info(format!(
-            "acquired {} with token {token} after {:.1?}",
-            req.name,
-            Boot::now().since(w.patience.started())
-        ));
         let path = slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
         let held = LocalHeld {
             fd,

@@ -14,10 +14,9 @@ use super::client::{Client, Woke, int, text};
 use super::shape;
 use super::sql::{self, Tables, lit, wake_key};
 use super::{MyHeld, Mysql};
-use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::drive::{self, Look, Take, Transport, drive};
 use crate::backend::table::{Cells, Rows, Target, Verdict, entries, judge};
 use crate::backend::table::{KEPT, PREEMPTED, SUPERSEDE};
-use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::{Boot, backoff};
 use crate::log;
@@ -76,12 +75,21 @@ struct Taking<'a> {
     place: Place,
     created: bool,
     engines_checked: bool,
+    /// Blocked: what is in our way, as the last look found it.
+    blocked: Option<Blocked>,
+}
+
+/// What a blocked look found in our way, and when it was sent.
+struct Blocked {
+    lapses_in: Option<Duration>,
+    wake_on: Option<Target>,
+    sent: Boot,
 }
 
 impl Take for Taking<'_> {
     type Transport = Client;
 
-    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+    fn look(&mut self, last: bool, _until: Option<Boot>) -> Result<Look, Error> {
         let doing = || format!("acquiring {}", self.req.name);
         if !self.engines_checked {
             // Once per run: the tables as they are found.
@@ -89,38 +97,49 @@ impl Take for Taking<'_> {
             self.engines_checked = true;
         }
         loop {
-            match self.my.step(self.req, &mut self.place, patience) {
+            match self
+                .my
+                .step(self.req, &mut self.place, last, &mut self.blocked)
+            {
                 Err(_) if !self.created && missing(self.my.client.last_code) => {
                     // First use of these tables: create them, look again.
                     self.created = true;
                     let made = self.my.create().and_then(|()| self.my.check_engines());
                     if let Err(e) = made {
-                        return Ok(Step::Over(self.my.client.failed(&doing(), e)));
+                        return Ok(Look::Over(self.my.client.failed(&doing(), e)));
                     }
                 }
                 Err(_) if self.my.client.last_code == Some(1690) => {
                     // BIGINT out of range: a token past the largest.
                     let e = self.my.tokens_used_up(self.req.name);
                     self.leave();
-                    return Ok(Step::Over(self.my.client.failed(&doing(), e)));
+                    return Ok(Look::Over(self.my.client.failed(&doing(), e)));
                 }
-                Ok(Step::Again) if self.place.stalls >= STALLS => {
+                Ok(Look::Again) if self.place.stalls >= STALLS => {
                     let e = self.my.stalled(self.place.stalls);
                     self.leave();
-                    return Ok(Step::Over(self.my.client.failed(&doing(), e)));
+                    return Ok(Look::Over(self.my.client.failed(&doing(), e)));
                 }
-                Ok(Step::Again) if self.place.stalls > 1 => {
+                Ok(Look::Again) if self.place.stalls > 1 => {
                     // Again without waiting: not at once.
                     std::thread::sleep(backoff(
                         self.place.stalls - 1,
                         Duration::from_millis(10),
                         Duration::from_millis(500),
                     ));
-                    return Ok(Step::Again);
+                    return Ok(Look::Again);
                 }
                 done => return done,
             }
         }
+    }
+
+    fn wait(&mut self, until: Option<Boot>) -> Result<drive::Woke, Error> {
+        let Some(b) = self.blocked.take() else {
+            return Ok(drive::Woke::Look);
+        };
+        self.my.wait(self.req, &self.place, b, until)?;
+        Ok(drive::Woke::Look)
     }
 
     fn leave(&mut self) {
@@ -156,6 +175,7 @@ impl Mysql {
             place: Place::default(),
             created: false,
             engines_checked: false,
+            blocked: None,
         };
         drive(&mut taking, req, wait)
     }
@@ -283,8 +303,9 @@ impl Mysql {
         &mut self,
         req: &Request,
         place: &mut Place,
-        patience: &mut Patience,
-    ) -> Result<Step, Error> {
+        last: bool,
+        blocked: &mut Option<Blocked>,
+    ) -> Result<Look, Error> {
         let sent = Boot::now();
         let tables = self.tables.clone();
         let wake = !self.client.no_wake;
@@ -299,12 +320,12 @@ impl Mysql {
         }
         first.push(tables.look(req.name, wake));
         let outcome = transaction(&mut self.client, &tables, req.name, first, |c, rows| {
-            look(c, rows, &tables, req, place, patience)
+            look(c, rows, &tables, req, place, last)
         })?;
         let Some(outcome) = outcome else {
             // The counter row was made: look again.
             place.stalls += 1;
-            return Ok(Step::Again);
+            return Ok(Look::Again);
         };
         if matches!(outcome, Outcome::Again) {
             place.stalls += 1;
@@ -316,7 +337,7 @@ impl Mysql {
                 let fresh = self.client.fresh();
                 let client = std::mem::replace(&mut self.client, fresh);
                 let held = MyHeld::new(client, &self.tables, req, slot);
-                Ok(Step::Done(Acquired::Granted(Lease::new(
+                Ok(Look::Done(Acquired::Granted(Lease::new(
                     token,
                     matches!(req.mode, Mode::Limit(_)).then_some(slot),
                     sent,
@@ -324,53 +345,68 @@ impl Mysql {
                     Box::new(held),
                 ))))
             }
-            Outcome::Busy => Ok(Step::Done(Acquired::Busy {
-                holder: place.holder.clone(),
-            })),
-            Outcome::QueueFull { waiting } => Ok(Step::Done(Acquired::QueueFull { waiting })),
-            Outcome::Replaced { by } => Ok(Step::Done(Acquired::Replaced { by })),
+            // The wait is over: out of the queue already.
+            Outcome::Busy => Ok(Look::Blocked(place.holder.clone())),
+            Outcome::QueueFull { waiting } => Ok(Look::Done(Acquired::QueueFull { waiting })),
+            Outcome::Replaced { by } => Ok(Look::Done(Acquired::Replaced { by })),
             Outcome::Refused(e) => Err(e),
-            Outcome::Again => Ok(Step::Again),
+            Outcome::Again => Ok(Look::Again),
             Outcome::Blocked { lapses_in, wake_on } => {
-                patience.tick(place.holder.as_deref());
-                let keep = place_ttl(req.timing.ttl) / 3;
-                let at = |d: Duration| sent.add(d + Duration::from_millis(5));
-                let usable = !self.client.no_wake && self.client.connected();
-                let Some(target) = wake_on.filter(|_| usable) else {
-                    // Sleep until what is in our way lapses, or our place
-                    // needs keeping.
-                    let until_lapse = lapses_in.map_or(keep, |d| at(d).since(Boot::now()));
-                    std::thread::sleep(patience.cap(keep.min(until_lapse)));
-                    return Ok(Step::Again);
-                };
-                // Block on the row just ahead; a live place ahead keeps
-                // itself (its lockrun's death ends its lock), a holder may
-                // lapse with its session alive (its lockrun stopped).
-                let lapse_at = (target.kind == 'h').then(|| at(target.left));
-                let mut keep_sql = None;
-                loop {
-                    let until_lapse = lapse_at.map_or(keep, |t| t.since(Boot::now()));
-                    let nap = patience.cap(keep.min(until_lapse));
-                    let woke =
-                        self.client
-                            .wait_for(target.kind, &target.owner, nap, keep_sql.take())?;
-                    let due = lapse_at.is_some_and(|t| Boot::now() >= t)
-                        || patience
-                            .block_for()
-                            .is_some_and(|b| b < Duration::from_millis(5));
-                    // Nothing moved ahead of us: keep our place and wait
-                    // again without a look, unless something is due (a
-                    // lapse, the waiting line, the end of the wait).
-                    if woke != Woke::TimedOut || due {
-                        return Ok(Step::Again);
-                    }
-                    let Some(seq) = place.seq else {
-                        return Ok(Step::Again);
-                    };
-                    let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
-                    keep_sql = Some(self.keep_sql(req, seq, keep_ms, &target));
-                }
+                *blocked = Some(Blocked {
+                    lapses_in,
+                    wake_on,
+                    sent,
+                });
+                Ok(Look::Blocked(place.holder.clone()))
             }
+        }
+    }
+
+    /// Block on the wake-up lock of what is just ahead, else sleep until
+    /// what is in our way lapses or our place needs keeping; by `until`
+    /// at the latest.
+    fn wait(
+        &mut self,
+        req: &Request,
+        place: &Place,
+        b: Blocked,
+        until: Option<Boot>,
+    ) -> Result<(), Error> {
+        let cap = |d: Duration| until.map_or(d, |u| d.min(u.since(Boot::now())));
+        let keep = place_ttl(req.timing.ttl) / 3;
+        let at = |d: Duration| b.sent.add(d + Duration::from_millis(5));
+        let usable = !self.client.no_wake && self.client.connected();
+        let Some(target) = b.wake_on.filter(|_| usable) else {
+            // Sleep until what is in our way lapses, or our place
+            // needs keeping.
+            let until_lapse = b.lapses_in.map_or(keep, |d| at(d).since(Boot::now()));
+            std::thread::sleep(cap(keep.min(until_lapse)));
+            return Ok(());
+        };
+        // Block on the row just ahead; a live place ahead keeps
+        // itself (its lockrun's death ends its lock), a holder may
+        // lapse with its session alive (its lockrun stopped).
+        let lapse_at = (target.kind == 'h').then(|| at(target.left));
+        let mut keep_sql = None;
+        loop {
+            let until_lapse = lapse_at.map_or(keep, |t| t.since(Boot::now()));
+            let nap = cap(keep.min(until_lapse));
+            let woke = self
+                .client
+                .wait_for(target.kind, &target.owner, nap, keep_sql.take())?;
+            let due = lapse_at.is_some_and(|t| Boot::now() >= t)
+                || until.is_some_and(|u| u.since(Boot::now()) < Duration::from_millis(5));
+            // Nothing moved ahead of us: keep our place and wait
+            // again without a look, unless something is due (a
+            // lapse, the waiting line, the end of the wait).
+            if woke != Woke::TimedOut || due {
+                return Ok(());
+            }
+            let Some(seq) = place.seq else {
+                return Ok(());
+            };
+            let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+            keep_sql = Some(self.keep_sql(req, seq, keep_ms, &target));
         }
     }
 
@@ -563,7 +599,7 @@ fn look(
     tables: &Tables,
     req: &Request,
     place: &mut Place,
-    patience: &Patience,
+    last: bool,
 ) -> Result<Outcome, Error> {
     let name = req.name;
     let owner = &req.owner.secret;
@@ -702,7 +738,7 @@ fn look(
             wake_on,
         } => {
             place.holder = holder.or(place.holder.take());
-            if patience.over() {
+            if last {
                 commit(c, leave(place).into_iter().collect(), Vec::new())?;
                 return Ok(Outcome::Busy);
             }

@@ -13,11 +13,10 @@ use tokio_postgres::types::{ToSql, Type};
 use super::client::{Call, Client, Params};
 use super::sql::Tables;
 use super::{PgHeld, Postgres};
-use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::drive::{Look, Take, Transport, Woke, drive};
 use crate::backend::quit::Leave;
 use crate::backend::table::{Cells, Rows, Verdict, entries, judge};
 use crate::backend::table::{KEPT, PREEMPTED, SUPERSEDE};
-use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
@@ -74,25 +73,44 @@ struct Taking<'a> {
     place: Place,
     /// Lockrun's tables were created by this request (once at most).
     created: bool,
+    /// Blocked: when what is in our way lapses, if it does (the server's
+    /// clock said).
+    lapses_in: Option<Duration>,
 }
 
 impl Take for Taking<'_> {
     type Transport = Client;
 
-    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+    fn look(&mut self, last: bool, _until: Option<Boot>) -> Result<Look, Error> {
         loop {
-            match self.pg.step(self.req, &mut self.place, patience) {
+            match self
+                .pg
+                .step(self.req, &mut self.place, last, &mut self.lapses_in)
+            {
                 Err(_) if !self.created && missing(self.pg.client.last_code.as_deref()) => {
                     // First use of this schema: create the tables, look again.
                     self.created = true;
                     if let Err(e) = self.pg.create() {
                         let doing = format!("acquiring {}", self.req.name);
-                        return Ok(Step::Over(self.pg.client.failed(&doing, e)));
+                        return Ok(Look::Over(self.pg.client.failed(&doing, e)));
                     }
                 }
                 done => return done,
             }
         }
+    }
+
+    /// Sleep until a notification, the lapse of what stands in our way,
+    /// or the time to keep our place.
+    fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+        let keep = place_ttl(self.req.timing.ttl) / 3;
+        let until_lapse = self
+            .lapses_in
+            .map_or(keep, |d| d + Duration::from_millis(5));
+        let nap = keep.min(until_lapse);
+        let nap = until.map_or(nap, |u| nap.min(u.since(Boot::now())));
+        self.pg.client.wait_note(nap)?;
+        Ok(Woke::Look)
     }
 
     fn leave(&mut self) {
@@ -119,6 +137,7 @@ impl Postgres {
             req,
             place: Place::default(),
             created: false,
+            lapses_in: None,
         };
         drive(&mut taking, req, wait)
     }
@@ -166,8 +185,9 @@ impl Postgres {
         &mut self,
         req: &Request,
         place: &mut Place,
-        patience: &mut Patience,
-    ) -> Result<Step, Error> {
+        last: bool,
+        lapses: &mut Option<Duration>,
+    ) -> Result<Look, Error> {
         let channel = self.tables.channel(req.name);
         // Notifications from before this look are answered by it.
         self.client.drain();
@@ -179,7 +199,7 @@ impl Postgres {
             &tables,
             req.name,
             (&look_sql, &[(&req.name, Type::TEXT)]),
-            |c, rows| look(c, rows, &tables, req, place, patience, &channel),
+            |c, rows| look(c, rows, &tables, req, place, last, &channel),
         )?;
         match outcome {
             Outcome::Granted { slot, token } => {
@@ -187,7 +207,7 @@ impl Postgres {
                 // The row's slot, whatever the mode (readers have one each);
                 // the job sees it only with --limit.
                 let held = PgHeld::new(client, &self.tables, req, slot, &channel);
-                Ok(Step::Done(Acquired::Granted(Lease::new(
+                Ok(Look::Done(Acquired::Granted(Lease::new(
                     token,
                     matches!(req.mode, Mode::Limit(_)).then_some(slot),
                     sent,
@@ -195,28 +215,23 @@ impl Postgres {
                     Box::new(held),
                 ))))
             }
-            Outcome::Busy => Ok(Step::Done(Acquired::Busy {
-                holder: place.holder.clone(),
-            })),
-            Outcome::QueueFull { waiting } => Ok(Step::Done(Acquired::QueueFull { waiting })),
-            Outcome::Replaced { by } => Ok(Step::Done(Acquired::Replaced { by })),
+            // The wait is over: out of the queue already.
+            Outcome::Busy => Ok(Look::Blocked(place.holder.clone())),
+            Outcome::QueueFull { waiting } => Ok(Look::Done(Acquired::QueueFull { waiting })),
+            Outcome::Replaced { by } => Ok(Look::Done(Acquired::Replaced { by })),
             Outcome::Refused(e) => Err(e),
-            Outcome::Again => Ok(Step::Again),
+            Outcome::Again => Ok(Look::Again),
             Outcome::Blocked { lapses_in } => {
-                patience.tick(place.holder.as_deref());
                 if !self.client.listens(&channel) {
                     // Listening from now on: look once more, so that a
                     // release between the look and the LISTEN is not missed.
                     self.client.listen(&channel)?;
-                    return Ok(Step::Again);
+                    return Ok(Look::Again);
                 }
                 // Keep our place in time; wake a little after what is in
                 // our way lapses (the server's clock said when).
-                let keep = place_ttl(req.timing.ttl) / 3;
-                let until_lapse = lapses_in.map_or(keep, |d| d + Duration::from_millis(5));
-                let nap = patience.cap(keep.min(until_lapse));
-                self.client.wait_note(nap)?;
-                Ok(Step::Again)
+                *lapses = lapses_in;
+                Ok(Look::Blocked(place.holder.clone()))
             }
         }
     }
@@ -271,7 +286,7 @@ fn look(
     tables: &Tables,
     req: &Request,
     place: &mut Place,
-    patience: &Patience,
+    last: bool,
     channel: &str,
 ) -> Result<Outcome, Error> {
     let name = &req.name;
@@ -425,7 +440,7 @@ fn look(
             holder, lapses_in, ..
         } => {
             place.holder = holder.or(place.holder.take());
-            if patience.over() {
+            if last {
                 let last: Vec<Call> = leave(place).into_iter().collect();
                 commit(c, &last)?;
                 return Ok(Outcome::Busy);
