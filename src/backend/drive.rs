@@ -222,3 +222,133 @@ fn wait_out(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Mode, Owner};
+    use crate::schedule::Timing;
+    use std::collections::VecDeque;
+
+    struct Server;
+
+    impl Transport for Server {
+        fn replied(&self) -> bool {
+            true
+        }
+        fn shown(&self) -> &str {
+            "fake"
+        }
+    }
+
+    /// An engine that answers as it is told, and counts what it is asked.
+    #[derive(Default)]
+    struct Fake {
+        looks: VecDeque<Result<Look, Error>>,
+        waits: VecDeque<Result<Woke, Error>>,
+        lasts: Vec<bool>,
+        waited: u32,
+        left: u32,
+    }
+
+    impl Take for Fake {
+        type Transport = Server;
+        fn look(&mut self, last: bool, _until: Option<Boot>) -> Result<Look, Error> {
+            self.lasts.push(last);
+            self.looks.pop_front().unwrap_or(Ok(Look::Blocked(None)))
+        }
+        fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+            self.waited += 1;
+            if let Some(answer) = self.waits.pop_front() {
+                return answer;
+            }
+            // Nothing comes: the deadline does.
+            std::thread::sleep(until.expect("a bounded wait").since(Boot::now()));
+            Ok(Woke::Due)
+        }
+        fn leave(&mut self) {
+            self.left += 1;
+        }
+        fn transport(&self) -> &Server {
+            &Server
+        }
+    }
+
+    fn run(fake: &mut Fake, wait: Wait) -> Result<Acquired, Error> {
+        let owner = Owner::new(None).unwrap();
+        let req = Request {
+            name: "n",
+            owner: &owner,
+            timing: Timing::new(Duration::from_secs(3), None).unwrap(),
+            mode: Mode::Exclusive,
+            outer: None,
+            inherited_fd: None,
+            quiet: true,
+            min_hold: None,
+            group: Default::default(),
+        };
+        drive(fake, &req, wait)
+    }
+
+    fn error(fake: &mut Fake) -> Error {
+        match run(fake, Wait::Forever) {
+            Err(e) => e,
+            Ok(_) => panic!("acquired"),
+        }
+    }
+
+    #[test]
+    fn a_request_ended_by_an_error_leaves_the_queue() {
+        let mut fake = Fake::default();
+        fake.looks
+            .push_back(Ok(Look::Over(Error::Internal("unreadable".into()))));
+        let e = error(&mut fake);
+        assert_eq!(
+            e,
+            Error::Internal("unreadable".into()),
+            "worded as it stands"
+        );
+        assert_eq!(fake.left, 1);
+        let mut fake = Fake::default();
+        fake.looks.push_back(Err(Error::Refused("denied".into())));
+        let e = error(&mut fake);
+        assert_eq!(e, Error::Refused("acquiring n on fake: denied".into()));
+        assert_eq!(fake.left, 1);
+    }
+
+    #[test]
+    fn no_wait_never_waits_and_says_who_holds() {
+        let mut fake = Fake::default();
+        fake.looks.push_back(Ok(Look::Blocked(Some("h".into()))));
+        let Ok(got) = run(&mut fake, Wait::No) else {
+            panic!("failed")
+        };
+        assert!(matches!(got, Acquired::Busy { holder: Some(h) } if h == "h"));
+        assert_eq!((fake.lasts, fake.waited), (vec![true], 0));
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_leaves_the_queue_at_its_deadline() {
+        let mut fake = Fake::default();
+        fake.looks.push_back(Ok(Look::Blocked(Some("h".into()))));
+        let start = Boot::now();
+        let Ok(got) = run(&mut fake, Wait::For(Duration::from_millis(100))) else {
+            panic!("failed")
+        };
+        assert!(matches!(got, Acquired::Busy { holder: Some(h) } if h == "h"));
+        assert!(Boot::now().since(start) >= Duration::from_millis(100));
+        // One look, one wait to the deadline, no look after it.
+        assert_eq!((fake.lasts, fake.waited, fake.left), (vec![false], 1, 1));
+    }
+
+    #[test]
+    fn a_refused_wait_ends_the_request_and_a_broken_one_looks_again() {
+        let mut fake = Fake::default();
+        fake.waits.push_back(Ok(Woke::Broke));
+        fake.waits.push_back(Err(Error::Transient("cut".into())));
+        fake.waits.push_back(Err(Error::Refused("no BLPOP".into())));
+        let e = error(&mut fake);
+        assert_eq!(e, Error::Refused("waiting for n on fake: no BLPOP".into()));
+        assert_eq!((fake.lasts.len(), fake.waited, fake.left), (3, 3, 1));
+    }
+}

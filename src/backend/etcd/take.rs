@@ -568,6 +568,15 @@ impl Etcd {
         }
         let w = b.watching.as_ref().expect("opened above");
         loop {
+            // Kept alive whatever the watch does: one that breaks at once,
+            // again and again, must not cost us our place.
+            if !self.keep_alive(m)? {
+                // Gone: the next look finds our key missing and queues again.
+                return Ok(Woke::Look);
+            }
+            if until.is_some_and(|u| Boot::now() >= u) {
+                return Ok(Woke::Due);
+            }
             let due = m.spare.map_or(m.next_keepalive, |sp| {
                 sp.next_keepalive.min(m.next_keepalive)
             });
@@ -589,13 +598,6 @@ impl Etcd {
                 Ok(Err(e)) => return Err(e),
                 Ok(Ok(false)) | Err(RecvTimeoutError::Disconnected) => return Ok(Woke::Broke),
                 Err(RecvTimeoutError::Timeout) => {}
-            }
-            if !self.keep_alive(m)? {
-                // Gone: the next look finds our key missing and queues again.
-                return Ok(Woke::Look);
-            }
-            if until.is_some_and(|u| Boot::now() >= u) {
-                return Ok(Woke::Due);
             }
         }
     }
