@@ -204,6 +204,7 @@ fn wait_out(
             return Ok(Waited::Busy(Acquired::Busy { holder }));
         }
         patience.tick(holder.as_deref());
+        quit::stay_if_leaving();
         match take.wait(patience.until()) {
             Ok(Woke::Due) => {}
             Ok(Woke::Look) => return Ok(Waited::Look),

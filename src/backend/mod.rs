@@ -5,10 +5,11 @@
 //!
 //! By part: `model.rs` what the seam speaks of (modes, requests, holders);
 //! `engines.rs` the scheme table and addresses; `lease.rs` a granted lease,
-//! its renewal and release; `drive.rs` the one acquire loop, `wait.rs` its
-//! patience and retries, `quit.rs` leaving the queue on a signal;
-//! `admit.rs` who may hold; `doctor.rs` the checks every engine shares;
-//! `error.rs` the one error type. This file holds the `Engine` trait and
+//! its renewal and release; `drive.rs` the one acquire loop, which every
+//! engine's request goes through, `wait.rs` its clocks (patience, retries,
+//! pauses), `quit.rs` leaving the queue on a signal; `admit.rs` who may
+//! hold, `table.rs` the same read from a SQL engine's rows; `doctor.rs` the
+//! checks every engine shares; `error.rs` the one error type. This file holds the `Engine` trait and
 //! the one bounded call on a thread.
 
 pub mod admit;

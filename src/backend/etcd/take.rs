@@ -2,23 +2,26 @@
 //! full ttl, so an uncontended grant is two calls), judge the queue, and
 //! while blocked sit on a short lease and watch the keys whose going could
 //! let us in. The give-up clock, the waiting line, the retry budget and
-//! every pause between tries are the driver's (`backend::drive`); the
-//! promotion when our turn comes is `promote.rs`'s.
+//! every pause between tries are the driver's (`backend::drive`); the wait
+//! is `take/wait.rs`'s, the promotion when our turn comes `promote.rs`'s.
 
-use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::client::Client;
 use super::client::b64;
 use super::queue::{Entry, Keys, Mark, Record, Verdict, entries, holders, judge, replaced_by};
-use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
+use super::{Etcd, EtcdHeld, grant, holds, revoke, succeeded, txn, wall_ms};
 use crate::backend::drive::{Look, Take, Woke, drive};
 use crate::backend::quit::Leave;
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
+
+mod wait;
+
+use wait::Blocked;
 
 /// A watch gives up on its own after this (the waiter then looks again and
 /// watches anew): no watch outlives its waiter by long, and a stream that
@@ -130,21 +133,6 @@ struct Taking<'a> {
     woken: bool,
 }
 
-/// The keys whose going could let us in, as of the queue's `revision`.
-struct Blocked {
-    watch: Vec<String>,
-    revision: u64,
-    watching: Option<Watching>,
-    /// The wait ended on the deletion of a watched key.
-    event: bool,
-}
-
-/// A watch open on the keys in our way.
-struct Watching {
-    events: std::sync::mpsc::Receiver<Result<bool, Error>>,
-    opened: Boot,
-}
-
 impl Take for Taking<'_> {
     type Transport = Client;
 
@@ -234,6 +222,7 @@ impl Etcd {
         }
     }
 
+    /// One look: our key made (once), the queue read, and judged.
     fn look(
         &mut self,
         req: &Request,
@@ -244,56 +233,10 @@ impl Etcd {
         blocked: &mut Option<Blocked>,
     ) -> Result<Look, Error> {
         if mine.is_none() {
-            let sent = Boot::now();
-            let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
-            let record = Record {
-                granted_ms: wall_ms(),
-                ..Record::new(req)
-            };
-            *mine = Some(Mine {
-                key: keys.entry(lease),
-                create_rev: 0,
-                lease,
-                lease_ttl: ttl,
-                lease_sent: sent,
-                waiting: false,
-                value: record.encode(),
-                created: false,
-                next_keepalive: sent.add(ttl / 3),
-                spare: None,
-                promoting: None,
-                moving: None,
-            });
+            *mine = Some(self.new_mine(req, keys)?);
         }
         let m = mine.as_mut().expect("set above");
-        // Only a look that is our own create's reply may grant with no
-        // transaction of ours after it (`promote`).
-        let mut created_now = false;
-        let (v, at) = if m.created {
-            // Served by the member we talk to, without a round of the
-            // cluster: a stale read can only show keys ahead of ours that
-            // are gone since (keys never appear ahead of an existing one),
-            // so a grant it shows is a grant; every change is then made by
-            // a transaction that checks what it relies on.
-            let mut range = keys.range();
-            range["serializable"] = json!(true);
-            (self.client.call("/v3/kv/range", &range)?, None)
-        } else {
-            // Created only if absent: a retry after a lost reply finds it.
-            let absent = json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
-            let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": m.lease.to_string()}});
-            let range = json!({ "request_range": keys.range() });
-            let v = txn(
-                &mut self.client,
-                vec![absent],
-                vec![put, range.clone()],
-                vec![range],
-            )?;
-            m.created = true;
-            created_now = succeeded(&v);
-            let at = if created_now { 1 } else { 0 };
-            (v, Some(at))
-        };
+        let (v, at, created_now) = self.read(keys, m)?;
         let range = match at {
             Some(at) => &v["responses"][at]["response_range"],
             None => &v,
@@ -315,61 +258,10 @@ impl Etcd {
             self.leave(mine);
             return Ok(Look::Again);
         };
-        if let Some(w) = m.moving.take() {
-            if queue[me].lease == w.lease {
-                // The move went through; only its reply was lost.
-                m.onto_waiter(w);
-            } else if let Err(e) = revoke(&mut self.client, w.lease) {
-                m.moving = Some(w);
-                return Err(e);
-            }
-            // Else it never reaches our key now: a move landing late finds
-            // its lease gone and fails.
+        if let Some(look) = self.settle(req, mine, &queue[me])? {
+            return Ok(look);
         }
-        if let Some(p) = m.promoting.take() {
-            if queue[me].value == p.value && queue[me].lease == p.lease {
-                // The promotion went through; only its reply was lost.
-                let slot = p.slot;
-                m.promoted(p);
-                // Its write is the key's last: its revision is the token.
-                let token = queue[me].mod_rev;
-                return Ok(Look::Done(self.granted(m, req, slot, token)));
-            }
-            if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
-                let _ = revoke(&mut self.client, p.lease);
-            }
-        }
-        if queue[me].value != m.value {
-            // Revoked by `release --force` as it came to the front: not ours;
-            // the revoked key ends with its lease. Queue again.
-            log::info(format!(
-                "our place in {}'s queue was revoked; queueing again",
-                req.name
-            ));
-            if let Some(sp) = m.spare {
-                let _ = revoke(&mut self.client, sp.lease);
-            }
-            *mine = None;
-            return Ok(Look::Again);
-        }
-        if queue[me].lease != m.lease {
-            // Our key is not on the lease we keep alive (a write of ours
-            // landed after we had given up on it): it would lapse under a
-            // holder. Take it out of the queue and queue again.
-            log::info(format!(
-                "our place in {}'s queue is on a lease we do not keep; queueing again",
-                req.name
-            ));
-            let delete = json!({"request_delete_range": {"key": b64(&m.key)}});
-            txn(
-                &mut self.client,
-                vec![holds(&m.key, &m.value)],
-                vec![delete],
-                vec![],
-            )?;
-            self.leave(mine);
-            return Ok(Look::Again);
-        }
+        let m = mine.as_mut().expect("in the queue");
         m.create_rev = queue[me].created;
         match judge(&queue, me, req) {
             Verdict::Nested => Err(crate::backend::nested(req.name)),
@@ -394,12 +286,135 @@ impl Etcd {
         }
     }
 
+    /// A request of ours, on a lease of the full ttl (not yet in the queue).
+    fn new_mine(&mut self, req: &Request, keys: &Keys) -> Result<Mine, Error> {
+        let sent = Boot::now();
+        let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
+        let record = Record {
+            granted_ms: wall_ms(),
+            ..Record::new(req)
+        };
+        Ok(Mine {
+            key: keys.entry(lease),
+            create_rev: 0,
+            lease,
+            lease_ttl: ttl,
+            lease_sent: sent,
+            waiting: false,
+            value: record.encode(),
+            created: false,
+            next_keepalive: sent.add(ttl / 3),
+            spare: None,
+            promoting: None,
+            moving: None,
+        })
+    }
+
+    /// Read the queue, creating our key first if it is not there yet: the
+    /// reply, where its range is in it, and whether our create made the key
+    /// (only a look that is our own create's reply may grant with no
+    /// transaction of ours after it, `promote`).
+    fn read(&mut self, keys: &Keys, m: &mut Mine) -> Result<(Value, Option<usize>, bool), Error> {
+        if m.created {
+            // Served by the member we talk to, without a round of the
+            // cluster: a stale read can only show keys ahead of ours that
+            // are gone since (keys never appear ahead of an existing one),
+            // so a grant it shows is a grant; every change is then made by
+            // a transaction that checks what it relies on.
+            let mut range = keys.range();
+            range["serializable"] = json!(true);
+            return Ok((self.client.call("/v3/kv/range", &range)?, None, false));
+        }
+        // Created only if absent: a retry after a lost reply finds it.
+        let absent = json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
+        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": m.lease.to_string()}});
+        let range = json!({ "request_range": keys.range() });
+        let v = txn(
+            &mut self.client,
+            vec![absent],
+            vec![put, range.clone()],
+            vec![range],
+        )?;
+        m.created = true;
+        let created_now = succeeded(&v);
+        let at = if created_now { 1 } else { 0 };
+        Ok((v, Some(at), created_now))
+    }
+
+    /// Our key as read (`e`), after writes of ours whose replies were lost:
+    /// a move onto a waiter lease, a promotion (then granted), a key that
+    /// is no longer our request's (queue again). Some: what the look
+    /// comes to.
+    fn settle(
+        &mut self,
+        req: &Request,
+        mine: &mut Option<Mine>,
+        e: &Entry,
+    ) -> Result<Option<Look>, Error> {
+        let m = mine.as_mut().expect("in the queue");
+        if let Some(w) = m.moving.take() {
+            if e.lease == w.lease {
+                // The move went through; only its reply was lost.
+                m.onto_waiter(w);
+            } else if let Err(err) = revoke(&mut self.client, w.lease) {
+                m.moving = Some(w);
+                return Err(err);
+            }
+            // Else it never reaches our key now: a move landing late finds
+            // its lease gone and fails.
+        }
+        if let Some(p) = m.promoting.take() {
+            if e.value == p.value && e.lease == p.lease {
+                // The promotion went through; only its reply was lost.
+                let slot = p.slot;
+                m.promoted(p);
+                // Its write is the key's last: its revision is the token.
+                return Ok(Some(Look::Done(self.granted(m, req, slot, e.mod_rev))));
+            }
+            if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
+                let _ = revoke(&mut self.client, p.lease);
+            }
+        }
+        if e.value != m.value {
+            // Revoked by `release --force` as it came to the front: not ours;
+            // the revoked key ends with its lease. Queue again.
+            log::info(format!(
+                "our place in {}'s queue was revoked; queueing again",
+                req.name
+            ));
+            if let Some(sp) = m.spare {
+                let _ = revoke(&mut self.client, sp.lease);
+            }
+            *mine = None;
+            return Ok(Some(Look::Again));
+        }
+        if e.lease != m.lease {
+            // Our key is not on the lease we keep alive (a write of ours
+            // landed after we had given up on it): it would lapse under a
+            // holder. Take it out of the queue and queue again.
+            log::info(format!(
+                "our place in {}'s queue is on a lease we do not keep; queueing again",
+                req.name
+            ));
+            let delete = json!({"request_delete_range": {"key": b64(&m.key)}});
+            txn(
+                &mut self.client,
+                vec![holds(&m.key, &m.value)],
+                vec![delete],
+                vec![],
+            )?;
+            self.leave(mine);
+            return Ok(Some(Look::Again));
+        }
+        Ok(None)
+    }
+
     /// The first time our request finds itself waiting: `--preempt` marks
     /// the holders, `--supersede` takes the places of the earlier waiters
     /// that asked for it too, then `--max-waiters` counts the waiters still
     /// ahead of ours, by create revision: with N or more, ours leaves.
     /// Each request that stays saw fewer than N ahead when it joined, and
-    /// those stay ahead of it, so no more than N ever wait. Some(step):
+    /// those stay ahead of it, so no more than N ever wait. Some(look):
     /// the request ends here, or looks again (something changed under a
     /// transaction); None: it waits.
     fn join(
@@ -493,35 +508,6 @@ impl Etcd {
         Ok(None)
     }
 
-    /// Move our key to a lease of a third of the ttl while it waits.
-    /// Ok(false): the key changed meanwhile; look again.
-    fn onto_waiter_lease(&mut self, m: &mut Mine, req: &Request) -> Result<bool, Error> {
-        let sent = Boot::now();
-        let (lease, ttl) = grant(&mut self.client, waiter_ttl(req.timing.ttl))?;
-        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": lease.to_string()}});
-        // Remembered before it is sent: if the reply is lost, the key may
-        // be on this lease, and only the next look can tell.
-        m.moving = Some(Spare {
-            lease,
-            ttl,
-            sent,
-            next_keepalive: sent.add(ttl / 3),
-        });
-        let v = txn(
-            &mut self.client,
-            vec![holds(&m.key, &m.value)],
-            vec![put],
-            vec![],
-        )?;
-        let w = m.moving.take().expect("set above");
-        if !succeeded(&v) {
-            let _ = revoke(&mut self.client, lease);
-            return Ok(false);
-        }
-        m.onto_waiter(w);
-        Ok(true)
-    }
-
     pub(super) fn granted(
         &mut self,
         m: &Mine,
@@ -547,108 +533,5 @@ impl Etcd {
             m.lease_ttl,
             Box::new(held),
         ))
-    }
-
-    /// Block until a watched key goes (then look, with the hand-off write
-    /// first) or `until`, keeping our leases alive; the first time, move
-    /// our key onto its waiter lease and open the watch.
-    fn wait_turn(
-        &mut self,
-        req: &Request,
-        mine: &mut Option<Mine>,
-        b: &mut Blocked,
-        until: Option<Boot>,
-    ) -> Result<Woke, Error> {
-        let m = mine.as_mut().expect("in the queue");
-        if !m.waiting && !self.onto_waiter_lease(m, req)? {
-            return Ok(Woke::Look);
-        }
-        if b.watching.is_none() {
-            b.watching = Some(self.watch(req, m, &b.watch, b.revision));
-        }
-        let w = b.watching.as_ref().expect("opened above");
-        loop {
-            // Kept alive whatever the watch does: one that breaks at once,
-            // again and again, must not cost us our place.
-            if !self.keep_alive(m)? {
-                // Gone: the next look finds our key missing and queues again.
-                return Ok(Woke::Look);
-            }
-            if until.is_some_and(|u| Boot::now() >= u) {
-                return Ok(Woke::Due);
-            }
-            let due = m.spare.map_or(m.next_keepalive, |sp| {
-                sp.next_keepalive.min(m.next_keepalive)
-            });
-            let due = until.map_or(due, |u| due.min(u));
-            let timeout = due.since(Boot::now()).max(Duration::from_millis(1));
-            match w.events.recv_timeout(timeout) {
-                Ok(Ok(true)) => {
-                    b.event = true;
-                    return Ok(Woke::Look);
-                }
-                // A watch that lived out its life: open the next at once.
-                Ok(Ok(false)) if Boot::now().since(w.opened) >= WATCH_LIFE / 2 => {
-                    b.watching = None;
-                    return Ok(Woke::Look);
-                }
-                // A stream that breaks or ends at once (a proxy that does
-                // not pass streaming, a member going away) says nothing of
-                // the queue: the driver looks again after a pause.
-                Ok(Err(e)) => return Err(e),
-                Ok(Ok(false)) | Err(RecvTimeoutError::Disconnected) => return Ok(Woke::Broke),
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-        }
-    }
-
-    /// Watch the keys in our way for their deletion, from just after the
-    /// queue was read: one that happened since is not missed. A
-    /// --supersede waiter watches its own key too: a newer one that takes
-    /// its place deletes it, and it gives up at once.
-    fn watch(&mut self, req: &Request, m: &Mine, watch: &[String], revision: u64) -> Watching {
-        let own = req.group.supersede.then(|| m.key.clone());
-        let creates: String = watch
-            .iter()
-            .chain(own.iter())
-            .map(|k| {
-                json!({"create_request": {
-                    "key": b64(k),
-                    "start_revision": (revision + 1).to_string(),
-                    "filters": ["NOPUT"],
-                }})
-                .to_string()
-            })
-            .collect();
-        Watching {
-            opened: Boot::now(),
-            events: self.client.watch(creates, WATCH_LIFE),
-        }
-    }
-
-    /// Keep our leases alive when due. False: our own lease is gone.
-    fn keep_alive(&mut self, m: &mut Mine) -> Result<bool, Error> {
-        if Boot::now() >= m.next_keepalive {
-            let sent = Boot::now();
-            match keepalive(&mut self.client, m.lease)? {
-                Some(ttl) => m.next_keepalive = sent.add(ttl / 3),
-                None => return Ok(false),
-            }
-        }
-        if let Some(sp) = m.spare.as_mut()
-            && Boot::now() >= sp.next_keepalive
-        {
-            let sent = Boot::now();
-            match keepalive(&mut self.client, sp.lease)? {
-                Some(ttl) => {
-                    sp.sent = sent;
-                    sp.ttl = ttl;
-                    sp.next_keepalive = sent.add(ttl / 3);
-                }
-                // Lapsed: our turn will grant a new one.
-                None => m.spare = None,
-            }
-        }
-        Ok(true)
     }
 }

@@ -9,7 +9,8 @@
 //! names and flocking; `record.rs` the text a lock file holds; `proclocks.rs`
 //! what /proc/locks says and the search for a deleted file's holder;
 //! `places.rs` the places in the queue and one request's wait; `lockfile.rs`
-//! taking one lock file; `take.rs` taking and granting a name; `status.rs` a
+//! taking one lock file; `take.rs` taking and granting a name; `taking.rs`
+//! the request as the driver takes it (`backend::drive`); `status.rs` a
 //! name's holders and waiters; `windows.rs` ending `--min-hold` windows;
 //! `lease.rs` the lease held. This file holds the engine's row and address,
 //! and the engine itself.
@@ -37,6 +38,7 @@ mod proclocks;
 mod record;
 mod status;
 mod take;
+mod taking;
 mod windows;
 
 use lease::LocalHeld;

@@ -2,7 +2,8 @@
 //! name carries a unique part, so a create whose reply was lost is found
 //! again rather than repeated), judge the queue, and while blocked watch
 //! the node just ahead. The give-up clock, the waiting line, the retry
-//! budget and every pause between tries are the driver's (`backend::drive`).
+//! budget and every pause between tries are the driver's (`backend::drive`);
+//! the calls on our nodes and the watches are `take/nodes.rs`'s.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
