@@ -1,13 +1,15 @@
-//! The acquire loop every engine that talks to a server shares, written once:
-//! patience, the retry budget and its backoff, leaving the queue, the
-//! "acquired" line, and the rule that a server never reached is not waited out.
-//! An engine gives its step (one look at the name, and while blocked one wait)
-//! and its transport; its own client sorts the server's errors into kinds.
+//! The acquire loop every engine shares, the local one included, written
+//! once: patience (the give-up clock, the waiting line, leaving on a
+//! signal), the retry budget and every backoff, giving up and leaving the
+//! queue, the "acquired" line, and the rule that a server never reached is
+//! not waited out. An engine gives its look at the name, its wait for news
+//! until a deadline the driver sets, and its way out of the queue; its own
+//! client sorts the server's errors into kinds.
 
 use std::time::Duration;
 
 use super::quit::{self, Leave};
-use super::wait::{Patience, Retry};
+use super::wait::{Backoff, Patience, Retry};
 use super::{Acquired, Error, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
@@ -27,27 +29,53 @@ pub trait Transport {
     }
 }
 
-/// What one step of an engine's take led to.
-pub enum Step {
-    /// Granted, or busy for good (`-n`, the wait ran out).
+/// What one look at the name found.
+pub enum Look {
+    /// Granted, or the request ends without the name (the queue is full,
+    /// a newer request replaced ours, or busy as the server alone decided).
     Done(Acquired),
-    /// The server answered: look again.
+    /// Someone is in the way (shown, if known): the request is in the
+    /// queue, or out of it when the look was told it is the last.
+    Blocked(Option<String>),
+    /// Something changed under the look: look again at once.
     Again,
-    /// The request ends with this error as it stands: the engine has left
-    /// the queue already and said what failed.
+    /// Nothing decided and nothing to wait on (a slot freed a moment
+    /// late): look again after a pause, longer each time in a row.
+    Later,
+    /// The request ends with this error, worded as it stands.
     Over(Error),
 }
 
-/// One engine's request for a name, step by step.
+/// What one wait came to.
+pub enum Woke {
+    /// News, or a reason of the engine's own (a place to keep, a lapse due):
+    /// look again.
+    Look,
+    /// The deadline came with nothing new: the wait stands, and may go on.
+    Due,
+    /// The wait broke off and says nothing of the name (a stream that
+    /// ended at once): look again after a pause, longer each time in a row.
+    Broke,
+}
+
+/// One engine's request for a name: what the engine writes.
 pub trait Take {
     type Transport: Transport;
 
-    /// One look at the name and, blocked, one wait for news. A transient
-    /// error is retried within the budget; any other ends the request.
-    fn step(&mut self, patience: &mut Patience, retry: &mut Retry) -> Result<Step, Error>;
+    /// One look at the name: granted, done, or blocked (then in the queue,
+    /// unless `last`: the wait is over, and a blocked request leaves the
+    /// queue or never joins it). A look that blocks for a moment (the
+    /// local engine, on a lock another grant holds while it writes) does
+    /// so no later than `until`. A transient error is retried within the
+    /// budget; any other ends the request.
+    fn look(&mut self, last: bool, until: Option<Boot>) -> Result<Look, Error>;
+
+    /// Blocked, wait for news no later than `until` (None: as long as the
+    /// engine's own reasons allow), keeping our place meanwhile.
+    fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error>;
 
     /// Give up our place in the queue and any grant made meanwhile (best
-    /// effort; nothing to do when there is none).
+    /// effort; nothing to do when there is none, as after a second call).
     fn leave(&mut self);
 
     /// The same from another thread, on a connection of its own, when a
@@ -60,7 +88,7 @@ pub trait Take {
     fn transport(&self) -> &Self::Transport;
 }
 
-/// Take `req`'s name by `take`'s steps until granted, busy or failed.
+/// Take `req`'s name by `take`'s looks and waits until granted, busy or failed.
 pub fn drive(take: &mut impl Take, req: &Request, wait: Wait) -> Result<Acquired, Error> {
     let mut patience = Patience::new(req, wait);
     if wait != Wait::No
@@ -71,44 +99,257 @@ pub fn drive(take: &mut impl Take, req: &Request, wait: Wait) -> Result<Acquired
     // A server that keeps failing is given up on after a ttl (or five
     // seconds, for a short one), or sooner when the wait runs out.
     let mut retry = Retry::new(req.timing.ttl.max(Duration::from_secs(5)));
-    // Built only when something failed: the uncontended run allocates nothing here.
-    let doing = || format!("acquiring {}", req.name);
+    // Looks that came to nothing, and waits that broke off, in a row.
+    let (mut later, mut broke) = (Backoff::default(), Backoff::default());
     loop {
         // A signal is taking us out of the queue: no call may put us back.
         quit::stay_if_leaving();
-        match take.step(&mut patience, &mut retry) {
-            Ok(Step::Done(acquired)) => {
-                if let Acquired::Granted(l) = &acquired {
-                    log::info(format!(
-                        "acquired {} with token {} after {:.1?}",
-                        req.name,
-                        l.token,
-                        Boot::now().since(patience.started())
-                    ));
-                }
-                return Ok(acquired);
-            }
-            Ok(Step::Again) => retry.succeeded(),
-            Ok(Step::Over(e)) => return Err(e),
-            // Final, or a server that never answered: misconfiguration,
-            // not an outage to wait out.
-            Err(e) if !e.is_transient() || !take.transport().replied() => {
-                take.leave();
-                return Err(match e {
-                    Error::Request(_) => e,
-                    e => take.transport().failed(&doing(), e),
-                });
-            }
-            Err(e) => match retry.failed(&patience) {
-                Some(pause) => {
-                    log::info(format!("acquire failed: {e}; retrying"));
-                    std::thread::sleep(pause);
-                }
-                None => {
-                    take.leave();
-                    return Err(take.transport().failed(&doing(), e));
-                }
-            },
+        let looked = take.look(patience.over(), patience.until());
+        if looked.is_ok() {
+            retry.succeeded();
         }
+        if !matches!(looked, Ok(Look::Later)) {
+            later.reset();
+        }
+        let holder = match looked {
+            Ok(Look::Done(acquired)) => return Ok(said(acquired, req, &patience)),
+            Ok(Look::Again) => continue,
+            Ok(Look::Later) => {
+                std::thread::sleep(later.pause());
+                continue;
+            }
+            Ok(Look::Over(e)) => {
+                take.leave();
+                return Err(e);
+            }
+            Ok(Look::Blocked(holder)) => holder,
+            Err(e) => {
+                let pause = failed(take, req, &patience, &mut retry, e)?;
+                std::thread::sleep(pause);
+                continue;
+            }
+        };
+        match wait_out(take, req, &mut patience, holder)? {
+            Waited::Busy(acquired) => return Ok(acquired),
+            Waited::Look => broke.reset(),
+            Waited::Broke => std::thread::sleep(broke.pause()),
+        }
+    }
+}
+
+/// The request ends with `acquired`: a grant says so.
+fn said(acquired: Acquired, req: &Request, patience: &Patience) -> Acquired {
+    if let Acquired::Granted(l) = &acquired {
+        log::info(format!(
+            "acquired {} with token {} after {:.1?}",
+            req.name,
+            l.token,
+            Boot::now().since(patience.started())
+        ));
+    }
+    acquired
+}
+
+/// A look failed with `e`: the pause before the next, or the request's end.
+fn failed(
+    take: &mut impl Take,
+    req: &Request,
+    patience: &Patience,
+    retry: &mut Retry,
+    e: Error,
+) -> Result<Duration, Error> {
+    let doing = || format!("acquiring {}", req.name);
+    // Final, or a server that never answered: misconfiguration, not an
+    // outage to wait out.
+    if !e.is_transient() || !take.transport().replied() {
+        take.leave();
+        return Err(match e {
+            Error::Request(_) => e,
+            e => take.transport().failed(&doing(), e),
+        });
+    }
+    match retry.failed(patience) {
+        Some(pause) => {
+            log::info(format!("acquire failed: {e}; retrying"));
+            Ok(pause)
+        }
+        None => {
+            take.leave();
+            Err(take.transport().failed(&doing(), e))
+        }
+    }
+}
+
+/// How a blocked request's wait ended.
+enum Waited {
+    /// Gave up: out of the queue, busy.
+    Busy(Acquired),
+    Look,
+    /// Look again after a pause.
+    Broke,
+}
+
+/// Wait while blocked by `holder`: say so after a second, give up when
+/// the wait runs out, and look again when the engine's wait says to.
+fn wait_out(
+    take: &mut impl Take,
+    req: &Request,
+    patience: &mut Patience,
+    holder: Option<String>,
+) -> Result<Waited, Error> {
+    loop {
+        if patience.over() {
+            // Out of the queue; a grant handed over meanwhile goes to the next.
+            take.leave();
+            return Ok(Waited::Busy(Acquired::Busy { holder }));
+        }
+        patience.tick(holder.as_deref());
+        quit::stay_if_leaving();
+        match take.wait(patience.until()) {
+            Ok(Woke::Due) => {}
+            Ok(Woke::Look) => return Ok(Waited::Look),
+            Ok(Woke::Broke) => return Ok(Waited::Broke),
+            Err(e) if !e.is_transient() => {
+                // The wait itself was refused (an ACL without it): final,
+                // never a retry loop.
+                take.leave();
+                let doing = format!("waiting for {}", req.name);
+                return Err(take.transport().failed(&doing, e));
+            }
+            Err(e) => {
+                log::info(format!("waiting failed: {e}; retrying"));
+                return Ok(Waited::Broke);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Mode, Owner};
+    use crate::schedule::Timing;
+    use std::collections::VecDeque;
+
+    struct Server;
+
+    impl Transport for Server {
+        fn replied(&self) -> bool {
+            true
+        }
+        fn shown(&self) -> &str {
+            "fake"
+        }
+    }
+
+    /// An engine that answers as it is told, and counts what it is asked.
+    #[derive(Default)]
+    struct Fake {
+        looks: VecDeque<Result<Look, Error>>,
+        waits: VecDeque<Result<Woke, Error>>,
+        lasts: Vec<bool>,
+        waited: u32,
+        left: u32,
+    }
+
+    impl Take for Fake {
+        type Transport = Server;
+        fn look(&mut self, last: bool, _until: Option<Boot>) -> Result<Look, Error> {
+            self.lasts.push(last);
+            self.looks.pop_front().unwrap_or(Ok(Look::Blocked(None)))
+        }
+        fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+            self.waited += 1;
+            if let Some(answer) = self.waits.pop_front() {
+                return answer;
+            }
+            // Nothing comes: the deadline does.
+            std::thread::sleep(until.expect("a bounded wait").since(Boot::now()));
+            Ok(Woke::Due)
+        }
+        fn leave(&mut self) {
+            self.left += 1;
+        }
+        fn transport(&self) -> &Server {
+            &Server
+        }
+    }
+
+    fn run(fake: &mut Fake, wait: Wait) -> Result<Acquired, Error> {
+        let owner = Owner::new(None).unwrap();
+        let req = Request {
+            name: "n",
+            owner: &owner,
+            timing: Timing::new(Duration::from_secs(3), None).unwrap(),
+            mode: Mode::Exclusive,
+            outer: None,
+            inherited_fd: None,
+            quiet: true,
+            min_hold: None,
+            group: Default::default(),
+        };
+        drive(fake, &req, wait)
+    }
+
+    fn error(fake: &mut Fake) -> Error {
+        match run(fake, Wait::Forever) {
+            Err(e) => e,
+            Ok(_) => panic!("acquired"),
+        }
+    }
+
+    #[test]
+    fn a_request_ended_by_an_error_leaves_the_queue() {
+        let mut fake = Fake::default();
+        fake.looks
+            .push_back(Ok(Look::Over(Error::Internal("unreadable".into()))));
+        let e = error(&mut fake);
+        assert_eq!(
+            e,
+            Error::Internal("unreadable".into()),
+            "worded as it stands"
+        );
+        assert_eq!(fake.left, 1);
+        let mut fake = Fake::default();
+        fake.looks.push_back(Err(Error::Refused("denied".into())));
+        let e = error(&mut fake);
+        assert_eq!(e, Error::Refused("acquiring n on fake: denied".into()));
+        assert_eq!(fake.left, 1);
+    }
+
+    #[test]
+    fn no_wait_never_waits_and_says_who_holds() {
+        let mut fake = Fake::default();
+        fake.looks.push_back(Ok(Look::Blocked(Some("h".into()))));
+        let Ok(got) = run(&mut fake, Wait::No) else {
+            panic!("failed")
+        };
+        assert!(matches!(got, Acquired::Busy { holder: Some(h) } if h == "h"));
+        assert_eq!((fake.lasts, fake.waited), (vec![true], 0));
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_leaves_the_queue_at_its_deadline() {
+        let mut fake = Fake::default();
+        fake.looks.push_back(Ok(Look::Blocked(Some("h".into()))));
+        let start = Boot::now();
+        let Ok(got) = run(&mut fake, Wait::For(Duration::from_millis(100))) else {
+            panic!("failed")
+        };
+        assert!(matches!(got, Acquired::Busy { holder: Some(h) } if h == "h"));
+        assert!(Boot::now().since(start) >= Duration::from_millis(100));
+        // One look, one wait to the deadline, no look after it.
+        assert_eq!((fake.lasts, fake.waited, fake.left), (vec![false], 1, 1));
+    }
+
+    #[test]
+    fn a_refused_wait_ends_the_request_and_a_broken_one_looks_again() {
+        let mut fake = Fake::default();
+        fake.waits.push_back(Ok(Woke::Broke));
+        fake.waits.push_back(Err(Error::Transient("cut".into())));
+        fake.waits.push_back(Err(Error::Refused("no BLPOP".into())));
+        let e = error(&mut fake);
+        assert_eq!(e, Error::Refused("waiting for n on fake: no BLPOP".into()));
+        assert_eq!((fake.lasts.len(), fake.waited, fake.left), (3, 3, 1));
     }
 }

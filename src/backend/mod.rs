@@ -5,12 +5,14 @@
 //!
 //! By part: `model.rs` what the seam speaks of (modes, requests, holders);
 //! `engines.rs` the scheme table and addresses; `lease.rs` a granted lease,
-//! its renewal and release; `drive.rs` the one acquire loop, `wait.rs` its
-//! patience and retries, `quit.rs` leaving the queue on a signal;
-//! `admit.rs` who may hold; `plan.rs` the rules around it (joining the
-//! queue, `release --force`, a place's span, what a waiter watches, the
-//! listing loop) as plans the engines carry out; `doctor.rs` the checks every engine shares;
-//! `error.rs` the one error type. This file holds the `Engine` trait and
+//! its renewal and release; `drive.rs` the one acquire loop, which every
+//! engine's request goes through, `wait.rs` its clocks (patience, retries,
+//! pauses), `quit.rs` leaving the queue on a signal; `admit.rs` who may
+//! hold, `table.rs` the same read from a SQL engine's rows; `plan.rs` the
+//! rules around it (joining the queue, `release --force`, a place's span,
+//! what a waiter watches, the listing loop) as plans the engines carry out;
+//! `sql/` the SQL engine its two dialects share; `doctor.rs` the checks
+//! every engine shares; `error.rs` the one error type. This file holds the `Engine` trait and
 //! the one bounded call on a thread.
 
 pub mod admit;

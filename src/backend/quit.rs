@@ -6,9 +6,10 @@
 //! signal and runs the engine's way out, on a connection of the engine's
 //! own, within the request's op time. The way out takes a grant of ours
 //! too: the main thread may be granted at that very moment. The main
-//! thread starts no further step meanwhile; a step already under way may
-//! still make one more call, which the way out, sent later, normally
-//! follows (on the SQL engines it waits for the name's lock to do so).
+//! thread (the driver, `drive.rs`) starts no further look or wait
+//! meanwhile; one already under way may still make one more call, which
+//! the way out, sent later, normally follows (on the SQL engines it waits
+//! for the name's lock to do so).
 //! Before a request joins a queue, and for one that never waits (`-n`), a
 //! signal ends lockrun as it always did.
 //!

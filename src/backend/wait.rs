@@ -1,8 +1,9 @@
-//! What every engine's wait shares, written once: when it gives up (`-n`,
-//! `-w`), the one line it prints after a second (unless `-q`), and how it
-//! rides out a failing server. An engine supplies the rest: one try at the
-//! name, and a way to block until it is woken or a deadline passes.
+//! The driver's clocks (`drive.rs`), which no engine holds: when a request
+//! gives up (`-n`, `-w`), the one line it prints after a second (unless
+//! `-q`), how long it rides out a failing server, and the pauses between
+//! tries that came to nothing. An engine is only told a deadline.
 
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::quit::{self, Leave};
@@ -15,6 +16,8 @@ pub struct Patience {
     start: Boot,
     give_up_at: Option<Boot>,
     announce_at: Option<Boot>,
+    /// Says the waiting line when it is due, once the request waits.
+    announcer: Option<Announcer>,
     /// The engine's way out of the queue on a signal, and its bound: armed
     /// when the request first waits.
     way_out: Option<(Leave, Duration)>,
@@ -33,6 +36,7 @@ impl Patience {
             },
             // Under -q there is no line to print, and no reason to wake for it.
             announce_at: (!req.quiet).then(|| start.add(Duration::from_secs(1))),
+            announcer: None,
             way_out: None,
         }
     }
@@ -52,39 +56,142 @@ impl Patience {
         self.give_up_at.is_some_and(|g| Boot::now() >= g)
     }
 
-    /// How long a waiter may block before it must look again, on its own
-    /// account (the engine adds its own reasons): none when it may block
-    /// for ever.
-    pub fn block_for(&self) -> Option<Duration> {
-        let now = Boot::now();
-        [self.give_up_at, self.announce_at]
-            .into_iter()
-            .flatten()
-            .map(|at| at.since(now))
-            .min()
+    /// Until when a waiter may block before the driver must hear from it
+    /// (to give up): none when it may block for ever. The waiting line
+    /// needs no wake-up: it is said from a thread of its own.
+    pub fn until(&self) -> Option<Boot> {
+        self.give_up_at
     }
 
-    /// The earlier of `d` and what the wait allows.
-    pub fn cap(&self, d: Duration) -> Duration {
-        self.block_for().map_or(d, |b| b.min(d))
-    }
-
-    /// Called by the engine each time the request is in the queue and about
-    /// to wait: the first time, a signal that ends lockrun leaves the queue
-    /// from now on. Print the waiting line once the wait has lasted a
-    /// second, so a CI log says why it is stuck.
+    /// Called each time the request is blocked by `holder` and about to
+    /// wait: the first time, a signal that ends lockrun leaves the queue
+    /// from now on, and the waiting line is said once the wait has lasted
+    /// a second, so a CI log says why it is stuck.
     pub fn tick(&mut self, holder: Option<&str>) {
         if let Some((leave, op)) = self.way_out.take() {
             quit::arm(leave, op);
         }
-        if self.announce_at.is_some_and(|at| Boot::now() >= at) {
-            self.announce_at = None;
-            crate::log::warn(format!(
-                "waiting for {}: held by {}",
-                self.name,
-                holder.unwrap_or("another process (no holder recorded)")
-            ));
+        let Some(at) = self.announce_at else { return };
+        if let Some(a) = &self.announcer {
+            a.held_by(holder);
+            return;
         }
+        if Boot::now() < at {
+            // A wait need not come back to say it: the local engine's
+            // cannot without letting go of what it holds.
+            self.announcer = Announcer::start(waiting_line(&self.name), at, holder);
+            if self.announcer.is_some() {
+                return;
+            }
+        }
+        if Boot::now() >= at {
+            self.announce_at = None;
+            crate::log::warn(waiting_line(&self.name)(holder));
+        }
+    }
+}
+
+impl Drop for Patience {
+    fn drop(&mut self) {
+        if let Some(a) = &self.announcer {
+            a.stop();
+        }
+    }
+}
+
+/// The waiting line for name `name`, held by a holder.
+fn waiting_line(name: &str) -> impl Fn(Option<&str>) -> String + Send + 'static {
+    let name = name.to_string();
+    move |holder| {
+        format!(
+            "waiting for {name}: held by {}",
+            holder.unwrap_or("another process (no holder recorded)")
+        )
+    }
+}
+
+/// Who holds the name as last heard, and whether the request still waits.
+#[derive(Default)]
+struct Heard {
+    holder: Option<String>,
+    over: bool,
+}
+
+/// A thread that says the waiting line at its time, unless the request
+/// is over by then.
+struct Announcer {
+    heard: Arc<(Mutex<Heard>, Condvar)>,
+}
+
+impl Announcer {
+    /// None: no thread could be had (the line is then said by `tick`).
+    fn start(
+        line: impl Fn(Option<&str>) -> String + Send + 'static,
+        at: Boot,
+        holder: Option<&str>,
+    ) -> Option<Announcer> {
+        let heard = Arc::new((
+            Mutex::new(Heard {
+                holder: holder.map(str::to_string),
+                over: false,
+            }),
+            Condvar::new(),
+        ));
+        let theirs = Arc::clone(&heard);
+        std::thread::Builder::new()
+            .name("lockrun-waiting".into())
+            .spawn(move || {
+                let (lock, cvar) = &*theirs;
+                let mut h = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                while !h.over && Boot::now() < at {
+                    let left = at.since(Boot::now());
+                    h = cvar
+                        .wait_timeout(h, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                if !h.over {
+                    crate::log::warn(line(h.holder.as_deref()));
+                }
+            })
+            .ok()
+            .map(|_| Announcer { heard })
+    }
+
+    fn held_by(&self, holder: Option<&str>) {
+        let mut h = self.heard.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(holder) = holder {
+            h.holder = Some(holder.to_string());
+        }
+    }
+
+    fn stop(&self) {
+        let (lock, cvar) = &*self.heard;
+        lock.lock().unwrap_or_else(PoisonError::into_inner).over = true;
+        cvar.notify_all();
+    }
+}
+
+/// Pauses that grow while tries keep coming to nothing in a row.
+#[derive(Default)]
+pub struct Backoff {
+    times: u32,
+}
+
+impl Backoff {
+    /// The pause after one more try that came to nothing.
+    pub fn pause(&mut self) -> Duration {
+        self.times += 1;
+        backoff(
+            self.times,
+            Duration::from_millis(25),
+            Duration::from_secs(1),
+        )
+    }
+
+    /// A try went through: the next pause is the shortest again.
+    pub fn reset(&mut self) {
+        self.times = 0;
     }
 }
 
@@ -92,7 +199,7 @@ impl Patience {
 pub struct Retry {
     budget: Duration,
     failing_since: Option<Boot>,
-    failures: u32,
+    pauses: Backoff,
 }
 
 impl Retry {
@@ -102,40 +209,25 @@ impl Retry {
         Retry {
             budget,
             failing_since: None,
-            failures: 0,
+            pauses: Backoff::default(),
         }
     }
 
     /// A request went through: the next failure starts a new outage.
     pub fn succeeded(&mut self) {
         self.failing_since = None;
-        self.failures = 0;
+        self.pauses.reset();
     }
 
     /// After a transient failure: how long to back off before the next try,
     /// or None once the outage has outlasted its budget or `patience`.
     pub fn failed(&mut self, patience: &Patience) -> Option<Duration> {
-        self.failures += 1;
+        let pause = self.pauses.pause();
         let since = *self.failing_since.get_or_insert_with(Boot::now);
         if patience.over() || Boot::now().since(since) >= self.budget {
             return None;
         }
-        Some(backoff(
-            self.failures,
-            Duration::from_millis(25),
-            Duration::from_secs(1),
-        ))
-    }
-
-    /// A failure that does not end the request by itself (a wait that
-    /// broke off): back off, longer each time in a row.
-    pub fn pause(&mut self) -> Duration {
-        self.failures += 1;
-        backoff(
-            self.failures,
-            Duration::from_millis(25),
-            Duration::from_secs(1),
-        )
+        Some(pause)
     }
 }
 
@@ -160,17 +252,15 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_blocks_no_longer_than_its_limit_or_its_line() {
+    fn a_wait_blocks_no_longer_than_its_limit() {
         let owner = Owner::new(None).unwrap();
         let no = Patience::new(&request(&owner, false), Wait::No);
         assert!(no.over());
         let long = Patience::new(&request(&owner, false), Wait::For(Duration::from_secs(60)));
         assert!(!long.over());
-        // The waiting line is due within a second.
-        assert!(long.block_for().unwrap() <= Duration::from_secs(1));
+        assert!(long.until().unwrap() >= Boot::now().add(Duration::from_secs(59)));
         let quiet = Patience::new(&request(&owner, true), Wait::Forever);
-        assert_eq!(quiet.block_for(), None);
-        assert_eq!(quiet.cap(Duration::from_secs(9)), Duration::from_secs(9));
+        assert_eq!(quiet.until(), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::client::{b64, int};
 use super::queue::{Entry, Keys, Record, holders};
 use super::take::{MAX_COMPARES, Mine, Promotion};
 use super::{grant, holds, revoke, succeeded, txn, wall_ms};
-use crate::backend::drive::Step;
+use crate::backend::drive::Look;
 use crate::backend::{Error, Mode, Request};
 use crate::clock::Boot;
 
@@ -26,7 +26,7 @@ impl super::Etcd {
         queue: &[Entry],
         revision: u64,
         created_now: bool,
-    ) -> Result<Step, Error> {
+    ) -> Result<Look, Error> {
         let m = mine.as_mut().expect("in the queue");
         let limit = matches!(req.mode, Mode::Limit(_));
         // With no transaction only when the key was granted by its own
@@ -37,7 +37,7 @@ impl super::Etcd {
         if created_now && !m.waiting && !limit {
             // Granted at its create, whose revision is higher than that of
             // every earlier grant: each had its key gone, or granted, by then.
-            return Ok(Step::Done(self.granted(m, req, None, m.create_rev)));
+            return Ok(Look::Done(self.granted(m, req, None, m.create_rev)));
         }
         let (lease, ttl, sent) = if let (true, Some(sp)) = (m.waiting, m.spare) {
             // The deadline counts from the spare's last keepalive.
@@ -115,7 +115,7 @@ impl super::Etcd {
         req: &Request,
         compare: Vec<serde_json::Value>,
         p: Promotion,
-    ) -> Result<Step, Error> {
+    ) -> Result<Look, Error> {
         let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&p.value), "lease": p.lease.to_string()}});
         m.promoting = Some(p);
         let v = match txn(&mut self.client, compare, vec![put], vec![]) {
@@ -125,7 +125,7 @@ impl super::Etcd {
             Err(Error::Refused(e)) if e.contains("lease not found") => {
                 m.promoting = None;
                 m.spare = None;
-                return Ok(Step::Again);
+                return Ok(Look::Again);
             }
             Err(e) => return Err(e),
         };
@@ -134,7 +134,7 @@ impl super::Etcd {
             if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
                 let _ = revoke(&mut self.client, p.lease);
             }
-            return Ok(Step::Again);
+            return Ok(Look::Again);
         }
         let slot = p.slot;
         m.promoted(p);
@@ -149,7 +149,7 @@ impl super::Etcd {
                     crate::log::redact(&v.to_string())
                 ))
             })?;
-        Ok(Step::Done(self.granted(m, req, slot, token as u64)))
+        Ok(Look::Done(self.granted(m, req, slot, token as u64)))
     }
 
     /// The key an exclusive waiter watched has gone: take the name in one
@@ -162,7 +162,7 @@ impl super::Etcd {
         req: &Request,
         keys: &Keys,
         mine: &mut Option<Mine>,
-    ) -> Result<Step, Error> {
+    ) -> Result<Look, Error> {
         let m = mine.as_mut().expect("in the queue");
         let (Mode::Exclusive, true, Some(sp), None, None, 1..) = (
             req.mode,
@@ -172,7 +172,7 @@ impl super::Etcd {
             &m.promoting,
             m.create_rev,
         ) else {
-            return Ok(Step::Again);
+            return Ok(Look::Again);
         };
         let mut record = Record::decode(&m.value).expect("our own record");
         record.granted_ms = wall_ms().max(record.granted_ms + 1);

@@ -1,26 +1,28 @@
 //! Taking a name on etcd: create our key in the queue (on a lease of the
 //! full ttl, so an uncontended grant is two calls), judge the queue, and
 //! while blocked sit on a short lease and watch the keys whose going could
-//! let us in. The give-up clock, the waiting line and the retry budget are
-//! the driver's (`backend::drive`); the promotion when our turn comes is
-//! `promote.rs`'s.
+//! let us in. The give-up clock, the waiting line, the retry budget and
+//! every pause between tries are the driver's (`backend::drive`); the wait
+//! is `take/wait.rs`'s, the promotion when our turn comes `promote.rs`'s.
 
-use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::client::Client;
 use super::client::b64;
 use super::queue::{Entry, Keys, Mark, Record, Verdict, entries, holders, judge, replaced_by};
-use super::{Etcd, EtcdHeld, grant, holds, keepalive, revoke, succeeded, txn, wall_ms};
-use crate::backend::drive::{Step, Take, drive};
+use super::{Etcd, EtcdHeld, grant, holds, revoke, succeeded, txn, wall_ms};
+use crate::backend::drive::{Look, Take, Woke, drive};
 use crate::backend::plan::{self, Stop};
 use crate::backend::quit::Leave;
-use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
+
+mod wait;
+
+use wait::Blocked;
 
 /// A watch gives up on its own after this (the waiter then looks again and
 /// watches anew): no watch outlives its waiter by long, and a stream that
@@ -69,8 +71,6 @@ pub(super) struct Mine {
     /// A move onto a waiter lease sent whose reply may have been lost: the
     /// next look tells from the lease our key is on whether it went through.
     pub(super) moving: Option<Spare>,
-    /// Watches in a row that ended without an event soon after they opened.
-    pub(super) watch_failures: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -129,12 +129,26 @@ struct Taking<'a> {
     /// The concurrency group words were applied (once, as the request
     /// first found itself waiting): a request queued is never judged again.
     joined: bool,
+    /// What the last look found in our way, and the watch on it once open.
+    blocked: Option<Blocked>,
+    /// A watched key went: the next look first tries the hand-off write.
+    woken: bool,
 }
 
 impl Take for Taking<'_> {
     type Transport = Client;
 
-    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+    fn look(&mut self, _last: bool, _until: Option<Boot>) -> Result<Look, Error> {
+        self.blocked = None;
+        if std::mem::take(&mut self.woken) {
+            match self
+                .etcd
+                .first_in_line(self.req, &self.keys, &mut self.mine)?
+            {
+                Look::Again => {}
+                done => return Ok(done),
+            }
+        }
         let Taking {
             etcd,
             req,
@@ -142,8 +156,30 @@ impl Take for Taking<'_> {
             mine,
             holder,
             joined,
+            blocked,
+            ..
         } = self;
-        etcd.step(req, keys, mine, patience, holder, joined)
+        etcd.look(req, keys, mine, holder, joined, blocked)
+    }
+
+    fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+        let Taking {
+            etcd,
+            req,
+            mine,
+            blocked,
+            woken,
+            ..
+        } = self;
+        let Some(b) = blocked.as_mut() else {
+            return Ok(Woke::Look);
+        };
+        let woke = etcd.wait_turn(req, mine, b, until)?;
+        *woken = b.event;
+        if !matches!(woke, Woke::Due) {
+            *blocked = None;
+        }
+        Ok(woke)
     }
 
     fn leave(&mut self) {
@@ -172,6 +208,8 @@ impl Etcd {
             mine: None,
             holder: None,
             joined: false,
+            blocked: None,
+            woken: false,
         };
         drive(&mut taking, req, wait)
     }
@@ -186,67 +224,21 @@ impl Etcd {
         }
     }
 
-    fn step(
+    /// One look: our key made (once), the queue read, and judged.
+    fn look(
         &mut self,
         req: &Request,
         keys: &Keys,
         mine: &mut Option<Mine>,
-        patience: &mut Patience,
         holder: &mut Option<String>,
         joined: &mut bool,
-    ) -> Result<Step, Error> {
+        blocked: &mut Option<Blocked>,
+    ) -> Result<Look, Error> {
         if mine.is_none() {
-            let sent = Boot::now();
-            let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
-            let record = Record {
-                granted_ms: wall_ms(),
-                ..Record::new(req)
-            };
-            *mine = Some(Mine {
-                key: keys.entry(lease),
-                create_rev: 0,
-                lease,
-                lease_ttl: ttl,
-                lease_sent: sent,
-                waiting: false,
-                value: record.encode(),
-                created: false,
-                next_keepalive: sent.add(ttl / 3),
-                spare: None,
-                promoting: None,
-                moving: None,
-                watch_failures: 0,
-            });
+            *mine = Some(self.new_mine(req, keys)?);
         }
         let m = mine.as_mut().expect("set above");
-        // Only a look that is our own create's reply may grant with no
-        // transaction of ours after it (`promote`).
-        let mut created_now = false;
-        let (v, at) = if m.created {
-            // Served by the member we talk to, without a round of the
-            // cluster: a stale read can only show keys ahead of ours that
-            // are gone since (keys never appear ahead of an existing one),
-            // so a grant it shows is a grant; every change is then made by
-            // a transaction that checks what it relies on.
-            let mut range = keys.range();
-            range["serializable"] = json!(true);
-            (self.client.call("/v3/kv/range", &range)?, None)
-        } else {
-            // Created only if absent: a retry after a lost reply finds it.
-            let absent = json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
-            let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": m.lease.to_string()}});
-            let range = json!({ "request_range": keys.range() });
-            let v = txn(
-                &mut self.client,
-                vec![absent],
-                vec![put, range.clone()],
-                vec![range],
-            )?;
-            m.created = true;
-            created_now = succeeded(&v);
-            let at = if created_now { 1 } else { 0 };
-            (v, Some(at))
-        };
+        let (v, at, created_now) = self.read(keys, m)?;
         let range = match at {
             Some(at) => &v["responses"][at]["response_range"],
             None => &v,
@@ -257,7 +249,7 @@ impl Etcd {
                 // A newer --supersede request took our place: the mark it
                 // left is on our lease, and goes with it.
                 self.leave(mine);
-                return Ok(Step::Done(Acquired::Replaced { by }));
+                return Ok(Look::Done(Acquired::Replaced { by }));
             }
             // Our key went with its lease (lockrun or etcd paused past it):
             // queue again, at the back.
@@ -266,33 +258,126 @@ impl Etcd {
                 req.name
             ));
             self.leave(mine);
-            return Ok(Step::Again);
+            return Ok(Look::Again);
         };
+        if let Some(look) = self.settle(req, mine, &queue[me])? {
+            return Ok(look);
+        }
+        let m = mine.as_mut().expect("in the queue");
+        m.create_rev = queue[me].created;
+        match judge(&queue, me, req) {
+            Verdict::Nested => Err(crate::backend::nested(req.name)),
+            Verdict::Disagrees(in_force) => Err(req.mode.disagreement(req.name, in_force)),
+            Verdict::Granted => self.promote(req, keys, mine, &queue, revision, created_now),
+            Verdict::Blocked { watch, holder: h } => {
+                *holder = h.or(holder.take());
+                if !*joined {
+                    if let Some(look) = self.join(req, mine, &queue, me)? {
+                        return Ok(look);
+                    }
+                    *joined = true;
+                }
+                *blocked = Some(Blocked {
+                    watch,
+                    revision,
+                    watching: None,
+                    event: false,
+                });
+                Ok(Look::Blocked(holder.clone()))
+            }
+        }
+    }
+
+    /// A request of ours, on a lease of the full ttl (not yet in the queue).
+    fn new_mine(&mut self, req: &Request, keys: &Keys) -> Result<Mine, Error> {
+        let sent = Boot::now();
+        let (lease, ttl) = grant(&mut self.client, req.timing.ttl)?;
+        let record = Record {
+            granted_ms: wall_ms(),
+            ..Record::new(req)
+        };
+        Ok(Mine {
+            key: keys.entry(lease),
+            create_rev: 0,
+            lease,
+            lease_ttl: ttl,
+            lease_sent: sent,
+            waiting: false,
+            value: record.encode(),
+            created: false,
+            next_keepalive: sent.add(ttl / 3),
+            spare: None,
+            promoting: None,
+            moving: None,
+        })
+    }
+
+    /// Read the queue, creating our key first if it is not there yet: the
+    /// reply, where its range is in it, and whether our create made the key
+    /// (only a look that is our own create's reply may grant with no
+    /// transaction of ours after it, `promote`).
+    fn read(&mut self, keys: &Keys, m: &mut Mine) -> Result<(Value, Option<usize>, bool), Error> {
+        if m.created {
+            // Served by the member we talk to, without a round of the
+            // cluster: a stale read can only show keys ahead of ours that
+            // are gone since (keys never appear ahead of an existing one),
+            // so a grant it shows is a grant; every change is then made by
+            // a transaction that checks what it relies on.
+            let mut range = keys.range();
+            range["serializable"] = json!(true);
+            return Ok((self.client.call("/v3/kv/range", &range)?, None, false));
+        }
+        // Created only if absent: a retry after a lost reply finds it.
+        let absent = json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"});
+        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": m.lease.to_string()}});
+        let range = json!({ "request_range": keys.range() });
+        let v = txn(
+            &mut self.client,
+            vec![absent],
+            vec![put, range.clone()],
+            vec![range],
+        )?;
+        m.created = true;
+        let created_now = succeeded(&v);
+        let at = if created_now { 1 } else { 0 };
+        Ok((v, Some(at), created_now))
+    }
+
+    /// Our key as read (`e`), after writes of ours whose replies were lost:
+    /// a move onto a waiter lease, a promotion (then granted), a key that
+    /// is no longer our request's (queue again). Some: what the look
+    /// comes to.
+    fn settle(
+        &mut self,
+        req: &Request,
+        mine: &mut Option<Mine>,
+        e: &Entry,
+    ) -> Result<Option<Look>, Error> {
+        let m = mine.as_mut().expect("in the queue");
         if let Some(w) = m.moving.take() {
-            if queue[me].lease == w.lease {
+            if e.lease == w.lease {
                 // The move went through; only its reply was lost.
                 m.onto_waiter(w);
-            } else if let Err(e) = revoke(&mut self.client, w.lease) {
+            } else if let Err(err) = revoke(&mut self.client, w.lease) {
                 m.moving = Some(w);
-                return Err(e);
+                return Err(err);
             }
             // Else it never reaches our key now: a move landing late finds
             // its lease gone and fails.
         }
         if let Some(p) = m.promoting.take() {
-            if queue[me].value == p.value && queue[me].lease == p.lease {
+            if e.value == p.value && e.lease == p.lease {
                 // The promotion went through; only its reply was lost.
                 let slot = p.slot;
                 m.promoted(p);
                 // Its write is the key's last: its revision is the token.
-                let token = queue[me].mod_rev;
-                return Ok(Step::Done(self.granted(m, req, slot, token)));
+                return Ok(Some(Look::Done(self.granted(m, req, slot, e.mod_rev))));
             }
             if p.lease != m.lease && m.spare.is_none_or(|sp| sp.lease != p.lease) {
                 let _ = revoke(&mut self.client, p.lease);
             }
         }
-        if queue[me].value != m.value {
+        if e.value != m.value {
             // Revoked by `release --force` as it came to the front: not ours;
             // the revoked key ends with its lease. Queue again.
             log::info(format!(
@@ -303,9 +388,9 @@ impl Etcd {
                 let _ = revoke(&mut self.client, sp.lease);
             }
             *mine = None;
-            return Ok(Step::Again);
+            return Ok(Some(Look::Again));
         }
-        if queue[me].lease != m.lease {
+        if e.lease != m.lease {
             // Our key is not on the lease we keep alive (a write of ours
             // landed after we had given up on it): it would lapse under a
             // holder. Take it out of the queue and queue again.
@@ -321,35 +406,9 @@ impl Etcd {
                 vec![],
             )?;
             self.leave(mine);
-            return Ok(Step::Again);
+            return Ok(Some(Look::Again));
         }
-        m.create_rev = queue[me].created;
-        match judge(&queue, me, req) {
-            Verdict::Nested => Err(crate::backend::nested(req.name)),
-            Verdict::Disagrees(in_force) => Err(req.mode.disagreement(req.name, in_force)),
-            Verdict::Granted => self.promote(req, keys, mine, &queue, revision, created_now),
-            Verdict::Blocked { watch, holder: h } => {
-                *holder = h.or(holder.take());
-                if !*joined {
-                    if let Some(step) = self.join(req, mine, &queue, me)? {
-                        return Ok(step);
-                    }
-                    *joined = true;
-                }
-                let m = mine.as_mut().expect("in the queue");
-                if patience.over() {
-                    self.leave(mine);
-                    return Ok(Step::Done(Acquired::Busy {
-                        holder: holder.clone(),
-                    }));
-                }
-                if !m.waiting && !self.onto_waiter_lease(m, req)? {
-                    return Ok(Step::Again);
-                }
-                patience.tick(holder.as_deref());
-                self.wait_turn(req, keys, mine, &watch, revision, patience, holder)
-            }
-        }
+        Ok(None)
     }
 
     /// The first time our request finds itself waiting, it carries out
@@ -364,7 +423,7 @@ impl Etcd {
         mine: &mut Option<Mine>,
         queue: &[Entry],
         me: usize,
-    ) -> Result<Option<Step>, Error> {
+    ) -> Result<Option<Look>, Error> {
         let held = holders(queue).min(me);
         let m = mine.as_ref().expect("in the queue");
         let standing = |es: &[Entry]| es.iter().map(Entry::standing).collect::<Vec<_>>();
@@ -378,7 +437,7 @@ impl Etcd {
             // our key counted by the others until it goes.
             revoke(&mut self.client, m.lease)?;
             self.leave(mine);
-            return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
+            return Ok(Some(Look::Done(Acquired::QueueFull { waiting })));
         }
         let mut again = false;
         for (i, stop) in plan.preempt {
@@ -389,7 +448,7 @@ impl Etcd {
         }
         // Something we judged changed (a holder went, a waiter moved onto
         // its waiter lease): look again, and judge again.
-        Ok(again.then_some(Step::Again))
+        Ok(again.then_some(Look::Again))
     }
 
     /// Ask holder `e` to stop, or end it if it is a `--min-hold` window.
@@ -451,35 +510,6 @@ impl Etcd {
         }
     }
 
-    /// Move our key to a lease of a third of the ttl while it waits.
-    /// Ok(false): the key changed meanwhile; look again.
-    fn onto_waiter_lease(&mut self, m: &mut Mine, req: &Request) -> Result<bool, Error> {
-        let sent = Boot::now();
-        let (lease, ttl) = grant(&mut self.client, waiter_ttl(req.timing.ttl))?;
-        let put = json!({"request_put": {"key": b64(&m.key), "value": b64(&m.value), "lease": lease.to_string()}});
-        // Remembered before it is sent: if the reply is lost, the key may
-        // be on this lease, and only the next look can tell.
-        m.moving = Some(Spare {
-            lease,
-            ttl,
-            sent,
-            next_keepalive: sent.add(ttl / 3),
-        });
-        let v = txn(
-            &mut self.client,
-            vec![holds(&m.key, &m.value)],
-            vec![put],
-            vec![],
-        )?;
-        let w = m.moving.take().expect("set above");
-        if !succeeded(&v) {
-            let _ = revoke(&mut self.client, lease);
-            return Ok(false);
-        }
-        m.onto_waiter(w);
-        Ok(true)
-    }
-
     pub(super) fn granted(
         &mut self,
         m: &Mine,
@@ -505,128 +535,5 @@ impl Etcd {
             m.lease_ttl,
             Box::new(held),
         ))
-    }
-
-    /// Block until a watched key goes, keeping our waiter lease alive,
-    /// printing the waiting line and giving up when the wait says so.
-    #[allow(clippy::too_many_arguments)]
-    fn wait_turn(
-        &mut self,
-        req: &Request,
-        keys: &Keys,
-        mine: &mut Option<Mine>,
-        watch: &[String],
-        revision: u64,
-        patience: &mut Patience,
-        holder: &mut Option<String>,
-    ) -> Result<Step, Error> {
-        // Only deletions matter, from just after the queue was read: one
-        // that happened since is not missed.
-        // A --supersede waiter watches its own key too: a newer one that
-        // takes its place deletes it, and it gives up at once.
-        let own = mine
-            .as_ref()
-            .filter(|_| req.group.supersede)
-            .map(|m| m.key.clone());
-        let creates: String = watch
-            .iter()
-            .chain(own.iter())
-            .map(|k| {
-                json!({"create_request": {
-                    "key": b64(k),
-                    "start_revision": (revision + 1).to_string(),
-                    "filters": ["NOPUT"],
-                }})
-                .to_string()
-            })
-            .collect();
-        let opened = Boot::now();
-        let mut woken = Some(self.client.watch(creates, WATCH_LIFE));
-        // Once the watch failed: when to look again, our leases kept alive
-        // until then.
-        let mut look_at: Option<Boot> = None;
-        loop {
-            let m = mine.as_mut().expect("in the queue");
-            let mut due = m.spare.map_or(m.next_keepalive, |sp| {
-                sp.next_keepalive.min(m.next_keepalive)
-            });
-            if let Some(at) = look_at {
-                if Boot::now() >= at {
-                    return Ok(Step::Again);
-                }
-                due = due.min(at);
-            }
-            let timeout = patience
-                .cap(due.since(Boot::now()))
-                .max(Duration::from_millis(1));
-            let ended = match &woken {
-                Some(rx) => match rx.recv_timeout(timeout) {
-                    Ok(Ok(true)) => {
-                        m.watch_failures = 0;
-                        return self.first_in_line(req, keys, mine);
-                    }
-                    // A watch that lived out its life: open the next at once.
-                    Ok(Ok(false)) if Boot::now().since(opened) >= WATCH_LIFE / 2 => {
-                        m.watch_failures = 0;
-                        return Ok(Step::Again);
-                    }
-                    Ok(Err(e)) if !e.is_transient() => return Err(e),
-                    Ok(Err(e)) => {
-                        log::info(format!("waiting failed: {e}; retrying"));
-                        true
-                    }
-                    Ok(Ok(false)) | Err(RecvTimeoutError::Disconnected) => true,
-                    Err(RecvTimeoutError::Timeout) => false,
-                },
-                None => {
-                    std::thread::sleep(timeout);
-                    false
-                }
-            };
-            if ended {
-                // A stream that breaks or ends at once (a proxy that does
-                // not pass streaming, a member going away) says nothing of
-                // the queue: look again after a pause that grows each time
-                // in a row, and keep our leases alive meanwhile, so our
-                // place does not lapse while the watch cannot be had.
-                woken = None;
-                m.watch_failures += 1;
-                look_at = Some(Boot::now().add(crate::clock::backoff(
-                    m.watch_failures,
-                    Duration::from_millis(50),
-                    Duration::from_secs(1),
-                )));
-                continue;
-            }
-            if patience.over() {
-                self.leave(mine);
-                return Ok(Step::Done(Acquired::Busy {
-                    holder: holder.clone(),
-                }));
-            }
-            patience.tick(holder.as_deref());
-            if Boot::now() >= m.next_keepalive {
-                let sent = Boot::now();
-                match keepalive(&mut self.client, m.lease)? {
-                    Some(ttl) => m.next_keepalive = sent.add(ttl / 3),
-                    // Gone: the next look finds our key missing and queues again.
-                    None => return Ok(Step::Again),
-                }
-            }
-            if let Some(sp) = m.spare.as_mut()
-                && Boot::now() >= sp.next_keepalive
-            {
-                let sent = Boot::now();
-                match keepalive(&mut self.client, sp.lease)? {
-                    Some(ttl) => {
-                        sp.sent = sent;
-                        sp.ttl = ttl;
-                        sp.next_keepalive = sent.add(ttl / 3);
-                    }
-                    // Lapsed: our turn will grant a new one.
-                    None => m.spare = None,
-                }
-            }
-        }
     }
 }

@@ -43,7 +43,7 @@ impl Local {
                 // A --min-hold window holds the name with no flock: wait
                 // for its end, as the request allows, keeping our place.
                 Locked::Kept { holder, left } => {
-                    if !block || !w.sleep_for(left, holder.as_deref()) {
+                    if !block || !w.sleep_for(left) {
                         return Ok(Try::Busy(holder));
                     }
                 }
@@ -72,11 +72,7 @@ impl Local {
                 if w.req.is_own_outer_holder(holder.as_deref()) {
                     return Err(crate::backend::nested(w.name));
                 }
-                let came = if block {
-                    w.block(&fd, op, holder.as_deref())?
-                } else {
-                    None
-                };
+                let came = if block { w.block(&fd, op)? } else { None };
                 match came {
                     Some(at) => at,
                     None => return Ok(Locked::Not(Try::Busy(holder))),
@@ -104,10 +100,7 @@ impl Local {
                     path.display()
                 ));
                 let holder = read_record(&orphan).map(|r| r.label);
-                if !block
-                    || w.block(&orphan, FlockOperation::LockExclusive, holder.as_deref())?
-                        .is_none()
-                {
+                if !block || w.block(&orphan, FlockOperation::LockExclusive)?.is_none() {
                     return Ok(Locked::Not(Try::Busy(holder)));
                 }
             }
@@ -184,7 +177,6 @@ impl Local {
         n: u32,
         skip: &[u32],
         wake: Option<Duration>,
-        holder: Option<&str>,
     ) -> Result<Slot, Error> {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
@@ -218,7 +210,7 @@ impl Local {
                 .map_err(|e| w.unavailable("cannot start a thread to wait for", e))?;
         }
         drop(tx);
-        let heard = w.hear(&rx, holder, wake);
+        let heard = w.hear(&rx, wake);
         // Giving up: a slot locked after this is let go by its thread.
         won.store(true, Ordering::SeqCst);
         Ok(match heard {
@@ -271,7 +263,7 @@ impl Local {
                 return Ok(Try::Busy(holder));
             }
             let wake = soonest.map(|left| left.min(w.req.timing.ttl / 3));
-            match self.wait_any_slot(w, files, n, &kept, wake, holder.as_deref())? {
+            match self.wait_any_slot(w, files, n, &kept, wake)? {
                 Slot::Over => return Ok(Try::Busy(holder)),
                 // A window ran out (or is looked at again): try every slot.
                 Slot::Woke => {}

@@ -9,7 +9,8 @@
 //! names and flocking; `record.rs` the text a lock file holds; `proclocks.rs`
 //! what /proc/locks says and the search for a deleted file's holder;
 //! `places.rs` the places in the queue and one request's wait; `lockfile.rs`
-//! taking one lock file; `take.rs` taking and granting a name; `status.rs` a
+//! taking one lock file; `take.rs` taking and granting a name; `taking.rs`
+//! the request as the driver takes it (`backend::drive`); `status.rs` a
 //! name's holders and waiters; `windows.rs` ending `--min-hold` windows;
 //! `lease.rs` the lease held. This file holds the engine's row and address,
 //! and the engine itself.
@@ -37,6 +38,7 @@ mod proclocks;
 mod record;
 mod status;
 mod take;
+mod taking;
 mod windows;
 
 use lease::LocalHeld;
@@ -60,7 +62,6 @@ use record::{
 
 use super::plan::{self, Read};
 use super::{Renewal, Renewer, Renewing};
-use crate::backend::wait::Patience;
 use crate::clock::Boot;
 use crate::log;
 
@@ -233,46 +234,7 @@ impl Local {
 
 impl Engine for Local {
     fn acquire(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
-        let files = self.files(req.name);
-        if Self::inside_holder(&files, req.inherited_fd) {
-            return Err(super::nested(req.name));
-        }
-        let mut w = Waiter {
-            name: req.name,
-            req,
-            wait,
-            patience: Patience::new(req, wait),
-            queued: None,
-            lapsed: false,
-            replaced: None,
-        };
-        // Bounded: each retry means a file was deleted or replaced meanwhile,
-        // or our place in the queue lapsed (we were stopped).
-        for _ in 0..100 {
-            let got = match self.take(&mut w, req, &files)? {
-                Try::Locked(got) => got,
-                // A wait that ended because a later request replaced us.
-                Try::Busy(_) if w.replaced.is_some() => {
-                    let by = w.replaced.take().unwrap_or_default();
-                    return Ok(Acquired::Replaced { by });
-                }
-                Try::Busy(holder) => return Ok(Acquired::Busy { holder }),
-                Try::Full(waiting) => return Ok(Acquired::QueueFull { waiting }),
-                Try::Retry => continue,
-            };
-            match self.grant(&mut w, req, &files, got)? {
-                Some(Acquired::Busy { .. }) if w.replaced.is_some() => {
-                    let by = w.replaced.take().unwrap_or_default();
-                    return Ok(Acquired::Replaced { by });
-                }
-                Some(done) => return Ok(done),
-                None => {}
-            }
-        }
-        Err(Error::Refused(format!(
-            "lock file {} keeps changing under us",
-            files.main.display()
-        )))
+        self.take_name(req, wait)
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {

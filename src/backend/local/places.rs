@@ -1,6 +1,6 @@
 //! The queue of places beside a name's lock file, and one request's wait:
-//! its place kept by refreshing it, blocking on a lock from a helper thread,
-//! the give-up clock and the waiting line (the seam's `Patience`).
+//! its place kept by refreshing it, blocking on a lock from a helper thread
+//! until the deadline the driver set.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
@@ -11,7 +11,6 @@ use rustix::fs::{FlockOperation, Mode as FileMode, OFlags, flock, open};
 use rustix::io::Errno;
 
 use super::files::{flock_blocking, suffixed};
-use crate::backend::wait::Patience;
 use crate::backend::{Error, Request, Wait};
 use crate::clock::Boot;
 
@@ -257,17 +256,21 @@ pub(super) enum Heard<T> {
     Got(T),
     /// The time asked for came.
     Woke,
-    /// The wait ran out (`-w`, `-n`), or our place lapsed (`lapsed` is set).
+    /// The driver's deadline came, a later request replaced us (`replaced`
+    /// is set), or our place lapsed (`lapsed` is set).
     Over,
 }
 
-/// One request's wait: its patience (limit and waiting line) and its place
-/// in the queue once it has one.
+/// One request's wait: until when it may block (the driver's deadline)
+/// and its place in the queue once it has one.
 pub(super) struct Waiter<'a> {
     pub(super) name: &'a str,
     pub(super) req: &'a Request<'a>,
     pub(super) wait: Wait,
-    pub(super) patience: Patience,
+    pub(super) until: Option<Boot>,
+    /// The wait is over: a request that could not join the queue at once
+    /// is not to try again.
+    pub(super) last: bool,
     pub(super) queued: Option<Queued>,
     /// Our place lapsed during a wait and was taken again at the back.
     pub(super) lapsed: bool,
@@ -282,12 +285,8 @@ impl Waiter<'_> {
 
     /// Block until `rx` delivers, as the wait allows. None: gave up, or our
     /// place lapsed.
-    pub(super) fn receive<T>(
-        &mut self,
-        rx: &std::sync::mpsc::Receiver<T>,
-        holder: Option<&str>,
-    ) -> Option<T> {
-        match self.hear(rx, holder, None) {
+    pub(super) fn receive<T>(&mut self, rx: &std::sync::mpsc::Receiver<T>) -> Option<T> {
+        match self.hear(rx, None) {
             Heard::Got(v) => Some(v),
             Heard::Woke | Heard::Over => None,
         }
@@ -298,7 +297,6 @@ impl Waiter<'_> {
     pub(super) fn hear<T>(
         &mut self,
         rx: &std::sync::mpsc::Receiver<T>,
-        holder: Option<&str>,
         wake: Option<u64>,
     ) -> Heard<T> {
         use std::sync::mpsc::RecvTimeoutError;
@@ -315,13 +313,12 @@ impl Waiter<'_> {
                 self.lapsed = true;
                 return Heard::Over;
             }
-            if self.patience.over() {
+            if self.until.is_some_and(|u| Boot::now() >= u) {
                 return Heard::Over;
             }
             if wake.is_some_and(|at| mono_ns() >= at) {
                 return Heard::Woke;
             }
-            self.patience.tick(holder);
             let mono = mono_ns();
             // A waiter that may be replaced looks for the mark often: it is
             // to leave within a fraction of a second.
@@ -335,7 +332,8 @@ impl Waiter<'_> {
                 .flatten()
                 .map(|at| Duration::from_nanos(at.saturating_sub(mono)))
                 .min();
-            let next = match (ours, self.patience.block_for()) {
+            let deadline = self.until.map(|u| u.since(Boot::now()));
+            let next = match (ours, deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -354,14 +352,14 @@ impl Waiter<'_> {
     /// Sleep while a `--min-hold` window runs for `left` more, keeping our
     /// place; false: gave up, or our place lapsed. Wakes at least every
     /// ttl/3 to look again: `release --force` may have ended the window.
-    pub(super) fn sleep_for(&mut self, left: Duration, holder: Option<&str>) -> bool {
+    pub(super) fn sleep_for(&mut self, left: Duration) -> bool {
         let look = left
             .min(self.req.timing.ttl / 3)
             .max(Duration::from_millis(1));
         let wake = mono_ns().saturating_add(u64::try_from(look.as_nanos()).unwrap_or(u64::MAX));
         // Nothing is sent: only the time wakes us.
         let (_keep, rx) = std::sync::mpsc::channel::<()>();
-        matches!(self.hear(&rx, holder, Some(wake)), Heard::Woke)
+        matches!(self.hear(&rx, Some(wake)), Heard::Woke)
     }
 
     /// Block on `fd`'s lock as the wait allows: when it came, just after.
@@ -370,7 +368,6 @@ impl Waiter<'_> {
         &mut self,
         fd: &OwnedFd,
         op: FlockOperation,
-        holder: Option<&str>,
     ) -> Result<Option<Boot>, Error> {
         if self.wait == Wait::No {
             return Ok(None);
@@ -386,7 +383,7 @@ impl Waiter<'_> {
                 let _ = tx.send(flock_blocking(&dup, op));
             })
             .map_err(|e| self.unavailable("cannot start a thread to wait for", e))?;
-        match self.receive(&rx, holder) {
+        match self.receive(&rx) {
             Some(Ok(at)) => Ok(Some(at)),
             Some(Err(e)) => Err(self.unavailable("locking", e)),
             None => Ok(None),

@@ -2,7 +2,6 @@
 //! grant that hands a name on in arrival order.
 
 use super::*;
-
 /// What joining the queue came to.
 pub(super) enum Joined {
     Queued,
@@ -94,7 +93,15 @@ impl Local {
 
     /// Take the request's lock: at once when nobody is queued, else through
     /// the queue, first come, first served across modes.
-    pub(super) fn take(&self, w: &mut Waiter, req: &Request, files: &Files) -> Result<Try, Error> {
+    /// Unless `block`, a request that joins the queue stops there (busy:
+    /// the wait is the driver's next step).
+    pub(super) fn take(
+        &self,
+        w: &mut Waiter,
+        req: &Request,
+        files: &Files,
+        block: bool,
+    ) -> Result<Try, Error> {
         if w.queued.is_none() {
             let open = self.nobody_queued(files)?;
             if !open && w.wait == Wait::No && !live_places(files, None).is_empty() {
@@ -111,16 +118,25 @@ impl Local {
             // A request that disagrees with the holders is refused, not queued.
             self.refuse_disagreement(req, files)?;
             match self.join_queue(w, files, req)? {
-                // Queued, so the queue had room (`--max-waiters` is judged
-                // first, as `plan::join` says): now ask the holders to stop.
-                Joined::Queued if req.group.preempt => self.preempt(files, req)?,
-                Joined::Queued => {}
-                Joined::Again if w.patience.over() => {
+                Joined::Queued => {
+                    // Queued, so the queue had room (`--max-waiters` is
+                    // judged first, as `plan::join` says): now ask the
+                    // holders to stop.
+                    if req.group.preempt {
+                        self.preempt(files, req)?;
+                    }
+                    if !block {
+                        return Ok(Try::Busy(recorded_holder(files)));
+                    }
+                }
+                Joined::Again if w.last => {
                     return Ok(Try::Busy(recorded_holder(files)));
                 }
                 Joined::Again => return Ok(Try::Retry),
                 Joined::Full(waiting) => return Ok(Try::Full(waiting)),
             }
+        } else if !block {
+            return Ok(Try::Busy(recorded_holder(files)));
         }
         loop {
             if !self.wait_turn(w, files)? {
@@ -317,7 +333,6 @@ impl Local {
     /// until it lets its place go (granted, gave up or died: its flock
     /// goes) or stops refreshing it. False: the wait ran out.
     pub(super) fn wait_turn(&self, w: &mut Waiter, files: &Files) -> Result<bool, Error> {
-        let holder = recorded_holder(files);
         loop {
             let Some(q) = &w.queued else { return Ok(true) };
             let (mine, rank) = (q.place.index, q.place.rank());
@@ -342,7 +357,7 @@ impl Local {
                 .map_err(|e| w.unavailable("cannot start a thread to wait for", e))?;
             let mut until = ahead.until;
             loop {
-                match w.hear(&rx, holder.as_deref(), Some(until)) {
+                match w.hear(&rx, Some(until)) {
                     Heard::Got(Ok(_)) => break,
                     Heard::Got(Err(e)) => return Err(w.unavailable("waiting in the queue of", e)),
                     // Taken again at the back: look again who is ahead.
@@ -391,7 +406,7 @@ impl Local {
                     Err(e) => return Err(self.unavailable("cannot lock", &files.grant, e)),
                 }
             }
-            if !locked && w.block(&fd, FlockOperation::LockExclusive, None)?.is_none() {
+            if !locked && w.block(&fd, FlockOperation::LockExclusive)?.is_none() {
                 return Ok(None);
             }
             // A replaced file would let two grants write at once.
@@ -449,39 +464,10 @@ impl Local {
             locked_at,
         } = got;
         let sent_at = Boot::now();
-        let store = main.as_ref().unwrap_or(&fd);
-        let token = next_token(store);
-        let label = &req.owner.shown;
-        // --min-hold: the window is in the record from the grant on, so it
-        // holds however lockrun ends. Shared and `--limit` grants share the
-        // main record: it keeps the latest window of them all (which keeps
-        // out other kinds of request), and a slot keeps its own.
-        let window = req
-            .min_hold
-            .map(|hold| Window::new(sent_at, now_since_epoch(), hold));
-        let main_window = match req.mode {
-            Mode::Exclusive => window.clone(),
-            _ => Window::later(read_record(store).and_then(|r| r.window), window.clone()),
-        };
-        let written =
-            write_record(store, token, label, req.mode, main_window.as_ref()).and_then(|()| {
-                if slot.is_some() {
-                    write_record(&fd, token, label, req.mode, window.as_ref())?;
-                }
-                if req.mode == Mode::Shared {
-                    self.add_reader(files, id, token, label)?;
-                }
-                Ok(())
-            });
-        written.map_err(|e| self.unavailable("writing the token to", &files.main, e))?;
+        let token = self.write_grant(req, files, &fd, main.as_ref(), id, slot, sent_at)?;
         drop(turn);
         // Out of the queue: the next waiter's turn.
         w.queued = None;
-        log::info(format!(
-            "acquired {} with token {token} after {:.1?}",
-            req.name,
-            Boot::now().since(w.patience.started())
-        ));
         let path = slot.map_or_else(|| files.main.clone(), |k| files.slot(k));
         let held = LocalHeld {
             fd,
@@ -500,6 +486,47 @@ impl Local {
             req.timing.ttl,
             Box::new(held),
         ))))
+    }
+
+    /// Write a grant's token and record (with its `--min-hold` window)
+    /// to the lock files it holds: its token.
+    #[allow(clippy::too_many_arguments)]
+    fn write_grant(
+        &self,
+        req: &Request,
+        files: &Files,
+        fd: &OwnedFd,
+        main: Option<&OwnedFd>,
+        id: (u64, u64),
+        slot: Option<u32>,
+        sent_at: Boot,
+    ) -> Result<u64, Error> {
+        let store = main.unwrap_or(fd);
+        let token = next_token(store);
+        let label = &req.owner.shown;
+        // --min-hold: the window is in the record from the grant on, so it
+        // holds however lockrun ends. Shared and `--limit` grants share the
+        // main record: it keeps the latest window of them all (which keeps
+        // out other kinds of request), and a slot keeps its own.
+        let window = req
+            .min_hold
+            .map(|hold| Window::new(sent_at, now_since_epoch(), hold));
+        let main_window = match req.mode {
+            Mode::Exclusive => window.clone(),
+            _ => Window::later(read_record(store).and_then(|r| r.window), window.clone()),
+        };
+        let written =
+            write_record(store, token, label, req.mode, main_window.as_ref()).and_then(|()| {
+                if slot.is_some() {
+                    write_record(fd, token, label, req.mode, window.as_ref())?;
+                }
+                if req.mode == Mode::Shared {
+                    self.add_reader(files, id, token, label)?;
+                }
+                Ok(())
+            });
+        written.map_err(|e| self.unavailable("writing the token to", &files.main, e))?;
+        Ok(token)
     }
 
     /// List a shared holder in the readers file (replaced whole, under the

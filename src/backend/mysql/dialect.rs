@@ -14,10 +14,9 @@ use super::sql::{Tables, lit, wake_key};
 use super::take::{Looking, commit, transaction};
 use crate::backend::quit::Leave;
 use crate::backend::sql::{
-    self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, place_ttl,
+    self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, capped, place_lasts,
 };
 use crate::backend::table::{Cells, Target};
-use crate::backend::wait::Patience;
 use crate::backend::{Error, Force, Held, Holder, Request};
 use crate::clock::{Boot, backoff};
 
@@ -124,7 +123,7 @@ impl Dialect for Tables {
 
     /// A blocking wait lasts at most the time to keep our place.
     fn begin(&self, c: &mut Client, req: &Request) {
-        c.wait = place_ttl(req.timing.ttl) / 3 + Duration::from_secs(1);
+        c.wait = place_lasts(req.timing.ttl) / 3 + Duration::from_secs(1);
     }
 
     /// The tables as they are found.
@@ -150,7 +149,7 @@ impl Dialect for Tables {
         // meanwhile (one that did not find it live).
         let mut first = vec![self.purge(req.name, &req.owner.secret, wake)];
         if let Some(seq) = seq.filter(|_| !req.group.supersede) {
-            let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+            let keep_ms = place_lasts(req.timing.ttl).as_millis() as i64;
             first.push(self.revive(seq, &req.owner.secret, keep_ms, wake));
         }
         first.push(self.look(req.name, wake));
@@ -253,10 +252,10 @@ impl Dialect for Tables {
         c: &mut Client,
         req: &Request,
         seq: Option<i64>,
-        patience: &Patience,
+        until: Option<Boot>,
         blocked: Blocked<Parked>,
     ) -> Result<Option<Parked>, Error> {
-        let keep = place_ttl(req.timing.ttl) / 3;
+        let keep = place_lasts(req.timing.ttl) / 3;
         let (target, lapse_at, keep_sql) = match blocked {
             Blocked::Parked(p) => (p.target, p.lapse_at, Some(p.keep)),
             Blocked::Looked {
@@ -270,7 +269,7 @@ impl Dialect for Tables {
                     // Sleep until what is in our way lapses, or our place
                     // needs keeping.
                     let until_lapse = lapses_in.map_or(keep, |d| at(d).since(Boot::now()));
-                    std::thread::sleep(patience.cap(keep.min(until_lapse)));
+                    std::thread::sleep(capped(until, keep.min(until_lapse)));
                     return Ok(None);
                 };
                 // Block on the row just ahead; a live place ahead keeps
@@ -281,19 +280,17 @@ impl Dialect for Tables {
             }
         };
         let until_lapse = lapse_at.map_or(keep, |t| t.since(Boot::now()));
-        let nap = patience.cap(keep.min(until_lapse));
+        let nap = capped(until, keep.min(until_lapse));
         let woke = c.wait_for(target.kind, &target.owner, nap, keep_sql)?;
         let due = lapse_at.is_some_and(|t| Boot::now() >= t)
-            || patience
-                .block_for()
-                .is_some_and(|b| b < Duration::from_millis(5));
+            || until.is_some_and(|u| u.since(Boot::now()) < Duration::from_millis(5));
         // Nothing moved ahead of us: keep our place and wait again without
         // a look, unless something is due (a lapse, the waiting line, the
         // end of the wait).
         let (Woke::TimedOut, false, Some(seq)) = (woke, due, seq) else {
             return Ok(None);
         };
-        let keep_ms = place_ttl(req.timing.ttl).as_millis() as i64;
+        let keep_ms = place_lasts(req.timing.ttl).as_millis() as i64;
         // Keep our place, on condition that the row we block on is still there.
         let keep = (
             self.keep_place(seq, &req.owner.secret, keep_ms, !c.no_wake),

@@ -9,7 +9,7 @@ use mysql::Row;
 
 use super::client::{Client, int};
 use super::sql::{self, Tables, lit, wake_key};
-use crate::backend::sql::{Deciding, Join, place_ttl};
+use crate::backend::sql::{Deciding, Join, place_lasts};
 use crate::backend::table::{PREEMPTED, SUPERSEDE};
 use crate::backend::{Error, Request};
 
@@ -156,7 +156,7 @@ pub(super) struct Looking<'a> {
 
 impl Looking<'_> {
     fn keep_ms(&self) -> i64 {
-        place_ttl(self.req.timing.ttl).as_millis() as i64
+        place_lasts(self.req.timing.ttl).as_millis() as i64
     }
 
     /// The places a `--supersede` request replaces, read first, then marked.

@@ -14,11 +14,11 @@ use super::sql::Tables;
 use super::take::{Looking, commit, transaction};
 use crate::backend::quit::Leave;
 use crate::backend::sql::{
-    self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, place_ttl,
+    self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, capped, place_lasts,
 };
 use crate::backend::table::Cells;
-use crate::backend::wait::Patience;
 use crate::backend::{Error, Force, Held, Holder, Request};
+use crate::clock::Boot;
 use crate::log;
 
 impl SqlRow for Row {
@@ -222,7 +222,7 @@ impl Dialect for Tables {
         c: &mut Client,
         req: &Request,
         _seq: Option<i64>,
-        patience: &Patience,
+        until: Option<Boot>,
         blocked: Blocked<Infallible>,
     ) -> Result<Option<Infallible>, Error> {
         let lapses_in = match blocked {
@@ -238,9 +238,9 @@ impl Dialect for Tables {
         }
         // Keep our place in time; wake a little after what is in our way
         // lapses (the server's clock said when).
-        let keep = place_ttl(req.timing.ttl) / 3;
+        let keep = place_lasts(req.timing.ttl) / 3;
         let until_lapse = lapses_in.map_or(keep, |d| d + Duration::from_millis(5));
-        c.wait_note(patience.cap(keep.min(until_lapse)))?;
+        c.wait_note(capped(until, keep.min(until_lapse)))?;
         Ok(None)
     }
 

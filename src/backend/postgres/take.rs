@@ -13,7 +13,7 @@ use super::client::{Call, Client, Params};
 use super::sql::Tables;
 use crate::backend::Error;
 use crate::backend::Request;
-use crate::backend::sql::{Deciding, Join, place_ttl};
+use crate::backend::sql::{Deciding, Join, place_lasts};
 use crate::backend::table::{PREEMPTED, SUPERSEDE};
 
 /// Run a transaction under the name's advisory lock: its start, the lock
@@ -118,7 +118,7 @@ impl Deciding for Looking<'_> {
         let req = self.req;
         let (name, owner) = (&req.name, &req.owner.secret);
         let (slot_i, ttl_ms) = (slot as i32, Self::ms(req.timing.ttl));
-        let keep_ms = Self::ms(place_ttl(req.timing.ttl));
+        let keep_ms = Self::ms(place_lasts(req.timing.ttl));
         let (mode, lim) = (req.mode.code(), req.mode.limit() as i32);
         let (grant, token_lock, replace) = (
             self.tables.grant(),
@@ -164,7 +164,7 @@ impl Deciding for Looking<'_> {
     fn join(&mut self, join: Join) -> Result<Option<Option<i64>>, Error> {
         let req = self.req;
         let (name, owner) = (&req.name, &req.owner.secret);
-        let keep_ms = Self::ms(place_ttl(req.timing.ttl));
+        let keep_ms = Self::ms(place_lasts(req.timing.ttl));
         let (mode, lim) = (req.mode.code(), req.mode.limit() as i32);
         let t = self.tables;
         let (keep, enqueue, preempt, replace) =

@@ -1,7 +1,7 @@
 //! Taking a name on Redis: one try of the acquire script, and between tries
 //! a blocking pop on our own wake-up list, which a release serving the queue
-//! pushes to. The give-up clock, the waiting line and the retry budget are
-//! the driver's (`backend::drive`).
+//! pushes to. The give-up clock, the waiting line, the retry budget and
+//! every pause between tries are the driver's (`backend::drive`).
 
 use std::time::Duration;
 
@@ -11,13 +11,11 @@ use super::link::Link;
 use super::reply::Acquire;
 use super::scripts::{ACQUIRE_SCRIPT, Keys, RELEASE_SCRIPT};
 use super::{Redis, RedisHeld};
-use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::drive::{Look, Take, Woke, drive};
 use crate::backend::plan;
 use crate::backend::quit::Leave;
-use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
 use crate::clock::Boot;
-use crate::log;
 
 /// Random hex for a waiter's place in the queue (public, unlike the owner
 /// value); with `--supersede`, after an `s` that says so to the scripts.
@@ -110,11 +108,6 @@ fn wait_for_wakeup(link: &mut Link, key: &str, timeout: Duration) -> Result<Opti
     woken
 }
 
-/// Keep trying after transport errors for this long before giving up with 69.
-fn outage_budget(req: &Request) -> Duration {
-    req.timing.ttl.max(Duration::from_secs(5))
-}
-
 impl Redis {
     /// Whether a grant just made counts: behind sentinels, it was made on
     /// the master a majority names now; with `--replicas`, enough replicas
@@ -154,12 +147,10 @@ impl Redis {
             refresh: alive.saturating_sub(req.timing.op).max(alive / 2),
             queue: if wait == Wait::No { "0" } else { "1" },
             outer: req.outer.clone().unwrap_or_default(),
-            unconfirmed: Retry::new(outage_budget(req)),
             holder: None,
             holder_end: None,
             keep_only: false,
             place: None,
-            queued: false,
             placed: false,
         };
         drive(&mut taking, req, wait)
@@ -180,9 +171,6 @@ struct Taking<'a> {
     /// "1" when the request may queue (not `-n`).
     queue: &'static str,
     outer: String,
-    /// The budget of grants given back unconfirmed (a script that answers
-    /// does not renew it).
-    unconfirmed: Retry,
     holder: Option<String>,
     /// When the soonest holder's lease runs out on its own, as last heard
     /// at the head of the queue.
@@ -192,8 +180,6 @@ struct Taking<'a> {
     /// Our arrival number once queued: a place that lapsed while we lived
     /// (a server paused past ttl/3) is taken back at it.
     place: Option<i64>,
-    /// The last call queued us: the next step waits for a wake-up first.
-    queued: bool,
     /// The server may hold a place or a grant of ours (a call that queued
     /// us, or one whose reply was lost): leaving must give it back.
     placed: bool,
@@ -202,13 +188,7 @@ struct Taking<'a> {
 impl Take for Taking<'_> {
     type Transport = Link;
 
-    fn step(&mut self, patience: &mut Patience, retry: &mut Retry) -> Result<Step, Error> {
-        if self.queued {
-            self.queued = false;
-            if let Some(over) = self.wait(patience, retry) {
-                return Ok(Step::Over(over));
-            }
-        }
+    fn look(&mut self, _last: bool, _until: Option<Boot>) -> Result<Look, Error> {
         let req = self.req;
         let script = &*ACQUIRE_SCRIPT;
         let sent_at = Boot::now();
@@ -240,7 +220,7 @@ impl Take for Taking<'_> {
         let reply = match reply {
             Ok(v) => match Acquire::read(&v, req.mode) {
                 Ok(r) => r,
-                Err(e) => return Ok(Step::Over(e)),
+                Err(e) => return Ok(Look::Over(e)),
             },
             Err(e) => {
                 // A reply may have been lost after the server granted it.
@@ -250,23 +230,23 @@ impl Take for Taking<'_> {
         };
         let holder_ends_in = match reply {
             Acquire::Granted { token, slot } => {
-                return self.granted(token, slot, sent_at, patience);
+                return self.granted(token, slot, sent_at);
             }
             Acquire::Disagrees(in_force) => {
-                return Ok(Step::Over(req.mode.disagreement(req.name, in_force)));
+                return Ok(Look::Over(req.mode.disagreement(req.name, in_force)));
             }
-            Acquire::Nested => return Ok(Step::Over(crate::backend::nested(req.name))),
+            Acquire::Nested => return Ok(Look::Over(crate::backend::nested(req.name))),
             // The script took us out of the queue and left no trace.
             Acquire::Replaced { by } => {
                 self.placed = false;
-                return Ok(Step::Done(Acquired::Replaced { by }));
+                return Ok(Look::Done(Acquired::Replaced { by }));
             }
             Acquire::QueueFull { waiting } => {
                 self.leave();
-                return Ok(Step::Done(Acquired::QueueFull { waiting }));
+                return Ok(Look::Done(Acquired::QueueFull { waiting }));
             }
             Acquire::Busy { holder: h } => {
-                return Ok(Step::Done(Acquired::Busy {
+                return Ok(Look::Done(Acquired::Busy {
                     holder: h.or(self.holder.take()),
                 }));
             }
@@ -282,19 +262,33 @@ impl Take for Taking<'_> {
                 holder_ends_in
             }
         };
-        if patience.over() {
-            // Out of the queue; a grant handed over meanwhile goes to the next.
-            self.leave();
-            return Ok(Step::Done(Acquired::Busy {
-                holder: self.holder.take(),
-            }));
-        }
-        patience.tick(self.holder.as_deref());
         if let Some(left) = holder_ends_in {
             self.holder_end = Some(sent_at.add(left + Duration::from_millis(1)));
         }
-        self.queued = true;
-        Ok(Step::Again)
+        Ok(Look::Blocked(self.holder.clone()))
+    }
+
+    /// Block until a release hands us the lease, but come back to keep our
+    /// place, when a holder's lease runs out on its own, and by `until`.
+    fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+        let now = Boot::now();
+        let mut timeout = self.refresh;
+        match self.holder_end {
+            Some(end) if end > now => timeout = timeout.min(end.since(now)),
+            // Passed: the head looks at the holders when it comes; the
+            // others do not need to.
+            _ => self.holder_end = None,
+        }
+        let timeout = until
+            .map_or(timeout, |u| timeout.min(u.since(now)))
+            .max(Duration::from_millis(1));
+        let woken = wait_for_wakeup(&mut self.redis.link, &self.wake_key, timeout);
+        // Woken, the next call confirms the grant (with a full ttl counted
+        // from its own sending) or looks again; otherwise it only keeps our
+        // place (and at the head, checks the holders). A BLPOP refused (an
+        // ACL without it, a foreign value at the wake-up key) is final.
+        self.keep_only = matches!(woken, Ok(None));
+        woken.map(|_| Woke::Look)
     }
 
     fn leave(&mut self) {
@@ -323,15 +317,9 @@ impl Take for Taking<'_> {
 }
 
 impl Taking<'_> {
-    /// A grant: confirmed, the lease; unconfirmed, given back and tried
-    /// again on a budget of its own.
-    fn granted(
-        &mut self,
-        token: u64,
-        slot: Option<u32>,
-        sent_at: Boot,
-        patience: &Patience,
-    ) -> Result<Step, Error> {
+    /// A grant: confirmed, the lease; unconfirmed, given back, and the
+    /// failure tried again within the driver's budget.
+    fn granted(&mut self, token: u64, slot: Option<u32>, sent_at: Boot) -> Result<Look, Error> {
         // A grant from a master that a failover demoted, or one too few
         // replicas have, is no grant.
         self.placed = true;
@@ -341,17 +329,7 @@ impl Taking<'_> {
                 // The next call goes to the master of the moment.
                 self.redis.link.conn = None;
             }
-            return match self.unconfirmed.failed(patience) {
-                Some(pause) if e.is_transient() => {
-                    log::info(format!("{e}; retrying"));
-                    std::thread::sleep(pause);
-                    Ok(Step::Again)
-                }
-                _ => {
-                    let doing = format!("acquiring {}", self.req.name);
-                    Ok(Step::Over(self.redis.link.failed(&doing, e)))
-                }
-            };
+            return Err(e);
         }
         self.placed = false;
         let req = self.req;
@@ -367,41 +345,6 @@ impl Taking<'_> {
         };
         // PEXPIREAT with the ttl asked: Redis grants what it is asked.
         let lease = Lease::new(token, slot, sent_at, req.timing.ttl, Box::new(held));
-        Ok(Step::Done(Acquired::Granted(lease)))
-    }
-
-    /// Block until a release hands us the lease, but come back to keep our
-    /// place, when a holder's lease runs out on its own, to say we wait,
-    /// and when --wait runs out. Some: the request ends with this error.
-    fn wait(&mut self, patience: &Patience, retry: &mut Retry) -> Option<Error> {
-        let now = Boot::now();
-        let mut timeout = self.refresh;
-        match self.holder_end {
-            Some(end) if end > now => timeout = timeout.min(end.since(now)),
-            // Passed: the head looks at the holders when it comes; the
-            // others do not need to.
-            _ => self.holder_end = None,
-        }
-        let timeout = patience.cap(timeout).max(Duration::from_millis(1));
-        let woken = wait_for_wakeup(&mut self.redis.link, &self.wake_key, timeout);
-        // Woken, the next call confirms the grant (with a full ttl counted
-        // from its own sending) or looks again; otherwise it only keeps our
-        // place (and at the head, checks the holders).
-        self.keep_only = matches!(woken, Ok(None));
-        match woken {
-            Ok(_) => None,
-            Err(e) if !e.is_transient() => {
-                // BLPOP refused (an ACL without it, a foreign value at the
-                // wake-up key): final, never a retry loop.
-                self.leave();
-                let doing = format!("waiting for {}", self.req.name);
-                Some(self.redis.link.failed(&doing, e))
-            }
-            Err(e) => {
-                log::info(format!("waiting failed: {e}; retrying"));
-                std::thread::sleep(retry.pause());
-                None
-            }
-        }
+        Ok(Look::Done(Acquired::Granted(lease)))
     }
 }

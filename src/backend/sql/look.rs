@@ -5,7 +5,6 @@
 
 use super::take::{Outcome, Place};
 use crate::backend::table::{Cells, Entry, KEPT, Rows, Verdict, entries, judge};
-use crate::backend::wait::Patience;
 use crate::backend::{Error, Request};
 use crate::log;
 
@@ -51,7 +50,7 @@ pub fn decide(
     rows: Vec<Cells>,
     req: &Request,
     place: &mut Place,
-    patience: &Patience,
+    last: bool,
 ) -> Result<Outcome, Error> {
     let owner = &req.owner.secret;
     let Rows {
@@ -107,7 +106,7 @@ pub fn decide(
         replacing,
         others_wait,
     };
-    carry(tx, verdict, &looked, req, place, patience)
+    carry(tx, verdict, &looked, req, place, last)
 }
 
 /// What the look saw, once judged.
@@ -125,7 +124,7 @@ fn carry(
     looked: &Looked,
     req: &Request,
     place: &mut Place,
-    patience: &Patience,
+    last: bool,
 ) -> Result<Outcome, Error> {
     match verdict {
         Verdict::Ours { slot } => {
@@ -161,7 +160,7 @@ fn carry(
             wake_on,
         } => {
             place.holder = holder.or(place.holder.take());
-            if patience.over() {
+            if last {
                 tx.end(place.seq.take().is_some())?;
                 return Ok(Outcome::Busy);
             }

@@ -19,14 +19,14 @@ mod take;
 
 use std::time::Duration;
 
+pub use crate::backend::plan::place_lasts;
 pub use lease::{Ours, SqlHeld};
 pub use look::{Deciding, Join};
-pub use take::{Blocked, Outcome, place_ttl};
+pub use take::{Blocked, Outcome, capped};
 
 use super::drive::Transport;
 use super::quit::Leave;
 use super::table::{Cells, mode, split_label};
-use super::wait::Patience;
 use super::{
     Acquired, Broken, Engine, Error, Force, Held, Holder, ListBound, Listing, Mode, Request,
     Status, Wait,
@@ -129,14 +129,14 @@ pub trait Dialect: Clone + Send + 'static {
         ours: &Ours<Self>,
         window_us: i64,
     ) -> Result<(bool, bool), Error>;
-    /// Blocked: wait for news or until something is due. Some: nothing
-    /// moved, the next step waits again without a look.
+    /// Blocked: wait for news or until something is due, no later than
+    /// `until`. Some: nothing moved, the next wait goes on without a look.
     fn wait(
         &self,
         c: &mut Self::Client,
         req: &Request,
         seq: Option<i64>,
-        patience: &Patience,
+        until: Option<Boot>,
         blocked: Blocked<Self::Parked>,
     ) -> Result<Option<Self::Parked>, Error>;
     /// Give up our place in the queue (best effort).

@@ -1,25 +1,23 @@
 //! Taking a name on an SQL database, as the driver steps it: one short
 //! transaction per look, under the name's lock: read the name's live rows,
 //! judge them, then take a free slot (the grant), or take or keep a place
-//! in the queue. Blocked, a step waits as the dialect wakes its waiters,
-//! until a deadline the driver's patience sets. The give-up clock, the
-//! waiting line and the retry budget are the driver's (`backend::drive`).
+//! in the queue. Blocked, the driver has it wait as the dialect wakes its
+//! waiters, until a deadline it sets. The give-up clock, the waiting line,
+//! every pause and the retry budget are the driver's (`backend::drive`).
 
 use std::time::Duration;
 
 use super::look::decide;
 use super::{Dialect, Sql};
-use crate::backend::drive::{Step, Take, Transport, drive};
+use crate::backend::drive::{Look, Take, Transport, Woke, drive};
 use crate::backend::quit::Leave;
 use crate::backend::table::Target;
-use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
 
-/// A waiter's place lasts a third of the ttl unless kept, so one killed
-/// in the queue holds up the others by no more than that.
-pub fn place_ttl(ttl: Duration) -> Duration {
-    (ttl / 3).max(Duration::from_millis(100))
+/// The earlier of `d` and what is left until `until`.
+pub fn capped(until: Option<Boot>, d: Duration) -> Duration {
+    until.map_or(d, |u| u.since(Boot::now()).min(d))
 }
 
 /// Our request: its place in the queue, once it has one.
@@ -61,7 +59,7 @@ pub enum Outcome {
 }
 
 /// A blocked request's wait: just after its look, or one that saw
-/// nothing move at the step before.
+/// nothing move the time before.
 pub enum Blocked<P> {
     Looked {
         /// When the look was sent: the server's lapse times count from it.
@@ -77,8 +75,9 @@ struct Taking<'a, D: Dialect> {
     sql: &'a mut Sql<D>,
     req: &'a Request<'a>,
     place: Place,
-    /// The wait goes on at the next step, without a look.
-    parked: Option<D::Parked>,
+    /// Blocked: what the next wait waits on (after a look, or parked by a
+    /// wait that saw nothing move, to go on without a look).
+    blocked: Option<Blocked<D::Parked>>,
     /// The dialect was prepared for this request.
     prepared: bool,
     /// Lockrun's tables were created by this request (once at most).
@@ -91,7 +90,7 @@ pub fn take<D: Dialect>(sql: &mut Sql<D>, req: &Request, wait: Wait) -> Result<A
         sql,
         req,
         place: Place::default(),
-        parked: None,
+        blocked: None,
         prepared: false,
         created: false,
     };
@@ -101,31 +100,29 @@ pub fn take<D: Dialect>(sql: &mut Sql<D>, req: &Request, wait: Wait) -> Result<A
 impl<D: Dialect> Take for Taking<'_, D> {
     type Transport = D::Client;
 
-    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
+    fn look(&mut self, last: bool, _until: Option<Boot>) -> Result<Look, Error> {
         let doing = || format!("acquiring {}", self.req.name);
+        self.blocked = None;
         if !self.prepared {
             // Once per request: the tables as they are found, and made
             // and checked first when they are not all there.
             if !self.sql.dialect.prepare(&mut self.sql.client)? {
                 self.created = true;
                 if let Err(e) = self.sql.dialect.create(&mut self.sql.client) {
-                    return Ok(Step::Over(self.sql.client.failed(&doing(), e)));
+                    return Ok(Look::Over(self.sql.client.failed(&doing(), e)));
                 }
             }
             self.prepared = true;
         }
-        if let Some(parked) = self.parked.take() {
-            return self.wait(patience, Blocked::Parked(parked));
-        }
         loop {
-            let looked = self.look(patience);
+            let looked = self.look_once(last);
             let sql = &mut *self.sql;
             match looked {
                 Err(_) if !self.created && D::missing(&sql.client) => {
                     // First use of these tables: create them, look again.
                     self.created = true;
                     if let Err(e) = sql.dialect.create(&mut sql.client) {
-                        return Ok(Step::Over(sql.client.failed(&doing(), e)));
+                        return Ok(Look::Over(sql.client.failed(&doing(), e)));
                     }
                 }
                 Err(e) => {
@@ -133,19 +130,38 @@ impl<D: Dialect> Take for Taking<'_, D> {
                         return Err(e);
                     };
                     self.leave();
-                    return Ok(Step::Over(self.sql.client.failed(&doing(), e)));
+                    return Ok(Look::Over(self.sql.client.failed(&doing(), e)));
                 }
-                Ok(Step::Again) if self.place.stalls > 1 => {
+                Ok(Look::Again) if self.place.stalls > 1 => {
                     let tries = self.place.stalls;
                     if let Err(e) = sql.dialect.stalled(&mut sql.client, tries) {
                         self.leave();
-                        return Ok(Step::Over(self.sql.client.failed(&doing(), e)));
+                        return Ok(Look::Over(self.sql.client.failed(&doing(), e)));
                     }
-                    return Ok(Step::Again);
+                    return Ok(Look::Again);
                 }
                 done => return done,
             }
         }
+    }
+
+    /// Wait as the dialect wakes its waiters; look again unless nothing
+    /// moved, when the wait stands and the next goes on without a look.
+    fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+        let Some(blocked) = self.blocked.take() else {
+            return Ok(Woke::Look);
+        };
+        let sql = &mut *self.sql;
+        let parked = sql
+            .dialect
+            .wait(&mut sql.client, self.req, self.place.seq, until, blocked)?;
+        Ok(match parked {
+            Some(p) => {
+                self.blocked = Some(Blocked::Parked(p));
+                Woke::Due
+            }
+            None => Woke::Look,
+        })
     }
 
     fn leave(&mut self) {
@@ -165,13 +181,13 @@ impl<D: Dialect> Take for Taking<'_, D> {
 
 impl<D: Dialect> Taking<'_, D> {
     /// One look at the name and what it leads to.
-    fn look(&mut self, patience: &mut Patience) -> Result<Step, Error> {
+    fn look_once(&mut self, last: bool) -> Result<Look, Error> {
         let (req, place) = (self.req, &mut self.place);
         let sent = Boot::now();
         let seq = place.seq;
         let sql = &mut *self.sql;
         let outcome = sql.dialect.look(&mut sql.client, req, seq, |tx, rows| {
-            decide(tx, rows, req, place, patience)
+            decide(tx, rows, req, place, last)
         })?;
         // A look that neither waited nor decided stalled.
         match outcome {
@@ -183,7 +199,7 @@ impl<D: Dialect> Taking<'_, D> {
                 // The row's slot, whatever the mode (readers have one each);
                 // the job sees it only with --limit.
                 let held = sql.dialect.held(&mut sql.client, req, slot);
-                Step::Done(Acquired::Granted(Lease::new(
+                Look::Done(Acquired::Granted(Lease::new(
                     token,
                     matches!(req.mode, Mode::Limit(_)).then_some(slot),
                     sent,
@@ -191,32 +207,21 @@ impl<D: Dialect> Taking<'_, D> {
                     held,
                 )))
             }
-            Outcome::Busy => Step::Done(Acquired::Busy {
+            Outcome::Busy => Look::Done(Acquired::Busy {
                 holder: place.holder.clone(),
             }),
-            Outcome::QueueFull { waiting } => Step::Done(Acquired::QueueFull { waiting }),
-            Outcome::Replaced { by } => Step::Done(Acquired::Replaced { by }),
+            Outcome::QueueFull { waiting } => Look::Done(Acquired::QueueFull { waiting }),
+            Outcome::Replaced { by } => Look::Done(Acquired::Replaced { by }),
             Outcome::Refused(e) => return Err(e),
-            Outcome::Again => Step::Again,
+            Outcome::Again => Look::Again,
             Outcome::Blocked { lapses_in, wake_on } => {
-                patience.tick(place.holder.as_deref());
-                let blocked = Blocked::Looked {
+                self.blocked = Some(Blocked::Looked {
                     sent,
                     lapses_in,
                     wake_on,
-                };
-                return self.wait(patience, blocked);
+                });
+                Look::Blocked(place.holder.clone())
             }
         })
-    }
-
-    /// Wait as the dialect wakes its waiters; look again at the next step
-    /// unless nothing moved.
-    fn wait(&mut self, patience: &Patience, blocked: Blocked<D::Parked>) -> Result<Step, Error> {
-        let sql = &mut *self.sql;
-        self.parked =
-            sql.dialect
-                .wait(&mut sql.client, self.req, self.place.seq, patience, blocked)?;
-        Ok(Step::Again)
     }
 }

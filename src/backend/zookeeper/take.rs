@@ -1,10 +1,11 @@
 //! Taking a name on ZooKeeper: create our ephemeral sequential node (its
 //! name carries a unique part, so a create whose reply was lost is found
 //! again rather than repeated), judge the queue, and while blocked watch
-//! the node just ahead. The give-up clock, the waiting line and the retry
-//! budget are the driver's (`backend::drive`).
+//! the node just ahead. The give-up clock, the waiting line, the retry
+//! budget and every pause between tries are the driver's (`backend::drive`);
+//! the calls on our nodes and the watches are `take/nodes.rs`'s.
 
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use zookeeper_client as zk;
@@ -12,13 +13,16 @@ use zookeeper_client as zk;
 use super::address::ZkUrl;
 use super::client::{CallError, Client, expired, sort};
 use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
-use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name_behind, server_now};
-use crate::backend::drive::{Step, Take, drive};
+use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name_behind};
+use crate::backend::drive::{Look, Take, Woke, drive};
 use crate::backend::plan::{self, Standing};
-use crate::backend::wait::{Patience, Retry};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
+
+mod nodes;
+
+use nodes::{claim, confirm, create, unique};
 
 /// A waiter looks at the queue again after this even with no event: a
 /// watch lost with a connection costs at most this.
@@ -48,75 +52,57 @@ struct Taking<'a> {
     /// then an exclusive request looks with one list (`quick_look`).
     known: Vec<Entry>,
     woken: bool,
+    /// Creates in a row that found no parent: ZooKeeper may delete an
+    /// empty container at any time, the prefix's between two creates.
+    orphaned: u32,
+    /// What the last look found in our way, and the watches on it once set.
+    blocked: Option<Blocked>,
 }
 
-fn unique() -> Result<String, Error> {
-    let mut bytes = [0u8; 16];
-    rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
-        .map_err(|e| Error::Internal(format!("reading random bytes: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+/// The nodes in our way, our own, and when a `--min-hold` window in our
+/// way ends (on the server's clock).
+struct Blocked {
+    watch: Vec<String>,
+    own: String,
+    until: Option<i64>,
+    watching: Option<Watching>,
 }
 
-/// The ACL of the prefix's node, shared by every identity that locks
-/// under the prefix: anyone may read it and create a name's node in it,
-/// so who came first never decides who may lock a name; and anyone may
-/// delete a child of it, so a node planted where a name's node goes (that
-/// lockrun could never queue under) is removed by whoever runs lockrun,
-/// not only by ZooKeeper's superuser. ZooKeeper deletes a node only when
-/// it has no children: a name's node with requests in it stays, and an
-/// empty one is a container ZooKeeper deletes itself anyway. Nobody may
-/// set its data or change its ACL.
-static PREFIX_ACL: std::sync::LazyLock<[zk::Acl; 1]> = std::sync::LazyLock::new(|| {
-    use zk::Permission as P;
-    [zk::Acl::new(
-        P::READ | P::CREATE | P::DELETE,
-        zk::AuthId::new("world", "anyone"),
-    )]
-});
-
-/// Create a container node with `acls` if it is not there.
-fn container(c: &Client, path: &str, acls: zk::Acls<'static>) -> Result<(), CallError> {
-    let path = path.to_string();
-    match c.call(|z| async move {
-        let opts = zk::CreateMode::Container.with_acls(acls);
-        z.create(&path, b"", &opts).await
-    }) {
-        Ok(_) | Err(CallError::Zk(zk::Error::NodeExists)) => Ok(()),
-        Err(e) => Err(e),
-    }
+/// Watches set on what is in our way: any news comes on `news`.
+struct Watching {
+    news: Receiver<()>,
+    /// Dropped, it ends the task watching the session.
+    _stop: tokio::sync::oneshot::Sender<()>,
+    opened: Boot,
+    /// When a window in our way ends, by our clock.
+    wake: Option<Boot>,
 }
 
 impl Take for Taking<'_> {
     type Transport = Client;
 
-    fn step(&mut self, patience: &mut Patience, _: &mut Retry) -> Result<Step, Error> {
-        match self.look(patience) {
-            Ok(step) => Ok(step),
-            Err(Failed::Final(e)) => {
-                self.leave();
-                Ok(Step::Over(e))
-            }
-            Err(Failed::Call(e, doing)) => {
-                if expired(&e) {
-                    // Our session is over, and our node with it: a new
-                    // session, and a new place at the back.
-                    log::info(format!(
-                        "our ZooKeeper session expired while acquiring {}; queueing again",
-                        self.req.name
-                    ));
-                    self.mine = None;
-                    self.zk.client = None;
-                    self.client = self.client.reconnect(&self.zk.url, self.req.timing.ttl)?;
-                    self.zk.client = Some(self.client.clone());
-                    // The server may grant a new session less than before.
-                    if let Some(e) = too_short(&self.zk.url, &self.client, self.req.timing.ttl) {
-                        return Ok(Step::Over(e));
-                    }
-                    return Ok(Step::Again);
-                }
-                Err(sort(e, &doing))
-            }
+    fn look(&mut self, _last: bool, _until: Option<Boot>) -> Result<Look, Error> {
+        self.blocked = None;
+        match self.look_once() {
+            Ok(look) => Ok(look),
+            Err(Failed::Final(e)) => Ok(Look::Over(e)),
+            Err(Failed::Call(e, doing)) => self.recover(e, &doing).map(|()| Look::Again),
         }
+    }
+
+    fn wait(&mut self, until: Option<Boot>) -> Result<Woke, Error> {
+        let Some(mut b) = self.blocked.take() else {
+            return Ok(Woke::Look);
+        };
+        let woke = match self.wait_turn(&mut b, until) {
+            Ok(woke) => woke,
+            Err(Failed::Final(e)) => return Err(e),
+            Err(Failed::Call(e, doing)) => self.recover(e, &doing).map(|()| Woke::Look)?,
+        };
+        if matches!(woke, Woke::Due) {
+            self.blocked = Some(b);
+        }
+        Ok(woke)
     }
 
     fn leave(&mut self) {
@@ -179,6 +165,29 @@ fn call_failed(doing: &str) -> impl Fn(CallError) -> Failed + '_ {
     move |e| Failed::Call(e, doing.to_string())
 }
 
+impl Taking<'_> {
+    /// A call failed: a session that expired is made again, and our place
+    /// with it (queue again, at the back); anything else ends the request.
+    fn recover(&mut self, e: CallError, doing: &str) -> Result<(), Error> {
+        if !expired(&e) {
+            return Err(sort(e, doing));
+        }
+        log::info(format!(
+            "our ZooKeeper session expired while acquiring {}; queueing again",
+            self.req.name
+        ));
+        self.mine = None;
+        self.zk.client = None;
+        self.client = self.client.reconnect(&self.zk.url, self.req.timing.ttl)?;
+        self.zk.client = Some(self.client.clone());
+        // The server may grant a new session less than before.
+        match too_short(&self.zk.url, &self.client, self.req.timing.ttl) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Zk {
     pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
         let ttl = req.timing.ttl;
@@ -196,6 +205,8 @@ impl Zk {
             holder: None,
             known: Vec::new(),
             woken: false,
+            orphaned: 0,
+            blocked: None,
         };
         drive(&mut taking, req, wait)
     }
@@ -221,30 +232,14 @@ fn too_short(url: &ZkUrl, c: &Client, ttl: Duration) -> Option<Error> {
 }
 
 impl Taking<'_> {
-    fn look(&mut self, patience: &mut Patience) -> Result<Step, Failed> {
+    /// One look: our node made (once), the queue read, and judged.
+    fn look_once(&mut self) -> Result<Look, Failed> {
         let req = self.req;
         let c = self.client.clone();
-        let ttl = req.timing.ttl;
-        if self.mine.is_none() {
-            self.mine = Some(Mine {
-                id: unique().map_err(Failed::Final)?,
-                node: None,
-                sent: false,
-            });
-        }
-        let m = self.mine.as_mut().expect("set above");
-        // The create is judged by the leader, which checks our session:
-        // a grant on the look right after it counts from its send.
-        let mut created_at = None;
-        if m.node.is_none() && !m.sent {
-            m.sent = true;
-            created_at = Some(Boot::now());
-            let record = Record::new(req, ttl.as_millis() as u64);
-            let doing = format!("creating our node under {}", self.nodes.parent);
-            let node =
-                create(&c, &self.nodes, &m.id, &record.encode()).map_err(call_failed(&doing))?;
-            m.node = Some(node);
-        }
+        let Some(created_at) = self.ensure_node(&c)? else {
+            return Ok(Look::Again);
+        };
+        let m = self.mine.as_ref().expect("made above");
         // Our sequence number, when we know our node: another identity's
         // request behind ours cannot hold before us.
         let our_seq = m.node.as_deref().and_then(request_of).map(|(_, seq)| seq);
@@ -257,56 +252,14 @@ impl Taking<'_> {
                 name
             }
         };
-        let queue = &name.queue;
-        let m = self.mine.as_mut().expect("set above");
-        let ours: Vec<&Entry> = queue.iter().filter(|e| e.id == m.id).collect();
-        let Some(first) = ours.first() else {
-            // A replaced node is left out of the queue: look for it apart.
-            let node = m.node.clone();
-            if let Some(by) = self.replaced(&c, node.as_deref())? {
-                self.leave();
-                return Ok(Step::Done(Acquired::Replaced { by }));
-            }
-            let m = self.mine.as_mut().expect("set above");
-            if m.node.is_some() {
-                // Our node went: deleted by an operator, or with a session
-                // that expired under us. Queue again, at the back.
-                log::info(format!(
-                    "our place in {}'s queue went; queueing again",
-                    req.name
-                ));
-                self.mine = None;
-            } else {
-                // The create's reply was lost and it never happened.
-                m.sent = false;
-            }
-            return Ok(Step::Again);
+        let first = match self.find_ours(&c, &name.queue)? {
+            Ok(first) => first,
+            Err(look) => return Ok(look),
         };
-        let first = (*first).clone();
-        // A create repeated after a lost reply: only the first is ours.
-        for extra in ours.iter().skip(1) {
-            let _ = delete(&c, &self.nodes, extra);
+        if let Some(done) = self.not_ours_any_more(&c, &first)? {
+            return Ok(done);
         }
-        if ours.len() > 1 {
-            return Ok(Step::Again);
-        }
-        m.node = Some(first.node.clone());
-        if first.owner != c.session_id() {
-            self.leave();
-            return Err(Failed::Final(Error::Refused(format!(
-                "our node in {}'s queue is on another session: remove it",
-                req.name
-            ))));
-        }
-        if first.record.revoked {
-            // Revoked by `release --force` as it came to the front: queue again.
-            log::info(format!(
-                "our place in {}'s queue was revoked; queueing again",
-                req.name
-            ));
-            self.leave();
-            return Ok(Step::Again);
-        }
+        let queue = &name.queue;
         let me = queue
             .iter()
             .position(|e| e.node == first.node)
@@ -316,81 +269,7 @@ impl Taking<'_> {
             Verdict::Disagrees(in_force) => {
                 Err(Failed::Final(req.mode.disagreement(req.name, in_force)))
             }
-            Verdict::Granted { slot } => {
-                let mut entry = first;
-                // Judged on a read, which a follower may serve while the
-                // leader is away: confirm through the leader that our
-                // session is alive and our node as read.
-                let sent = match created_at {
-                    // A --supersede request may be marked replaced by a
-                    // later one that read it as waiting: the grant writes
-                    // its node (at the version read), so a mark made on an
-                    // older read fails, and a mark that came first fails
-                    // the grant. A replaced node is never a holder.
-                    _ if req.group.supersede => {
-                        let at = Boot::now();
-                        match confirm(&c, &self.nodes.child(&entry.node), &entry) {
-                            Ok(version) => {
-                                entry.version = version;
-                                at
-                            }
-                            Err(CallError::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => {
-                                return Ok(Step::Again);
-                            }
-                            Err(e) => return Err(Failed::Call(e, "confirming our turn".into())),
-                        }
-                    }
-                    Some(at) => at,
-                    None => {
-                        let at = Boot::now();
-                        match check(&c, &self.nodes.child(&entry.node), entry.version) {
-                            Ok(()) => at,
-                            Err(CallError::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => {
-                                return Ok(Step::Again);
-                            }
-                            Err(e) => return Err(Failed::Call(e, "confirming our turn".into())),
-                        }
-                    }
-                };
-                // Our session may have reconnected since it was made, to a
-                // server that grants less: as a fresh run, refused.
-                if let Some(e) = too_short(&self.zk.url, &c, ttl) {
-                    return Err(Failed::Final(e));
-                }
-                if let Mode::Limit(n) = req.mode
-                    && entry.slot.is_none()
-                {
-                    let kept: Vec<u32> =
-                        name.windows.iter().filter_map(|w| w.record.slot).collect();
-                    match claim(&c, &self.nodes, &entry.node, slot.unwrap_or(0), n, &kept)
-                        .map_err(call_failed("claiming a slot"))?
-                    {
-                        Some(s) => entry.slot = Some(s),
-                        None => {
-                            std::thread::sleep(Duration::from_millis(50));
-                            return Ok(Step::Again);
-                        }
-                    }
-                }
-                let token = entry.czxid;
-                let slot = entry.slot.filter(|_| matches!(req.mode, Mode::Limit(_)));
-                let held = ZkHeld {
-                    client: c,
-                    nodes: Nodes::new(&self.zk.root, req.name),
-                    entry,
-                    ttl,
-                    name: req.name.to_string(),
-                    granted_by: Boot::now(),
-                    min_hold: req.min_hold,
-                };
-                Ok(Step::Done(Acquired::Granted(Lease::new(
-                    token,
-                    slot,
-                    sent,
-                    ttl,
-                    Box::new(held),
-                ))))
-            }
+            Verdict::Granted { slot } => self.granted(&c, &name, first, slot, created_at),
             Verdict::Blocked { watch, until } => {
                 self.holder = name
                     .windows
@@ -399,29 +278,191 @@ impl Taking<'_> {
                     .or_else(|| queue.first().map(|e| e.record.label.clone()))
                     .or(self.holder.take());
                 if !self.joined {
-                    if let Some(step) = self.join(&c, &name, me)? {
-                        return Ok(step);
+                    if let Some(look) = self.join(&c, &name, me)? {
+                        return Ok(look);
                     }
                     self.joined = true;
                 }
-                if patience.over() {
-                    self.leave();
-                    return Ok(Step::Done(Acquired::Busy {
-                        holder: self.holder.clone(),
-                    }));
-                }
-                patience.tick(self.holder.as_deref());
-                // A window ends on the server's clock: sleep until then by ours.
-                let wake = match until {
-                    Some(end) => {
-                        let now = server_now(&c, &self.nodes)
-                            .map_err(call_failed("reading the server's clock"))?;
-                        Some(Boot::now().add(Duration::from_millis((end - now).max(0) as u64 + 5)))
-                    }
-                    None => None,
-                };
-                self.wait_turn(&c, &watch, &first.node, wake, patience)
+                self.blocked = Some(Blocked {
+                    watch,
+                    own: first.node,
+                    until,
+                    watching: None,
+                });
+                Ok(Look::Blocked(self.holder.clone()))
             }
+        }
+    }
+
+    /// Our request, with its node created once. Some(when the create was
+    /// sent, if this look sent it); None: look again (the create found no
+    /// parent, made now).
+    fn ensure_node(&mut self, c: &Client) -> Result<Option<Option<Boot>>, Failed> {
+        if self.mine.is_none() {
+            self.mine = Some(Mine {
+                id: unique().map_err(Failed::Final)?,
+                node: None,
+                sent: false,
+            });
+        }
+        let m = self.mine.as_mut().expect("set above");
+        if m.node.is_some() || m.sent {
+            return Ok(Some(None));
+        }
+        // The create is judged by the leader, which checks our session:
+        // a grant on the look right after it counts from its send.
+        m.sent = true;
+        let at = Boot::now();
+        let record = Record::new(self.req, self.req.timing.ttl.as_millis() as u64);
+        let doing = format!("creating our node under {}", self.nodes.parent);
+        match create(c, &self.nodes, &m.id, &record.encode(), self.orphaned) {
+            Ok(Some(node)) => {
+                m.node = Some(node);
+                self.orphaned = 0;
+                Ok(Some(Some(at)))
+            }
+            Ok(None) => {
+                m.sent = false;
+                self.orphaned += 1;
+                Ok(None)
+            }
+            Err(e) => Err(Failed::Call(e, doing)),
+        }
+    }
+
+    /// Our entry in the queue read, or what the look comes to without it:
+    /// replaced, or look again (our node went, or a create was repeated
+    /// and its extra nodes are deleted now).
+    fn find_ours(&mut self, c: &Client, queue: &[Entry]) -> Result<Result<Entry, Look>, Failed> {
+        let m = self.mine.as_ref().expect("made before");
+        let ours: Vec<&Entry> = queue.iter().filter(|e| e.id == m.id).collect();
+        let Some(first) = ours.first() else {
+            // A replaced node is left out of the queue: look for it apart.
+            if let Some(by) = self.replaced(c, m.node.as_deref())? {
+                self.leave();
+                return Ok(Err(Look::Done(Acquired::Replaced { by })));
+            }
+            let m = self.mine.as_mut().expect("made before");
+            if m.node.is_some() {
+                // Our node went: deleted by an operator, or with a session
+                // that expired under us. Queue again, at the back.
+                log::info(format!(
+                    "our place in {}'s queue went; queueing again",
+                    self.req.name
+                ));
+                self.mine = None;
+            } else {
+                // The create's reply was lost and it never happened.
+                m.sent = false;
+            }
+            return Ok(Err(Look::Again));
+        };
+        let first = (*first).clone();
+        // A create repeated after a lost reply: only the first is ours.
+        for extra in ours.iter().skip(1) {
+            let _ = delete(c, &self.nodes, extra);
+        }
+        if ours.len() > 1 {
+            return Ok(Err(Look::Again));
+        }
+        self.mine.as_mut().expect("made before").node = Some(first.node.clone());
+        Ok(Ok(first))
+    }
+
+    /// Our node as read may no longer be our request's: on another
+    /// session (refused), or revoked by `release --force` as it came to
+    /// the front (queue again). Some: what this look comes to.
+    fn not_ours_any_more(&mut self, c: &Client, first: &Entry) -> Result<Option<Look>, Failed> {
+        if first.owner != c.session_id() {
+            return Err(Failed::Final(Error::Refused(format!(
+                "our node in {}'s queue is on another session: remove it",
+                self.req.name
+            ))));
+        }
+        if !first.record.revoked {
+            return Ok(None);
+        }
+        log::info(format!(
+            "our place in {}'s queue was revoked; queueing again",
+            self.req.name
+        ));
+        self.leave();
+        Ok(Some(Look::Again))
+    }
+
+    /// Our turn: confirmed through the leader (and a `--limit` slot
+    /// claimed), the lease.
+    fn granted(
+        &mut self,
+        c: &Client,
+        name: &Name,
+        mut entry: Entry,
+        slot: Option<u32>,
+        created_at: Option<Boot>,
+    ) -> Result<Look, Failed> {
+        let (req, ttl) = (self.req, self.req.timing.ttl);
+        let Some(sent) = self.confirmed(c, &mut entry, created_at)? else {
+            return Ok(Look::Again);
+        };
+        // Our session may have reconnected since it was made, to a
+        // server that grants less: as a fresh run, refused.
+        if let Some(e) = too_short(&self.zk.url, c, ttl) {
+            return Err(Failed::Final(e));
+        }
+        if let Mode::Limit(n) = req.mode
+            && entry.slot.is_none()
+        {
+            let kept: Vec<u32> = name.windows.iter().filter_map(|w| w.record.slot).collect();
+            match claim(c, &self.nodes, &entry.node, slot.unwrap_or(0), n, &kept)
+                .map_err(call_failed("claiming a slot"))?
+            {
+                Some(s) => entry.slot = Some(s),
+                // Every slot taken: a holder leaving at this moment.
+                None => return Ok(Look::Later),
+            }
+        }
+        let token = entry.czxid;
+        let slot = entry.slot.filter(|_| matches!(req.mode, Mode::Limit(_)));
+        let held = ZkHeld {
+            client: c.clone(),
+            nodes: Nodes::new(&self.zk.root, req.name),
+            entry,
+            ttl,
+            name: req.name.to_string(),
+            granted_by: Boot::now(),
+            min_hold: req.min_hold,
+        };
+        let lease = Lease::new(token, slot, sent, ttl, Box::new(held));
+        Ok(Look::Done(Acquired::Granted(lease)))
+    }
+
+    /// Judged on a read, which a follower may serve while the leader is
+    /// away: confirm through the leader that our session is alive and our
+    /// node as read. When the grant counts from; None: look again.
+    fn confirmed(
+        &self,
+        c: &Client,
+        entry: &mut Entry,
+        created_at: Option<Boot>,
+    ) -> Result<Option<Boot>, Failed> {
+        let at = Boot::now();
+        let path = self.nodes.child(&entry.node);
+        let done = match created_at {
+            // A --supersede request may be marked replaced by a later one
+            // that read it as waiting: the grant writes its node (at the
+            // version read), so a mark made on an older read fails, and a
+            // mark that came first fails the grant. A replaced node is
+            // never a holder.
+            _ if self.req.group.supersede => {
+                confirm(c, &path, entry).map(|version| entry.version = version)
+            }
+            Some(created) => return Ok(Some(created)),
+            None => check(c, &path, entry.version),
+        };
+        match done {
+            Ok(()) => Ok(Some(at)),
+            Err(CallError::Zk(zk::Error::BadVersion | zk::Error::NoNode)) => Ok(None),
+            Err(e) => Err(Failed::Call(e, "confirming our turn".into())),
         }
     }
 
@@ -484,7 +525,7 @@ impl Taking<'_> {
     /// ours leaves; else `--preempt` ends the windows and marks the
     /// holders, and `--supersede` marks the earlier waiters that asked for
     /// it too as replaced.
-    fn join(&mut self, c: &Client, name: &Name, me: usize) -> Result<Option<Step>, Failed> {
+    fn join(&mut self, c: &Client, name: &Name, me: usize) -> Result<Option<Look>, Failed> {
         let queue = &name.queue;
         let held = name.queue_held().min(me);
         // The windows, then the holders in the queue.
@@ -494,7 +535,7 @@ impl Taking<'_> {
         let plan = plan::join(self.req.group, &holders, &ahead);
         if let Some(waiting) = plan.full {
             self.leave();
-            return Ok(Some(Step::Done(Acquired::QueueFull { waiting })));
+            return Ok(Some(Look::Done(Acquired::QueueFull { waiting })));
         }
         let shown = &self.req.owner.shown;
         let mut again = false;
@@ -516,201 +557,36 @@ impl Taking<'_> {
                 ..r
             })?;
         }
-        Ok(again.then_some(Step::Again))
+        Ok(again.then_some(Look::Again))
     }
 
-    /// Block until a watched node goes (or ours is marked replaced), or
-    /// the wait says to look again.
-    fn wait_turn(
-        &mut self,
-        c: &Client,
-        watch: &[String],
-        own: &str,
-        wake: Option<Boot>,
-        patience: &mut Patience,
-    ) -> Result<Step, Failed> {
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        for node in watch {
-            let path = self.nodes.child(node);
-            let (stat, watcher) = c
-                .call(|z| async move { z.check_and_watch_stat(&path).await })
-                .map_err(call_failed("watching the node ahead"))?;
-            if stat.is_none() {
-                return Ok(Step::Again);
+    /// Block until a watched node goes (or ours is marked replaced), a
+    /// window in our way ends, it is time to look again anyway, or `until`.
+    fn wait_turn(&mut self, b: &mut Blocked, until: Option<Boot>) -> Result<Woke, Failed> {
+        if b.watching.is_none() {
+            match self.watch(b)? {
+                Some(w) => b.watching = Some(w),
+                None => return Ok(Woke::Look),
             }
-            let tx = tx.clone();
-            c.spawn(async move {
-                watcher.changed().await;
-                let _ = tx.send(());
-            });
         }
-        if self.req.group.supersede {
-            // A newer --supersede request marks our node: watch it too.
-            let path = self.nodes.child(own);
-            let (data, _, watcher) =
-                match c.call(|z| async move { z.get_and_watch_data(&path).await }) {
-                    Ok(v) => v,
-                    // Gone: the next look finds out why.
-                    Err(CallError::Zk(zk::Error::NoNode)) => return Ok(Step::Again),
-                    Err(e) => return Err(Failed::Call(e, "watching our node".into())),
-                };
-            if Record::decode(&data).is_some_and(|r| r.replaced_by.is_some()) {
-                return Ok(Step::Again);
-            }
-            let tx = tx.clone();
-            c.spawn(async move {
-                watcher.changed().await;
-                let _ = tx.send(());
-            });
+        let w = b.watching.as_ref().expect("set above");
+        let mut at = w.opened.add(LOOK_AGAIN);
+        if let Some(wake) = w.wake {
+            at = at.min(wake);
         }
-        // A watch's event lost with a connection comes back when the
-        // session reconnects (the server resets our watches), but a
-        // release missed meanwhile is read at once on reconnecting: the
-        // session's state wakes us too. Dropping `_stop` ends the task.
-        let (_stop, stop) = tokio::sync::oneshot::channel::<()>();
-        let mut states = c
-            .call(|z| async move { Ok(z.state_watcher()) })
-            .map_err(call_failed("watching the session"))?;
-        c.spawn(async move {
-            let back = async move {
-                let mut lost = !matches!(
-                    states.peek_state(),
-                    zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
-                );
-                loop {
-                    match states.changed().await {
-                        zk::SessionState::Disconnected => lost = true,
-                        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
-                            if !lost => {}
-                        // Back, or over for good: look again.
-                        _ => return,
-                    }
-                }
-            };
-            if let futures_util::future::Either::Left(_) =
-                futures_util::future::select(Box::pin(back), stop).await
-            {
-                let _ = tx.send(());
+        if Boot::now() >= at {
+            return Ok(Woke::Look);
+        }
+        let deadline = until.map_or(at, |u| u.min(at));
+        let left = deadline.since(Boot::now()).max(Duration::from_millis(1));
+        match w.news.recv_timeout(left) {
+            Ok(()) => {
+                self.woken = true;
+                Ok(Woke::Look)
             }
-        });
-        let opened = Boot::now();
-        loop {
-            let mut left = LOOK_AGAIN.saturating_sub(Boot::now().since(opened));
-            if let Some(at) = wake {
-                if Boot::now() >= at {
-                    return Ok(Step::Again);
-                }
-                left = left.min(at.since(Boot::now()));
-            }
-            match rx.recv_timeout(patience.cap(left).max(Duration::from_millis(1))) {
-                Ok(()) => {
-                    self.woken = true;
-                    return Ok(Step::Again);
-                }
-                Err(RecvTimeoutError::Disconnected) => return Ok(Step::Again),
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            if patience.over() {
-                self.leave();
-                return Ok(Step::Done(Acquired::Busy {
-                    holder: self.holder.clone(),
-                }));
-            }
-            patience.tick(self.holder.as_deref());
-            if Boot::now().since(opened) >= LOOK_AGAIN {
-                return Ok(Step::Again);
-            }
+            Err(RecvTimeoutError::Disconnected) => Ok(Woke::Look),
+            Err(RecvTimeoutError::Timeout) if Boot::now() >= at => Ok(Woke::Look),
+            Err(RecvTimeoutError::Timeout) => Ok(Woke::Due),
         }
     }
-}
-
-/// Create our node under the name's parent (the parents as needed): its
-/// node name.
-fn create(c: &Client, nodes: &Nodes, id: &str, data: &[u8]) -> Result<String, CallError> {
-    let mut tries = 0;
-    loop {
-        let path = nodes.request(id);
-        let data = data.to_vec();
-        let acls = c.acls();
-        match c.call(|z| async move {
-            let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
-            z.create(&path, &data, &opts).await
-        }) {
-            Ok((_, seq)) => return Ok(format!("q-{id}-{seq}")),
-            Err(CallError::Zk(zk::Error::NoNode)) if tries >= 5 => {
-                // Still no parent: the chroot may be gone under us.
-                return Err(c.chroot_gone()?.unwrap_or(CallError::Zk(zk::Error::NoNode)));
-            }
-            Err(CallError::Zk(zk::Error::NoNode)) => {
-                // ZooKeeper may delete an empty container at any time,
-                // the prefix's between our two creates: try again.
-                tries += 1;
-                // The prefix's node is shared by every identity; a name's
-                // node carries our ACL, as its requests do (a name is one
-                // identity's: another could not read its requests).
-                let prefix = zk::Acls::new(&PREFIX_ACL[..]);
-                match container(c, &nodes.root, prefix)
-                    .and_then(|()| container(c, &nodes.parent, c.acls()))
-                {
-                    Ok(()) | Err(CallError::Zk(zk::Error::NoNode)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            // A node at the name's place that lockrun may not create
-            // under: named, if it is not lockrun's.
-            Err(CallError::Zk(e @ (zk::Error::NoAuth | zk::Error::NoChildrenForEphemerals))) => {
-                return Err(match super::foreign_at(c, nodes)? {
-                    Some(w) => CallError::Refused(w.line()),
-                    None => CallError::Zk(e),
-                });
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Rewrite our node as read, at the version read: the leader judges it
-/// (our session alive, the node unchanged). Its new version.
-fn confirm(c: &Client, path: &str, e: &Entry) -> Result<i32, CallError> {
-    let path = path.to_string();
-    let (data, version) = (e.record.encode(), e.version);
-    c.call(|z| async move { z.set_data(&path, &data, Some(version)).await })
-        .map(|stat| stat.version)
-}
-
-/// Claim a free `--limit` slot for our node, `first` tried first: None
-/// when all N are taken (a holder leaving at this moment).
-fn claim(
-    c: &Client,
-    nodes: &Nodes,
-    node: &str,
-    first: u32,
-    n: u32,
-    kept: &[u32],
-) -> Result<Option<u32>, CallError> {
-    for s in std::iter::once(first)
-        .chain(0..n)
-        .filter(|s| !kept.contains(s))
-    {
-        let path = nodes.slot(s);
-        let data = node.as_bytes().to_vec();
-        let acls = c.acls();
-        let p = path.clone();
-        match c.call(|z| async move {
-            let opts = zk::CreateMode::Ephemeral.with_acls(acls);
-            z.create(&p, &data, &opts).await
-        }) {
-            Ok(_) => return Ok(Some(s)),
-            Err(CallError::Zk(zk::Error::NodeExists)) => {
-                // Ours already, if an earlier claim's reply was lost.
-                match c.call(|z| async move { z.get_data(&path).await }) {
-                    Ok((d, _)) if d == node.as_bytes() => return Ok(Some(s)),
-                    Ok(_) | Err(CallError::Zk(zk::Error::NoNode)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(None)
 }
