@@ -5,19 +5,21 @@
 
 mod guard;
 mod policy;
+mod procs;
+mod wakeups;
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, TryRecvError, channel};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
 
 use rustix::event::{PollFd, PollFlags, poll};
 use signal_hook::iterator::backend::SignalDelivery;
 use signal_hook::iterator::exfiltrator::WithRawSiginfo;
 
 use crate::backend::Renewing;
-use crate::clock::{Boot, BootTimer};
+use crate::clock::Boot;
 use crate::exit::{Class, Failure, ResultExt, fail};
 use crate::log;
 use crate::schedule::Timing;
@@ -26,7 +28,8 @@ use crate::sys;
 use crate::watchdog::{Deadline, Event as LeaseEvent, Watchdog};
 use guard::{Guard, Report};
 pub use policy::Outcome;
-use policy::{Action, Event, FORWARDED, JOB_CONTROL, Policy, Walk};
+use policy::{Action, Event, FORWARDED, JOB_CONTROL, Policy};
+use wakeups::{Wakeups, readable};
 
 /// Everything the supervisor needs to run one job under one lease.
 pub struct Job {
@@ -129,53 +132,14 @@ pub fn supervise_job(
     // Orphans of the job come to the guard; if the guard itself dies, to us.
     sys::set_subreaper().exit_as(Class::Internal)?;
     let caught = catchable();
-    sys::unblock(&caught);
-    let (sig_rx, sig_tx) = UnixStream::pair().exit_as(Class::Internal)?;
-    let mut signals = SignalDelivery::with_pipe(sig_rx, sig_tx, WithRawSiginfo, &caught)
-        .exit_as(Class::Internal)?;
-    caught_here();
-    let (wake_rx, wake_tx) = UnixStream::pair().exit_as(Class::Internal)?;
-    wake_rx.set_nonblocking(true).exit_as(Class::Internal)?;
-    wake_tx.set_nonblocking(true).exit_as(Class::Internal)?;
-    let timer = BootTimer::new().exit_as(Class::Internal)?;
+    let mut wakeups = Wakeups::new(&caught, caught_here)?;
     let shares_group = sys::at_terminal();
 
-    let env_remove: Vec<&str> = job.env_remove.iter().map(String::as_str).collect();
-    let spec = crate::spawn::Spec {
-        argv: &job.command,
-        env: &job.env,
-        env_remove: &env_remove,
-        inherit_fd: job.inherit_fd,
-        caught: &caught,
-        // At a terminal the job joins lockrun's group (the guard has its own).
-        group: if shares_group {
-            rustix::process::getpgrp().as_raw_nonzero().get()
-        } else {
-            0
-        },
-        keep_sigpipe_ignored: SIGPIPE_IGNORED.load(std::sync::atomic::Ordering::Relaxed),
-    };
     let shown = job.command[0].to_string_lossy().into_owned();
-    let mut prepared =
-        Prepared::new(&spec).map_err(|e| spawn_failure(&shown, SpawnError::Other(e)))?;
-    let watch = guard::Watch {
-        timing: job.timing,
-        deadline: deadline.as_ref().map(|d| d.get()),
-        shares_group,
-    };
-    let mut guard = Guard::start(&mut prepared, !job.secret, watch).map_err(|e| {
-        fail(
-            Class::Internal,
-            format!("cannot start the guard process: {e}"),
-        )
-    })?;
-    // The guard hears of every deadline the renewals earn, from the thread
-    // that renewed: should lockrun stop, it stops the job in time itself.
-    if let Some(d) = &deadline {
-        let orders = guard.orders.clone();
-        d.watch(move |at| orders.deadline(at));
-    }
-    let Some(main) = first_report(&mut guard).map_err(|e| spawn_failure(&shown, e))? else {
+    let mut prepared = prepare(&job, &caught, shares_group)
+        .map_err(|e| spawn_failure(&shown, SpawnError::Other(e)))?;
+    let Some((guard, main)) = start_guard(&job, &mut prepared, &deadline, shares_group, &shown)?
+    else {
         return Ok(Outcome {
             end: None,
             lost: Some(
@@ -189,151 +153,64 @@ pub fn supervise_job(
     log::start_async();
     started();
 
-    let mut renewer = renewer;
-    let renew_now = renewer.wake();
-    let mut sup = Supervisor {
-        policy: Policy::new(job.timing, shares_group),
-        timing: job.timing,
-        deadline,
-        renewer: Some(renewer),
-        renew_now,
-        watchdog: None,
-        first_renew: job.sent_at.add(job.timing.renew_every),
-        main,
-        guard,
-        guard_gone: false,
-        reserve: reserve_fds(),
-        orphans_only: false,
-        main_fd: None,
-        delegated: false,
-        groups: Vec::new(),
-        probed: std::collections::HashSet::new(),
-        known_groups: known_groups(),
-        next_count: job.sent_at.add(job.timing.renew_every),
-        told_cost: std::time::Duration::ZERO,
-        told_stopping: false,
-    };
+    let mut sup = Supervisor::new(&job, deadline, renewer, guard, main, shares_group);
     let (ev_tx, ev_rx) = channel::<LeaseEvent>();
-    loop {
-        let now = Boot::now();
-        let mut events = Vec::new();
-        for info in signals.pending() {
-            events.push(Event::Signal {
-                sig: info.si_signo,
-                // The terminal's signals (Ctrl-C, Ctrl-Z, a resize) come from
-                // the kernel; `kill` from another process says SI_USER.
-                from_terminal: info.si_code == libc::SI_KERNEL,
-            });
-        }
-        events.extend(lease_events(&ev_rx));
-        let (gone, more) = sup.guard_news();
-        events.extend(more);
-        if sup.renewer.is_some()
-            && let Some(w) = &sup.renew_now
-            && readable(w.as_fd())
-        {
-            if crate::watchdog::drain(w.as_fd()) {
-                sup.first_renew = sup.first_renew.min(now);
-            } else {
-                // Hung up with nothing to read: nobody is left to ask.
-                sup.renew_now = None;
-            }
-        }
-        if !gone && let Some(e) = sup.start_watchdog(now, &ev_tx, &wake_tx) {
-            events.push(e);
-        }
-
-        let dl = sup.deadline.as_ref().map(|d| d.get());
-        let just_ended = events.iter().any(|e| matches!(e, Event::JobEnded(_)));
-        let mut actions = Vec::new();
-        for ev in events {
-            actions.extend(sup.policy.on(ev, now));
-        }
-        if gone {
-            break;
-        }
-        // A lease past its time is lost now, before any walk: what a walk
-        // then measures can no longer undo it (a walk that stopped processes
-        // is always followed by their SIGTERM and SIGCONT).
-        actions.extend(sup.policy.check_time(now, dl));
-        if sup.policy_is_stopping() && !sup.told_stopping {
-            // Before the first SIGTERM: the guard must not send its own.
-            sup.told_stopping = true;
-            sup.guard.orders.stopping();
-        }
-        // Right after the main process ended, the guard usually exits within
-        // microseconds (nothing left): look for leftovers a moment later
-        // rather than walk /proc on every run.
-        let settling = just_ended && !sup.policy_is_stopping();
-        // While the job runs under a lease that can expire, count its
-        // processes once per renewal: the kill schedule allows for their number.
-        let count = dl.is_some() && !sup.policy_is_stopping() && now >= sup.next_count;
-        let walk = sup.policy.walk(now, dl);
-        let walked = if (sup.policy.wants_procs() && !settling) || count {
-            if count {
-                sup.next_count = now.add(sup.timing.renew_every);
-                // While the main process most likely still runs.
-                let _ = sup.main_pidfd();
-            }
-            Some(sup.processes(walk, now, dl))
-        } else {
-            None
-        };
-        let procs = walked.as_ref().map_or(&[][..], |(w, _)| &w.pids[..]);
-        actions.extend(sup.policy.tick(now, dl, procs));
-        if let Some((w, took)) = &walked {
-            // After tick, which decided with the cost the walk used.
-            sup.policy.measured(w.pids.len(), *took);
-            let cost = sup.policy.kill_cost();
-            if cost != sup.told_cost {
-                sup.told_cost = cost;
-                sup.guard.orders.cost(cost);
-            }
-            if !w.complete && sup.policy_is_stopping() {
-                // lockrun could not see every process (out of descriptors):
-                // its guard, the subreaper of them all, kills the job.
-                sup.delegate_kill();
-            }
-        }
-        if sup.policy_is_stopping() {
-            // Abandon any renewal in flight; the kill schedule never waits for it.
-            sup.watchdog.take();
-            sup.renewer.take();
-        }
-        for a in actions {
-            sup.act(a);
-        }
-
-        let mut next = sup.policy.next_tick(Boot::now(), dl);
-        if sup.renewer.is_some() && !sup.policy_is_stopping() {
-            next = Some(next.map_or(sup.first_renew, |n| n.min(sup.first_renew)));
-        }
-        if dl.is_some() && !sup.policy_is_stopping() {
-            next = Some(next.map_or(sup.next_count, |n| n.min(sup.next_count)));
-        }
-        if sup.orphans_only {
-            next = Some(Boot::now().add(std::time::Duration::from_millis(50)));
-        }
-        if settling {
-            next = Some(Boot::now().add(std::time::Duration::from_millis(2)));
-        }
-        let mut fds = vec![signals.get_read().as_fd(), wake_rx.as_fd()];
-        // Before the watchdog runs, a renewal due at once starts it.
-        if let Some(w) = sup.renew_now.as_ref().filter(|_| sup.renewer.is_some()) {
-            fds.push(w.as_fd());
-        }
-        // Once the guard is gone its pipe stays at end-of-file: not a wake-up.
-        if !sup.guard_gone {
-            fds.push(sup.guard.reports_fd());
-        }
-        wait(&fds, &timer, next);
-        drain(&wake_rx);
-    }
+    sup.run(&mut wakeups, &ev_tx, &ev_rx);
 
     // Nothing of the job is left.
     sup.watchdog.take();
     log::stop_async();
     Ok(sup.policy.outcome())
+}
+
+/// The job's start, made ready in lockrun before the guard is forked.
+fn prepare(job: &Job, caught: &[i32], shares_group: bool) -> std::io::Result<Prepared> {
+    let env_remove: Vec<&str> = job.env_remove.iter().map(String::as_str).collect();
+    let spec = crate::spawn::Spec {
+        argv: &job.command,
+        env: &job.env,
+        env_remove: &env_remove,
+        inherit_fd: job.inherit_fd,
+        caught,
+        // At a terminal the job joins lockrun's group (the guard has its own).
+        group: if shares_group {
+            rustix::process::getpgrp().as_raw_nonzero().get()
+        } else {
+            0
+        },
+        keep_sigpipe_ignored: SIGPIPE_IGNORED.load(std::sync::atomic::Ordering::Relaxed),
+    };
+    Prepared::new(&spec)
+}
+
+/// Fork the guard, which starts the job: the guard and the job's main pid,
+/// or None when the job was not started because the lease's time was up.
+fn start_guard(
+    job: &Job,
+    prepared: &mut Prepared,
+    deadline: &Option<Arc<Deadline>>,
+    shares_group: bool,
+    shown: &str,
+) -> Result<Option<(Guard, i32)>, Failure> {
+    let watch = guard::Watch {
+        timing: job.timing,
+        deadline: deadline.as_ref().map(|d| d.get()),
+        shares_group,
+    };
+    let mut guard = Guard::start(prepared, !job.secret, watch).map_err(|e| {
+        fail(
+            Class::Internal,
+            format!("cannot start the guard process: {e}"),
+        )
+    })?;
+    // The guard hears of every deadline the renewals earn, from the thread
+    // that renewed: should lockrun stop, it stops the job in time itself.
+    if let Some(d) = deadline {
+        let orders = guard.orders.clone();
+        d.watch(move |at| orders.deadline(at));
+    }
+    let main = first_report(&mut guard).map_err(|e| spawn_failure(shown, e))?;
+    Ok(main.map(|main| (guard, main)))
 }
 
 fn lease_events(rx: &Receiver<LeaseEvent>) -> Vec<Event> {
@@ -392,15 +269,192 @@ struct Supervisor {
     told_stopping: bool,
 }
 
-/// Two descriptors (copies of stdin) to free when lockrun needs to open files
-/// while it may be at its descriptor limit.
-fn reserve_fds() -> Vec<std::os::fd::OwnedFd> {
-    (0..2)
-        .filter_map(|_| rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stdin(), 3).ok())
-        .collect()
-}
-
 impl Supervisor {
+    fn new(
+        job: &Job,
+        deadline: Option<Arc<Deadline>>,
+        renewer: Renewing,
+        guard: Guard,
+        main: i32,
+        shares_group: bool,
+    ) -> Supervisor {
+        let mut renewer = renewer;
+        let renew_now = renewer.wake();
+        Supervisor {
+            policy: Policy::new(job.timing, shares_group),
+            timing: job.timing,
+            deadline,
+            renewer: Some(renewer),
+            renew_now,
+            watchdog: None,
+            first_renew: job.sent_at.add(job.timing.renew_every),
+            main,
+            guard,
+            guard_gone: false,
+            reserve: procs::reserve_fds(),
+            orphans_only: false,
+            main_fd: None,
+            delegated: false,
+            groups: Vec::new(),
+            probed: std::collections::HashSet::new(),
+            known_groups: procs::known_groups(),
+            next_count: job.sent_at.add(job.timing.renew_every),
+            told_cost: std::time::Duration::ZERO,
+            told_stopping: false,
+        }
+    }
+
+    /// The loop, until nothing of the job is left: gather what happened, let
+    /// the policy decide, carry out its actions, sleep until the next is due.
+    fn run(&mut self, w: &mut Wakeups, ev_tx: &Sender<LeaseEvent>, ev_rx: &Receiver<LeaseEvent>) {
+        loop {
+            let now = Boot::now();
+            let (gone, events) = self.gather(now, &mut w.signals, ev_tx, ev_rx, &w.wake_tx);
+            let dl = self.deadline.as_ref().map(|d| d.get());
+            let just_ended = events.iter().any(|e| matches!(e, Event::JobEnded(_)));
+            let mut actions = Vec::new();
+            for ev in events {
+                actions.extend(self.policy.on(ev, now));
+            }
+            if gone {
+                break;
+            }
+            // A lease past its time is lost now, before any walk: what a walk
+            // then measures can no longer undo it (a walk that stopped processes
+            // is always followed by their SIGTERM and SIGCONT).
+            actions.extend(self.policy.check_time(now, dl));
+            if self.policy_is_stopping() && !self.told_stopping {
+                // Before the first SIGTERM: the guard must not send its own.
+                self.told_stopping = true;
+                self.guard.orders.stopping();
+            }
+            // Right after the main process ended, the guard usually exits within
+            // microseconds (nothing left): look for leftovers a moment later
+            // rather than walk /proc on every run.
+            let settling = just_ended && !self.policy_is_stopping();
+            actions.extend(self.walk_and_tick(now, dl, settling));
+            if self.policy_is_stopping() {
+                // Abandon any renewal in flight; the kill schedule never waits for it.
+                self.watchdog.take();
+                self.renewer.take();
+            }
+            for a in actions {
+                self.act(a);
+            }
+            let next = self.next_wake(dl, settling);
+            self.sleep(w, next);
+        }
+    }
+
+    /// What happened since the last look: the signals caught, the lease's
+    /// news, the guard's, a renewal due at once; (true, _) once nothing of
+    /// the job is left.
+    fn gather(
+        &mut self,
+        now: Boot,
+        signals: &mut SignalDelivery<UnixStream, WithRawSiginfo>,
+        ev_tx: &Sender<LeaseEvent>,
+        ev_rx: &Receiver<LeaseEvent>,
+        wake_tx: &UnixStream,
+    ) -> (bool, Vec<Event>) {
+        let mut events = Vec::new();
+        for info in signals.pending() {
+            events.push(Event::Signal {
+                sig: info.si_signo,
+                // The terminal's signals (Ctrl-C, Ctrl-Z, a resize) come from
+                // the kernel; `kill` from another process says SI_USER.
+                from_terminal: info.si_code == libc::SI_KERNEL,
+            });
+        }
+        events.extend(lease_events(ev_rx));
+        let (gone, more) = self.guard_news();
+        events.extend(more);
+        if self.renewer.is_some()
+            && let Some(w) = &self.renew_now
+            && readable(w.as_fd())
+        {
+            if crate::watchdog::drain(w.as_fd()) {
+                self.first_renew = self.first_renew.min(now);
+            } else {
+                // Hung up with nothing to read: nobody is left to ask.
+                self.renew_now = None;
+            }
+        }
+        if !gone && let Some(e) = self.start_watchdog(now, ev_tx, wake_tx) {
+            events.push(e);
+        }
+        (gone, events)
+    }
+
+    /// Walk the job's processes when the policy wants them (not while the
+    /// job's end is `settling`) or when they are due to be counted, then let
+    /// the policy decide with what the walk found.
+    fn walk_and_tick(&mut self, now: Boot, dl: Option<Boot>, settling: bool) -> Vec<Action> {
+        // While the job runs under a lease that can expire, count its
+        // processes once per renewal: the kill schedule allows for their number.
+        let count = dl.is_some() && !self.policy_is_stopping() && now >= self.next_count;
+        let walk = self.policy.walk(now, dl);
+        let walked = if (self.policy.wants_procs() && !settling) || count {
+            if count {
+                self.next_count = now.add(self.timing.renew_every);
+                // While the main process most likely still runs.
+                let _ = self.main_pidfd();
+            }
+            Some(self.processes(walk, now, dl))
+        } else {
+            None
+        };
+        let procs = walked.as_ref().map_or(&[][..], |(w, _)| &w.pids[..]);
+        let actions = self.policy.tick(now, dl, procs);
+        if let Some((w, took)) = &walked {
+            // After tick, which decided with the cost the walk used.
+            self.policy.measured(w.pids.len(), *took);
+            let cost = self.policy.kill_cost();
+            if cost != self.told_cost {
+                self.told_cost = cost;
+                self.guard.orders.cost(cost);
+            }
+            if !w.complete && self.policy_is_stopping() {
+                // lockrun could not see every process (out of descriptors):
+                // its guard, the subreaper of them all, kills the job.
+                self.delegate_kill();
+            }
+        }
+        actions
+    }
+
+    /// When the loop must look again even if nothing wakes it.
+    fn next_wake(&self, dl: Option<Boot>, settling: bool) -> Option<Boot> {
+        let mut next = self.policy.next_tick(Boot::now(), dl);
+        if self.renewer.is_some() && !self.policy_is_stopping() {
+            next = Some(next.map_or(self.first_renew, |n| n.min(self.first_renew)));
+        }
+        if dl.is_some() && !self.policy_is_stopping() {
+            next = Some(next.map_or(self.next_count, |n| n.min(self.next_count)));
+        }
+        if self.orphans_only {
+            next = Some(Boot::now().add(std::time::Duration::from_millis(50)));
+        }
+        if settling {
+            next = Some(Boot::now().add(std::time::Duration::from_millis(2)));
+        }
+        next
+    }
+
+    /// Sleep until something wakes the loop or `next` comes.
+    fn sleep(&self, w: &Wakeups, next: Option<Boot>) {
+        let mut more = Vec::new();
+        // Before the watchdog runs, a renewal due at once starts it.
+        if let Some(r) = self.renew_now.as_ref().filter(|_| self.renewer.is_some()) {
+            more.push(r.as_fd());
+        }
+        // Once the guard is gone its pipe stays at end-of-file: not a wake-up.
+        if !self.guard_gone {
+            more.push(self.guard.reports_fd());
+        }
+        w.sleep(&more, next);
+    }
+
     fn policy_is_stopping(&self) -> bool {
         self.policy.is_stopping()
     }
@@ -474,167 +528,6 @@ impl Supervisor {
             ))),
         }
     }
-
-    /// Signal the job's process group (through the main process's pidfd);
-    /// false when there is none to signal: at a terminal the job shares
-    /// lockrun's group, and without a pidfd the group is not provably the job's.
-    fn signal_group(&mut self, sig: i32) -> bool {
-        if self.policy.shares_group() {
-            return false;
-        }
-        let main = self.main;
-        match self.main_pidfd() {
-            Some(fd) => {
-                sys::signal_group_of(fd.as_fd(), main, sig);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn main_pidfd(&mut self) -> Option<&std::os::fd::OwnedFd> {
-        let (main, guard) = (self.main, self.guard.pid);
-        self.main_fd
-            .get_or_insert_with(|| sys::pidfd_of_child(main, guard))
-            .as_ref()
-    }
-
-    /// Walk every live process of the job, sending each what the policy
-    /// decides for it at `now` while the walk holds it by a pidfd; how long
-    /// the walk took comes back with what it found.
-    fn processes(
-        &mut self,
-        how: Walk,
-        now: Boot,
-        dl: Option<Boot>,
-    ) -> (sys::Walked, std::time::Duration) {
-        let root = self.walk_root();
-        // The walk opens files: give it the descriptors kept in reserve, so
-        // that lockrun at its descriptor limit still finds every process.
-        self.reserve.clear();
-        let started = Boot::now();
-        if how == Walk::Kill {
-            // A call per known group stops them whole before the walk starts.
-            self.signal_group(libc::SIGKILL);
-            for g in &self.groups {
-                sys::signal_led_group(g.as_fd(), libc::SIGKILL);
-            }
-        }
-        // Only a walk that merely counts looks for groups: a pidfd kept
-        // while the job is being stopped could take a descriptor the walk
-        // needs at lockrun's limit.
-        let probing = how == Walk::List && !self.policy.is_stopping();
-        if probing {
-            // Groups that emptied give their place to new ones.
-            self.groups.retain(|g| sys::leads_group(g.as_fd()));
-        }
-        let max = if probing { self.known_groups } else { 0 };
-        let (policy, groups, probed) = (&self.policy, &mut self.groups, &mut self.probed);
-        let send = |fd: std::os::fd::BorrowedFd<'_>, sigs: &[i32]| {
-            for &sig in sigs {
-                sys::signal_pidfd(fd, sig);
-            }
-        };
-        let walked = sys::walk(
-            root,
-            |fd, p| {
-                send(fd, policy.signals_for(p, now, dl).0);
-                probe_group(groups, probed, max, fd, p);
-            },
-            |fd, p| send(fd, policy.signals_for(p, now, dl).1),
-        );
-        if probing {
-            let live: std::collections::HashSet<i32> = walked.pids.iter().copied().collect();
-            self.probed.retain(|p| live.contains(p));
-        }
-        let took = Boot::now().since(started);
-        log::debug(format!(
-            "{how:?} walk: {} process(es) in {took:.1?}{}",
-            walked.pids.len(),
-            if walked.complete { "" } else { " (incomplete)" }
-        ));
-        self.reserve = reserve_fds();
-        (walked, took)
-    }
-
-    fn walk_root(&self) -> i32 {
-        if self.orphans_only {
-            rustix::process::getpid().as_raw_nonzero().get()
-        } else {
-            self.guard.pid
-        }
-    }
-
-    /// Ask the guard to kill every process of the job (it walks with its own
-    /// few descriptors), once.
-    fn delegate_kill(&mut self) {
-        if !self.delegated && !self.guard_gone {
-            self.delegated = true;
-            log::info("asking the guard to kill the job");
-            sys::signal_pid(self.guard.pid, guard::KILL_REQUEST);
-        }
-    }
-
-    /// Carry out one decision. Signals to single processes went out during
-    /// the walk; here the job's group gets them too.
-    fn act(&mut self, a: Action) {
-        match a {
-            Action::Forward(sig) => {
-                log::info(format!("forwarding {}", signal_name(sig)));
-                if self.policy.shares_group() || !self.signal_group(sig) {
-                    // At a terminal, or with no group to reach: each process.
-                    let root = self.walk_root();
-                    sys::walk(root, |fd, _| sys::signal_pidfd(fd, sig), |_, _| {});
-                }
-            }
-            Action::Signal(pids, sig) => {
-                if sig == libc::SIGTERM {
-                    log::info(format!("stopping {} process(es) of the job", pids.len()));
-                }
-                // The job's own group gets SIGKILL too, in case a walk of
-                // /proc missed some; never SIGTERM, which each process got
-                // from the walk once already (a second one would run a
-                // job's TERM trap twice).
-                if sig == libc::SIGKILL {
-                    self.signal_group(sig);
-                }
-            }
-            Action::Suspend(sig) => {
-                log::info("stopped at the terminal; suspending lockrun with the job");
-                sys::stop_like(sig);
-            }
-            Action::Alert(msg) => log::alert(msg),
-        }
-    }
-}
-
-/// How many other groups of the job lockrun keeps a pidfd for: each costs a
-/// descriptor, so at most 32 and none under a tight descriptor limit (beyond
-/// these, the walk reaches every process one by one).
-fn known_groups() -> usize {
-    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(u64::MAX);
-    (soft.saturating_sub(64) / 8).min(32) as usize
-}
-
-/// Note whether process `p`, just found under the subreaper (so the job's),
-/// leads a process group: its pidfd then reaches that group in one call.
-fn probe_group(
-    groups: &mut Vec<std::os::fd::OwnedFd>,
-    probed: &mut std::collections::HashSet<i32>,
-    max: usize,
-    fd: std::os::fd::BorrowedFd<'_>,
-    p: i32,
-) {
-    if groups.len() >= max || !probed.insert(p) {
-        return;
-    }
-    if sys::leads_group(fd)
-        && let Ok(kept) = fd.try_clone_to_owned()
-    {
-        groups.push(kept);
-    }
 }
 
 /// Reap whatever of the job came to lockrun; true once nothing is left.
@@ -662,41 +555,4 @@ pub fn signal_name(sig: i32) -> String {
     signal_hook::low_level::signal_name(sig)
         .map(str::to_string)
         .unwrap_or_else(|| format!("signal {sig}"))
-}
-
-/// `fd` has something to read (or hung up), without waiting.
-fn readable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
-    let mut p = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-    matches!(poll(&mut p, Some(&rustix::time::Timespec::default())), Ok(n) if n > 0)
-}
-
-fn drain(wake: &UnixStream) {
-    use std::io::Read;
-    let mut buf = [0u8; 64];
-    let mut w = wake;
-    while w.read(&mut buf).is_ok_and(|n| n > 0) {}
-}
-
-/// Sleep until one of `fds` is readable or the boot clock reaches `at`.
-fn wait(fds: &[std::os::fd::BorrowedFd<'_>], timer: &BootTimer, at: Option<Boot>) {
-    let mut polled: Vec<PollFd<'_>> = fds
-        .iter()
-        .map(|fd| PollFd::from_borrowed_fd(*fd, PollFlags::IN))
-        .collect();
-    let mut fallback = None;
-    if let Some(at) = at {
-        if timer.arm(at).is_ok() {
-            polled.push(PollFd::from_borrowed_fd(timer.fd(), PollFlags::IN));
-        } else {
-            // Without a timer, look again soon so deadlines are still checked.
-            fallback = Some(rustix::time::Timespec {
-                tv_sec: 0,
-                tv_nsec: 10_000_000,
-            });
-        }
-    }
-    let _ = poll(&mut polled, fallback.as_ref());
-    // Reading the timer resets it; a fired timer is otherwise level-triggered.
-    let mut buf = [0u8; 8];
-    let _ = rustix::io::read(timer.fd(), &mut buf);
 }
