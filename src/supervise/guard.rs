@@ -13,13 +13,14 @@
 //! schedule lockrun would have kept. A pause of lockrun alone never lets its
 //! job outlive the lease.
 
+mod stop;
+
 use std::io::{ErrorKind, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::process::{Pid, WaitOptions, WaitStatus, wait, waitpid};
 
-use std::cell::RefCell;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use crate::exit::JobEnd;
 use crate::schedule::Timing;
 use crate::spawn::Prepared;
 use crate::sys;
+use stop::{kill_everything, stop_new};
 
 /// The signal lockrun sends the guard to have it kill every process of the
 /// job (when lockrun cannot walk them itself, at its descriptor limit).
@@ -368,26 +370,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
             opened.as_ref().map(|f| f.as_fd())
         }
     };
-    if parent() != lockrun {
-        sys::exit_now(1);
-    }
-    // A group of its own: a SIGKILL to lockrun's whole process group (as
-    // `timeout -k` and CI runners send) must not take the guard along.
-    let _ = rustix::process::setpgid(None, None);
-    // None of lockrun's other descriptors stays open here: a copy would keep
-    // its open file alive for as long as the job runs, and with it any lock
-    // on it (the gate a request passes, a slot a helper thread took after
-    // another one won). One close_range per gap, no scan.
-    let mut keep = [
-        life.map_or(-1, |f| f.as_raw_fd()),
-        out.as_raw_fd(),
-        job.inherit_fd().unwrap_or(-1),
-    ];
-    sys::close_all_but(&mut keep);
-    if sys::set_subreaper().is_err() {
-        send(&mut out, Report::NotStarted(libc::EPERM));
-        sys::exit_now(1);
-    }
+    settle_in(job, lockrun, life, &mut out);
     let mut holding = Holding {
         timing: watch.timing,
         deadline: watch.deadline,
@@ -398,21 +381,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
         partial: Vec::new(),
     };
     let chld = sys::signal_fd(&[libc::SIGCHLD, KILL_REQUEST]);
-    // lockrun may have been stopped since the grant: a job started now
-    // would run outside its lease.
-    if let Some(d) = holding.deadline
-        && Boot::now() >= holding.timing.stop_at(d, Duration::ZERO)
-    {
-        send(&mut out, Report::Late);
-        sys::exit_now(0);
-    }
-    let main = match job.launch() {
-        Ok(pid) => pid,
-        Err(errno) => {
-            send(&mut out, Report::NotStarted(errno));
-            sys::exit_now(0);
-        }
-    };
+    let main = launch(job, &holding, &mut out);
     // A pidfd of the main process, opened while it is our unreaped child:
     // through it, the job's group is signalled and never a group that
     // reused its number.
@@ -424,24 +393,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
     send(&mut out, Report::Started(main));
     let mut main_ended = false;
     loop {
-        // Reap whatever ended; the main process is reported, the rest is silent.
-        loop {
-            match wait(WaitOptions::NOHANG) {
-                Ok(Some((pid, st))) => {
-                    if pid.as_raw_nonzero().get() == main
-                        && let Some(end) = job_end(st)
-                    {
-                        main_ended = true;
-                        send(&mut out, Report::Ended(end));
-                    }
-                }
-                Ok(None) => break,
-                Err(rustix::io::Errno::INTR) => continue,
-                // No child left: since orphans come to us, nothing of the job is.
-                Err(rustix::io::Errno::CHILD) if main_ended => sys::exit_now(0),
-                Err(_) => break,
-            }
-        }
+        reap(main, &mut main_ended, &mut out);
         // The deadline: lockrun's renewals move it; if lockrun does not,
         // the guard keeps the schedule itself, whatever lockrun is doing.
         holding.read_orders(&mut out);
@@ -463,40 +415,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
             kill_everything(group, main, job.inherit_fd(), report);
         }
 
-        let next = holding.next(now);
-        let armed = match (next, &timer) {
-            (Some(at), Some(t)) => t.arm(at).is_ok(),
-            _ => false,
-        };
-        let mut fds = Vec::with_capacity(4);
-        if let Some(l) = life {
-            fds.push(PollFd::from_borrowed_fd(l, PollFlags::IN));
-        }
-        if let Ok(c) = &chld {
-            fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
-        }
-        if holding.open {
-            fds.push(PollFd::from_borrowed_fd(out.as_fd(), PollFlags::IN));
-        }
-        if let (true, Some(t)) = (armed, &timer) {
-            fds.push(PollFd::from_borrowed_fd(t.fd(), PollFlags::IN));
-        }
-        // Without one of the descriptors above, look again every 50 ms.
-        let limit = rustix::time::Timespec {
-            tv_sec: 0,
-            tv_nsec: 50_000_000,
-        };
-        let blind = life.is_none() || chld.is_err() || (next.is_some() && !armed);
-        let _ = poll(&mut fds, blind.then_some(&limit));
-        if let (true, Some(t)) = (armed, &timer) {
-            // Reading the timer resets it.
-            let mut buf = [0u8; 8];
-            let _ = rustix::io::read(t.fd(), &mut buf);
-        }
-        let lockrun_died = match &life {
-            Some(_) => !fds[0].revents().is_empty(),
-            None => parent() != lockrun,
-        };
+        let lockrun_died = sleep(life, &chld, &holding, &out, &timer, now, lockrun);
         if lockrun_died {
             kill_everything(group, main, job.inherit_fd(), None);
         }
@@ -511,77 +430,124 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
     }
 }
 
-/// SIGTERM, with SIGCONT so that a stopped process sees it, to every
-/// process of the job not yet told, once; each is frozen the moment the
-/// walk finds it, so that none forks behind the walk, and told once
-/// everything below it was found.
-fn stop_new(told: &mut HashSet<i32>) {
-    let me = rustix::process::getpid().as_raw_nonzero().get();
-    let told = RefCell::new(told);
-    let fresh = RefCell::new(HashSet::new());
-    sys::walk(
-        me,
-        |fd, p| {
-            if told.borrow_mut().insert(p) {
-                sys::signal_pidfd(fd, libc::SIGSTOP);
-                fresh.borrow_mut().insert(p);
+/// The guard's first steps, before the job starts: make sure lockrun is
+/// still its parent, leave lockrun's group and descriptors, and become the
+/// reaper of the job's orphans (exits if any of it fails).
+fn settle_in(job: &Prepared, lockrun: i32, life: Option<BorrowedFd<'_>>, out: &mut std::fs::File) {
+    if parent() != lockrun {
+        sys::exit_now(1);
+    }
+    // A group of its own: a SIGKILL to lockrun's whole process group (as
+    // `timeout -k` and CI runners send) must not take the guard along.
+    let _ = rustix::process::setpgid(None, None);
+    // None of lockrun's other descriptors stays open here: a copy would keep
+    // its open file alive for as long as the job runs, and with it any lock
+    // on it (the gate a request passes, a slot a helper thread took after
+    // another one won). One close_range per gap, no scan.
+    let mut keep = [
+        life.map_or(-1, |f| f.as_raw_fd()),
+        out.as_raw_fd(),
+        job.inherit_fd().unwrap_or(-1),
+    ];
+    sys::close_all_but(&mut keep);
+    if sys::set_subreaper().is_err() {
+        send(out, Report::NotStarted(libc::EPERM));
+        sys::exit_now(1);
+    }
+}
+
+/// Start the job, unless the lease's time is up; the main process's pid
+/// (exits, having reported why, when the job did not start).
+fn launch(job: &mut Prepared, holding: &Holding, out: &mut std::fs::File) -> i32 {
+    // lockrun may have been stopped since the grant: a job started now
+    // would run outside its lease.
+    if let Some(d) = holding.deadline
+        && Boot::now() >= holding.timing.stop_at(d, Duration::ZERO)
+    {
+        send(out, Report::Late);
+        sys::exit_now(0);
+    }
+    match job.launch() {
+        Ok(pid) => pid,
+        Err(errno) => {
+            send(out, Report::NotStarted(errno));
+            sys::exit_now(0);
+        }
+    }
+}
+
+/// Reap whatever ended; the main process is reported, the rest is silent.
+/// Exits once no child is left after the main process ended: since orphans
+/// come to the guard, nothing of the job is.
+fn reap(main: i32, main_ended: &mut bool, out: &mut std::fs::File) {
+    loop {
+        match wait(WaitOptions::NOHANG) {
+            Ok(Some((pid, st))) => {
+                if pid.as_raw_nonzero().get() == main
+                    && let Some(end) = job_end(st)
+                {
+                    *main_ended = true;
+                    send(out, Report::Ended(end));
+                }
             }
-        },
-        |fd, p| {
-            if fresh.borrow().contains(&p) {
-                sys::signal_pidfd(fd, libc::SIGTERM);
-                sys::signal_pidfd(fd, libc::SIGCONT);
-            }
-        },
-    );
+            Ok(None) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            // No child left: since orphans come to us, nothing of the job is.
+            Err(rustix::io::Errno::CHILD) if *main_ended => sys::exit_now(0),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Sleep until lockrun dies, a child ends, a signal or an order comes, or
+/// the next step of the schedule is due; true when lockrun died.
+fn sleep(
+    life: Option<BorrowedFd<'_>>,
+    chld: &std::io::Result<OwnedFd>,
+    holding: &Holding,
+    out: &std::fs::File,
+    timer: &Option<BootTimer>,
+    now: Boot,
+    lockrun: i32,
+) -> bool {
+    let next = holding.next(now);
+    let armed = match (next, timer) {
+        (Some(at), Some(t)) => t.arm(at).is_ok(),
+        _ => false,
+    };
+    let mut fds = Vec::with_capacity(4);
+    if let Some(l) = life {
+        fds.push(PollFd::from_borrowed_fd(l, PollFlags::IN));
+    }
+    if let Ok(c) = chld {
+        fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
+    }
+    if holding.open {
+        fds.push(PollFd::from_borrowed_fd(out.as_fd(), PollFlags::IN));
+    }
+    if let (true, Some(t)) = (armed, timer) {
+        fds.push(PollFd::from_borrowed_fd(t.fd(), PollFlags::IN));
+    }
+    // Without one of the descriptors above, look again every 50 ms.
+    let limit = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 50_000_000,
+    };
+    let blind = life.is_none() || chld.is_err() || (next.is_some() && !armed);
+    let _ = poll(&mut fds, blind.then_some(&limit));
+    if let (true, Some(t)) = (armed, timer) {
+        // Reading the timer resets it.
+        let mut buf = [0u8; 8];
+        let _ = rustix::io::read(t.fd(), &mut buf);
+    }
+    match &life {
+        Some(_) => !fds[0].revents().is_empty(),
+        None => parent() != lockrun,
+    }
 }
 
 fn parent() -> i32 {
     rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get())
-}
-
-/// SIGKILL every descendant, again and again until none is left: lockrun
-/// is gone, or asked for it (`report`: lockrun still listens for the main
-/// process's end). The job's group first, in one call; then every process
-/// the moment a walk finds it, so that none forks again behind the walk.
-fn kill_everything(
-    group: Option<&OwnedFd>,
-    main: i32,
-    lock: Option<std::os::fd::RawFd>,
-    mut report: Option<&mut std::fs::File>,
-) -> ! {
-    // Every descriptor free for the walk below, whatever limit lockrun ran
-    // under; but the local lock stays held until the last process is gone,
-    // the main process's pidfd is what reaches the job's group, and lockrun
-    // may still be listening.
-    let mut keep = [
-        lock.unwrap_or(-1),
-        group.map_or(-1, |f| f.as_raw_fd()),
-        report.as_ref().map_or(-1, |r| r.as_raw_fd()),
-    ];
-    sys::close_all_but(&mut keep);
-    let me = rustix::process::getpid().as_raw_nonzero().get();
-    loop {
-        if let Some(fd) = group {
-            sys::signal_group_of(fd.as_fd(), main, libc::SIGKILL);
-        }
-        sys::walk(me, |fd, _| sys::signal_pidfd(fd, libc::SIGKILL), |_, _| {});
-        loop {
-            match wait(WaitOptions::NOHANG) {
-                Ok(Some((pid, st))) => {
-                    if pid.as_raw_nonzero().get() == main
-                        && let (Some(out), Some(end)) = (report.as_deref_mut(), job_end(st))
-                    {
-                        send(out, Report::Ended(end));
-                    }
-                }
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::CHILD) => sys::exit_now(0),
-                _ => break,
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }
 
 #[cfg(test)]
