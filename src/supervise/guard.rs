@@ -398,23 +398,7 @@ fn guard_main(job: &mut Prepared, lockrun: i32, line: OwnedFd, watch: Watch) -> 
         // the guard keeps the schedule itself, whatever lockrun is doing.
         holding.read_orders(&mut out);
         let now = Boot::now();
-        if holding.terms(now) {
-            let told = holding.took_over.get_or_insert_with(|| {
-                send(&mut out, Report::TookOver);
-                HashSet::new()
-            });
-            stop_new(told);
-        }
-        if let Some((_, kill)) = holding.times()
-            && now >= kill
-        {
-            if holding.took_over.is_none() && !holding.lockrun_stops {
-                send(&mut out, Report::TookOver);
-            }
-            let report = (!main_ended).then_some(&mut out);
-            kill_everything(group, main, job.inherit_fd(), report);
-        }
-
+        keep_schedule(&mut holding, now, &mut out, group, main, job, main_ended);
         let lockrun_died = sleep(life, &chld, &holding, &out, &timer, now, lockrun);
         if lockrun_died {
             kill_everything(group, main, job.inherit_fd(), None);
@@ -473,6 +457,36 @@ fn launch(job: &mut Prepared, holding: &Holding, out: &mut std::fs::File) -> i32
             send(out, Report::NotStarted(errno));
             sys::exit_now(0);
         }
+    }
+}
+
+/// What lockrun would do on the lease's schedule, when lockrun does not:
+/// SIGTERM to the job's processes once it is due, SIGKILL to everything
+/// (never returning) once the time is up.
+fn keep_schedule(
+    holding: &mut Holding,
+    now: Boot,
+    out: &mut std::fs::File,
+    group: Option<&OwnedFd>,
+    main: i32,
+    job: &Prepared,
+    main_ended: bool,
+) {
+    if holding.terms(now) {
+        let told = holding.took_over.get_or_insert_with(|| {
+            send(out, Report::TookOver);
+            HashSet::new()
+        });
+        stop_new(told);
+    }
+    if let Some((_, kill)) = holding.times()
+        && now >= kill
+    {
+        if holding.took_over.is_none() && !holding.lockrun_stops {
+            send(out, Report::TookOver);
+        }
+        let report = (!main_ended).then_some(out);
+        kill_everything(group, main, job.inherit_fd(), report);
     }
 }
 
