@@ -491,8 +491,7 @@ fn keep_schedule(
 }
 
 /// Reap whatever ended; the main process is reported, the rest is silent.
-/// Exits once no child is left after the main process ended: since orphans
-/// come to the guard, nothing of the job is.
+/// Exits once nothing of the job is left.
 fn reap(main: i32, main_ended: &mut bool, out: &mut std::fs::File) {
     loop {
         match wait(WaitOptions::NOHANG) {
