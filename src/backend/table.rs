@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::backend::admit::{self, Place};
+use crate::backend::plan::Standing;
 use crate::backend::{Error, Mode, Request};
 
 /// The owner value of a row kept by `--min-hold` after its job ended:
@@ -63,6 +64,24 @@ pub struct Entry {
     /// Its session holds its wake-up lock, so a wait on it ends when it
     /// goes (MySQL; PostgreSQL wakes waiters by notification instead).
     pub live: bool,
+    /// A holder revoked by `release --force`.
+    pub revoked: bool,
+    /// A holder a `--preempt` request asked to stop already.
+    pub preempted: bool,
+}
+
+impl Entry {
+    /// The row as the join rule sees it.
+    pub fn standing(&self) -> Standing {
+        Standing {
+            token: Some(self.token),
+            revoked: self.revoked,
+            preempted: self.preempted,
+            // A row kept by --min-hold is no lockrun's job any more.
+            window: self.owner == KEPT,
+            supersede: self.supersede,
+        }
+    }
 }
 
 fn ms(v: i64) -> Duration {
@@ -111,6 +130,8 @@ pub struct Cells {
     pub lim: Option<i64>,
     pub left_ms: Option<i64>,
     pub live: bool,
+    /// A holder's row revoked by `release --force`.
+    pub revoked: bool,
 }
 
 /// A name's rows, read.
@@ -133,6 +154,8 @@ pub fn entries(rows: impl IntoIterator<Item = Cells>) -> Result<Rows, Error> {
             pos: r.pos.unwrap_or(0),
             owner,
             label: split_label(&label).0.to_string(),
+            preempted: split_label(&label).1.is_some(),
+            revoked: r.revoked,
             supersede,
             token: r.token.unwrap_or(0).max(0) as u64,
             mode: mode(&r.code.unwrap_or_default(), r.lim.unwrap_or(1))?,
@@ -268,6 +291,8 @@ mod tests {
             mode,
             left: Duration::from_millis(1000 + pos as u64),
             live: true,
+            revoked: false,
+            preempted: false,
         }
     }
 

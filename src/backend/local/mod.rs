@@ -42,7 +42,7 @@ mod taking;
 mod windows;
 
 use lease::LocalHeld;
-use take::live_places;
+use take::{Stops, live_places};
 
 use files::{
     file_name, flock_blocking, identity, name_of_file, nonblocking, open_lock_file, prepare_dir,
@@ -60,7 +60,7 @@ use record::{
     read_record, write_preempt, write_record,
 };
 
-use super::plan::{self, Read};
+use super::plan::{self, Read, Standing, Stop};
 use super::{Renewal, Renewer, Renewing};
 use crate::clock::Boot;
 use crate::log;

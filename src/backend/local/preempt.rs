@@ -6,13 +6,18 @@
 use super::*;
 
 impl Local {
-    /// Mark every holder of the name as this moment has them preempted by
-    /// `req`, and end the `--min-hold` windows that keep it. Holders of
-    /// another lockrun that knows no marks are not stopped: the request
-    /// waits for them as usual.
-    pub(super) fn preempt(&self, files: &Files, req: &Request) -> Result<(), Error> {
-        let st = self.status_of(files)?;
-        let windows: Vec<&Holder> = st.holders.iter().filter(|h| h.min_hold).collect();
+    /// Carry out the join plan's `stops`: mark the holders it names
+    /// preempted by `req`, and end the `--min-hold` windows that keep the
+    /// name. Holders of another lockrun that knows no marks are not
+    /// stopped: the request waits for them as usual.
+    pub(super) fn preempt(&self, files: &Files, req: &Request, plan: &Stops) -> Result<(), Error> {
+        let held = |stop: Stop| {
+            plan.stops
+                .iter()
+                .filter(move |&&(_, s)| s == stop)
+                .map(|&(i, _)| &plan.holders[i])
+        };
+        let windows: Vec<&Holder> = held(Stop::End).collect();
         if !windows.is_empty() {
             let ended = self.end_held_windows(files, &windows)?;
             for h in &ended {
@@ -26,7 +31,7 @@ impl Local {
         // One mark per file: the main file for exclusive and shared holders
         // (for all of them at once), a slot's file for its holder.
         let mut marks: Vec<(Option<u32>, u64)> = Vec::new();
-        for h in st.holders.iter().filter(|h| !h.min_hold) {
+        for h in held(Stop::Mark) {
             let token = h.token.unwrap_or(0);
             match marks.iter_mut().find(|(slot, _)| *slot == h.slot) {
                 Some((_, upto)) => *upto = (*upto).max(token),

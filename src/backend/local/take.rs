@@ -4,11 +4,19 @@
 use super::*;
 /// What joining the queue came to.
 pub(super) enum Joined {
-    Queued,
+    /// Queued; `--preempt` then stops these holders.
+    Queued(Stops),
     /// The gate vanished meanwhile: start over.
     Again,
     /// `--max-waiters`: this many wait ahead; not queued.
     Full(u64),
+}
+
+/// The holders of the moment a request joined, and what `--preempt`
+/// does to each (by index).
+pub(super) struct Stops {
+    pub(super) holders: Vec<Holder>,
+    pub(super) stops: Vec<(usize, Stop)>,
 }
 
 /// The holder label in the name's record, for waiting lines.
@@ -118,13 +126,11 @@ impl Local {
             // A request that disagrees with the holders is refused, not queued.
             self.refuse_disagreement(req, files)?;
             match self.join_queue(w, files, req)? {
-                Joined::Queued => {
+                Joined::Queued(stops) => {
                     // Queued, so the queue had room (`--max-waiters` is
                     // judged first, as `plan::join` says): now ask the
                     // holders to stop.
-                    if req.group.preempt {
-                        self.preempt(files, req)?;
-                    }
+                    self.preempt(files, req, &stops)?;
                     if !block {
                         return Ok(Try::Busy(recorded_holder(files)));
                     }
@@ -178,8 +184,10 @@ impl Local {
 
     /// Join the back of the queue: a share of the gate, then the first free
     /// place file, with a record saying when we came; then, still under the
-    /// join lock, replace the earlier `--supersede` waiters (if we asked for
-    /// it too) and count who waits ahead of us (`--max-waiters`).
+    /// join lock, carry out the join plan (`plan::join`): count who waits
+    /// ahead of us (`--max-waiters`), replace the earlier `--supersede`
+    /// waiters (if we asked for it too), and say which holders `--preempt`
+    /// stops (done once queued, by `preempt`).
     pub(super) fn join_queue(
         &self,
         w: &mut Waiter,
@@ -202,7 +210,62 @@ impl Local {
             return Ok(Joined::Again);
         };
         let shared = share_gate(&gate, 20);
-        let ttl = req.timing.ttl;
+        let Some(place) = self.take_place(files, req.timing.ttl, req.group.supersede)? else {
+            return Err(w.unavailable(
+                &format!("more than {MAX_PLACES} requests are queued for"),
+                "give up some",
+            ));
+        };
+        let rank = place.rank();
+        let ahead: Vec<Seen> = if req.group.supersede || req.group.max_waiters.is_some() {
+            live_places(files, Some(place.index))
+                .into_iter()
+                .filter(|p| p.rank() < rank && !p.replaced)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let holders = if req.group.preempt {
+            self.status_of(files)?.holders
+        } else {
+            Vec::new()
+        };
+        let standing: Vec<Standing> = holders.iter().map(Standing::of).collect();
+        let waiting: Vec<Standing> = ahead
+            .iter()
+            .map(|p| Standing {
+                supersede: p.supersede,
+                ..Standing::default()
+            })
+            .collect();
+        let plan = plan::join(req.group, &standing, &waiting);
+        if let Some(waiting) = plan.full {
+            // Not queued: our place goes with its descriptor here, and
+            // nobody was replaced.
+            return Ok(Joined::Full(waiting));
+        }
+        for &i in &plan.replace {
+            self.replace(files, &ahead[i], &req.owner.shown);
+        }
+        w.queued = Some(Queued {
+            place,
+            gate,
+            shared,
+        });
+        Ok(Joined::Queued(Stops {
+            holders,
+            stops: plan.preempt,
+        }))
+    }
+
+    /// The first free place file, taken: locked, written with when we
+    /// came. None: every place is taken.
+    fn take_place(
+        &self,
+        files: &Files,
+        ttl: Duration,
+        supersede: bool,
+    ) -> Result<Option<Place>, Error> {
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         for k in 0..MAX_PLACES {
             let path = files.place(k);
@@ -235,7 +298,7 @@ impl Local {
                 fd,
                 index: k,
                 arrived: now,
-                supersede: req.group.supersede,
+                supersede,
                 until: now.saturating_add(nanos(ttl / 3)),
                 keep: nanos(ttl / 3),
                 every: nanos(ttl / 5),
@@ -243,38 +306,9 @@ impl Local {
             };
             write_place(&place.fd, place.arrived, place.until, place.supersede)
                 .map_err(|e| self.unavailable("writing", &path, e))?;
-            if req.group.supersede || req.group.max_waiters.is_some() {
-                let rank = place.rank();
-                let ahead: Vec<Seen> = live_places(files, Some(k))
-                    .into_iter()
-                    .filter(|p| p.rank() < rank && !p.replaced)
-                    .collect();
-                let (replaced, kept): (Vec<Seen>, Vec<Seen>) = ahead
-                    .into_iter()
-                    .partition(|p| req.group.supersede && p.supersede);
-                let waiting = kept.len() as u64;
-                if let Some(n) = req.group.max_waiters
-                    && waiting >= u64::from(n)
-                {
-                    // Not queued: our place goes with its descriptor here,
-                    // and nobody was replaced.
-                    return Ok(Joined::Full(waiting));
-                }
-                for p in &replaced {
-                    self.replace(files, p, &req.owner.shown);
-                }
-            }
-            w.queued = Some(Queued {
-                place,
-                gate,
-                shared,
-            });
-            return Ok(Joined::Queued);
+            return Ok(Some(place));
         }
-        Err(w.unavailable(
-            &format!("more than {MAX_PLACES} requests are queued for"),
-            "give up some",
-        ))
+        Ok(None)
     }
 
     /// The join lock, held while a request joins the queue and counts who

@@ -12,12 +12,13 @@ use super::client::{Client, Woke, int, text};
 use super::create;
 use super::sql::{Tables, lit, wake_key};
 use super::take::{Looking, commit, transaction};
+use crate::backend::plan::Cut;
 use crate::backend::quit::Leave;
 use crate::backend::sql::{
     self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, capped, place_lasts,
 };
 use crate::backend::table::{Cells, Target};
-use crate::backend::{Error, Force, Held, Holder, Request};
+use crate::backend::{Error, Held, Holder, Request};
 use crate::clock::{Boot, backoff};
 
 impl SqlRow for Row {
@@ -92,11 +93,11 @@ impl Dialect for Tables {
         &self,
         c: &mut Client,
         name: &str,
-        matched: Vec<Holder>,
-        force: Force,
+        held: &[Holder],
+        cuts: &[(usize, Cut)],
     ) -> Result<Vec<Holder>, Error> {
         let broken = transaction(c, self, name, vec!["SELECT 1".into()], |c, _| {
-            let broken = sql::break_each(matched, force, |token, now| {
+            let (broken, deleted) = sql::cut_each(held, cuts, |token, now| {
                 let token = token as u64;
                 let stmts = if now {
                     self.delete(name, token)
@@ -106,7 +107,6 @@ impl Dialect for Tables {
                 let sets = c.run(&stmts)?;
                 Ok(sets[1].first().and_then(|r| int(r, 0)).unwrap_or(0) != 0)
             })?;
-            let deleted = sql::deleted(&broken);
             let wake: Vec<String> = deleted
                 .then(|| self.waiting_conns(name, !c.no_wake))
                 .into_iter()
@@ -164,6 +164,7 @@ impl Dialect for Tables {
                 lim: int(r, 6),
                 left_ms: int(r, 7),
                 live: int(r, 8).unwrap_or(0) != 0,
+                revoked: int(r, 9).unwrap_or(0) != 0,
             });
             let mut looking = Looking {
                 c,

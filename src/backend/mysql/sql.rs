@@ -241,10 +241,10 @@ impl Tables {
         };
         format!(
             "SELECT 'h' AS kind, slot AS pos, owner, label, token, mode, lim, {left} AS left_ms, \
-               {hl} AS live \
+               {hl} AS live, revoked \
              FROM {l} WHERE name = {n} AND expires_at > {NOW} \
              UNION ALL \
-             SELECT 'w', seq, owner, label, 0, mode, lim, {left}, {wl} \
+             SELECT 'w', seq, owner, label, 0, mode, lim, {left}, {wl}, FALSE \
              FROM {w} WHERE name = {n} AND expires_at > {NOW}",
             l = self.leases,
             w = self.waiters,

@@ -12,12 +12,13 @@ use tokio_postgres::types::{ToSql, Type};
 use super::client::{Call, Client};
 use super::sql::Tables;
 use super::take::{Looking, commit, transaction};
+use crate::backend::plan::Cut;
 use crate::backend::quit::Leave;
 use crate::backend::sql::{
     self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, capped, place_lasts,
 };
 use crate::backend::table::Cells;
-use crate::backend::{Error, Force, Held, Holder, Request};
+use crate::backend::{Error, Held, Holder, Request};
 use crate::clock::Boot;
 use crate::log;
 
@@ -80,19 +81,19 @@ impl Dialect for Tables {
         &self,
         c: &mut Client,
         name: &str,
-        matched: Vec<Holder>,
-        force: Force,
+        held: &[Holder],
+        cuts: &[(usize, Cut)],
     ) -> Result<Vec<Holder>, Error> {
         let channel = self.channel(name);
         transaction(c, self, name, ("SELECT 1", &[]), |c, _| {
-            let broken = sql::break_each(matched, force, |token, now| {
+            let (broken, deleted) = sql::cut_each(held, cuts, |token, now| {
                 let stmt = if now { self.delete() } else { self.revoke() };
                 let params: [(&(dyn ToSql + Sync), Type); 2] =
                     [(&name, Type::TEXT), (&token, Type::INT8)];
                 Ok(!c.query(&stmt, &params)?.is_empty())
             })?;
             let wake: [(&(dyn ToSql + Sync), Type); 1] = [(&channel, Type::TEXT)];
-            let last: Vec<Call> = sql::deleted(&broken)
+            let last: Vec<Call> = deleted
                 .then_some(Call::Query(self.notify(), &wake))
                 .into_iter()
                 .collect();
@@ -150,6 +151,7 @@ impl Dialect for Tables {
                 lim: r.get::<_, Option<i32>>(6).map(i64::from),
                 left_ms: r.get(7),
                 live: false,
+                revoked: r.get::<_, Option<bool>>(8).unwrap_or(false),
             });
             let mut looking = Looking {
                 c,

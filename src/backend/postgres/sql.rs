@@ -119,10 +119,10 @@ impl Tables {
     pub fn look(&self) -> String {
         format!(
             "SELECT 'h'::text AS kind, slot::bigint AS pos, owner, label, token, mode, lim, \
-               {left} AS left_ms \
+               {left} AS left_ms, revoked \
              FROM {l} WHERE name = $1 AND expires_at > clock_timestamp() \
              UNION ALL \
-             SELECT 'w'::text, seq, owner, label, 0::bigint, mode, lim, {left} \
+             SELECT 'w'::text, seq, owner, label, 0::bigint, mode, lim, {left}, false \
              FROM {w} WHERE name = $1 AND expires_at > clock_timestamp()",
             l = self.leases,
             w = self.waiters,

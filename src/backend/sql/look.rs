@@ -4,8 +4,9 @@
 //! COMMIT (`Deciding`).
 
 use super::take::{Outcome, Place};
-use crate::backend::table::{Cells, Entry, KEPT, Rows, Verdict, entries, judge};
-use crate::backend::{Error, Request};
+use crate::backend::plan::{self, Standing, Stop};
+use crate::backend::table::{Cells, Entry, Rows, Verdict, entries, judge};
+use crate::backend::{Error, Group, Request};
 use crate::log;
 
 /// How a look's transaction ends, each in one flight with its COMMIT: the
@@ -88,6 +89,12 @@ pub fn decide(
         ));
     }
     place.seq = mine;
+    // The join rule reads every waiter ahead, the replaced among them.
+    let ahead: Vec<Standing> = waiters
+        .iter()
+        .filter(|w| &w.owner != owner)
+        .map(Entry::standing)
+        .collect();
     let mut verdict = judge(&holders, &waiters, place.seq, req);
     // A --supersede request that must wait, joining the queue, replaces
     // every earlier place that asked for it too: it is judged without them.
@@ -102,7 +109,7 @@ pub fn decide(
     let others_wait = waiters.iter().any(|w| &w.owner != owner);
     let looked = Looked {
         holders: &holders,
-        waiters: &waiters,
+        ahead: &ahead,
         replacing,
         others_wait,
     };
@@ -112,7 +119,8 @@ pub fn decide(
 /// What the look saw, once judged.
 struct Looked<'a> {
     holders: &'a [Entry],
-    waiters: &'a [Entry],
+    /// The waiters other than us, before any was replaced.
+    ahead: &'a [Standing],
     replacing: bool,
     others_wait: bool,
 }
@@ -172,37 +180,46 @@ fn carry(
     }
 }
 
-/// A blocked request takes or keeps its place; joining for the first
-/// time is the one step that judges `--max-waiters` and `--preempt`,
-/// under the name's lock. Some: it did not join, and why.
+/// A blocked request takes or keeps its place, carrying out the join
+/// plan (`plan::join`): joining for the first time is the one step that
+/// judges `--max-waiters` and `--preempt`, under the name's lock; one that
+/// joins again after its place lapsed still replaces. Some: it did not
+/// join, and why.
 fn joining(
     tx: &mut dyn Deciding,
     looked: &Looked,
     req: &Request,
     place: &mut Place,
 ) -> Result<Option<Outcome>, Error> {
-    let owner = &req.owner.secret;
     let first = place.seq.is_none() && !place.joined;
-    if first && let Some(n) = req.group.max_waiters {
-        // The places left once ours replaced theirs; none of ours.
-        let waiting = looked.waiters.iter().filter(|w| &w.owner != owner).count() as u64;
-        if waiting >= u64::from(n) {
-            // Not queued, nothing replaced: no trace.
-            tx.end(false)?;
-            return Ok(Some(Outcome::QueueFull { waiting }));
-        }
+    let group = match place.seq {
+        // Keeping our place: nothing to judge.
+        Some(_) => Group::default(),
+        None if first => req.group,
+        None => Group {
+            max_waiters: None,
+            preempt: false,
+            ..req.group
+        },
+    };
+    let holders: Vec<Standing> = looked.holders.iter().map(Entry::standing).collect();
+    let plan = plan::join(group, &holders, looked.ahead);
+    if let Some(waiting) = plan.full {
+        // Not queued, nothing replaced: no trace.
+        tx.end(false)?;
+        return Ok(Some(Outcome::QueueFull { waiting }));
     }
-    let preempting = first && req.group.preempt && !looked.holders.is_empty();
-    if preempting && looked.holders.iter().any(|h| h.owner == KEPT) {
+    if plan.preempt.iter().any(|&(_, stop)| stop == Stop::End) {
         // --min-hold windows run no job: they end at once, and the name is
         // looked at again.
         tx.end_windows()?;
         return Ok(Some(Outcome::Again));
     }
+    // The statements are set-based: the plan says whether each runs.
     let join = Join {
         seq: place.seq,
-        replacing: looked.replacing,
-        preempting,
+        replacing: !plan.replace.is_empty(),
+        preempting: plan.preempt.iter().any(|&(_, stop)| stop == Stop::Mark),
     };
     let Some(taken) = tx.join(join)? else {
         return Ok(Some(Outcome::Again));

@@ -25,6 +25,7 @@ pub use look::{Deciding, Join};
 pub use take::{Blocked, Outcome, capped};
 
 use super::drive::Transport;
+use super::plan::{self, Cut, ForcePlan, Standing};
 use super::quit::Leave;
 use super::table::{Cells, mode, split_label};
 use super::{
@@ -72,14 +73,14 @@ pub trait Dialect: Clone + Send + 'static {
     fn before_force(&self, _c: &mut Self::Client) -> Result<(), Error> {
         Ok(())
     }
-    /// Break `matched` in one transaction under the name's lock (by
-    /// `break_each`), waking the waiters when a lease went.
+    /// Cut `held` as `cuts` say, in one transaction under the name's lock
+    /// (by `cut_each`), waking the waiters when a row went: the holders cut.
     fn force(
         &self,
         c: &mut Self::Client,
         name: &str,
-        matched: Vec<Holder>,
-        force: Force,
+        held: &[Holder],
+        cuts: &[(usize, Cut)],
     ) -> Result<Vec<Holder>, Error>;
 
     /// Before the driver starts: the client's settings for this request.
@@ -197,40 +198,29 @@ pub fn holder_of(r: &impl SqlRow, at: usize) -> Result<Holder, Error> {
     })
 }
 
-/// `release --force` on `matched`, in the dialect's transaction: each
-/// lease revoked (its row stays until it would have ended: nobody else
-/// gets in early, and its holder's renewal finds it gone), or deleted
-/// with `--now`; `one(token, delete)` says whether the row was still there.
-pub fn break_each(
-    matched: Vec<Holder>,
-    force: Force,
+/// `release --force`'s plan carried out in the dialect's transaction:
+/// each cut deletes its holder's row or revokes it (the row then stays
+/// until it would have ended: nobody else gets in early, and its holder's
+/// renewal finds it gone); `one(token, delete)` says whether the row was
+/// still there. The holders cut, as shown, and whether a row went (the
+/// waiters then look again now, rather than when its lockrun ends).
+pub fn cut_each(
+    held: &[Holder],
+    cuts: &[(usize, Cut)],
     mut one: impl FnMut(i64, bool) -> Result<bool, Error>,
-) -> Result<Vec<Holder>, Error> {
+) -> Result<(Vec<Holder>, bool), Error> {
     let mut broken = Vec::new();
-    for mut h in matched {
-        if h.revoked && !force.now {
-            continue;
-        }
-        // A row kept by --min-hold runs no job: it goes at once.
-        let now = force.now || h.min_hold;
-        if !one(h.token.unwrap_or(0) as i64, now)? {
+    let mut deleted = false;
+    for &(i, cut) in cuts {
+        let h = &held[i];
+        if !one(h.token.unwrap_or(0) as i64, cut.deletes())? {
             // It changed hands since we looked: not the lease asked about.
             continue;
         }
-        if now {
-            h.ttl_left = None;
-        } else {
-            h.revoked = true;
-        }
-        broken.push(h);
+        deleted |= cut.deletes();
+        broken.push(cut.shown(h.clone()));
     }
-    Ok(broken)
-}
-
-/// Some lease of `broken` was deleted: the waiters look again now, rather
-/// than when the holder's lockrun ends.
-pub fn deleted(broken: &[Holder]) -> bool {
-    broken.iter().any(|h| h.ttl_left.is_none())
+    Ok((broken, deleted))
 }
 
 impl<D: Dialect> Engine for Sql<D> {
@@ -274,10 +264,7 @@ impl<D: Dialect> Engine for Sql<D> {
         let mut notes = Vec::new();
         if names.len() > bound.names {
             names.truncate(bound.names);
-            notes.push(format!(
-                "stopped after {} names: the list is incomplete",
-                bound.names
-            ));
+            notes.push(plan::cut_short(bound.names));
         }
         Ok(Listing {
             names,
@@ -294,27 +281,16 @@ impl<D: Dialect> Engine for Sql<D> {
         let held = self
             .holders(name)
             .map_err(|e| self.client.failed(&doing, e))?;
-        if held.is_empty() {
-            return Ok(Broken::NotHeld);
-        }
-        let matched: Vec<Holder> = held
-            .iter()
-            .filter(|h| force.token.is_none_or(|t| Some(t) == h.token))
-            .cloned()
-            .collect();
-        if matched.is_empty() {
-            return Ok(Broken::TokenMismatch(
-                held.iter().filter_map(|h| h.token).collect(),
-            ));
-        }
+        let standing: Vec<Standing> = held.iter().map(Standing::of).collect();
+        let cuts = match plan::force(&standing, force) {
+            ForcePlan::Done(done) => return Ok(done),
+            ForcePlan::Cut(cuts) => cuts,
+        };
         let broken = self
             .dialect
-            .force(&mut self.client, name, matched, force)
+            .force(&mut self.client, name, &held, &cuts)
             .map_err(|e| self.client.failed(&doing, e))?;
-        if broken.is_empty() {
-            return Ok(Broken::AlreadyRevoked);
-        }
-        Ok(Broken::Leases(broken))
+        Ok(plan::forced(broken))
     }
 }
 
