@@ -79,6 +79,8 @@ struct Found {
 }
 
 impl Found {
+    /// Sort one node read: a slot's holder, a window, a request; or one
+    /// left out, or that this lockrun cannot judge.
     fn add(&mut self, node: &str, data: &[u8], stat: &zk::Stat) {
         if let Some(slot) = slot_of(node) {
             self.slots
