@@ -53,12 +53,7 @@ impl super::Etcd {
         // Never the value it had: the transaction must change it.
         record.granted_ms = wall_ms().max(record.granted_ms + 1);
         if limit {
-            let used: Vec<u32> = queue[..holders(queue)]
-                .iter()
-                .filter(|e| e.key != m.key)
-                .filter_map(|e| e.record.slot)
-                .collect();
-            record.slot = (0..req.mode.limit()).find(|s| !used.contains(s));
+            record.slot = free_slot(queue, m, req.mode.limit());
         }
         let value = record.encode();
         let mut compare = vec![
@@ -66,35 +61,13 @@ impl super::Etcd {
             json!({"key": b64(&m.key), "target": "CREATE", "result": "EQUAL", "create_revision": m.create_rev.to_string()}),
         ];
         if limit {
-            // No other holder written (a slot taken) or gone (the holders
-            // changed) since the queue was read. With every slot's holder
-            // in the queue, a request that arrives meanwhile queues behind
-            // them and cannot take a slot without one of them going first,
-            // so it does not abort ours: a stream of arrivals cannot starve
-            // a promotion. With fewer, an arrival is a holder too: no key
-            // may have come since the read.
-            let held = holders(queue);
-            let others: Vec<&Entry> = queue[..held].iter().filter(|e| e.key != m.key).collect();
-            if others.len() <= MAX_COMPARES {
-                compare.extend(others.iter().map(|e| {
-                    json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()})
-                }));
-                if held < req.mode.limit() as usize {
-                    compare.push(json!({
-                        "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
-                        "target": "CREATE", "result": "LESS",
-                        "create_revision": (revision + 1).to_string(),
-                    }));
-                }
-            } else {
-                // More than a transaction may hold: no key of the queue
-                // written since it was read.
-                compare.push(json!({
-                    "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
-                    "target": "MOD", "result": "LESS",
-                    "mod_revision": (revision + 1).to_string(),
-                }));
-            }
+            compare.extend(holders_unchanged(
+                queue,
+                m,
+                keys,
+                revision,
+                req.mode.limit(),
+            ));
         }
         let promotion = Promotion {
             value,
@@ -196,4 +169,55 @@ impl super::Etcd {
         };
         self.send_promotion(m, req, compare, promotion)
     }
+}
+
+/// The lowest slot no other holder of the queue has.
+fn free_slot(queue: &[Entry], m: &Mine, limit: u32) -> Option<u32> {
+    let used: Vec<u32> = queue[..holders(queue)]
+        .iter()
+        .filter(|e| e.key != m.key)
+        .filter_map(|e| e.record.slot)
+        .collect();
+    (0..limit).find(|s| !used.contains(s))
+}
+
+/// The compares of a `--limit` promotion: no other holder written (a slot
+/// taken) or gone (the holders changed) since the queue was read. With every
+/// slot's holder in the queue, a request that arrives meanwhile queues
+/// behind them and cannot take a slot without one of them going first, so
+/// it does not abort ours: a stream of arrivals cannot starve a promotion.
+/// With fewer, an arrival is a holder too: no key may have come since the
+/// read.
+fn holders_unchanged(
+    queue: &[Entry],
+    m: &Mine,
+    keys: &Keys,
+    revision: u64,
+    limit: u32,
+) -> Vec<serde_json::Value> {
+    let held = holders(queue);
+    let others: Vec<&Entry> = queue[..held].iter().filter(|e| e.key != m.key).collect();
+    if others.len() > MAX_COMPARES {
+        // More than a transaction may hold: no key of the queue written
+        // since it was read.
+        return vec![json!({
+            "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
+            "target": "MOD", "result": "LESS",
+            "mod_revision": (revision + 1).to_string(),
+        })];
+    }
+    let mut compare: Vec<serde_json::Value> = others
+        .iter()
+        .map(|e| {
+            json!({"key": b64(&e.key), "target": "MOD", "result": "EQUAL", "mod_revision": e.mod_rev.to_string()})
+        })
+        .collect();
+    if held < limit as usize {
+        compare.push(json!({
+            "key": b64(&keys.queue), "range_end": b64(&keys.queue_end),
+            "target": "CREATE", "result": "LESS",
+            "create_revision": (revision + 1).to_string(),
+        }));
+    }
+    compare
 }

@@ -132,48 +132,64 @@ pub(super) fn doctor(given: Option<&Path>) -> Vec<Check> {
     // The default directory is refused outright when it is not ours alone;
     // a directory given with --url may be shared on purpose.
     let strict = given.is_none();
-    let mut out = Vec::new();
     let st = match lstat(&dir) {
         Ok(st) => st,
-        Err(Errno::NOENT) => {
-            let parent = dir.parent().unwrap_or(Path::new("/"));
-            if rustix::fs::access(parent, rustix::fs::Access::WRITE_OK).is_ok() {
-                out.push(Check::ok(
-                    "directory",
-                    format!(
-                        "{shown} does not exist yet; lockrun creates it (mode 0700) on first use"
-                    ),
-                ));
-                out.extend(file_system(parent));
-            } else {
-                out.push(Check::fail(
-                    "directory",
-                    format!(
-                        "{shown} does not exist and {} is not writable: create it, or choose \
-                         another directory with --url file:///path",
-                        parent.display()
-                    ),
-                ));
-            }
-            return out;
-        }
-        Err(e) => {
-            out.push(Check::fail("directory", format!("{shown}: {e}")));
-            return out;
-        }
+        Err(Errno::NOENT) => return missing_directory(&dir, &shown),
+        Err(e) => return vec![Check::fail("directory", format!("{shown}: {e}"))],
     };
+    let mut out = Vec::new();
+    let Some(st) = real_directory(&dir, &shown, strict, st, &mut out) else {
+        return out;
+    };
+    out.push(owner_check(&st, strict));
+    out.push(mode_check(&dir, &shown, &st, strict));
+    out.extend(file_system(&dir));
+    out
+}
+
+/// A directory not made yet is fine when lockrun can make it.
+fn missing_directory(dir: &Path, shown: &str) -> Vec<Check> {
+    let mut out = Vec::new();
+    let parent = dir.parent().unwrap_or(Path::new("/"));
+    if rustix::fs::access(parent, rustix::fs::Access::WRITE_OK).is_ok() {
+        out.push(Check::ok(
+            "directory",
+            format!("{shown} does not exist yet; lockrun creates it (mode 0700) on first use"),
+        ));
+        out.extend(file_system(parent));
+    } else {
+        out.push(Check::fail(
+            "directory",
+            format!(
+                "{shown} does not exist and {} is not writable: create it, or choose \
+                 another directory with --url file:///path",
+                parent.display()
+            ),
+        ));
+    }
+    out
+}
+
+/// Checks that the directory is one and not a link, and gives the stat of
+/// the directory to look at further, or None when there is none.
+fn real_directory(
+    dir: &Path,
+    shown: &str,
+    strict: bool,
+    st: rustix::fs::Stat,
+    out: &mut Vec<Check>,
+) -> Option<rustix::fs::Stat> {
     let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
-    let me = rustix::process::getuid().as_raw();
     // Past a link, what matters is the directory it leads to.
     let st = match kind {
-        rustix::fs::FileType::Symlink => match rustix::fs::stat(&dir) {
+        rustix::fs::FileType::Symlink => match rustix::fs::stat(dir) {
             Ok(target) => target,
             Err(e) => {
                 out.push(Check::fail(
                     "directory",
                     format!("{shown} is a symbolic link that leads nowhere ({e}): remove it"),
                 ));
-                return out;
+                return None;
             }
         },
         _ => st,
@@ -199,56 +215,63 @@ pub(super) fn doctor(given: Option<&Path>) -> Vec<Check> {
                 "{shown} is not a directory: remove it, or choose another with --url file:///path"
             ),
         ));
-        return out;
+        return None;
     } else {
         out.push(Check::ok(
             "not a link",
             format!("{shown} is a directory, not a link"),
         ));
     }
+    Some(st)
+}
+
+/// Whoever owns the directory can hold or fake the locks in it.
+fn owner_check(st: &rustix::fs::Stat, strict: bool) -> Check {
+    let me = rustix::process::getuid().as_raw();
     if st.st_uid == me {
-        out.push(Check::ok("owner", format!("owned by you (uid {me})")));
-    } else {
-        let what = format!(
-            "owned by uid {}, not by you (uid {me}): that user can hold or fake your locks",
-            st.st_uid
-        );
-        out.push(if strict {
-            Check::fail(
-                "owner",
-                format!("{what}; lockrun refuses it: have it removed (as root)"),
-            )
-        } else {
-            Check::warn(
-                "owner",
-                format!("{what}; fine if the directory is shared on purpose"),
-            )
-        });
+        return Check::ok("owner", format!("owned by you (uid {me})"));
     }
+    let what = format!(
+        "owned by uid {}, not by you (uid {me}): that user can hold or fake your locks",
+        st.st_uid
+    );
+    if strict {
+        Check::fail(
+            "owner",
+            format!("{what}; lockrun refuses it: have it removed (as root)"),
+        )
+    } else {
+        Check::warn(
+            "owner",
+            format!("{what}; fine if the directory is shared on purpose"),
+        )
+    }
+}
+
+/// Others must not write in the directory, and we must.
+fn mode_check(dir: &Path, shown: &str, st: &rustix::fs::Stat, strict: bool) -> Check {
     let mode = st.st_mode & 0o7777;
     if strict && mode & 0o077 != 0 {
-        out.push(Check::fail(
+        Check::fail(
             "mode",
             format!("mode {mode:o} lets other users in; lockrun refuses it: chmod 700 {shown}"),
-        ));
+        )
     } else if mode & 0o002 != 0 && mode & 0o1000 == 0 {
-        out.push(Check::warn(
+        Check::warn(
             "mode",
             format!(
                 "mode {mode:o}: any user can remove or replace lock files; chmod o-w {shown} \
                  (or chmod +t)"
             ),
-        ));
-    } else if rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK).is_err() {
-        out.push(Check::fail(
+        )
+    } else if rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_err() {
+        Check::fail(
             "mode",
             format!("mode {mode:o}: you cannot create lock files in it; chmod u+w {shown}"),
-        ));
+        )
     } else {
-        out.push(Check::ok("mode", format!("mode {mode:o}")));
+        Check::ok("mode", format!("mode {mode:o}"))
     }
-    out.extend(file_system(&dir));
-    out
 }
 
 /// flock(2) is only as good as the file system under it.

@@ -14,7 +14,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, NoTls, Row, Socket};
 
-use super::address::{PgUrl, SslMode};
+use super::address::{PgUrl, Server, SslMode};
 use super::tls;
 use crate::backend::Error;
 use crate::backend::drive::Transport;
@@ -151,28 +151,7 @@ impl Client {
             if left.is_zero() {
                 break;
             }
-            let mut cfg = tokio_postgres::Config::new();
-            cfg.host(&s.host)
-                .port(s.port)
-                .user(&url.user)
-                .dbname(&url.dbname)
-                .application_name("lockrun")
-                .connect_timeout(left)
-                // Unacknowledged data (a server gone, a network cut) ends
-                // the connection rather than hanging a renewal.
-                .tcp_user_timeout(self.op.max(Duration::from_millis(500)))
-                .keepalives(true)
-                .keepalives_idle(Duration::from_secs(10));
-            if let Some(p) = &url.password {
-                cfg.password(p);
-            }
-            cfg.ssl_mode(match url.sslmode {
-                // libpq never asks for TLS on a Unix socket either.
-                _ if s.host.starts_with('/') => tokio_postgres::config::SslMode::Disable,
-                SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-                SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-                _ => tokio_postgres::config::SslMode::Require,
-            });
+            let cfg = config(url, s, left, self.op);
             // Timers exist only inside the runtime: made within block_on.
             let connecting = rt.block_on(async {
                 match &tls {
@@ -384,6 +363,33 @@ fn describe(e: &tokio_postgres::Error) -> String {
         }
     };
     log::redact(&text)
+}
+
+/// The connection settings for server `s` of `url`, `left` to connect.
+fn config(url: &PgUrl, s: &Server, left: Duration, op: Duration) -> tokio_postgres::Config {
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host(&s.host)
+        .port(s.port)
+        .user(&url.user)
+        .dbname(&url.dbname)
+        .application_name("lockrun")
+        .connect_timeout(left)
+        // Unacknowledged data (a server gone, a network cut) ends
+        // the connection rather than hanging a renewal.
+        .tcp_user_timeout(op.max(Duration::from_millis(500)))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10));
+    if let Some(p) = &url.password {
+        cfg.password(p);
+    }
+    cfg.ssl_mode(match url.sslmode {
+        // libpq never asks for TLS on a Unix socket either.
+        _ if s.host.starts_with('/') => tokio_postgres::config::SslMode::Disable,
+        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        _ => tokio_postgres::config::SslMode::Require,
+    });
+    cfg
 }
 
 /// The server's errors in lockrun's kinds (lockrun-engines(7) "POSTGRESQL").

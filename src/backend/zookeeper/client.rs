@@ -143,21 +143,7 @@ impl Client {
     ) -> Result<Client, Error> {
         let tls = tls_options(url)?;
         let secure = tls.is_some();
-        let connector = |eager: bool| {
-            let mut c = zk::Client::connector()
-                .with_session_timeout(ttl)
-                .with_connection_timeout(op);
-            if eager {
-                c = c.with_fail_eagerly();
-            }
-            if let (Some(u), Some(p)) = (&url.user, &url.password) {
-                c = c.with_auth("digest", format!("{u}:{p}").as_bytes());
-            }
-            if let Some(options) = tls.clone() {
-                c = c.with_tls(options);
-            }
-            c
-        };
+        let connector = |eager: bool| connector(url, ttl, op, tls.clone(), eager);
         let cs = url.connect_string();
         let connect = |c: zk::Connector, limit: Duration| {
             let cs = cs.clone();
@@ -185,29 +171,7 @@ impl Client {
                 ),
                 e => Err(e),
             })
-            .map_err(|e| {
-                let unreached = matches!(
-                    e,
-                    CallError::Timeout(_)
-                        | CallError::Zk(
-                            zk::Error::NoHosts | zk::Error::Timeout | zk::Error::ConnectionLoss
-                        )
-                );
-                let why = unreached.then(|| refused(url, op)).flatten();
-                match why.map_or_else(|| sort(e, "connecting"), Error::Transient) {
-                    // The client gives no reason for a failed handshake.
-                    Error::Transient(t) if url.tls => Error::Transient(format!(
-                        "{t} (TLS: is the port a secureClientPort, and does the server's \
-                 certificate check against {}?)",
-                        if url.ca_file.is_some() {
-                            "--tls-ca"
-                        } else {
-                            "the system's roots"
-                        }
-                    )),
-                    e => e,
-                }
-            })?;
+            .map_err(|e| not_connected(url, op, e))?;
         let Some(timeout) = rt.granted.get(zk.session_id().0) else {
             return Err(Error::Internal(
                 "the ZooKeeper client did not show the session timeout the server granted".into(),
@@ -298,6 +262,54 @@ impl Transport for Client {
     }
     fn shown(&self) -> &str {
         &self.shown
+    }
+}
+
+/// The client's connector for `url`: `eager` fails at once when no server
+/// answers instead of trying them again.
+fn connector(
+    url: &ZkUrl,
+    ttl: Duration,
+    op: Duration,
+    tls: Option<zk::TlsOptions>,
+    eager: bool,
+) -> zk::Connector {
+    let mut c = zk::Client::connector()
+        .with_session_timeout(ttl)
+        .with_connection_timeout(op);
+    if eager {
+        c = c.with_fail_eagerly();
+    }
+    if let (Some(u), Some(p)) = (&url.user, &url.password) {
+        c = c.with_auth("digest", format!("{u}:{p}").as_bytes());
+    }
+    if let Some(options) = tls {
+        c = c.with_tls(options);
+    }
+    c
+}
+
+/// What a failed connection says: why no server was reached when that can
+/// be told, and what to check when TLS is in use.
+fn not_connected(url: &ZkUrl, op: Duration, e: CallError) -> Error {
+    let unreached = matches!(
+        e,
+        CallError::Timeout(_)
+            | CallError::Zk(zk::Error::NoHosts | zk::Error::Timeout | zk::Error::ConnectionLoss)
+    );
+    let why = unreached.then(|| refused(url, op)).flatten();
+    match why.map_or_else(|| sort(e, "connecting"), Error::Transient) {
+        // The client gives no reason for a failed handshake.
+        Error::Transient(t) if url.tls => Error::Transient(format!(
+            "{t} (TLS: is the port a secureClientPort, and does the server's \
+             certificate check against {}?)",
+            if url.ca_file.is_some() {
+                "--tls-ca"
+            } else {
+                "the system's roots"
+            }
+        )),
+        e => e,
     }
 }
 

@@ -21,6 +21,7 @@ mod granted;
 mod held;
 mod leave;
 mod queue;
+mod read;
 mod take;
 
 use std::time::Duration;
@@ -30,7 +31,8 @@ use zookeeper_client as zk;
 pub use address::{ZkUrl, parse};
 use client::{CallError, Client, sort};
 use held::{ZkHeld, check, is_refusal};
-use queue::{Entry, Nodes, Record, Window, holders, request_of, slot_of, window_of};
+use queue::{Entry, Nodes, Record, Window, holders, request_of};
+use read::read;
 
 use super::plan::{self, ForcePlan, Read, Standing};
 use super::{Acquired, Request, Wait};
@@ -242,107 +244,6 @@ fn refuse_in_the_way(c: &Client, nodes: &Nodes) -> Result<(), CallError> {
         Some(w) => Err(CallError::Refused(w.line())),
         None => Ok(()),
     }
-}
-
-/// Read a name's request nodes and slots in one round trip after listing
-/// them; None when the name has no node at all.
-fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError> {
-    let parent = nodes.parent.clone();
-    let children = match c.call(|z| async move { z.list_children(&parent).await }) {
-        Ok(ch) => ch,
-        Err(CallError::Zk(zk::Error::NoNode)) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let wanted: Vec<String> = children
-        .into_iter()
-        .filter(|n| request_of(n).is_some() || slot_of(n).is_some() || window_of(n).is_some())
-        .collect();
-    if wanted.is_empty() {
-        return Ok(Some(Name::default()));
-    }
-    let paths: Vec<String> = wanted.iter().map(|n| nodes.child(n)).collect();
-    let results = c.call(|z| async move {
-        let mut r = z.new_multi_reader();
-        for p in &paths {
-            r.add_get_data(p)?;
-        }
-        r.commit().await
-    })?;
-    let mut entries = Vec::new();
-    let mut windows = Vec::new();
-    let mut foreign = Vec::new();
-    let mut undecodable = Vec::new();
-    let mut slots: Vec<(u32, String)> = Vec::new();
-    for (node, result) in wanted.iter().zip(results) {
-        let (data, stat) = match result {
-            zk::MultiReadResult::Data { data, stat } => (data, stat),
-            // Gone since the list.
-            zk::MultiReadResult::Error {
-                err: zk::Error::NoNode,
-            } => continue,
-            // Another identity's node: never one to leave out as gone.
-            zk::MultiReadResult::Error {
-                err: zk::Error::NoAuth,
-            } => {
-                foreign.push(node.clone());
-                continue;
-            }
-            zk::MultiReadResult::Error { err } => return Err(CallError::Zk(err)),
-            _ => {
-                return Err(CallError::Zk(zk::Error::UnexpectedError(format!(
-                    "no data in the reply for {node}"
-                ))));
-            }
-        };
-        if let Some(slot) = slot_of(node) {
-            slots.push((slot, String::from_utf8_lossy(&data).into_owned()));
-            continue;
-        }
-        // A node that is not lockrun's record: another program's, left
-        // out; but one named as lockrun's requests and windows are is a
-        // holder this lockrun cannot judge.
-        let Some(record) = Record::decode(&data) else {
-            if request_of(node).is_some() || window_of(node).is_some() {
-                undecodable.push(node.clone());
-            }
-            continue;
-        };
-        if window_of(node).is_some() {
-            let end = stat.ctime + record.window_ms.unwrap_or(0) as i64;
-            windows.push(Window {
-                node: node.clone(),
-                record,
-                version: stat.version,
-                end,
-            });
-            continue;
-        }
-        let Some((id, seq)) = request_of(node) else {
-            continue;
-        };
-        entries.push(Entry {
-            node: node.clone(),
-            id: id.to_string(),
-            seq,
-            record,
-            czxid: stat.czxid.max(0) as u64,
-            version: stat.version,
-            owner: stat.ephemeral_owner,
-            ctime: stat.ctime,
-            slot: None,
-        });
-    }
-    for (slot, holder) in slots {
-        if let Some(e) = entries.iter_mut().find(|e| e.node == holder) {
-            e.slot = Some(slot);
-        }
-    }
-    Ok(Some(Name {
-        queue: queue::queue(entries),
-        windows,
-        foreign,
-        undecodable,
-    }))
 }
 
 /// Wall-clock milliseconds: only ever shown (`status`'s "held for").
