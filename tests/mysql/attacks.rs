@@ -765,8 +765,11 @@ fn a_waiter_stopped_inside_its_look_blocks_the_name_for_seconds_only() {
     let tokens = format!("`{}`.`lockrun_tokens`", db.db);
     let scratch = Scratch::new();
     let go = scratch.path("go");
+    // A holder with a short lease: a blocked waiter that sees nothing move
+    // keeps its place without a look, and looks again when what is in its
+    // way could lapse, here every few seconds.
     let holder = on(&url)
-        .args(["sw", "-c"])
+        .args(["--ttl", "6s", "sw", "-c"])
         .arg(format!(
             "while [ ! -e {} ]; do sleep 0.05; done",
             go.display()
@@ -778,7 +781,7 @@ fn a_waiter_stopped_inside_its_look_blocks_the_name_for_seconds_only() {
             .as_array()
             .is_some_and(|h| !h.is_empty())
     });
-    // A short ttl: the waiter looks again every second.
+    // A short ttl: the waiter's looks wait on a row lock a second at most.
     let werr = std::fs::File::create(scratch.path("waiter")).unwrap();
     let waiter = on(&url)
         .args(["-vv", "--ttl", "3s", "-w", "60", "sw", "true"])
