@@ -29,6 +29,21 @@ fn waiter_id(supersede: bool) -> String {
     id
 }
 
+/// A connection this process could not open for want of descriptors
+/// (`ulimit -n`) is no outage to wait out: lockrun's own descriptors do not
+/// come back while it waits, and a request whose looks alternate with such
+/// failures would never end. It ends the request as a system failure (70).
+fn out_of_descriptors(e: Error) -> Error {
+    match e {
+        Error::Transient(m) if m.contains("(os error 24)") || m.contains("(os error 23)") => {
+            Error::Internal(format!(
+                "{m}: lockrun is out of file descriptors (ulimit -n)"
+            ))
+        }
+        e => e,
+    }
+}
+
 /// Give up a lease or a place in the queue (and a grant handed over
 /// meanwhile, which goes to the next). Ok(false): none was ours.
 pub fn leave(link: &mut Link, keys: &Keys, owner: &str, id: &str) -> Result<bool, Error> {
@@ -225,7 +240,7 @@ impl Take for Taking<'_> {
             Err(e) => {
                 // A reply may have been lost after the server granted it.
                 self.placed |= e.is_transient() && self.redis.link.replied;
-                return Err(e);
+                return Err(out_of_descriptors(e));
             }
         };
         let holder_ends_in = match reply {
@@ -288,7 +303,7 @@ impl Take for Taking<'_> {
         // place (and at the head, checks the holders). A BLPOP refused (an
         // ACL without it, a foreign value at the wake-up key) is final.
         self.keep_only = matches!(woken, Ok(None));
-        woken.map(|_| Woke::Look)
+        woken.map(|_| Woke::Look).map_err(out_of_descriptors)
     }
 
     fn leave(&mut self) {
@@ -329,7 +344,7 @@ impl Taking<'_> {
                 // The next call goes to the master of the moment.
                 self.redis.link.conn = None;
             }
-            return Err(e);
+            return Err(out_of_descriptors(e));
         }
         self.placed = false;
         let req = self.req;
