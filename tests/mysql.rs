@@ -345,6 +345,58 @@ fn ten_waiters_cost_fewer_than_ten_queries_a_second_together() {
     );
 }
 
+/// Sixty waiters blocked on one name: each costs the server under one
+/// statement a second, as ten do. (Their wake-up waits form one chain,
+/// each on the place ahead, and the server calls a wait-for chain deeper
+/// than 32 a deadlock: a waiter that dropped its connection then and
+/// queued again looped at about ten statements a second.) Every one still
+/// runs once the holder ends.
+#[test]
+fn sixty_waiters_cost_under_a_statement_a_second_each() {
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "q", "30s");
+    let n = 60;
+    let waiters: Vec<Child> = (0..n)
+        .map(|_| on(&url).args(["-q", "-w", "120s", "q", "true"]).spawn())
+        .collect();
+    // Sixty starting lockruns on two loaded cores take a while.
+    let mut seen = 0;
+    let queued = wait_until(Duration::from_secs(60), || {
+        seen = status_json(&url, "q")["waiters"].as_u64().unwrap_or(0);
+        seen >= n
+    });
+    assert!(queued, "{seen} of {n} waiters queued within 60 s");
+    let status = |what: &str| -> u64 {
+        my.sql(&format!("SHOW GLOBAL STATUS LIKE '{what}'"))
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = status("Questions");
+    let watched = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let spent = status("Questions") - before - 1;
+    let per_waiter = spent as f64 / watched.elapsed().as_secs_f64() / n as f64;
+    eprintln!(
+        "{n} waiters: {spent} statements in {:?}, {per_waiter:.2} a second each",
+        watched.elapsed()
+    );
+    assert!(
+        per_waiter < 1.0,
+        "{n} blocked waiters sent {spent} statements in {:?}: {per_waiter:.2} a second each",
+        watched.elapsed()
+    );
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    for w in waiters {
+        let (code, err) = exited(w, Duration::from_secs(90));
+        assert_eq!(code, Some(0), "{err}");
+    }
+}
+
 /// A waiter killed with SIGKILL in the queue (`-w 60`, and one that asked
 /// `--limit 1`): its connection ends with it, and with it the wake-up lock
 /// its place is known by, so once the holder ends the name is free at

@@ -360,12 +360,17 @@ impl Client {
         let started = crate::clock::Boot::now();
         // Interrupted (`KILL QUERY` from a request that changed our place):
         // woken, the connection as good as before.
-        let f = self.flight_keeping(&stmts, &[1317, 1969, 3024]);
+        let f = self.flight_keeping(&stmts, &[1317, 1969, 3024, 1213, 3058]);
+        let cut = |c| session::STATEMENT_TIME.contains(&c) || session::DEADLOCK.contains(&c);
         match f.failed {
             Some(_) if self.last_code == Some(1317) => Ok(Woke::Woken),
-            Some(_) if matches!(self.last_code, Some(c) if session::STATEMENT_TIME.contains(&c)) => {
+            Some(_) if matches!(self.last_code, Some(c) if cut(c)) => {
                 // Cut by a statement time limit the session could not
-                // lift: sleep out the wait rather than ask again at once.
+                // lift, or refused as a deadlock because the chain of
+                // waiters ahead is deeper than the server searches: sleep
+                // out the wait rather than ask again at once, the place
+                // kept (by the flight's first statement) and the
+                // connection with it.
                 let spent = crate::clock::Boot::now().since(started);
                 if spent < d {
                     std::thread::sleep(d - spent);

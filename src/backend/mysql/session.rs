@@ -51,3 +51,9 @@ pub fn wait_hint(ms: u64) -> String {
 /// The server's numbers for a statement cut by its time limit:
 /// MariaDB's `max_statement_time`, MySQL's `max_execution_time`.
 pub const STATEMENT_TIME: [u16; 2] = [1969, 3024];
+
+/// The server's numbers for a wake-up wait refused as a deadlock: the
+/// waiters of one name form a chain, each waiting on the place ahead, and
+/// MariaDB and MySQL call any wait-for chain deeper than 32 a deadlock
+/// (MariaDB's `ER_LOCK_DEADLOCK`, MySQL's `ER_USER_LOCK_DEADLOCK`).
+pub const DEADLOCK: [u16; 2] = [1213, 3058];
