@@ -397,6 +397,72 @@ fn sixty_waiters_cost_under_a_statement_a_second_each() {
     }
 }
 
+/// A hundred requests arriving at once behind a holder: every one keeps
+/// the place it took (none says it queued again), the queue costs the
+/// server under a statement a second per waiter once it formed, and all
+/// run, one at a time, once the holder ends.
+#[test]
+fn a_burst_of_a_hundred_keeps_every_place_and_runs_one_at_a_time() {
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "b", "30s");
+    let n = 100;
+    let log = scratch.path("log");
+    let job = format!(
+        "echo start >> {0}; sleep 0.02; echo end >> {0}",
+        log.display()
+    );
+    let waiters: Vec<(Child, std::path::PathBuf)> = (0..n)
+        .map(|i| {
+            let err = scratch.path(&format!("err{i}"));
+            let child = on(&url)
+                .args(["-v", "-w", "180s", "b", "-c", &job])
+                .stderr(Stdio::from(std::fs::File::create(&err).unwrap()))
+                .spawn();
+            (child, err)
+        })
+        .collect();
+    let mut seen = serde_json::Value::Null;
+    let queued = wait_until(Duration::from_secs(90), || {
+        seen = status_json(&url, "b");
+        seen["waiters"].as_u64().unwrap_or(0) >= n
+    });
+    assert!(queued, "{n} waiters not queued within 90 s; status: {seen}");
+    let questions = || -> u64 {
+        my.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = questions();
+    let watched = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let spent = questions() - before - 1;
+    let per_waiter = spent as f64 / watched.elapsed().as_secs_f64() / n as f64;
+    eprintln!("a burst of {n}: {per_waiter:.2} statements a second each once queued");
+    assert!(
+        per_waiter < 1.0,
+        "{n} queued waiters sent {spent} statements in {:?}",
+        watched.elapsed()
+    );
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    for (w, err) in waiters {
+        let (code, _) = exited(w, Duration::from_secs(120));
+        let err = std::fs::read_to_string(&err).unwrap();
+        assert_eq!(code, Some(0), "{err}");
+        assert!(!err.contains("queueing again"), "a place was lost: {err}");
+    }
+    let runs = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = runs.lines().collect();
+    assert_eq!(lines.len(), 2 * n as usize, "{runs}");
+    for pair in lines.chunks(2) {
+        assert_eq!(pair, ["start", "end"], "two jobs at once:\n{runs}");
+    }
+}
+
 /// A waiter killed with SIGKILL in the queue (`-w 60`, and one that asked
 /// `--limit 1`): its connection ends with it, and with it the wake-up lock
 /// its place is known by, so once the holder ends the name is free at
