@@ -136,12 +136,14 @@ impl Rng {
 enum Chaos {
     /// A worker's lockrun and its job were stopped from `from` to `to` (µs).
     Pause { worker: usize, from: u64, to: u64 },
-    /// The server lost the leases of a name (None: of every name) at `at`:
-    /// restart, raw DEL, release --now.
+    /// The server lost the leases of a name (None: of every name) at some
+    /// moment from `at` to `until`: restart, raw DEL, release --now (at once),
+    /// a failover (whenever the sentinels carried it out).
     Break {
         kind: &'static str,
         name: Option<&'static str>,
         at: u64,
+        until: u64,
     },
     /// Redis itself was stopped for a while; leases are not broken by it.
     RedisPause { from: u64, to: u64 },
@@ -790,6 +792,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                         kind: "restart",
                         name: None,
                         at,
+                        until: at,
                     });
                 }
                 Servers::Sentinel(set) => {
@@ -805,6 +808,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                         kind: "master kill",
                         name: None,
                         at,
+                        until: at,
                     });
                     let Some(now) = set.new_master(before) else {
                         // No replica the sentinels would promote: the node
@@ -813,20 +817,25 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                             kind: "master restart",
                             name: None,
                             at: now_us(),
+                            until: now_us(),
                         });
                         set.nodes[i].restart();
                         continue;
                     };
-                    // It comes back empty, and a master until it is told to
-                    // follow the new one: a sentinel that has not heard of
-                    // the failover yet may still name it. A restart without
-                    // persistence breaks leases (lockrun-safety(7) "GUARANTEES").
+                    // It comes back empty, and a master until it follows the
+                    // new one: a sentinel that has not heard of the failover
+                    // yet may still name it. A restart without persistence
+                    // breaks leases (lockrun-safety(7) "GUARANTEES") until the
+                    // node is a replica again.
+                    let at = now_us();
+                    let rejoined = set.rejoin(i, now);
                     log.push(Chaos::Break {
                         kind: "master restart",
                         name: None,
-                        at: now_us(),
+                        at,
+                        until: now_us(),
                     });
-                    if !set.rejoin(i, now) {
+                    if !rejoined {
                         sh.setup.lock().unwrap().push(
                             "the killed master did not rejoin as a replica within 60 s".into(),
                         );
@@ -913,6 +922,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                             kind: "lease revoke",
                             name: None,
                             at,
+                            until: at,
                         });
                     }
                 }
@@ -930,17 +940,21 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                     last_failover = Some(Instant::now());
                     let failed_over = set.try_failover();
                     // Replication is asynchronous: a lease granted just before
-                    // may not have reached the new master. (A refused
-                    // failover is logged too: it may have begun.)
+                    // the promotion may not have reached the new master, and
+                    // until a majority of sentinels names the new master a
+                    // grant or renewal still goes to the old one. When the
+                    // promotion comes is the sentinels' choice (under load,
+                    // seconds after it was asked for), so the break spans from
+                    // the ask until a majority names the new master. (A
+                    // refused failover is logged too: it may have begun.)
+                    let named = failed_over && set.named_by_majority(set.master_port());
                     log.push(Chaos::Break {
                         kind: "failover",
                         name: None,
                         at,
+                        until: now_us(),
                     });
-                    if !failed_over {
-                        continue;
-                    }
-                    if !set.synced() {
+                    if failed_over && !(named && set.synced()) {
                         sh.setup
                             .lock()
                             .unwrap()
@@ -957,6 +971,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                         kind: "DEL",
                         name: Some(name),
                         at,
+                        until: at,
                     });
                 } else {
                     run(lockrun().args(["--url", &sh.url, "release", "--force", "--now", name]));
@@ -964,6 +979,7 @@ fn chaos(sh: Arc<Shared>, servers: Arc<Servers>, seed: u64, until: Instant) -> V
                         kind: "release --now",
                         name: Some(name),
                         at,
+                        until: at,
                     });
                 }
             }
@@ -1090,10 +1106,11 @@ fn admitted(a: &Job, b: &Job, x: u64, chaos: &[Chaos]) -> Option<&'static str> {
             {
                 return Some("holder paused");
             }
-            Chaos::Break { at, name, .. }
-                if name.is_none_or(|n| n == a.name)
-                    && at <= b.start
-                    && x <= at + break_bound_us() =>
+            Chaos::Break {
+                at, until, name, ..
+            } if name.is_none_or(|n| n == a.name)
+                && at <= b.start
+                && x <= until + break_bound_us() =>
             {
                 return Some("lease broken on the server");
             }
@@ -1208,9 +1225,19 @@ fn describe(c: &Chaos) -> String {
         Chaos::Pause { worker, from, to } => {
             format!("{from}..{to} lockrun of worker {worker} paused")
         }
-        Chaos::Break { kind, name, at } => {
+        Chaos::Break {
+            kind,
+            name,
+            at,
+            until,
+        } => {
+            let when = if until > at {
+                format!("{at}..{until}")
+            } else {
+                at.to_string()
+            };
             format!(
-                "{at} lease broken: {kind} {}",
+                "{when} lease broken: {kind} {}",
                 name.unwrap_or("(every name)")
             )
         }
@@ -1403,6 +1430,9 @@ fn torture(servers: Servers, url: String, proxy: Option<Proxy>, secs: u64) {
         println!("torture: servers: {trouble}");
     }
     let timeline: Vec<String> = chaos_log.iter().map(describe).collect();
+    for line in &timeline {
+        println!("torture: chaos: {line}");
+    }
     assert!(
         bad.is_empty(),
         "safety violations ({summary}):\n{}\nchaos:\n{}",

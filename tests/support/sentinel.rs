@@ -161,6 +161,18 @@ impl Sentinels {
         moved.then_some(now)
     }
 
+    /// Whether, within 60 s, a majority of the sentinels name `master`: from
+    /// then on a client that asks them (as lockrun does) goes there.
+    pub fn named_by_majority(&self, master: u16) -> bool {
+        wait_until(Duration::from_secs(60), || {
+            let naming = self.sentinels.iter().filter(|(p, _)| {
+                sentinel_cmd::<(String, u16)>(*p, &["SENTINEL", "get-master-addr-by-name", MASTER])
+                    .is_ok_and(|(_, port)| port == master)
+            });
+            naming.count() * 2 > self.sentinels.len()
+        })
+    }
+
     /// Wait until every node but the master is its replica again, in sync.
     pub fn wait_synced(&self) {
         assert!(
