@@ -23,6 +23,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod fleet;
 mod footprint;
 
 use std::path::{Path, PathBuf};
@@ -1216,7 +1217,7 @@ fn main() {
         b.ab(&other);
     } else {
         let only = std::env::var("LOCKRUN_BENCH_ONLY").unwrap_or_default();
-        let sections: [(&str, Section); 12] = [
+        let sections: [(&str, Section); 13] = [
             ("uncontended", Bench::uncontended),
             ("contention", Bench::contention),
             ("handoff", Bench::handoff),
@@ -1229,6 +1230,7 @@ fn main() {
             ("postgres", Bench::postgres),
             ("mariadb", Bench::mariadb),
             ("zookeeper", Bench::zookeeper),
+            ("fleet", Bench::fleet),
         ];
         let chosen: Vec<&str> = only.split(',').filter(|s| !s.is_empty()).collect();
         for c in &chosen {

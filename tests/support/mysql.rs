@@ -291,7 +291,8 @@ impl Mariadb {
         db
     }
 
-    fn try_sql(&self, sql: &str) -> Option<String> {
+    /// Run `sql` as root over the socket; its output, or None if it failed.
+    pub fn try_sql(&self, sql: &str) -> Option<String> {
         let out = Command::new(program("mariadb"))
             .arg("--no-defaults")
             .arg(format!("--socket={}", self.socket().display()))
