@@ -317,3 +317,41 @@ fn a_closed_port_is_said_refused_at_once_with_its_address() {
         started.elapsed()
     );
 }
+
+/// A server whose `maxClientCnxns` this address has used up closes each
+/// new connection at once: a request is told so, naming the setting, not
+/// that the server gave no answer; the holders already in are untouched.
+#[test]
+fn a_server_full_for_this_address_is_named() {
+    let mut zk = Zookeeper::start();
+    zk.server.restart_with("maxClientCnxns", "3");
+    let url = zk.url();
+    let scratch = Scratch::new();
+    let done = scratch.path("done");
+    let job = format!(
+        "i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        done.display()
+    );
+    let holders: Vec<_> = (0..3)
+        .map(|i| on(&url).args([&format!("full{i}"), "-c", &job]).spawn())
+        .collect();
+    let all_in = wait_until(Duration::from_secs(30), || {
+        four_letters(zk.server.port, "cons").is_none()
+    });
+    assert!(all_in, "the three holders never filled the server");
+    let started = Instant::now();
+    on(&url)
+        .args(["-n", "other", "true"])
+        .code(69)
+        .says(&["closed the connection at once", "maxClientCnxns"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    std::fs::write(&done, "").unwrap();
+    for h in holders {
+        let (code, err) = exited(h, Duration::from_secs(30));
+        assert_eq!(code, Some(0), "{err}");
+    }
+}

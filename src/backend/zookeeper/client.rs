@@ -171,7 +171,11 @@ impl Client {
                 ),
                 e => Err(e),
             })
-            .map_err(|e| not_connected(url, op, e))?;
+            .map_err(|e| match e {
+                // The whole bound, not what was left of it for the last try.
+                CallError::Timeout(_) => not_connected(url, op, CallError::Timeout(limit)),
+                e => not_connected(url, op, e),
+            })?;
         let Some(timeout) = rt.granted.get(zk.session_id().0) else {
             return Err(Error::Internal(
                 "the ZooKeeper client did not show the session timeout the server granted".into(),
@@ -298,7 +302,7 @@ fn not_connected(url: &ZkUrl, op: Duration, e: CallError) -> Error {
             | CallError::Zk(zk::Error::NoHosts | zk::Error::Timeout | zk::Error::ConnectionLoss)
     );
     let why = unreached.then(|| refused(url, op)).flatten();
-    match why.map_or_else(|| sort(e, "connecting"), Error::Transient) {
+    match why.unwrap_or_else(|| sort(e, "connecting")) {
         // The client gives no reason for a failed handshake.
         Error::Transient(t) if url.tls => Error::Transient(format!(
             "{t} (TLS: is the port a secureClientPort, and does the server's \
@@ -369,30 +373,64 @@ fn tls_options(url: &ZkUrl) -> Result<Option<zk::TlsOptions>, Error> {
     Ok(Some(options))
 }
 
-/// Why no session could be had, when every server refused the connection:
-/// the client says only that no server could be reached. Asked of the
-/// servers again, each by a connection that the server refuses or that is
-/// closed at once.
-fn refused(url: &ZkUrl, op: Duration) -> Option<String> {
+/// Why no session could be had, when no server gave one: the client says
+/// only that no server could be reached. Asked of the servers again, each
+/// by a connection of its own: refused by every one, or closed at once by
+/// at least one of them and refused by the rest (a server closes a new
+/// connection at once when the client's address already has as many as
+/// its `maxClientCnxns` allows). None when any server accepts and waits,
+/// as a server does for a client's first request.
+fn refused(url: &ZkUrl, op: Duration) -> Option<Error> {
+    use std::io::Read;
     use std::net::{TcpStream, ToSocketAddrs};
     let limit = op.min(Duration::from_secs(1));
-    let mut closed = Vec::new();
+    let (mut refused, mut closed) = (Vec::new(), Vec::new());
     for server in &url.servers {
         let addrs: Vec<_> = server.to_socket_addrs().ok()?.collect();
-        let all_refused = !addrs.is_empty()
-            && addrs.iter().all(|a| {
-                TcpStream::connect_timeout(a, limit)
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
-            });
-        if !all_refused {
+        if addrs.is_empty() {
             return None;
         }
-        closed.push(server.as_str());
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, limit) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    refused.push(server.as_str());
+                }
+                Err(_) => return None,
+                Ok(mut s) => {
+                    // A server that took the connection waits for our
+                    // first request; one over its limit closes it now.
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                    let gone = match s.read(&mut [0u8; 1]) {
+                        Ok(0) => true,
+                        Ok(_) => false,
+                        Err(e) => matches!(
+                            e.kind(),
+                            std::io::ErrorKind::ConnectionReset
+                                | std::io::ErrorKind::ConnectionAborted
+                        ),
+                    };
+                    if !gone {
+                        return None;
+                    }
+                    closed.push(server.as_str());
+                }
+            }
+        }
     }
-    Some(format!(
-        "connecting: connection refused at {}",
+    if closed.is_empty() {
+        return Some(Error::Transient(format!(
+            "connecting: connection refused at {}",
+            refused.join(", ")
+        )));
+    }
+    refused.dedup();
+    closed.dedup();
+    Some(Error::Transient(format!(
+        "connecting: {} closed the connection at once: this client address \
+         has as many connections as the server allows (maxClientCnxns, 60 by \
+         default)",
         closed.join(", ")
-    ))
+    )))
 }
 
 /// Whether a session is over for good (a new one is needed).
