@@ -201,6 +201,22 @@ pub fn place_lasts(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }
 
+/// How far behind the head of the queue a waiter in `mode` still wakes
+/// when a grant or a release wakes the front of the queue, in places: the
+/// holders a release can let in and as many again, at least 4 and at
+/// most 16, so a hand-off wakes a few waiters, not the whole queue (a
+/// queue of 500 would look 500 times for every hand-off). A waiter
+/// further back looks when its place needs keeping, and is woken once it
+/// is near the front.
+pub fn woken(mode: Mode) -> i64 {
+    let holders = match mode {
+        Mode::Exclusive => 1,
+        Mode::Limit(n) => i64::from(n),
+        Mode::Shared => 16,
+    };
+    (2 * holders + 2).clamp(4, 16)
+}
+
 /// The places ahead of a waiter in `mode` (by index into `ahead`, in
 /// arrival order) whose going could let it in: the nearest one that
 /// blocks it (no herd: never the whole queue), and under `--limit N` also

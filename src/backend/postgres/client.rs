@@ -38,7 +38,7 @@ struct Conn {
     rt: Option<tokio::runtime::Runtime>,
     client: Option<tokio_postgres::Client>,
     /// One message per notification; closed when the connection ends.
-    notes: UnboundedReceiver<()>,
+    notes: UnboundedReceiver<String>,
     /// The task that drives the connection; it ends with it.
     driver: Option<tokio::task::JoinHandle<()>>,
 }
@@ -291,18 +291,19 @@ impl Client {
         }
     }
 
-    /// Sleep until a notification comes or `d` has passed. Ok(true): woken.
-    pub fn wait_note(&mut self, d: Duration) -> Result<bool, Error> {
+    /// Sleep until a notification comes or `d` has passed. Ok(Some):
+    /// woken, with the notification's payload.
+    pub fn wait_note(&mut self, d: Duration) -> Result<Option<String>, Error> {
         let Some(c) = &mut self.conn else {
             std::thread::sleep(d);
-            return Ok(false);
+            return Ok(None);
         };
         let got =
             c.rt.as_ref()
                 .expect("until dropped")
                 .block_on(async { tokio::time::timeout(d, c.notes.recv()).await });
         match got {
-            Ok(Some(())) => Ok(true),
+            Ok(Some(payload)) => Ok(Some(payload)),
             Ok(None) => {
                 self.drop_connection();
                 Err(Error::Transient(format!(
@@ -310,7 +311,7 @@ impl Client {
                     self.url.display
                 )))
             }
-            Err(_) => Ok(false),
+            Err(_) => Ok(None),
         }
     }
 }
@@ -323,7 +324,7 @@ async fn start<T>(
 ) -> Result<
     (
         tokio_postgres::Client,
-        UnboundedReceiver<()>,
+        UnboundedReceiver<String>,
         tokio::task::JoinHandle<()>,
     ),
     tokio_postgres::Error,
@@ -339,8 +340,8 @@ where
     let driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(Ok(m)) = messages.next().await {
-            if let AsyncMessage::Notification(_) = m {
-                let _ = tx.send(());
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_string());
             }
         }
     });

@@ -12,7 +12,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::client::{Call, Client};
 use super::sql::Tables;
 use super::take::{Looking, commit, transaction};
-use crate::backend::plan::Cut;
+use crate::backend::plan::{Cut, woken};
 use crate::backend::quit::Leave;
 use crate::backend::sql::{
     self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, capped, place_lasts,
@@ -223,7 +223,7 @@ impl Dialect for Tables {
         &self,
         c: &mut Client,
         req: &Request,
-        _seq: Option<i64>,
+        seq: Option<i64>,
         until: Option<Boot>,
         blocked: Blocked<Infallible>,
     ) -> Result<Option<Infallible>, Error> {
@@ -242,8 +242,19 @@ impl Dialect for Tables {
         // lapses (the server's clock said when).
         let keep = place_lasts(req.timing.ttl) / 3;
         let until_lapse = lapses_in.map_or(keep, |d| d + Duration::from_millis(5));
-        c.wait_note(capped(until, keep.min(until_lapse)))?;
-        Ok(None)
+        let end = Boot::now().add(capped(until, keep.min(until_lapse)));
+        // A notification that names a head of the queue too far ahead of
+        // our place to let us in is slept through.
+        let near = |payload: &str| match (payload.parse::<i64>(), seq) {
+            (Ok(head), Some(seq)) => seq - head < woken(req.mode),
+            _ => true,
+        };
+        loop {
+            match c.wait_note(end.since(Boot::now()))? {
+                Some(payload) if !near(&payload) => continue,
+                _ => return Ok(None),
+            }
+        }
     }
 
     /// Best effort: a place lapses on its own within a third of the ttl.

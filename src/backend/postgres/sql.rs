@@ -297,14 +297,32 @@ impl Tables {
                    AND l.granted_at + $5 * interval '1 microsecond' > now.t AND {UNMARKED}) \
                RETURNING 1) \
              SELECT (SELECT count(*) FROM kept) + (SELECT count(*) FROM gone) AS n, \
-               (SELECT count(*) FROM kept) AS kept, pg_notify($4, '')::text AS woken",
-            l = self.leases
+               (SELECT count(*) FROM kept) AS kept, pg_notify($4, {head})::text AS woken",
+            l = self.leases,
+            head = self.head("$1"),
         )
     }
 
     /// Wake the name's waiters. $1 channel.
     pub fn notify(&self) -> &'static str {
         "SELECT pg_notify($1, '')::text"
+    }
+
+    /// Wake the waiters at the front of the name's queue: the payload is
+    /// the place of its head, and a waiter further back than it would wake
+    /// for sleeps on (`plan::woken`). $1 channel, $2 name.
+    pub fn notify_front(&self) -> String {
+        format!("SELECT pg_notify($1, {})::text", self.head("$2"))
+    }
+
+    /// The place of the head of the queue of the name in `name` (a
+    /// parameter), as text; '' when no one waits.
+    fn head(&self, name: &str) -> String {
+        format!(
+            "coalesce((SELECT min(seq) FROM {} WHERE name = {name} \
+               AND expires_at > clock_timestamp() AND owner NOT LIKE '{REPLACED}%')::text, '')",
+            self.waiters
+        )
     }
 
     /// The holders for `status` and `release --force`. $1 name.

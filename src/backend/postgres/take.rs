@@ -65,14 +65,37 @@ impl Looking<'_> {
     /// The end of the transaction: `last`, then, when `wake`, a
     /// notification for the name's waiters, and the COMMIT.
     fn commit(&mut self, last: Vec<Call>, wake: bool) -> Result<Vec<Vec<Row>>, Error> {
-        let channel = &self.channel;
+        self.commit_waking(last, wake.then_some(Wake::All))
+    }
+
+    fn commit_waking(
+        &mut self,
+        last: Vec<Call>,
+        wake: Option<Wake>,
+    ) -> Result<Vec<Vec<Row>>, Error> {
+        let (channel, name) = (&self.channel, &self.req.name);
         let wake_params: [(&(dyn ToSql + Sync), Type); 1] = [(channel, Type::TEXT)];
+        let front_params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(channel, Type::TEXT), (name, Type::TEXT)];
+        let front = self.tables.notify_front();
         let mut calls: Vec<Call> = last;
-        if wake {
-            calls.push(Call::Query(self.tables.notify(), &wake_params));
+        match wake {
+            Some(Wake::All) => calls.push(Call::Query(self.tables.notify(), &wake_params)),
+            Some(Wake::Front) => calls.push(Call::Query(&front, &front_params)),
+            None => {}
         }
         commit(self.c, &calls)
     }
+}
+
+/// Whom a transaction's notification wakes.
+enum Wake {
+    /// Every waiter of the name: each must see what changed (a mark, a
+    /// place replaced, a window ended).
+    All,
+    /// The front of the queue, the only waiters a grant or a release
+    /// can let in.
+    Front,
 }
 
 impl Deciding for Looking<'_> {
@@ -148,7 +171,12 @@ impl Deciding for Looking<'_> {
         last.push(Call::Query(&grant, &params));
         // The next in line may hold beside us, and a replaced waiter
         // learns it: each looks again now rather than at its nap's end.
-        let rows = self.commit(last, others_wait || replacing)?;
+        let wake = if replacing {
+            Some(Wake::All)
+        } else {
+            others_wait.then_some(Wake::Front)
+        };
+        let rows = self.commit_waking(last, wake)?;
         Ok(rows[granted]
             .first()
             .map(|r| r.get::<_, i64>(0).max(0) as u64))
