@@ -37,7 +37,7 @@ use super::{
     Status, Wait,
 };
 use super::{Renewal, Renewer, Renewing};
-use crate::backend::drive::Transport;
+use crate::backend::drive::Remote;
 use crate::clock::Boot;
 use crate::log;
 use crate::schedule::Timing;
@@ -110,11 +110,13 @@ impl Redis {
         let mut r = Redis {
             link: Link {
                 // The sentinels answered when the master did not.
-                replied: conn.is_none(),
+                remote: Remote {
+                    replied: conn.is_none(),
+                    ..Remote::new(url.display.clone())
+                },
                 conn,
                 connector,
                 node,
-                display: url.display.clone(),
                 op,
             },
             prefix: how.prefix.clone(),
@@ -157,7 +159,7 @@ impl Engine for Redis {
         let v = self
             .link
             .call(|c| keys.on(script).invoke::<Vec<Value>>(c))
-            .map_err(|e| self.link.failed(&format!("reading {name}"), e))?;
+            .map_err(|e| self.link.remote.failed(&format!("reading {name}"), e))?;
         Ok(reply::status(&v))
     }
 
@@ -208,7 +210,7 @@ impl Engine for Redis {
         let v = self
             .link
             .call(|c| keys.on(script).arg(&token).arg(now).invoke::<Vec<Value>>(c))
-            .map_err(|e| self.link.failed(&format!("releasing {name}"), e))?;
+            .map_err(|e| self.link.remote.failed(&format!("releasing {name}"), e))?;
         Ok(reply::broken(&v))
     }
 }
@@ -254,7 +256,7 @@ impl Redis {
                     }
                     (c, _) => scan.query(c),
                 })
-                .map_err(|e| self.link.failed("listing names", e))?;
+                .map_err(|e| self.link.remote.failed("listing names", e))?;
             for key in keys {
                 if let Some(name) = name_of_key(&self.prefix, &key) {
                     names.insert(name);
@@ -280,7 +282,7 @@ impl Redis {
         let nodes: String = self
             .link
             .call(|c| redis::cmd("CLUSTER").arg("NODES").query(c))
-            .map_err(|e| self.link.failed("listing the cluster's masters", e))?;
+            .map_err(|e| self.link.remote.failed("listing the cluster's masters", e))?;
         let masters: Vec<Node> = nodes.lines().filter_map(cluster_master).collect();
         let mut names = std::collections::BTreeSet::new();
         for m in &masters {
@@ -317,7 +319,7 @@ impl Redis {
             // A server that never ran the script (or flushed it): load it once.
             self.link
                 .call(|c| script.load(c))
-                .map_err(|e| self.link.failed("listing names", e))?;
+                .map_err(|e| self.link.remote.failed("listing names", e))?;
             replies = run(&mut self.link);
         }
         match replies {
@@ -335,7 +337,7 @@ impl Redis {
                 }
                 Ok(())
             }
-            Err(e) => Err(self.link.failed("listing names", e)),
+            Err(e) => Err(self.link.remote.failed("listing names", e)),
         }
     }
 
@@ -473,7 +475,7 @@ impl Held for RedisHeld {
                 Err(e) => last = Some(e),
             }
         }
-        Err(self.link.failed(
+        Err(self.link.remote.failed(
             &format!("releasing {}", self.name),
             last.expect("two attempts"),
         ))

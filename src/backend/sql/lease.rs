@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::Dialect;
-use crate::backend::drive::Transport;
 use crate::backend::table::split_label;
 use crate::backend::{Error, Held, Renewal, Renewer, Renewing, Request};
 use crate::log;
@@ -78,7 +77,7 @@ impl<D: Dialect> Held for SqlHeld<D> {
         let (kept, ours) = o
             .tables
             .release(&mut self.client, o, window)
-            .map_err(|e| self.client.failed(&doing, e))?;
+            .map_err(|e| self.client.as_ref().failed(&doing, e))?;
         if kept {
             log::info(format!(
                 "released {}; kept by --min-hold until {} after its grant",
