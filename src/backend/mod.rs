@@ -50,9 +50,32 @@ pub trait Engine: Send {
     fn status(&mut self, name: &str) -> Result<Status, Error>;
     /// Break `name`'s holders (lockrun(1) "COMMANDS" says what that means per engine).
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error>;
+    /// Every name under the prefix (sorted, each once), read within
+    /// `bound`, with what the listing should say of what was passed over
+    /// or cut short.
+    fn names(&mut self, bound: ListBound) -> Result<plan::Names, Error>;
+    /// What the listing says of one of `names`: its status; a key that is
+    /// not lockrun's costs its name a note, not the whole list.
+    fn listed(&mut self, name: &str) -> Result<plan::Read, Error> {
+        match self.status(name) {
+            Ok(st) => Ok(plan::Read::Listed(st)),
+            Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
+                Ok(plan::Read::LeftOut(format!("{name}: left out: {m}")))
+            }
+            Err(e) => Err(e),
+        }
+    }
     /// Every name under the prefix and its state, sorted, read within
-    /// `bound` and without disturbing any lock.
-    fn list(&mut self, bound: ListBound) -> Result<Listing, Error>;
+    /// `bound` and without disturbing any lock: by default `names`, then
+    /// each `listed` in turn (an engine that reads them all at once, or
+    /// finds them its own way, says so here).
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let plan::Names { names, notes } = self.names(bound)?;
+        let names = names.into_iter().map(|n| (n, ()));
+        plan::listing(names, bound, notes, plan::NAME_BY_NAME, |name, ()| {
+            self.listed(name)
+        })
+    }
 }
 
 /// Run `f` on a thread of its own and wait for it at most `limit`: a server

@@ -33,10 +33,10 @@ pub use address::{EtcdUrl, parse};
 use client::{Client, Setup, b64, int, unb64};
 use queue::{Entry, Keys, Mark, Record, entries, holders};
 
-use super::plan::{self, ForcePlan, Read, Standing};
+use super::plan::{self, ForcePlan, Standing};
 use super::{
-    Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening,
-    Request, Status, Wait,
+    Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Opening, Request,
+    Status, Wait,
 };
 use super::{Renewal, Renewer, Renewing};
 use crate::clock::Boot;
@@ -220,7 +220,7 @@ impl Engine for Etcd {
         })
     }
 
-    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+    fn names(&mut self, _bound: ListBound) -> Result<plan::Names, Error> {
         let doing = "listing names";
         // Keys only, and no more than the bound allows: a name's values
         // hold its owners' secrets, which this never needs.
@@ -264,25 +264,10 @@ impl Engine for Etcd {
                  (another program's, or a longer --prefix's), such as {key:?}"
             ));
         }
-        let how =
-            "read name by name, not as one snapshot: a lock may change while the list is read";
-        plan::listing(
-            names.into_iter().map(|n| (n, ())),
-            bound,
+        Ok(plan::Names {
+            names: names.into_iter().collect(),
             notes,
-            how,
-            |name, ()| {
-                // A key under the prefix that is not lockrun's costs its name
-                // a note, not the whole list (as on Redis).
-                match self.status(name) {
-                    Ok(st) => Ok(Read::Listed(st)),
-                    Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
-                        Ok(Read::LeftOut(format!("{name}: left out: {m}")))
-                    }
-                    Err(e) => Err(e),
-                }
-            },
-        )
+        })
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {

@@ -227,6 +227,21 @@ impl Local {
         }
     }
 
+    /// Each name's main file in the directory, with the name it stands for.
+    fn main_files(&self) -> Result<Vec<(String, PathBuf)>, Error> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
+            // A name's main file ends in `.lock`; its other files never do.
+            if let Some(name) = entry.file_name().to_str().and_then(name_of_file) {
+                names.push((name, entry.path()));
+            }
+        }
+        Ok(names)
+    }
+
     fn unavailable(&self, what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
         Error::Refused(format!("{what} {}: {e}", path.display()))
     }
@@ -246,17 +261,19 @@ impl Engine for Local {
         self.status_of(&files)
     }
 
+    fn names(&mut self, _bound: ListBound) -> Result<plan::Names, Error> {
+        let mut names: Vec<String> = self.main_files()?.into_iter().map(|(n, _)| n).collect();
+        names.sort();
+        Ok(plan::Names {
+            names,
+            notes: Vec::new(),
+        })
+    }
+
+    /// File by file: a name too long to keep whole in its file's name is
+    /// read from the file it was found in, not from the name.
     fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
-        let entries = std::fs::read_dir(&self.dir)
-            .map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
-        let mut names = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
-            // A name's main file ends in `.lock`; its other files never do.
-            if let Some(name) = entry.file_name().to_str().and_then(name_of_file) {
-                names.push((name, entry.path()));
-            }
-        }
+        let names = self.main_files()?;
         let how = "read file by file, not as one snapshot: a lock may change while it is read";
         plan::listing(names, bound, Vec::new(), how, |name, main| {
             let files = Files {

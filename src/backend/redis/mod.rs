@@ -163,16 +163,27 @@ impl Engine for Redis {
         Ok(reply::status(&v))
     }
 
-    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+    fn names(&mut self, bound: ListBound) -> Result<plan::Names, Error> {
         let mut notes = Vec::new();
-        let cluster = matches!(self.link.connector, Connector::Cluster(_));
-        let names = if cluster {
+        let names = if matches!(self.link.connector, Connector::Cluster(_)) {
             self.scan_cluster_names(bound, &mut notes)?
         } else {
             self.scan_names(bound, &mut notes, None)?
         };
-        let mut listed = Vec::with_capacity(names.len());
-        let all: Vec<String> = names.into_iter().collect();
+        Ok(plan::Names {
+            names: names.into_iter().collect(),
+            notes,
+        })
+    }
+
+    /// Name by name as the default does, but a batch of names a round trip.
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let plan::Names {
+            names: all,
+            mut notes,
+        } = self.names(bound)?;
+        let cluster = matches!(self.link.connector, Connector::Cluster(_));
+        let mut listed = Vec::with_capacity(all.len());
         // A cluster connection does not pipeline across slots: one name at a time.
         let batch = if cluster { 1 } else { LIST_BATCH };
         for batch in all.chunks(batch) {
@@ -347,12 +358,11 @@ impl Redis {
         listed: &mut Vec<(String, Status)>,
         notes: &mut Vec<String>,
     ) -> Result<(), Error> {
-        match self.status(name) {
-            Ok(st) => listed.push((name.to_string(), st)),
-            Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
-                notes.push(format!("{name}: left out: {m}"));
-            }
-            Err(e) => return Err(e),
+        match self.listed(name)? {
+            plan::Read::Listed(st) => listed.push((name.to_string(), st)),
+            plan::Read::LeftOut(note) => notes.push(note),
+            // Never from a status that is not refused.
+            plan::Read::Empty | plan::Read::Unreadable(_) => {}
         }
         Ok(())
     }

@@ -248,6 +248,13 @@ impl<D: Dialect> Engine for Sql<D> {
         })
     }
 
+    /// The names of the listing, which reads them with their state.
+    fn names(&mut self, bound: ListBound) -> Result<plan::Names, Error> {
+        let Listing { names, notes, .. } = self.list(bound)?;
+        let names = names.into_iter().map(|(name, _)| name).collect();
+        Ok(plan::Names { names, notes })
+    }
+
     /// One statement reads every name with its holders and waiters: a
     /// snapshot, bounded in names by `bound` and in time by what is left
     /// of it. Missing tables are an empty list, never created.
