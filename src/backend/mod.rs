@@ -37,7 +37,7 @@ pub mod zookeeper;
 pub use doctor::{Check, Verdict};
 pub use engines::*;
 pub use error::Error;
-pub use lease::{Fresh, Held, Lease, Pending, Renewal, Renewer, Renewing};
+pub use lease::{Fresh, Held, Lease, MinHold, Pending, Renewal, Renewer, Renewing};
 pub use model::*;
 
 use std::time::Duration;

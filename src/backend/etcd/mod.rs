@@ -38,7 +38,7 @@ use super::{
     Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Opening, Request,
     Status, Wait,
 };
-use super::{Renewal, Renewer, Renewing};
+use super::{MinHold, Renewal, Renewer, Renewing};
 use crate::clock::Boot;
 use crate::log;
 
@@ -401,15 +401,12 @@ impl Held for EtcdHeld {
         }))
     }
 
-    fn release(mut self: Box<Self>) -> Result<bool, Error> {
+    fn release(mut self: Box<Self>, window: MinHold) -> Result<bool, Error> {
+        self.min_hold = window.of(self.min_hold);
         if let Some(left) = self.window_left() {
             return self.keep_for(left);
         }
         self.delete()
-    }
-
-    fn drop_window(&mut self) {
-        self.min_hold = None;
     }
 }
 

@@ -398,6 +398,37 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_given_back_leaves_no_window_and_a_released_one_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut local = Local::open(Some(dir.path())).unwrap();
+        let owner = crate::backend::Owner::new(None).unwrap();
+        for (name, given_back) in [("kept", false), ("given", true)] {
+            let req = Request {
+                name,
+                owner: &owner,
+                timing: crate::schedule::Timing::new(Duration::from_secs(3), None).unwrap(),
+                mode: Mode::Exclusive,
+                outer: None,
+                inherited_fd: None,
+                quiet: true,
+                min_hold: Some(Duration::from_secs(60)),
+                group: Default::default(),
+            };
+            let Ok(Acquired::Granted(lease)) = local.acquire(&req, Wait::No) else {
+                panic!("{name}: not granted")
+            };
+            let ours = if given_back {
+                lease.give_back()
+            } else {
+                lease.release()
+            };
+            assert!(ours.unwrap(), "{name}");
+            let windows = local.status(name).unwrap().holders;
+            assert_eq!(windows.iter().any(|h| h.min_hold), !given_back, "{name}");
+        }
+    }
+
+    #[test]
     fn the_file_name_is_an_os_str() {
         assert_eq!(file_name("a b"), "a%20b.lock");
     }

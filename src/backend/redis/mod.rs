@@ -36,7 +36,7 @@ use super::{
     Acquired, Broken, Engine, EngineInfo, Error, Force, Held, ListBound, Listing, Opening, Request,
     Status, Wait,
 };
-use super::{Renewal, Renewer, Renewing};
+use super::{MinHold, Renewal, Renewer, Renewing};
 use crate::backend::drive::Remote;
 use crate::clock::Boot;
 use crate::log;
@@ -456,7 +456,8 @@ impl Held for RedisHeld {
         }))
     }
 
-    fn release(mut self: Box<Self>) -> Result<bool, Error> {
+    fn release(mut self: Box<Self>, window: MinHold) -> Result<bool, Error> {
+        self.min_hold = window.of(self.min_hold);
         let started = Boot::now();
         // The lease lives where the renewals went: after a failover, on
         // the new master, not on the one it was granted on.
@@ -489,10 +490,6 @@ impl Held for RedisHeld {
             &format!("releasing {}", self.name),
             last.expect("two attempts"),
         ))
-    }
-
-    fn drop_window(&mut self) {
-        self.min_hold = None;
     }
 }
 
