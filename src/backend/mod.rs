@@ -4,7 +4,8 @@
 //! processes; every failure is an `Error` of one kind, which decides the exit code.
 //!
 //! By part: `model.rs` what the seam speaks of (modes, requests, holders);
-//! `engines.rs` the scheme table and addresses; `lease.rs` a granted lease,
+//! `engines.rs` the scheme table and addresses, `url_parts.rs` the parts
+//! of an address URL several engines write alike; `lease.rs` a granted lease,
 //! its renewal and release; `drive.rs` the one acquire loop, which every
 //! engine's request goes through, `wait.rs` its clocks (patience, retries,
 //! pauses), `quit.rs` leaving the queue on a signal; `admit.rs` who may
@@ -31,6 +32,7 @@ pub mod quit;
 pub mod redis;
 mod sql;
 mod table;
+mod url_parts;
 pub mod wait;
 pub mod zookeeper;
 
@@ -39,6 +41,7 @@ pub use engines::*;
 pub use error::Error;
 pub use lease::{Fresh, Held, Lease, MinHold, Pending, Renewal, Renewer, Renewing};
 pub use model::*;
+pub use url_parts::*;
 
 use std::time::Duration;
 

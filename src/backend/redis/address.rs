@@ -302,11 +302,7 @@ fn tls_options(
             )));
         }
     };
-    if !tls {
-        opts.no_tls(display)?;
-        return Ok((false, None));
-    }
-    Ok((insecure, opts.tls_ca.clone()))
+    Ok((insecure, opts.ca_file(tls, display)?))
 }
 
 /// `raw` with '/', '?', '#' and '@' percent-encoded in its user and
