@@ -50,7 +50,6 @@ impl AddressOptions {
 
 /// An engine at an address: parsed and checked by the engine, not contacted.
 pub trait Address: std::fmt::Debug + Send + Sync {
-    fn engine(&self) -> &'static EngineInfo;
     /// The address as messages show it, any secret in it hidden.
     fn shown(&self) -> String;
     /// A secret the address carries (a password): kept out of every line
@@ -149,10 +148,40 @@ pub fn engine_for(scheme: &str) -> Option<&'static EngineInfo> {
     ENGINES.iter().find(|e| e.schemes.contains(&scheme))
 }
 
+/// What `--url` comes to: the engine its scheme names, at the address
+/// that engine read.
+#[derive(Clone)]
+pub struct EngineAt {
+    pub engine: &'static EngineInfo,
+    pub address: Arc<dyn Address>,
+}
+
+impl std::fmt::Debug for EngineAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineAt")
+            .field("engine", &self.engine.name)
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for EngineAt {
+    type Target = dyn Address;
+    fn deref(&self) -> &(dyn Address + 'static) {
+        &*self.address
+    }
+}
+
 /// Parse `--url` (empty: the local default) into its engine's address.
-pub fn address(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+pub fn address(raw: &str, opts: &AddressOptions) -> Result<EngineAt, Error> {
+    let at = |engine: &'static EngineInfo| {
+        Ok(EngineAt {
+            engine,
+            address: (engine.parse)(raw, opts)?,
+        })
+    };
     if raw.is_empty() {
-        return (ENGINES[0].parse)(raw, opts);
+        return at(&ENGINES[0]);
     }
     let forms: Vec<&str> = ENGINES.iter().map(|e| e.form).collect();
     let expected = format!("expected {}", forms.join(" or "));
@@ -167,5 +196,5 @@ pub fn address(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Err
             "invalid --url: unknown scheme {shown:?}; {expected}"
         ))
     })?;
-    (engine.parse)(raw, opts)
+    at(engine)
 }

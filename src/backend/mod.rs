@@ -107,25 +107,23 @@ pub fn bounded<T: Send + 'static>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
-    fn spec(url: &str) -> Result<Arc<dyn Address>, Error> {
+    fn spec(url: &str) -> Result<EngineAt, Error> {
         address(url, &AddressOptions::default())
     }
 
     #[test]
     fn urls_are_validated() {
         assert_eq!(
-            spec("redis://127.0.0.1:6379/2").unwrap().engine().name,
+            spec("redis://127.0.0.1:6379/2").unwrap().engine.name,
             "Redis"
         );
-        assert_eq!(spec("rediss://h#insecure").unwrap().engine().name, "Redis");
-        assert_eq!(spec("file:///tmp/x").unwrap().engine().name, "local");
-        assert_eq!(spec("").unwrap().engine().name, "local");
+        assert_eq!(spec("rediss://h#insecure").unwrap().engine.name, "Redis");
+        assert_eq!(spec("file:///tmp/x").unwrap().engine.name, "local");
+        assert_eq!(spec("").unwrap().engine.name, "local");
         assert_eq!(
-            spec("postgresql://u@h/db").unwrap().engine().name,
+            spec("postgresql://u@h/db").unwrap().engine.name,
             "PostgreSQL"
         );
         for bad in [

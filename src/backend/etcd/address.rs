@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use super::{ENGINE, Etcd};
 use crate::backend::{
-    Address, AddressOptions, Check, Engine, EngineInfo, Error, HostList, Opening, Reach, each_host,
-    shown_hosts,
+    Address, AddressOptions, Check, Engine, Error, HostList, Opening, Reach, each_host, shown_hosts,
 };
 
 /// etcd's client port when a URL names none.
@@ -29,9 +28,6 @@ impl std::ops::Deref for EtcdUrl {
 }
 
 impl Address for EtcdUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
-    }
     fn shown(&self) -> String {
         self.display.clone()
     }

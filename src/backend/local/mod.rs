@@ -119,9 +119,6 @@ pub struct LocalDir {
 }
 
 impl Address for LocalDir {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
-    }
     fn shown(&self) -> String {
         match &self.dir {
             Some(d) => format!("file://{}", d.display()),

@@ -12,7 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::{Client, IntoConnectionInfo};
 
 use super::{ENGINE, Redis};
-use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+use crate::backend::{Address, AddressOptions, Check, Engine, Error, Opening};
 
 /// A Redis server's address (lockrun-engines(7) "REDIS").
 #[derive(Debug, Clone)]
@@ -181,9 +181,6 @@ impl RedisUrl {
 }
 
 impl Address for RedisUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
-    }
     fn shown(&self) -> String {
         self.display.clone()
     }

@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use super::{ENGINE, Zk};
 use crate::backend::{
-    Address, AddressOptions, Check, Engine, EngineInfo, Error, HostList, Opening, Reach, each_host,
-    shown_hosts,
+    Address, AddressOptions, Check, Engine, Error, HostList, Opening, Reach, each_host, shown_hosts,
 };
 
 /// ZooKeeper's client port when a URL names none.
@@ -44,9 +43,6 @@ impl ZkUrl {
 }
 
 impl Address for ZkUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
-    }
     fn shown(&self) -> String {
         self.display.clone()
     }
