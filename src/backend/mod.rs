@@ -242,6 +242,59 @@ mod tests {
         assert_eq!(Mode::Limit(3).name(), "limit 3");
     }
 
+    /// An engine that only names its names and reads each one's status.
+    struct Named(Vec<&'static str>);
+
+    impl Engine for Named {
+        fn acquire(&mut self, _: &Request, _: Wait) -> Result<Acquired, Error> {
+            unreachable!("only listed")
+        }
+        fn status(&mut self, name: &str) -> Result<Status, Error> {
+            match name {
+                "foreign" => Err(Error::Refused("the key is not a lockrun lease".into())),
+                "down" => Err(Error::Transient("gone".into())),
+                _ => Ok(Status {
+                    waiters: Some(1),
+                    ..Status::default()
+                }),
+            }
+        }
+        fn force_release(&mut self, _: &str, _: Force) -> Result<Broken, Error> {
+            unreachable!("only listed")
+        }
+        fn names(&mut self, _: ListBound) -> Result<plan::Names, Error> {
+            Ok(plan::Names {
+                names: self.0.iter().map(|n| n.to_string()).collect(),
+                notes: vec!["found".into()],
+            })
+        }
+    }
+
+    #[test]
+    fn the_default_listing_reads_name_by_name_and_notes_what_is_not_a_lease() {
+        let bound = |names| ListBound {
+            names,
+            until: crate::clock::Boot::now().add(Duration::from_secs(60)),
+        };
+        let mut e = Named(vec!["b", "foreign", "a"]);
+        let l = e.list(bound(10)).unwrap();
+        let listed: Vec<&str> = l.names.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(listed, ["a", "b"]);
+        assert_eq!(
+            l.notes,
+            [
+                "found",
+                "foreign: left out: the key is not a lockrun lease",
+                plan::NAME_BY_NAME
+            ]
+        );
+        let cut = e.list(bound(1)).unwrap();
+        assert_eq!(cut.names.len(), 1);
+        assert!(cut.notes.contains(&plan::cut_short(1)), "{:?}", cut.notes);
+        // Any other failure fails the listing.
+        assert!(Named(vec!["a", "down"]).list(bound(10)).is_err());
+    }
+
     #[test]
     fn every_scheme_names_one_engine() {
         let mut seen = std::collections::HashSet::new();
