@@ -4,9 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use std::sync::Arc;
-
-use crate::backend::{Address, AddressOptions, Group, Mode, Wait};
+use crate::backend::{Address, AddressOptions, EngineAt, Group, Mode, Wait};
 use crate::cli::{BackendArgs, RunArgs};
 use crate::exit::{Class, Failure, fail};
 use crate::schedule::Timing;
@@ -14,7 +12,7 @@ use crate::schedule::Timing;
 #[derive(Debug, Clone)]
 pub struct Common {
     /// The engine and its address, parsed by the engine.
-    pub address: Arc<dyn Address>,
+    pub address: EngineAt,
     pub prefix: String,
     pub verbosity: u8,
 }
@@ -220,7 +218,7 @@ pub fn run_config(backend: &BackendArgs, run: &RunArgs) -> Result<RunConfig, Fai
 
     let ttl = parse_duration("--ttl", &run.ttl, MAX_TTL)?;
     // What the engine would grant: the schedule is built on that.
-    let ttl = common.address.engine().grantable(ttl)?;
+    let ttl = common.address.engine.grantable(ttl)?;
     let kill_after = run
         .kill_after
         .as_deref()
@@ -384,7 +382,7 @@ fn parse_min_hold(s: &str) -> Result<Duration, Failure> {
 mod tests {
     use super::*;
 
-    fn spec(url: &str) -> Result<Arc<dyn Address>, Failure> {
+    fn spec(url: &str) -> Result<EngineAt, Failure> {
         Ok(crate::backend::address(url, &AddressOptions::default())?)
     }
 

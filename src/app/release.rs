@@ -18,14 +18,14 @@ pub fn release(
 ) -> Result<Ending, Failure> {
     let common = config::common(&cli.backend)?;
     config::check_name(name, &*common.address)?;
-    if !force && !common.address.engine().expires {
+    if !force && !common.address.engine.expires {
         // A flock lasts as long as its holder: --force only ends a window.
         return Err(fail(
             Class::Usage,
             format!(
                 "refusing to break a lock without --force; on the {} engine --force ends \
                  only a --min-hold window (a running holder's lock ends with its process)",
-                common.address.engine().name
+                common.address.engine.name
             ),
         ));
     }

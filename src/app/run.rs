@@ -57,7 +57,7 @@ fn run_configured(cfg: &config::RunConfig, report: &mut metrics::Run) -> Result<
 
 /// The lease on `req`'s name, or how lockrun ends without it.
 fn acquire(cfg: &config::RunConfig, req: &Request) -> Result<Result<Lease, Ending>, Failure> {
-    let expires = cfg.common.address.engine().expires;
+    let expires = cfg.common.address.engine.expires;
     let mut engine =
         cfg.common
             .address
@@ -160,7 +160,7 @@ fn supervise_and_release(
     lease: Lease,
     report: &mut metrics::Run,
 ) -> Result<Ending, Failure> {
-    let expires = cfg.common.address.engine().expires;
+    let expires = cfg.common.address.engine.expires;
     let deadline = expires.then(|| {
         Arc::new(Deadline::new(
             cfg.timing.deadline_for(lease.sent_at, lease.ttl),

@@ -14,18 +14,30 @@ use super::{Acquired, Error, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
 
-/// What an engine's connection to its server tells the driver.
-pub trait Transport {
+/// The server a request talks to, as the driver needs to know it: how it
+/// is shown, and whether it has answered yet. An engine's client keeps one
+/// and marks it when the server replies.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// The server as shown to the operator (no secrets).
+    pub shown: String,
     /// The server has answered at least once: later transport errors may be
     /// a restart worth waiting out, earlier ones are misconfiguration.
-    fn replied(&self) -> bool;
+    pub replied: bool,
+}
 
-    /// The server as shown to the operator (no secrets).
-    fn shown(&self) -> &str;
+impl Remote {
+    /// `shown`, not yet answered.
+    pub fn new(shown: impl Into<String>) -> Remote {
+        Remote {
+            shown: shown.into(),
+            replied: false,
+        }
+    }
 
     /// A failure of `doing`, saying which server it was.
-    fn failed(&self, doing: &str, e: Error) -> Error {
-        e.doing(format_args!("{doing} on {}", self.shown()))
+    pub fn failed(&self, doing: &str, e: Error) -> Error {
+        e.doing(format_args!("{doing} on {}", self.shown))
     }
 }
 
@@ -60,8 +72,6 @@ pub enum Woke {
 
 /// One engine's request for a name: what the engine writes.
 pub trait Take {
-    type Transport: Transport;
-
     /// One look at the name: granted, done, or blocked (then in the queue,
     /// unless `last`: the wait is over, and a blocked request leaves the
     /// queue or never joins it). A look that blocks for a moment (the
@@ -85,7 +95,18 @@ pub trait Take {
         None
     }
 
-    fn transport(&self) -> &Self::Transport;
+    /// The server the request talks to. None: the engine has none that
+    /// could be away (the local one), and its errors name their files
+    /// already.
+    fn remote(&self) -> Option<&Remote>;
+}
+
+/// A failure of `doing`, saying which server it was, if any.
+fn failed_on(take: &impl Take, doing: &str, e: Error) -> Error {
+    match take.remote() {
+        Some(server) => server.failed(doing, e),
+        None => e,
+    }
 }
 
 /// Take `req`'s name by `take`'s looks and waits until granted, busy or failed.
@@ -161,11 +182,11 @@ fn failed(
     let doing = || format!("acquiring {}", req.name);
     // Final, or a server that never answered: misconfiguration, not an
     // outage to wait out.
-    if !e.is_transient() || !take.transport().replied() {
+    if !e.is_transient() || !take.remote().is_none_or(|s| s.replied) {
         take.leave();
         return Err(match e {
             Error::Request(_) => e,
-            e => take.transport().failed(&doing(), e),
+            e => failed_on(take, &doing(), e),
         });
     }
     match retry.failed(patience) {
@@ -175,7 +196,7 @@ fn failed(
         }
         None => {
             take.leave();
-            Err(take.transport().failed(&doing(), e))
+            Err(failed_on(take, &doing(), e))
         }
     }
 }
@@ -214,7 +235,7 @@ fn wait_out(
                 // never a retry loop.
                 take.leave();
                 let doing = format!("waiting for {}", req.name);
-                return Err(take.transport().failed(&doing, e));
+                return Err(failed_on(take, &doing, e));
             }
             Err(e) => {
                 log::info(format!("waiting failed: {e}; retrying"));
@@ -231,17 +252,6 @@ mod tests {
     use crate::schedule::Timing;
     use std::collections::VecDeque;
 
-    struct Server;
-
-    impl Transport for Server {
-        fn replied(&self) -> bool {
-            true
-        }
-        fn shown(&self) -> &str {
-            "fake"
-        }
-    }
-
     /// An engine that answers as it is told, and counts what it is asked.
     #[derive(Default)]
     struct Fake {
@@ -250,10 +260,24 @@ mod tests {
         lasts: Vec<bool>,
         waited: u32,
         left: u32,
+        remote: Option<Remote>,
+    }
+
+    impl Fake {
+        /// Its server, "fake", has answered.
+        fn new() -> Fake {
+            let server = Remote {
+                replied: true,
+                ..Remote::new("fake")
+            };
+            Fake {
+                remote: Some(server),
+                ..Fake::default()
+            }
+        }
     }
 
     impl Take for Fake {
-        type Transport = Server;
         fn look(&mut self, last: bool, _until: Option<Boot>) -> Result<Look, Error> {
             self.lasts.push(last);
             self.looks.pop_front().unwrap_or(Ok(Look::Blocked(None)))
@@ -270,8 +294,8 @@ mod tests {
         fn leave(&mut self) {
             self.left += 1;
         }
-        fn transport(&self) -> &Server {
-            &Server
+        fn remote(&self) -> Option<&Remote> {
+            self.remote.as_ref()
         }
     }
 
@@ -300,7 +324,7 @@ mod tests {
 
     #[test]
     fn a_request_ended_by_an_error_leaves_the_queue() {
-        let mut fake = Fake::default();
+        let mut fake = Fake::new();
         fake.looks
             .push_back(Ok(Look::Over(Error::Internal("unreadable".into()))));
         let e = error(&mut fake);
@@ -310,16 +334,20 @@ mod tests {
             "worded as it stands"
         );
         assert_eq!(fake.left, 1);
-        let mut fake = Fake::default();
+        let mut fake = Fake::new();
         fake.looks.push_back(Err(Error::Refused("denied".into())));
         let e = error(&mut fake);
         assert_eq!(e, Error::Refused("acquiring n on fake: denied".into()));
         assert_eq!(fake.left, 1);
+        // No server (the local engine): its errors name their files already.
+        let mut fake = Fake::default();
+        fake.looks.push_back(Err(Error::Refused("denied".into())));
+        assert_eq!(error(&mut fake), Error::Refused("denied".into()));
     }
 
     #[test]
     fn no_wait_never_waits_and_says_who_holds() {
-        let mut fake = Fake::default();
+        let mut fake = Fake::new();
         fake.looks.push_back(Ok(Look::Blocked(Some("h".into()))));
         let Ok(got) = run(&mut fake, Wait::No) else {
             panic!("failed")
@@ -330,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_wait_that_runs_out_leaves_the_queue_at_its_deadline() {
-        let mut fake = Fake::default();
+        let mut fake = Fake::new();
         fake.looks.push_back(Ok(Look::Blocked(Some("h".into()))));
         let start = Boot::now();
         let Ok(got) = run(&mut fake, Wait::For(Duration::from_millis(100))) else {
@@ -344,7 +372,7 @@ mod tests {
 
     #[test]
     fn a_refused_wait_ends_the_request_and_a_broken_one_looks_again() {
-        let mut fake = Fake::default();
+        let mut fake = Fake::new();
         fake.waits.push_back(Ok(Woke::Broke));
         fake.waits.push_back(Err(Error::Transient("cut".into())));
         fake.waits.push_back(Err(Error::Refused("no BLPOP".into())));

@@ -50,7 +50,6 @@ impl AddressOptions {
 
 /// An engine at an address: parsed and checked by the engine, not contacted.
 pub trait Address: std::fmt::Debug + Send + Sync {
-    fn engine(&self) -> &'static EngineInfo;
     /// The address as messages show it, any secret in it hidden.
     fn shown(&self) -> String;
     /// A secret the address carries (a password): kept out of every line
@@ -149,10 +148,40 @@ pub fn engine_for(scheme: &str) -> Option<&'static EngineInfo> {
     ENGINES.iter().find(|e| e.schemes.contains(&scheme))
 }
 
+/// What `--url` comes to: the engine its scheme names, at the address
+/// that engine read.
+#[derive(Clone)]
+pub struct EngineAt {
+    pub engine: &'static EngineInfo,
+    pub address: Arc<dyn Address>,
+}
+
+impl std::fmt::Debug for EngineAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineAt")
+            .field("engine", &self.engine.name)
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for EngineAt {
+    type Target = dyn Address;
+    fn deref(&self) -> &(dyn Address + 'static) {
+        &*self.address
+    }
+}
+
 /// Parse `--url` (empty: the local default) into its engine's address.
-pub fn address(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error> {
+pub fn address(raw: &str, opts: &AddressOptions) -> Result<EngineAt, Error> {
+    let at = |engine: &'static EngineInfo| {
+        Ok(EngineAt {
+            engine,
+            address: (engine.parse)(raw, opts)?,
+        })
+    };
     if raw.is_empty() {
-        return (ENGINES[0].parse)(raw, opts);
+        return at(&ENGINES[0]);
     }
     let forms: Vec<&str> = ENGINES.iter().map(|e| e.form).collect();
     let expected = format!("expected {}", forms.join(" or "));
@@ -167,167 +196,5 @@ pub fn address(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Err
             "invalid --url: unknown scheme {shown:?}; {expected}"
         ))
     })?;
-    (engine.parse)(raw, opts)
-}
-
-/// `[v6-address][:port]` of a host list, checked: the address and the port
-/// text, if any; None when `text` does not start with '['. `what` names the
-/// part in messages ("endpoint", "host").
-pub fn bracketed_host<'a>(
-    text: &'a str,
-    what: &str,
-) -> Result<Option<(&'a str, Option<&'a str>)>, String> {
-    let Some(rest) = text.strip_prefix('[') else {
-        return Ok(None);
-    };
-    let (h, after) = rest
-        .split_once(']')
-        .ok_or_else(|| format!("{} {what} has no closing ']'", article(what)))?;
-    if h.is_empty() || !h.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
-        return Err(format!(
-            "{} {what} in brackets is not an IPv6 address",
-            article(what)
-        ));
-    }
-    let port = match after {
-        "" => None,
-        p => Some(
-            p.strip_prefix(':')
-                .ok_or_else(|| format!("{} {what}: expected :port after ']'", article(what)))?,
-        ),
-    };
-    Ok(Some((h, port)))
-}
-
-/// A host list as a message may show it: each entry that reads as
-/// `host[:port]` as it is, any other as `(hidden)`. A URL whose host was
-/// left out reads `user:password` as a host and a port: no part of an
-/// entry that does not read is ever shown.
-pub fn shown_hosts(hosts: &str) -> String {
-    hosts
-        .split(',')
-        .map(|h| {
-            if h.is_empty() || host_and_port(h, "host", 1).is_ok() {
-                h
-            } else {
-                "(hidden)"
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// One `host[:port]` (or `[v6][:port]`) of a host list, checked: the host
-/// as it goes in an address (an IPv6 one in brackets) and the port.
-/// `what` names the part in messages ("endpoint", "server"). A refusal
-/// never echoes the entry: with the host left out, `user:password` reads
-/// as a host and a port.
-pub fn host_and_port(text: &str, what: &str, default_port: u16) -> Result<(String, u16), String> {
-    let (host, port) = if let Some((h, port)) = bracketed_host(text, what)? {
-        (format!("[{h}]"), port)
-    } else {
-        let (h, p) = match text.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (text, None),
-        };
-        if h.is_empty() {
-            return Err(format!("{} {what} has no host", article(what)));
-        }
-        if !h
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        {
-            return Err(format!(
-                "{} {what}'s host may only hold letters, digits, '.', '-' and '_' (not shown: \
-                 it may be part of a password, if the host was left out)",
-                article(what)
-            ));
-        }
-        (h.to_string(), p)
-    };
-    let port = match port {
-        None => default_port,
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-            format!(
-                "{} {what}'s port is not a number from 1 to 65535 (not shown: it may be \
-                     a password, if the host was left out)",
-                article(what)
-            )
-        })?,
-    };
-    Ok((host, port))
-}
-
-fn article(word: &str) -> &'static str {
-    if word.starts_with(['a', 'e', 'i', 'o', 'u']) {
-        "an"
-    } else {
-        "a"
-    }
-}
-
-/// Percent-decoding as URLs write it; None for an escape that is not one,
-/// or for bytes that are not UTF-8.
-pub fn percent_decoded(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// The user and password before the last `@` of a URL's authority (each
-/// %-decoded), and how messages show them: never the password, nor a lone
-/// user name, which some clients read as a password.
-pub struct Credentials {
-    pub user: Option<String>,
-    pub password: Option<String>,
-    pub shown: String,
-}
-
-/// `[user[:pass]@]rest`: the credentials, and the rest.
-pub fn credentials(authority: &str) -> (Credentials, &str) {
-    let (userinfo, rest) = match authority.rsplit_once('@') {
-        Some((u, r)) => (Some(u), r),
-        None => (None, authority),
-    };
-    let (user, password) = match userinfo {
-        None => (None, None),
-        Some(u) => match u.split_once(':') {
-            Some((name, pass)) => (
-                Some(percent_decoded_leniently(name)),
-                Some(percent_decoded_leniently(pass)),
-            ),
-            None => (Some(percent_decoded_leniently(u)), None),
-        },
-    };
-    let shown = match (&user, &password) {
-        (Some(u), Some(_)) => format!("{u}:***@"),
-        (Some(_), None) => "***@".to_string(),
-        _ => String::new(),
-    };
-    let c = Credentials {
-        user,
-        password,
-        shown,
-    };
-    (c, rest)
-}
-
-/// Percent-decoding of a user or password as URLs write them, forgiving:
-/// a `%` that starts no escape stays as it is.
-pub fn percent_decoded_leniently(s: &str) -> String {
-    url::form_urlencoded::parse(format!("v={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
+    at(engine)
 }

@@ -80,6 +80,26 @@ pub struct Lease {
     held: Box<dyn Held>,
 }
 
+/// What a release does with the `--min-hold` window of its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinHold {
+    /// Kept: the name stays taken until the window ends.
+    Keep,
+    /// Forgotten: the lease was given back before any job ran under it,
+    /// so nothing ran that the window would keep from running again.
+    Forget,
+}
+
+impl MinHold {
+    /// The window a release keeps of `min_hold`.
+    pub fn of(self, min_hold: Option<Duration>) -> Option<Duration> {
+        match self {
+            MinHold::Keep => min_hold,
+            MinHold::Forget => None,
+        }
+    }
+}
+
 /// An engine's side of a granted lease.
 pub trait Held: Send {
     /// How the lease is renewed.
@@ -88,20 +108,10 @@ pub trait Held: Send {
     fn inherit_fd(&self) -> Option<RawFd> {
         None
     }
-    /// Give the lease up. Ok(false): it was no longer ours.
-    fn release(self: Box<Self>) -> Result<bool, Error>;
-    /// Forget the `--min-hold` window, so that the release that follows
-    /// keeps none (`give_back`). An engine without windows has none to
-    /// forget.
-    fn drop_window(&mut self) {}
-    /// Give the lease up unused, before any job ran under it: with no
-    /// `--min-hold` window left behind. The one way to do it is the
-    /// release, without the window; an engine says how it forgets its
-    /// window (`drop_window`) and nothing else.
-    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
-        self.drop_window();
-        self.release()
-    }
+    /// Give the lease up, leaving its `--min-hold` window behind or not
+    /// as `window` says (an engine without windows has none to leave).
+    /// Ok(false): it was no longer ours.
+    fn release(self: Box<Self>, window: MinHold) -> Result<bool, Error>;
     /// The release talks to no server (a close and a stat of a local file):
     /// it needs no thread to bound it.
     fn releases_locally(&self) -> bool {
@@ -181,13 +191,13 @@ impl Lease {
     }
 
     pub fn release(self) -> Result<bool, Error> {
-        self.held.release()
+        self.held.release(MinHold::Keep)
     }
 
     /// Give the lease up before any job ran under it (no `--min-hold`
     /// window: nothing ran that it would keep from running again).
     pub fn give_back(self) -> Result<bool, Error> {
-        self.held.give_back()
+        self.held.release(MinHold::Forget)
     }
 
     /// Give the lease up within `limit` whatever its server does: on a

@@ -4,7 +4,8 @@
 //! processes; every failure is an `Error` of one kind, which decides the exit code.
 //!
 //! By part: `model.rs` what the seam speaks of (modes, requests, holders);
-//! `engines.rs` the scheme table and addresses; `lease.rs` a granted lease,
+//! `engines.rs` the scheme table and addresses, `url_parts.rs` the parts
+//! of an address URL several engines write alike; `lease.rs` a granted lease,
 //! its renewal and release; `drive.rs` the one acquire loop, which every
 //! engine's request goes through, `wait.rs` its clocks (patience, retries,
 //! pauses), `quit.rs` leaving the queue on a signal; `admit.rs` who may
@@ -31,14 +32,16 @@ pub mod quit;
 pub mod redis;
 mod sql;
 mod table;
+mod url_parts;
 pub mod wait;
 pub mod zookeeper;
 
 pub use doctor::{Check, Verdict};
 pub use engines::*;
 pub use error::Error;
-pub use lease::{Fresh, Held, Lease, Pending, Renewal, Renewer, Renewing};
+pub use lease::{Fresh, Held, Lease, MinHold, Pending, Renewal, Renewer, Renewing};
 pub use model::*;
+pub use url_parts::*;
 
 use std::time::Duration;
 
@@ -50,9 +53,32 @@ pub trait Engine: Send {
     fn status(&mut self, name: &str) -> Result<Status, Error>;
     /// Break `name`'s holders (lockrun(1) "COMMANDS" says what that means per engine).
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error>;
+    /// Every name under the prefix (sorted, each once), read within
+    /// `bound`, with what the listing should say of what was passed over
+    /// or cut short.
+    fn names(&mut self, bound: ListBound) -> Result<plan::Names, Error>;
+    /// What the listing says of one of `names`: its status; a key that is
+    /// not lockrun's costs its name a note, not the whole list.
+    fn listed(&mut self, name: &str) -> Result<plan::Read, Error> {
+        match self.status(name) {
+            Ok(st) => Ok(plan::Read::Listed(st)),
+            Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
+                Ok(plan::Read::LeftOut(format!("{name}: left out: {m}")))
+            }
+            Err(e) => Err(e),
+        }
+    }
     /// Every name under the prefix and its state, sorted, read within
-    /// `bound` and without disturbing any lock.
-    fn list(&mut self, bound: ListBound) -> Result<Listing, Error>;
+    /// `bound` and without disturbing any lock: by default `names`, then
+    /// each `listed` in turn (an engine that reads them all at once, or
+    /// finds them its own way, says so here).
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let plan::Names { names, notes } = self.names(bound)?;
+        let names = names.into_iter().map(|n| (n, ()));
+        plan::listing(names, bound, notes, plan::NAME_BY_NAME, |name, ()| {
+            self.listed(name)
+        })
+    }
 }
 
 /// Run `f` on a thread of its own and wait for it at most `limit`: a server
@@ -81,25 +107,23 @@ pub fn bounded<T: Send + 'static>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
-    fn spec(url: &str) -> Result<Arc<dyn Address>, Error> {
+    fn spec(url: &str) -> Result<EngineAt, Error> {
         address(url, &AddressOptions::default())
     }
 
     #[test]
     fn urls_are_validated() {
         assert_eq!(
-            spec("redis://127.0.0.1:6379/2").unwrap().engine().name,
+            spec("redis://127.0.0.1:6379/2").unwrap().engine.name,
             "Redis"
         );
-        assert_eq!(spec("rediss://h#insecure").unwrap().engine().name, "Redis");
-        assert_eq!(spec("file:///tmp/x").unwrap().engine().name, "local");
-        assert_eq!(spec("").unwrap().engine().name, "local");
+        assert_eq!(spec("rediss://h#insecure").unwrap().engine.name, "Redis");
+        assert_eq!(spec("file:///tmp/x").unwrap().engine.name, "local");
+        assert_eq!(spec("").unwrap().engine.name, "local");
         assert_eq!(
-            spec("postgresql://u@h/db").unwrap().engine().name,
+            spec("postgresql://u@h/db").unwrap().engine.name,
             "PostgreSQL"
         );
         for bad in [
@@ -216,6 +240,59 @@ mod tests {
         }
         assert_eq!(Mode::from_code("?", None), Mode::Exclusive);
         assert_eq!(Mode::Limit(3).name(), "limit 3");
+    }
+
+    /// An engine that only names its names and reads each one's status.
+    struct Named(Vec<&'static str>);
+
+    impl Engine for Named {
+        fn acquire(&mut self, _: &Request, _: Wait) -> Result<Acquired, Error> {
+            unreachable!("only listed")
+        }
+        fn status(&mut self, name: &str) -> Result<Status, Error> {
+            match name {
+                "foreign" => Err(Error::Refused("the key is not a lockrun lease".into())),
+                "down" => Err(Error::Transient("gone".into())),
+                _ => Ok(Status {
+                    waiters: Some(1),
+                    ..Status::default()
+                }),
+            }
+        }
+        fn force_release(&mut self, _: &str, _: Force) -> Result<Broken, Error> {
+            unreachable!("only listed")
+        }
+        fn names(&mut self, _: ListBound) -> Result<plan::Names, Error> {
+            Ok(plan::Names {
+                names: self.0.iter().map(|n| n.to_string()).collect(),
+                notes: vec!["found".into()],
+            })
+        }
+    }
+
+    #[test]
+    fn the_default_listing_reads_name_by_name_and_notes_what_is_not_a_lease() {
+        let bound = |names| ListBound {
+            names,
+            until: crate::clock::Boot::now().add(Duration::from_secs(60)),
+        };
+        let mut e = Named(vec!["b", "foreign", "a"]);
+        let l = e.list(bound(10)).unwrap();
+        let listed: Vec<&str> = l.names.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(listed, ["a", "b"]);
+        assert_eq!(
+            l.notes,
+            [
+                "found",
+                "foreign: left out: the key is not a lockrun lease",
+                plan::NAME_BY_NAME
+            ]
+        );
+        let cut = e.list(bound(1)).unwrap();
+        assert_eq!(cut.names.len(), 1);
+        assert!(cut.notes.contains(&plan::cut_short(1)), "{:?}", cut.notes);
+        // Any other failure fails the listing.
+        assert!(Named(vec!["a", "down"]).list(bound(10)).is_err());
     }
 
     #[test]

@@ -254,6 +254,18 @@ pub enum Read {
     Unreadable(String),
 }
 
+/// The names under a prefix, as an engine found them for a listing, and
+/// its notes on them (keys passed over, a bound that cut the search short).
+#[derive(Debug, Default)]
+pub struct Names {
+    pub names: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// How a listing read name by name was read.
+pub const NAME_BY_NAME: &str =
+    "read name by name, not as one snapshot: a lock may change while the list is read";
+
 /// The note of a listing cut short by its bound.
 pub fn cut_short(read: usize) -> String {
     format!("stopped after {read} names: the list is incomplete")

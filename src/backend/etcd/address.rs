@@ -1,12 +1,11 @@
 //! An etcd address: `etcd://` and `etcds://` URLs with one or more
 //! endpoints, what in them is secret, and the TLS settings they imply.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{ENGINE, Etcd};
 use crate::backend::{
-    Address, AddressOptions, Check, Credentials, Engine, EngineInfo, Error, Opening, credentials,
+    Address, AddressOptions, Check, Engine, Error, HostList, Opening, Reach, each_host, shown_hosts,
 };
 
 /// etcd's client port when a URL names none.
@@ -17,20 +16,18 @@ const DEFAULT_PORT: u16 = 2379;
 pub struct EtcdUrl {
     /// `http://host:port` (or `https://`) for each endpoint, in the order given.
     pub endpoints: Vec<String>,
-    /// The URL with any password replaced, for messages.
-    pub display: String,
-    pub user: Option<String>,
-    pub password: Option<String>,
-    pub tls: bool,
-    /// `#insecure`: TLS without checking the server's certificate.
-    pub insecure: bool,
-    pub ca_file: Option<PathBuf>,
+    /// With `#insecure`, TLS without checking the server's certificate.
+    pub reach: Reach,
+}
+
+impl std::ops::Deref for EtcdUrl {
+    type Target = Reach;
+    fn deref(&self) -> &Reach {
+        &self.reach
+    }
 }
 
 impl Address for EtcdUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
-    }
     fn shown(&self) -> String {
         self.display.clone()
     }
@@ -68,76 +65,35 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
 }
 
 fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
-    let expected = format!("expected {}", ENGINE.form);
-    let (scheme, rest) = raw
-        .split_once("://")
-        .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
-    let tls = scheme.eq_ignore_ascii_case("etcds");
-    // Never echo the raw URL: it may hold a password.
-    let (
-        Credentials {
-            user,
-            password,
-            shown: shown_user,
-        },
-        hosts,
-    ) = credentials(rest);
-    // `#insecure` is the one fragment, as on Redis: only with TLS.
-    let (hosts, insecure) = match hosts.strip_suffix("#insecure") {
-        Some(h) => (h, true),
-        None => (hosts, false),
-    };
-    let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
-    let fragment = if insecure { "#insecure" } else { "" };
+    let url = HostList::cut(raw, ENGINE.form)?;
+    let tls = url.scheme == "etcds";
+    let hosts = url.rest.strip_suffix('/').unwrap_or(url.rest);
     // Never a path or query, which may hold a secret (`?password=`).
-    let shown_hosts =
-        crate::backend::shown_hosts(hosts.split(['/', '?']).next().unwrap_or_default());
+    let shown_hosts = shown_hosts(hosts.split(['/', '?']).next().unwrap_or_default());
     let display = format!(
-        "{}://{shown_user}{shown_hosts}{fragment}",
-        scheme.to_ascii_lowercase()
+        "{}://{}{shown_hosts}{}",
+        url.scheme,
+        url.login.shown,
+        url.fragment()
     );
-    let bad = |why: String| {
-        Error::Request(format!(
-            "invalid --url {}: {why}; {expected}",
-            display.chars().take(200).collect::<String>()
-        ))
-    };
+    let bad = |why: String| url.refusal(&display, why);
     if hosts.contains(['/', '?', '#']) {
         return Err(bad(
             "an etcd URL has no path or query, only endpoints (and #insecure with etcds)".into(),
         ));
     }
-    if insecure && !tls {
+    if url.insecure && !tls {
         return Err(bad("#insecure goes only with TLS (etcds)".into()));
     }
-    if user.as_deref().is_some_and(str::is_empty) {
-        return Err(bad("the user name is empty".into()));
-    }
-    if user.is_some() && password.is_none() {
-        return Err(bad("a user needs a password (user:pass@)".into()));
-    }
+    url.check_login().map_err(bad)?;
     let http = if tls { "https" } else { "http" };
-    let endpoints = hosts
-        .split(',')
-        .map(|h| endpoint(h, http))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(bad)?;
-    let ca_file = if tls {
-        opts.tls_ca.clone()
-    } else {
-        opts.no_tls(&display)?;
-        None
-    };
+    let endpoints = each_host(hosts, |h| endpoint(h, http)).map_err(bad)?;
+    let ca_file = opts.ca_file(tls, &display)?;
     // A grant on etcd is raft-committed: there are no replicas to wait for.
     opts.no_replicas(&display)?;
     Ok(EtcdUrl {
         endpoints,
-        display,
-        user,
-        password,
-        tls,
-        insecure,
-        ca_file,
+        reach: url.reach(display, tls, ca_file),
     })
 }
 

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::address::EtcdUrl;
 use crate::backend::Error;
-use crate::backend::drive::Transport;
+use crate::backend::drive::Remote;
 use crate::clock::Boot;
 use crate::log;
 
@@ -192,29 +192,19 @@ pub struct Client {
     token: Option<String>,
     /// Bounds one call, connecting and authenticating included.
     pub op: Duration,
-    /// etcd has answered at least once (`Transport::replied`).
-    pub replied: bool,
-}
-
-impl Transport for Client {
-    fn replied(&self) -> bool {
-        self.replied
-    }
-
-    fn shown(&self) -> &str {
-        &self.setup.display
-    }
+    /// etcd as shown, and whether it has answered yet.
+    pub remote: Remote,
 }
 
 impl Client {
     pub fn new(setup: Arc<Setup>, op: Duration) -> Client {
         Client {
             agent: setup.agent(),
+            remote: Remote::new(setup.display.clone()),
             setup,
             current: 0,
             token: None,
             op,
-            replied: false,
         }
     }
 
@@ -236,7 +226,10 @@ impl Client {
             current: self.current,
             token: self.token.clone(),
             op: self.op,
-            replied: true,
+            remote: Remote {
+                replied: true,
+                ..self.remote.clone()
+            },
         }
     }
 
@@ -346,7 +339,7 @@ impl Client {
             Err(e) => return Try::Failed(Error::Transient(describe(&e))),
         };
         let Ok(v) = serde_json::from_str::<Value>(&text) else {
-            self.replied = true;
+            self.remote.replied = true;
             // A proxy in front of etcd answers 502 or 503 while etcd
             // restarts: that passes, as a lost connection does.
             if status >= 500 {
@@ -359,7 +352,7 @@ impl Client {
                  gateway (etcd 3.4 or later is needed)"
             )));
         };
-        self.replied = true;
+        self.remote.replied = true;
         if status == 200 && v.get("error").is_none() {
             return Try::Answered(v);
         }

@@ -33,13 +33,12 @@ pub use address::{EtcdUrl, parse};
 use client::{Client, Setup, b64, int, unb64};
 use queue::{Entry, Keys, Mark, Record, entries, holders};
 
-use super::plan::{self, ForcePlan, Read, Standing};
+use super::plan::{self, ForcePlan, Standing};
 use super::{
-    Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening,
-    Request, Status, Wait,
+    Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Opening, Request,
+    Status, Wait,
 };
-use super::{Renewal, Renewer, Renewing};
-use crate::backend::drive::Transport;
+use super::{MinHold, Renewal, Renewer, Renewing};
 use crate::clock::Boot;
 use crate::log;
 
@@ -202,13 +201,13 @@ impl Engine for Etcd {
         let doing = format!("reading {name}");
         let (queue, _) = self
             .queue(&keys)
-            .map_err(|e| self.client.failed(&doing, e))?;
+            .map_err(|e| self.client.remote.failed(&doing, e))?;
         let held = holders(&queue);
         let mut out = Vec::new();
         for e in &queue[..held] {
             let h = self
                 .holder(e)
-                .map_err(|err| self.client.failed(&doing, err))?;
+                .map_err(|err| self.client.remote.failed(&doing, err))?;
             // A lease that ended since the range: its key is going.
             if h.ttl_left.is_some() {
                 out.push(h);
@@ -221,7 +220,7 @@ impl Engine for Etcd {
         })
     }
 
-    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+    fn names(&mut self, _bound: ListBound) -> Result<plan::Names, Error> {
         let doing = "listing names";
         // Keys only, and no more than the bound allows: a name's values
         // hold its owners' secrets, which this never needs.
@@ -234,7 +233,7 @@ impl Engine for Etcd {
         let v = self
             .client
             .call("/v3/kv/range", &range)
-            .map_err(|e| self.client.failed(doing, e))?;
+            .map_err(|e| self.client.remote.failed(doing, e))?;
         let mut notes = Vec::new();
         if v["more"].as_bool() == Some(true) {
             notes.push(format!(
@@ -265,25 +264,10 @@ impl Engine for Etcd {
                  (another program's, or a longer --prefix's), such as {key:?}"
             ));
         }
-        let how =
-            "read name by name, not as one snapshot: a lock may change while the list is read";
-        plan::listing(
-            names.into_iter().map(|n| (n, ())),
-            bound,
+        Ok(plan::Names {
+            names: names.into_iter().collect(),
             notes,
-            how,
-            |name, ()| {
-                // A key under the prefix that is not lockrun's costs its name
-                // a note, not the whole list (as on Redis).
-                match self.status(name) {
-                    Ok(st) => Ok(Read::Listed(st)),
-                    Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
-                        Ok(Read::LeftOut(format!("{name}: left out: {m}")))
-                    }
-                    Err(e) => Err(e),
-                }
-            },
-        )
+        })
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
@@ -291,7 +275,7 @@ impl Engine for Etcd {
         let doing = format!("releasing {name}");
         let (queue, _) = self
             .queue(&keys)
-            .map_err(|e| self.client.failed(&doing, e))?;
+            .map_err(|e| self.client.remote.failed(&doing, e))?;
         let held = &queue[..holders(&queue)];
         let standing: Vec<Standing> = held.iter().map(Entry::standing).collect();
         let cuts = match plan::force(&standing, force) {
@@ -310,14 +294,14 @@ impl Engine for Etcd {
                 json!({"request_put": {"key": b64(&e.key), "value": b64(e.record.revoked(e.token).encode()), "ignore_lease": true}})
             };
             let v = txn(&mut self.client, vec![unchanged], vec![change], vec![])
-                .map_err(|err| self.client.failed(&doing, err))?;
+                .map_err(|err| self.client.remote.failed(&doing, err))?;
             if !succeeded(&v) {
                 // It changed hands since we looked: not the lease asked about.
                 continue;
             }
             let h = self
                 .holder(e)
-                .map_err(|err| self.client.failed(&doing, err))?;
+                .map_err(|err| self.client.remote.failed(&doing, err))?;
             if cut.deletes() {
                 // Its holder's next keepalive finds the lease gone.
                 let _ = revoke(&mut self.client, e.lease);
@@ -362,7 +346,8 @@ impl EtcdHeld {
         // drift), and it counts whole seconds: round up past both.
         let padded = left + left / 100 + Duration::from_millis(2);
         let secs = padded.as_nanos().div_ceil(1_000_000_000).max(1) as u64;
-        let (lease, _) = grant(c, Duration::from_secs(secs)).map_err(|e| c.failed(&doing, e))?;
+        let (lease, _) =
+            grant(c, Duration::from_secs(secs)).map_err(|e| c.remote.failed(&doing, e))?;
         let kept = Record::decode(&self.value)
             .ok_or_else(|| Error::Internal(format!("{doing}: our own record does not read")))?
             .kept(self.token)
@@ -377,7 +362,7 @@ impl EtcdHeld {
             vec![put],
             vec![json!({"request_range": {"key": b64(&mark)}})],
         )
-        .map_err(|e| c.failed(&doing, e))?;
+        .map_err(|e| c.remote.failed(&doing, e))?;
         if !succeeded(&v) {
             // Not ours any more (revoked), or preempted: the new lease
             // holds nothing.
@@ -416,15 +401,12 @@ impl Held for EtcdHeld {
         }))
     }
 
-    fn release(mut self: Box<Self>) -> Result<bool, Error> {
+    fn release(mut self: Box<Self>, window: MinHold) -> Result<bool, Error> {
+        self.min_hold = window.of(self.min_hold);
         if let Some(left) = self.window_left() {
             return self.keep_for(left);
         }
         self.delete()
-    }
-
-    fn drop_window(&mut self) {
-        self.min_hold = None;
     }
 }
 
@@ -446,7 +428,7 @@ impl EtcdHeld {
             vec![delete, mark],
             vec![],
         )
-        .map_err(|e| c.failed(&format!("releasing {}", self.name), e))?;
+        .map_err(|e| c.remote.failed(&format!("releasing {}", self.name), e))?;
         log::info(format!("released {}", self.name));
         Ok(succeeded(&v))
     }

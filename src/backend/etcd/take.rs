@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::client::Client;
 use super::client::b64;
 use super::queue::{Entry, Keys, Mark, Record, Verdict, entries, holders, judge, replaced_by};
 use super::{Etcd, EtcdHeld, grant, holds, revoke, succeeded, txn, wall_ms};
-use crate::backend::drive::{Look, Take, Woke, drive};
+use crate::backend::drive::{Look, Remote, Take, Woke, drive};
 use crate::backend::plan::{self, Stop};
 use crate::backend::quit::Leave;
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
@@ -136,8 +135,6 @@ struct Taking<'a> {
 }
 
 impl Take for Taking<'_> {
-    type Transport = Client;
-
     fn look(&mut self, _last: bool, _until: Option<Boot>) -> Result<Look, Error> {
         self.blocked = None;
         if std::mem::take(&mut self.woken) {
@@ -194,8 +191,8 @@ impl Take for Taking<'_> {
         ))
     }
 
-    fn transport(&self) -> &Client {
-        &self.etcd.client
+    fn remote(&self) -> Option<&Remote> {
+        Some(&self.etcd.client.remote)
     }
 }
 

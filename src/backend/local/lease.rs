@@ -3,6 +3,7 @@
 //! path still names the locked file.
 
 use super::*;
+use crate::backend::MinHold;
 
 /// A local lease: the locked descriptor (inherited by the job), and with
 /// `--limit` the main file's shared lock beside the slot's.
@@ -33,14 +34,17 @@ impl Held for LocalHeld {
         Some(self.fd.as_raw_fd())
     }
 
-    fn release(self: Box<Self>) -> Result<bool, Error> {
-        // Preempted: a --min-hold window of ours must not keep out the
-        // request that stopped us (a shared record's window may be another
-        // holder's too: it stays).
+    fn release(self: Box<Self>, window: MinHold) -> Result<bool, Error> {
+        // The window went into the record with the grant: out again, while
+        // the lock is still ours, when it is forgotten; and when we were
+        // preempted, so that it does not keep out the request that stopped
+        // us (a shared record's window may be another holder's too: it
+        // stays).
         if let Some(r) = read_record(&self.fd).filter(|r| r.window.is_some())
             && r.mode != Mode::Shared
-            && r.token == self.token
-            && read_preempt(&self.fd).is_some_and(|p| p.stops(self.token, self.got_at))
+            && (window == MinHold::Forget
+                || r.token == self.token
+                    && read_preempt(&self.fd).is_some_and(|p| p.stops(self.token, self.got_at)))
         {
             let _ = end_window(&self.fd, &r);
         }
@@ -55,17 +59,6 @@ impl Held for LocalHeld {
 
     fn releases_locally(&self) -> bool {
         true
-    }
-
-    fn drop_window(&mut self) {
-        // The window went into the record with the grant: out again, while
-        // the lock is still ours (a shared record's window may be another
-        // holder's too: it stays).
-        if let Some(r) = read_record(&self.fd).filter(|r| r.window.is_some())
-            && r.mode != Mode::Shared
-        {
-            let _ = end_window(&self.fd, &r);
-        }
     }
 }
 

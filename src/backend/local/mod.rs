@@ -119,9 +119,6 @@ pub struct LocalDir {
 }
 
 impl Address for LocalDir {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
-    }
     fn shown(&self) -> String {
         match &self.dir {
             Some(d) => format!("file://{}", d.display()),
@@ -227,6 +224,21 @@ impl Local {
         }
     }
 
+    /// Each name's main file in the directory, with the name it stands for.
+    fn main_files(&self) -> Result<Vec<(String, PathBuf)>, Error> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
+            // A name's main file ends in `.lock`; its other files never do.
+            if let Some(name) = entry.file_name().to_str().and_then(name_of_file) {
+                names.push((name, entry.path()));
+            }
+        }
+        Ok(names)
+    }
+
     fn unavailable(&self, what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
         Error::Refused(format!("{what} {}: {e}", path.display()))
     }
@@ -246,17 +258,19 @@ impl Engine for Local {
         self.status_of(&files)
     }
 
+    fn names(&mut self, _bound: ListBound) -> Result<plan::Names, Error> {
+        let mut names: Vec<String> = self.main_files()?.into_iter().map(|(n, _)| n).collect();
+        names.sort();
+        Ok(plan::Names {
+            names,
+            notes: Vec::new(),
+        })
+    }
+
+    /// File by file: a name too long to keep whole in its file's name is
+    /// read from the file it was found in, not from the name.
     fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
-        let entries = std::fs::read_dir(&self.dir)
-            .map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
-        let mut names = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| self.unavailable("cannot list", &self.dir, e))?;
-            // A name's main file ends in `.lock`; its other files never do.
-            if let Some(name) = entry.file_name().to_str().and_then(name_of_file) {
-                names.push((name, entry.path()));
-            }
-        }
+        let names = self.main_files()?;
         let how = "read file by file, not as one snapshot: a lock may change while it is read";
         plan::listing(names, bound, Vec::new(), how, |name, main| {
             let files = Files {
@@ -378,6 +392,37 @@ mod tests {
         rustix::io::pread(&place.fd, &mut old, 0).unwrap();
         let text = std::str::from_utf8(&old).unwrap();
         assert!(text.ends_with('\n') && !text.contains("replaced"), "{text}");
+    }
+
+    #[test]
+    fn a_lease_given_back_leaves_no_window_and_a_released_one_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut local = Local::open(Some(dir.path())).unwrap();
+        let owner = crate::backend::Owner::new(None).unwrap();
+        for (name, given_back) in [("kept", false), ("given", true)] {
+            let req = Request {
+                name,
+                owner: &owner,
+                timing: crate::schedule::Timing::new(Duration::from_secs(3), None).unwrap(),
+                mode: Mode::Exclusive,
+                outer: None,
+                inherited_fd: None,
+                quiet: true,
+                min_hold: Some(Duration::from_secs(60)),
+                group: Default::default(),
+            };
+            let Ok(Acquired::Granted(lease)) = local.acquire(&req, Wait::No) else {
+                panic!("{name}: not granted")
+            };
+            let ours = if given_back {
+                lease.give_back()
+            } else {
+                lease.release()
+            };
+            assert!(ours.unwrap(), "{name}");
+            let windows = local.status(name).unwrap().holders;
+            assert_eq!(windows.iter().any(|h| h.min_hold), !given_back, "{name}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use super::take::recorded_holder;
 use super::*;
-use crate::backend::drive::{Look, Take, Transport, Woke, drive};
+use crate::backend::drive::{Look, Remote, Take, Woke, drive};
 
 /// Looks of one request that may find a file deleted or replaced
 /// meanwhile (or its place lapsed) before it gives up.
@@ -55,25 +55,7 @@ impl Local {
     }
 }
 
-/// The local engine's errors name their files already; it has no server
-/// that could be away.
-impl Transport for Local {
-    fn replied(&self) -> bool {
-        true
-    }
-
-    fn shown(&self) -> &str {
-        self.dir.to_str().unwrap_or("the lock directory")
-    }
-
-    fn failed(&self, _doing: &str, e: Error) -> Error {
-        e
-    }
-}
-
 impl Take for Taking<'_> {
-    type Transport = Local;
-
     fn look(&mut self, last: bool, until: Option<Boot>) -> Result<Look, Error> {
         (self.w.until, self.w.last) = (until, last);
         if let Some(by) = self.w.replaced.take() {
@@ -113,8 +95,10 @@ impl Take for Taking<'_> {
         self.next = None;
     }
 
-    fn transport(&self) -> &Local {
-        self.local
+    /// No server that could be away: the local engine's errors name their
+    /// files already.
+    fn remote(&self) -> Option<&Remote> {
+        None
     }
 }
 

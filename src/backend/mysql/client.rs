@@ -14,7 +14,7 @@ use super::address::{MyUrl, SslMode};
 use super::session;
 use super::sql;
 use crate::backend::Error;
-use crate::backend::drive::Transport;
+use crate::backend::drive::Remote;
 use crate::log;
 
 /// A client: the address, the connection once open, and what the server
@@ -27,8 +27,8 @@ pub struct Client {
     /// How much longer than `op` a read may take on this client's
     /// connections: the longest blocking wake-up wait it makes.
     pub wait: Duration,
-    /// The server has answered at least once (`Transport::replied`).
-    pub replied: bool,
+    /// The server as shown, and whether it has answered yet.
+    pub remote: Remote,
     /// The server's error number of the last call's failure, if any.
     pub last_code: Option<u16>,
     /// This connection holds our wake-up lock (`sql::wake_key`) of this kind.
@@ -40,13 +40,9 @@ pub struct Client {
     pub row_binlog: bool,
 }
 
-impl Transport for Client {
-    fn replied(&self) -> bool {
-        self.replied
-    }
-
-    fn shown(&self) -> &str {
-        &self.url.display
+impl AsRef<Remote> for Client {
+    fn as_ref(&self) -> &Remote {
+        &self.remote
     }
 }
 
@@ -93,11 +89,11 @@ pub struct Flight {
 impl Client {
     pub fn new(url: Arc<MyUrl>, op: Duration) -> Client {
         Client {
+            remote: Remote::new(url.display.clone()),
             url,
             conn: None,
             op,
             wait: Duration::ZERO,
-            replied: false,
             last_code: None,
             locked: None,
             no_wake: false,
@@ -109,7 +105,7 @@ impl Client {
     /// renewal must not wait behind a stuck one).
     pub fn fresh(&self) -> Client {
         Client {
-            replied: self.replied,
+            remote: self.remote.clone(),
             no_wake: self.no_wake,
             row_binlog: self.row_binlog,
             ..Client::new(Arc::clone(&self.url), self.op)
@@ -218,12 +214,12 @@ impl Client {
         };
         match got {
             Ok(c) => {
-                self.replied = true;
+                self.remote.replied = true;
                 Ok(c)
             }
             Err(e) => {
                 if let mysql::Error::MySqlError(m) = &e {
-                    self.replied = true;
+                    self.remote.replied = true;
                     self.last_code = Some(m.code);
                 }
                 Err(match classify(&e, &self.url, self.op + self.wait) {

@@ -17,7 +17,7 @@ use tokio_postgres::{AsyncMessage, NoTls, Row, Socket};
 use super::address::{PgUrl, Server, SslMode};
 use super::tls;
 use crate::backend::Error;
-use crate::backend::drive::Transport;
+use crate::backend::drive::Remote;
 use crate::clock::Boot;
 use crate::log;
 
@@ -80,31 +80,27 @@ pub struct Client {
     conn: Option<Conn>,
     /// Bounds one call, connecting included.
     pub op: Duration,
-    /// The server has answered at least once (`Transport::replied`).
-    pub replied: bool,
+    /// The server as shown, and whether it has answered yet.
+    pub remote: Remote,
     /// The channel this connection listens on, once it does.
     listening: Option<String>,
     /// The SQLSTATE of the last call's failure, if the server gave one.
     pub last_code: Option<String>,
 }
 
-impl Transport for Client {
-    fn replied(&self) -> bool {
-        self.replied
-    }
-
-    fn shown(&self) -> &str {
-        &self.url.display
+impl AsRef<Remote> for Client {
+    fn as_ref(&self) -> &Remote {
+        &self.remote
     }
 }
 
 impl Client {
     pub fn new(url: Arc<PgUrl>, op: Duration) -> Client {
         Client {
+            remote: Remote::new(url.display.clone()),
             url,
             conn: None,
             op,
-            replied: false,
             listening: None,
             last_code: None,
         }
@@ -114,7 +110,7 @@ impl Client {
     /// renewal must not wait behind a stuck one).
     pub fn fresh(&self) -> Client {
         Client {
-            replied: self.replied,
+            remote: self.remote.clone(),
             ..Client::new(Arc::clone(&self.url), self.op)
         }
     }
@@ -163,7 +159,7 @@ impl Client {
                 Ok(Ok(pair)) => pair,
                 Ok(Err(e)) if e.code().is_some() => {
                     // The server answered, and said no.
-                    self.replied = true;
+                    self.remote.replied = true;
                     self.last_code = e.code().map(|c| c.code().to_string());
                     return Err(classify(&e, url));
                 }
@@ -181,7 +177,7 @@ impl Client {
                     continue;
                 }
             };
-            self.replied = true;
+            self.remote.replied = true;
             return Ok(Conn {
                 rt: Some(rt),
                 client: Some(client),

@@ -12,7 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::{Client, IntoConnectionInfo};
 
 use super::{ENGINE, Redis};
-use crate::backend::{Address, AddressOptions, Check, Engine, EngineInfo, Error, Opening};
+use crate::backend::{Address, AddressOptions, Check, Credentials, Engine, Error, Opening};
 
 /// A Redis server's address (lockrun-engines(7) "REDIS").
 #[derive(Debug, Clone)]
@@ -181,9 +181,6 @@ impl RedisUrl {
 }
 
 impl Address for RedisUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
-    }
     fn shown(&self) -> String {
         self.display.clone()
     }
@@ -302,11 +299,7 @@ fn tls_options(
             )));
         }
     };
-    if !tls {
-        opts.no_tls(display)?;
-        return Ok((false, None));
-    }
-    Ok((insecure, opts.tls_ca.clone()))
+    Ok((insecure, opts.ca_file(tls, display)?))
 }
 
 /// `raw` with '/', '?', '#' and '@' percent-encoded in its user and
@@ -348,17 +341,17 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     // The credentials first, up to the last `@`: a password may hold a
     // `/` or `#` that was not percent-encoded, and none of it may end up
     // in the hosts or the path, which messages show.
-    let (userinfo, rest) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let (login, rest) = crate::backend::credentials(rest);
     let (rest, fragment) = match rest.split_once('#') {
         Some((r, f)) => (r, Some(f)),
         None => (rest, None),
     };
     let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let Credentials {
+    let NodeLogin {
         password,
         userinfo,
         shown_user,
-    } = credentials(userinfo);
+    } = node_login(login);
     let shown_hosts = crate::backend::shown_hosts(hosts.split('?').next().unwrap_or_default());
     let shown_path = match path.split('?').next().unwrap_or_default() {
         "" => String::new(),
@@ -417,22 +410,22 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
     })
 }
 
-/// A multi-host URL's credentials: the password, the userinfo every
-/// node's URL carries (percent-encoded), and what messages show of it.
-struct Credentials {
+/// A multi-host URL's credentials as its nodes get them: the password,
+/// the userinfo every node's URL carries (percent-encoded), and what
+/// messages show of it.
+struct NodeLogin {
     password: Option<String>,
     userinfo: String,
     shown_user: String,
 }
 
-fn credentials(userinfo: &str) -> Credentials {
-    let (user, password) = match userinfo.split_once(':') {
-        Some((u, p)) => (
-            crate::backend::percent_decoded_leniently(u),
-            Some(crate::backend::percent_decoded_leniently(p)),
-        ),
-        None => (crate::backend::percent_decoded_leniently(userinfo), None),
-    };
+fn node_login(login: Credentials) -> NodeLogin {
+    let Credentials {
+        user,
+        password,
+        shown,
+    } = login;
+    let user = user.unwrap_or_default();
     let encoded = {
         let mut u = url::Url::parse("redis://h").expect("a valid URL");
         let _ = u.set_username(&user);
@@ -442,14 +435,13 @@ fn credentials(userinfo: &str) -> Credentials {
             None => u.username().to_string(),
         }
     };
-    // A lone user name may be a password (some clients read it so), and a
-    // query may hold one: neither is shown.
-    let shown_user = match (user.is_empty(), password.is_some()) {
-        (true, false) => String::new(),
-        (_, true) => format!("{user}:***@"),
-        (false, false) => "***@".to_string(),
+    // `@host` names no user: nothing to hide, nothing shown.
+    let shown_user = if user.is_empty() && password.is_none() {
+        String::new()
+    } else {
+        shown
     };
-    Credentials {
+    NodeLogin {
         password,
         userinfo: encoded,
         shown_user,

@@ -6,6 +6,7 @@
 use super::link::Link;
 use super::scripts::Keys;
 use super::take::leave;
+use crate::backend::drive::Remote;
 use crate::backend::quit::Leave;
 
 /// Our place (`id`) and any grant of `owner` on the name of `keys`, given
@@ -15,9 +16,8 @@ pub fn way_out(link: &Link, keys: &Keys, owner: &str, id: &str) -> Leave {
         connector: link.connector.clone(),
         conn: None,
         node: None,
-        display: link.display.clone(),
         op: link.op,
-        replied: false,
+        remote: Remote::new(link.remote.shown.clone()),
     };
     let (keys, owner, id) = (keys.clone(), owner.to_string(), id.to_string());
     Box::new(move || leave(&mut fresh, &keys, &owner, &id).map(|_| ()))

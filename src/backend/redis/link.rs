@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::address::Node;
 use super::connector::{Conn, Connector, Linked};
 use crate::backend::Error;
-use crate::backend::drive::Transport;
+use crate::backend::drive::Remote;
 use crate::log;
 
 /// Server error codes that a restart, a failover or a cluster change produce
@@ -54,21 +54,10 @@ pub struct Link {
     pub conn: Option<Conn>,
     /// The data node `conn` reaches, behind sentinels.
     pub node: Option<Node>,
-    pub display: String,
     /// Bounds one request, connect included.
     pub op: Duration,
-    /// The server has answered at least once (`Transport::replied`).
-    pub replied: bool,
-}
-
-impl Transport for Link {
-    fn replied(&self) -> bool {
-        self.replied
-    }
-
-    fn shown(&self) -> &str {
-        &self.display
-    }
+    /// The server as shown, and whether it has answered yet.
+    pub remote: Remote,
 }
 
 impl Link {
@@ -89,17 +78,17 @@ impl Link {
         let conn = self.conn()?;
         match f(conn) {
             Ok(v) => {
-                self.replied = true;
+                self.remote.replied = true;
                 Ok(v)
             }
             Err(e) => {
                 if !is_transient(&e) {
-                    self.replied = true;
+                    self.remote.replied = true;
                     return Err(Error::Refused(describe(&e)));
                 }
                 if e.code().is_some() {
                     // A transient state reported by a server that does answer.
-                    self.replied = true;
+                    self.remote.replied = true;
                 }
                 self.conn = None;
                 Err(Error::Transient(describe(&e)))
@@ -114,9 +103,11 @@ impl Link {
             connector: self.connector.clone(),
             conn: self.conn.take(),
             node: self.node.clone(),
-            display: self.display.clone(),
             op: self.op,
-            replied: true,
+            remote: Remote {
+                replied: true,
+                ..self.remote.clone()
+            },
         }
     }
 

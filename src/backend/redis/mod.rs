@@ -36,8 +36,8 @@ use super::{
     Acquired, Broken, Engine, EngineInfo, Error, Force, Held, ListBound, Listing, Opening, Request,
     Status, Wait,
 };
-use super::{Renewal, Renewer, Renewing};
-use crate::backend::drive::Transport;
+use super::{MinHold, Renewal, Renewer, Renewing};
+use crate::backend::drive::Remote;
 use crate::clock::Boot;
 use crate::log;
 use crate::schedule::Timing;
@@ -110,11 +110,13 @@ impl Redis {
         let mut r = Redis {
             link: Link {
                 // The sentinels answered when the master did not.
-                replied: conn.is_none(),
+                remote: Remote {
+                    replied: conn.is_none(),
+                    ..Remote::new(url.display.clone())
+                },
                 conn,
                 connector,
                 node,
-                display: url.display.clone(),
                 op,
             },
             prefix: how.prefix.clone(),
@@ -157,20 +159,31 @@ impl Engine for Redis {
         let v = self
             .link
             .call(|c| keys.on(script).invoke::<Vec<Value>>(c))
-            .map_err(|e| self.link.failed(&format!("reading {name}"), e))?;
+            .map_err(|e| self.link.remote.failed(&format!("reading {name}"), e))?;
         Ok(reply::status(&v))
     }
 
-    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+    fn names(&mut self, bound: ListBound) -> Result<plan::Names, Error> {
         let mut notes = Vec::new();
-        let cluster = matches!(self.link.connector, Connector::Cluster(_));
-        let names = if cluster {
+        let names = if matches!(self.link.connector, Connector::Cluster(_)) {
             self.scan_cluster_names(bound, &mut notes)?
         } else {
             self.scan_names(bound, &mut notes, None)?
         };
-        let mut listed = Vec::with_capacity(names.len());
-        let all: Vec<String> = names.into_iter().collect();
+        Ok(plan::Names {
+            names: names.into_iter().collect(),
+            notes,
+        })
+    }
+
+    /// Name by name as the default does, but a batch of names a round trip.
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let plan::Names {
+            names: all,
+            mut notes,
+        } = self.names(bound)?;
+        let cluster = matches!(self.link.connector, Connector::Cluster(_));
+        let mut listed = Vec::with_capacity(all.len());
         // A cluster connection does not pipeline across slots: one name at a time.
         let batch = if cluster { 1 } else { LIST_BATCH };
         for batch in all.chunks(batch) {
@@ -208,7 +221,7 @@ impl Engine for Redis {
         let v = self
             .link
             .call(|c| keys.on(script).arg(&token).arg(now).invoke::<Vec<Value>>(c))
-            .map_err(|e| self.link.failed(&format!("releasing {name}"), e))?;
+            .map_err(|e| self.link.remote.failed(&format!("releasing {name}"), e))?;
         Ok(reply::broken(&v))
     }
 }
@@ -254,7 +267,7 @@ impl Redis {
                     }
                     (c, _) => scan.query(c),
                 })
-                .map_err(|e| self.link.failed("listing names", e))?;
+                .map_err(|e| self.link.remote.failed("listing names", e))?;
             for key in keys {
                 if let Some(name) = name_of_key(&self.prefix, &key) {
                     names.insert(name);
@@ -280,7 +293,7 @@ impl Redis {
         let nodes: String = self
             .link
             .call(|c| redis::cmd("CLUSTER").arg("NODES").query(c))
-            .map_err(|e| self.link.failed("listing the cluster's masters", e))?;
+            .map_err(|e| self.link.remote.failed("listing the cluster's masters", e))?;
         let masters: Vec<Node> = nodes.lines().filter_map(cluster_master).collect();
         let mut names = std::collections::BTreeSet::new();
         for m in &masters {
@@ -317,7 +330,7 @@ impl Redis {
             // A server that never ran the script (or flushed it): load it once.
             self.link
                 .call(|c| script.load(c))
-                .map_err(|e| self.link.failed("listing names", e))?;
+                .map_err(|e| self.link.remote.failed("listing names", e))?;
             replies = run(&mut self.link);
         }
         match replies {
@@ -335,7 +348,7 @@ impl Redis {
                 }
                 Ok(())
             }
-            Err(e) => Err(self.link.failed("listing names", e)),
+            Err(e) => Err(self.link.remote.failed("listing names", e)),
         }
     }
 
@@ -345,12 +358,11 @@ impl Redis {
         listed: &mut Vec<(String, Status)>,
         notes: &mut Vec<String>,
     ) -> Result<(), Error> {
-        match self.status(name) {
-            Ok(st) => listed.push((name.to_string(), st)),
-            Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
-                notes.push(format!("{name}: left out: {m}"));
-            }
-            Err(e) => return Err(e),
+        match self.listed(name)? {
+            plan::Read::Listed(st) => listed.push((name.to_string(), st)),
+            plan::Read::LeftOut(note) => notes.push(note),
+            // Never from a status that is not refused.
+            plan::Read::Empty | plan::Read::Unreadable(_) => {}
         }
         Ok(())
     }
@@ -444,7 +456,8 @@ impl Held for RedisHeld {
         }))
     }
 
-    fn release(mut self: Box<Self>) -> Result<bool, Error> {
+    fn release(mut self: Box<Self>, window: MinHold) -> Result<bool, Error> {
+        self.min_hold = window.of(self.min_hold);
         let started = Boot::now();
         // The lease lives where the renewals went: after a failover, on
         // the new master, not on the one it was granted on.
@@ -473,14 +486,10 @@ impl Held for RedisHeld {
                 Err(e) => last = Some(e),
             }
         }
-        Err(self.link.failed(
+        Err(self.link.remote.failed(
             &format!("releasing {}", self.name),
             last.expect("two attempts"),
         ))
-    }
-
-    fn drop_window(&mut self) {
-        self.min_hold = None;
     }
 }
 

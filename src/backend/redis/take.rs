@@ -11,7 +11,7 @@ use super::link::Link;
 use super::reply::Acquire;
 use super::scripts::{ACQUIRE_SCRIPT, Keys, RELEASE_SCRIPT};
 use super::{Redis, RedisHeld};
-use crate::backend::drive::{Look, Take, Woke, drive};
+use crate::backend::drive::{Look, Remote, Take, Woke, drive};
 use crate::backend::plan;
 use crate::backend::quit::Leave;
 use crate::backend::{Acquired, Error, Lease, Request, Wait};
@@ -201,8 +201,6 @@ struct Taking<'a> {
 }
 
 impl Take for Taking<'_> {
-    type Transport = Link;
-
     fn look(&mut self, _last: bool, _until: Option<Boot>) -> Result<Look, Error> {
         let req = self.req;
         let script = &*ACQUIRE_SCRIPT;
@@ -239,7 +237,7 @@ impl Take for Taking<'_> {
             },
             Err(e) => {
                 // A reply may have been lost after the server granted it.
-                self.placed |= e.is_transient() && self.redis.link.replied;
+                self.placed |= e.is_transient() && self.redis.link.remote.replied;
                 return Err(out_of_descriptors(e));
             }
         };
@@ -326,8 +324,8 @@ impl Take for Taking<'_> {
         ))
     }
 
-    fn transport(&self) -> &Link {
-        &self.redis.link
+    fn remote(&self) -> Option<&Remote> {
+        Some(&self.redis.link.remote)
     }
 }
 

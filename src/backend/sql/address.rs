@@ -57,9 +57,6 @@ pub trait Part: Clone + Send + Sync + Sized + 'static {
 }
 
 impl<P: Part> Address for Url<P> {
-    fn engine(&self) -> &'static EngineInfo {
-        P::ENGINE
-    }
     fn shown(&self) -> String {
         self.display.clone()
     }

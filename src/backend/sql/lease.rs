@@ -7,9 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::Dialect;
-use crate::backend::drive::Transport;
 use crate::backend::table::split_label;
-use crate::backend::{Error, Held, Renewal, Renewer, Renewing, Request};
+use crate::backend::{Error, Held, MinHold, Renewal, Renewer, Renewing, Request};
 use crate::log;
 
 /// Our row: which name and slot, and the owner value that proves it ours.
@@ -71,14 +70,15 @@ impl<D: Dialect> Held for SqlHeld<D> {
         }))
     }
 
-    fn release(mut self: Box<Self>) -> Result<bool, Error> {
+    fn release(mut self: Box<Self>, window: MinHold) -> Result<bool, Error> {
+        self.min_hold = window.of(self.min_hold);
         let o = &self.ours;
         let doing = format!("releasing {}", o.name);
         let window = window_us(self.min_hold);
         let (kept, ours) = o
             .tables
             .release(&mut self.client, o, window)
-            .map_err(|e| self.client.failed(&doing, e))?;
+            .map_err(|e| self.client.as_ref().failed(&doing, e))?;
         if kept {
             log::info(format!(
                 "released {}; kept by --min-hold until {} after its grant",
@@ -89,11 +89,6 @@ impl<D: Dialect> Held for SqlHeld<D> {
             log::info(format!("released {}", o.name));
         }
         Ok(ours)
-    }
-
-    fn give_back(mut self: Box<Self>) -> Result<bool, Error> {
-        self.min_hold = None;
-        self.release()
     }
 }
 

@@ -24,7 +24,7 @@ pub use lease::{Ours, SqlHeld};
 pub use look::{Deciding, Join};
 pub use take::{Blocked, Outcome, capped};
 
-use super::drive::Transport;
+use super::drive::Remote;
 use super::plan::{self, Cut, ForcePlan, Standing};
 use super::quit::Leave;
 use super::table::{Cells, mode, split_label};
@@ -45,7 +45,7 @@ pub trait SqlRow {
 /// What one SQL database adds to the engine: its statements (the dialect
 /// value is its tables), its connection and how a batch runs on it.
 pub trait Dialect: Clone + Send + 'static {
-    type Client: Transport + Send + 'static;
+    type Client: AsRef<Remote> + Send + 'static;
     type Row: SqlRow;
     /// A wait that saw nothing move and goes on at the next step without a
     /// look (none where every wake-up is followed by a look).
@@ -232,20 +232,27 @@ impl<D: Dialect> Engine for Sql<D> {
         let doing = format!("reading {name}");
         let holders = self
             .holders(name)
-            .map_err(|e| self.client.failed(&doing, e))?;
+            .map_err(|e| self.client.as_ref().failed(&doing, e))?;
         let (waiters, superseding) = match self.dialect.waiting_row(&mut self.client, name) {
             Ok(rows) => rows.first().map_or((0, 0), |r| {
                 let n = |i: usize| r.int(i).unwrap_or(0).max(0) as u64;
                 (n(0), n(1))
             }),
             Err(_) if D::missing(&self.client) => (0, 0),
-            Err(e) => return Err(self.client.failed(&doing, e)),
+            Err(e) => return Err(self.client.as_ref().failed(&doing, e)),
         };
         Ok(Status {
             holders,
             waiters: Some(waiters),
             superseding: Some(superseding),
         })
+    }
+
+    /// The names of the listing, which reads them with their state.
+    fn names(&mut self, bound: ListBound) -> Result<plan::Names, Error> {
+        let Listing { names, notes, .. } = self.list(bound)?;
+        let names = names.into_iter().map(|(name, _)| name).collect();
+        Ok(plan::Names { names, notes })
     }
 
     /// One statement reads every name with its holders and waiters: a
@@ -258,7 +265,7 @@ impl<D: Dialect> Engine for Sql<D> {
         let rows = match self.dialect.list_rows(&mut self.client, limit, left) {
             Ok(rows) => rows,
             Err(_) if D::missing(&self.client) => Vec::new(),
-            Err(e) => return Err(self.client.failed(doing, e)),
+            Err(e) => return Err(self.client.as_ref().failed(doing, e)),
         };
         let mut names = listed::<D>(&rows)?;
         let mut notes = Vec::new();
@@ -277,10 +284,10 @@ impl<D: Dialect> Engine for Sql<D> {
         let doing = format!("releasing {name}");
         self.dialect
             .before_force(&mut self.client)
-            .map_err(|e| self.client.failed(&doing, e))?;
+            .map_err(|e| self.client.as_ref().failed(&doing, e))?;
         let held = self
             .holders(name)
-            .map_err(|e| self.client.failed(&doing, e))?;
+            .map_err(|e| self.client.as_ref().failed(&doing, e))?;
         let standing: Vec<Standing> = held.iter().map(Standing::of).collect();
         let cuts = match plan::force(&standing, force) {
             ForcePlan::Done(done) => return Ok(done),
@@ -289,7 +296,7 @@ impl<D: Dialect> Engine for Sql<D> {
         let broken = self
             .dialect
             .force(&mut self.client, name, &held, &cuts)
-            .map_err(|e| self.client.failed(&doing, e))?;
+            .map_err(|e| self.client.as_ref().failed(&doing, e))?;
         Ok(plan::forced(broken))
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::look::decide;
 use super::{Dialect, Sql};
-use crate::backend::drive::{Look, Take, Transport, Woke, drive};
+use crate::backend::drive::{Look, Remote, Take, Woke, drive};
 use crate::backend::quit::Leave;
 use crate::backend::table::Target;
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
@@ -98,8 +98,6 @@ pub fn take<D: Dialect>(sql: &mut Sql<D>, req: &Request, wait: Wait) -> Result<A
 }
 
 impl<D: Dialect> Take for Taking<'_, D> {
-    type Transport = D::Client;
-
     fn look(&mut self, last: bool, _until: Option<Boot>) -> Result<Look, Error> {
         let doing = || format!("acquiring {}", self.req.name);
         self.blocked = None;
@@ -109,7 +107,7 @@ impl<D: Dialect> Take for Taking<'_, D> {
             if !self.sql.dialect.prepare(&mut self.sql.client)? {
                 self.created = true;
                 if let Err(e) = self.sql.dialect.create(&mut self.sql.client) {
-                    return Ok(Look::Over(self.sql.client.failed(&doing(), e)));
+                    return Ok(Look::Over(self.sql.client.as_ref().failed(&doing(), e)));
                 }
             }
             self.prepared = true;
@@ -122,7 +120,7 @@ impl<D: Dialect> Take for Taking<'_, D> {
                     // First use of these tables: create them, look again.
                     self.created = true;
                     if let Err(e) = sql.dialect.create(&mut sql.client) {
-                        return Ok(Look::Over(sql.client.failed(&doing(), e)));
+                        return Ok(Look::Over(sql.client.as_ref().failed(&doing(), e)));
                     }
                 }
                 Err(e) => {
@@ -130,13 +128,13 @@ impl<D: Dialect> Take for Taking<'_, D> {
                         return Err(e);
                     };
                     self.leave();
-                    return Ok(Look::Over(self.sql.client.failed(&doing(), e)));
+                    return Ok(Look::Over(self.sql.client.as_ref().failed(&doing(), e)));
                 }
                 Ok(Look::Again) if self.place.stalls > 1 => {
                     let tries = self.place.stalls;
                     if let Err(e) = sql.dialect.stalled(&mut sql.client, tries) {
                         self.leave();
-                        return Ok(Look::Over(self.sql.client.failed(&doing(), e)));
+                        return Ok(Look::Over(self.sql.client.as_ref().failed(&doing(), e)));
                     }
                     return Ok(Look::Again);
                 }
@@ -174,8 +172,8 @@ impl<D: Dialect> Take for Taking<'_, D> {
         Some(self.sql.dialect.way_out(&self.sql.client, self.req))
     }
 
-    fn transport(&self) -> &D::Client {
-        &self.sql.client
+    fn remote(&self) -> Option<&Remote> {
+        Some(self.sql.client.as_ref())
     }
 }
 

@@ -2,12 +2,11 @@
 //! servers and an optional chroot, and the digest credentials in them;
 //! `zks://` for TLS, with `#insecure` to skip the host name check.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{ENGINE, Zk};
 use crate::backend::{
-    Address, AddressOptions, Check, Credentials, Engine, EngineInfo, Error, Opening, credentials,
+    Address, AddressOptions, Check, Engine, Error, HostList, Opening, Reach, each_host, shown_hosts,
 };
 
 /// ZooKeeper's client port when a URL names none.
@@ -20,17 +19,16 @@ pub struct ZkUrl {
     pub servers: Vec<String>,
     /// The chroot, `/a/b`, if any.
     pub chroot: Option<String>,
-    /// The URL with any password replaced, for messages.
-    pub display: String,
-    pub user: Option<String>,
-    pub password: Option<String>,
-    /// `zks://`: every server is reached over TLS.
-    pub tls: bool,
-    /// `#insecure`: the certificate's host name is not checked (its chain
-    /// still is).
-    pub insecure: bool,
-    /// The CA file (`--tls-ca`); None: the system's roots.
-    pub ca_file: Option<PathBuf>,
+    /// `zks://` for TLS; with `#insecure`, the certificate's host name is
+    /// not checked (its chain still is).
+    pub reach: Reach,
+}
+
+impl std::ops::Deref for ZkUrl {
+    type Target = Reach;
+    fn deref(&self) -> &Reach {
+        &self.reach
+    }
 }
 
 impl ZkUrl {
@@ -45,9 +43,6 @@ impl ZkUrl {
 }
 
 impl Address for ZkUrl {
-    fn engine(&self) -> &'static EngineInfo {
-        &ENGINE
-    }
     fn shown(&self) -> String {
         self.display.clone()
     }
@@ -107,42 +102,23 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
 }
 
 fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
-    let expected = format!("expected {}", ENGINE.form);
-    let (scheme, rest) = raw
-        .split_once("://")
-        .ok_or_else(|| Error::Request(format!("invalid --url: {expected}")))?;
-    let scheme = scheme.to_ascii_lowercase();
-    let (rest, insecure) = match rest.strip_suffix("#insecure") {
-        Some(r) => (r, true),
-        None => (rest, false),
-    };
-    // Never echo the raw URL: it may hold a password.
-    let (
-        Credentials {
-            user,
-            password,
-            shown: shown_user,
-        },
-        hosts,
-    ) = credentials(rest);
-    let (hosts, path) = match hosts.find('/') {
-        Some(i) => (&hosts[..i], &hosts[i..]),
-        None => (hosts, ""),
+    let url = HostList::cut(raw, ENGINE.form)?;
+    let (hosts, path) = match url.rest.find('/') {
+        Some(i) => (&url.rest[..i], &url.rest[i..]),
+        None => (url.rest, ""),
     };
     // Never a query or fragment, which may hold a secret.
     let shown_path = path.split(['?', '#']).next().unwrap_or_default();
-    let shown_hosts =
-        crate::backend::shown_hosts(hosts.split(['?', '#']).next().unwrap_or_default());
-    let fragment = if insecure { "#insecure" } else { "" };
-    let display = format!("{scheme}://{shown_user}{shown_hosts}{shown_path}{fragment}");
-    let bad = |why: String| {
-        Error::Request(format!(
-            "invalid --url {}: {why}; {expected}",
-            display.chars().take(200).collect::<String>()
-        ))
-    };
-    let tls = scheme == "zks";
-    if insecure && !tls {
+    let shown_hosts = shown_hosts(hosts.split(['?', '#']).next().unwrap_or_default());
+    let display = format!(
+        "{}://{}{shown_hosts}{shown_path}{}",
+        url.scheme,
+        url.login.shown,
+        url.fragment()
+    );
+    let bad = |why: String| url.refusal(&display, why);
+    let tls = url.scheme == "zks";
+    if url.insecure && !tls {
         return Err(bad("#insecure is for TLS (zks://) only".into()));
     }
     if hosts.contains(['?', '#']) || path.contains(['?', '#']) {
@@ -150,31 +126,15 @@ fn read(raw: &str, opts: &AddressOptions) -> Result<ZkUrl, Error> {
             "a ZooKeeper URL has no query, and no fragment but #insecure (zks:// only)".into(),
         ));
     }
-    if user.as_deref().is_some_and(str::is_empty) {
-        return Err(bad("the user name is empty".into()));
-    }
-    if user.is_some() && password.is_none() {
-        return Err(bad("a user needs a password (user:pass@)".into()));
-    }
-    let servers = hosts
-        .split(',')
-        .map(server)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(bad)?;
+    url.check_login().map_err(bad)?;
+    let servers = each_host(hosts, server).map_err(bad)?;
     let chroot = chroot(path).map_err(bad)?;
-    if !tls {
-        opts.no_tls(&display)?;
-    }
+    let ca_file = opts.ca_file(tls, &display)?;
     opts.no_replicas(&display)?;
     Ok(ZkUrl {
         servers,
         chroot,
-        display,
-        user,
-        password,
-        tls,
-        insecure,
-        ca_file: if tls { opts.tls_ca.clone() } else { None },
+        reach: url.reach(display, tls, ca_file),
     })
 }
 

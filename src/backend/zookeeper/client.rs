@@ -12,7 +12,7 @@ use zookeeper_client as zk;
 use super::address::ZkUrl;
 use super::granted::Granted;
 use crate::backend::Error;
-use crate::backend::drive::Transport;
+use crate::backend::drive::Remote;
 
 /// The runtime the session's connection task runs on: a thread of its own
 /// that drives it until lockrun exits (started only when ZooKeeper is used).
@@ -76,8 +76,9 @@ pub struct Client {
     zk: zk::Client,
     /// Bounds one call.
     pub op: Duration,
-    /// The server as messages show it.
-    shown: String,
+    /// The ensemble as messages show it; a session exists only once a
+    /// server answered.
+    pub remote: Remote,
     /// The session timeout the server granted when the session began (it
     /// may grant another on a reconnect: `granted`).
     pub timeout: Duration,
@@ -185,7 +186,10 @@ impl Client {
             rt,
             zk,
             op,
-            shown: url.display.clone(),
+            remote: Remote {
+                replied: true,
+                ..Remote::new(url.display.clone())
+            },
             timeout,
             authed: url.user.is_some(),
             chroot: url.chroot.clone().unwrap_or_default(),
@@ -219,7 +223,7 @@ impl Client {
         let there = self.call(|z| async move { z.check_stat("/").await })?;
         Ok(there
             .is_none()
-            .then(|| CallError::Refused(chroot_missing(&self.shown, &self.chroot))))
+            .then(|| CallError::Refused(chroot_missing(&self.remote.shown, &self.chroot))))
     }
 
     /// `path` as seen from the server's root: under the URL's chroot.
@@ -256,16 +260,6 @@ impl Client {
         } else {
             zk::Acls::anyone_all()
         }
-    }
-}
-
-impl Transport for Client {
-    fn replied(&self) -> bool {
-        // A session exists only once a server answered.
-        true
-    }
-    fn shown(&self) -> &str {
-        &self.shown
     }
 }
 

@@ -9,7 +9,7 @@ use zookeeper_client as zk;
 use super::client::{CallError, Client, expired, sort};
 use super::queue::{Entry, Nodes, Record};
 use super::{delete, delete_at, own_slot};
-use crate::backend::{Error, Held, Renewal, Renewer, Renewing};
+use crate::backend::{Error, Held, MinHold, Renewal, Renewer, Renewing};
 use crate::clock::Boot;
 use crate::log;
 
@@ -146,15 +146,12 @@ impl Held for ZkHeld {
         }))
     }
 
-    fn release(self: Box<Self>) -> Result<bool, Error> {
+    fn release(mut self: Box<Self>, window: MinHold) -> Result<bool, Error> {
+        self.min_hold = window.of(self.min_hold);
         if let Some(left) = self.window_left() {
             return self.keep_for(left);
         }
         self.delete()
-    }
-
-    fn drop_window(&mut self) {
-        self.min_hold = None;
     }
 
     /// Our node goes with our session: within the session timeout the

@@ -36,9 +36,7 @@ use read::read;
 
 use super::plan::{self, ForcePlan, Read, Standing};
 use super::{Acquired, Request, Wait};
-use super::{
-    Broken, Engine, EngineInfo, Error, Force, Holder, ListBound, Listing, Opening, Status,
-};
+use super::{Broken, Engine, EngineInfo, Error, Force, Holder, ListBound, Opening, Status};
 use crate::log;
 
 /// ZooKeeper's row of the scheme table.
@@ -387,7 +385,7 @@ impl Engine for Zk {
         })
     }
 
-    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+    fn names(&mut self, _bound: ListBound) -> Result<plan::Names, Error> {
         let doing = format!("listing names on {}", self.url.display);
         let root = self.root.clone();
         let c = self.client(OPERATOR_SESSION)?;
@@ -405,27 +403,19 @@ impl Engine for Zk {
                 "left out {others} node(s) under the prefix that are no lock's"
             ));
         }
-        let how =
-            "read name by name, not as one snapshot: a lock may change while the list is read";
-        plan::listing(
-            names.into_iter().map(|n| (n, ())),
-            bound,
-            notes,
-            how,
-            |name, ()| {
-                // A name this identity may not read (another identity's, or a
-                // node that is not lockrun's at its place) is marked, and the
-                // others are still listed.
-                match self.status(name) {
-                    Ok(st) if st.holders.is_empty() && st.waiters.unwrap_or(0) == 0 => {
-                        Ok(Read::Empty)
-                    }
-                    Ok(st) => Ok(Read::Listed(st)),
-                    Err(Error::Refused(why)) => Ok(Read::Unreadable(why)),
-                    Err(e) => Err(e),
-                }
-            },
-        )
+        Ok(plan::Names { names, notes })
+    }
+
+    fn listed(&mut self, name: &str) -> Result<Read, Error> {
+        // A name this identity may not read (another identity's, or a
+        // node that is not lockrun's at its place) is marked, and the
+        // others are still listed.
+        match self.status(name) {
+            Ok(st) if st.holders.is_empty() && st.waiters.unwrap_or(0) == 0 => Ok(Read::Empty),
+            Ok(st) => Ok(Read::Listed(st)),
+            Err(Error::Refused(why)) => Ok(Read::Unreadable(why)),
+            Err(e) => Err(e),
+        }
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {

@@ -14,7 +14,7 @@ use super::address::ZkUrl;
 use super::client::{CallError, Client, expired, sort};
 use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
 use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name_behind};
-use crate::backend::drive::{Look, Take, Woke, drive};
+use crate::backend::drive::{Look, Remote, Take, Woke, drive};
 use crate::backend::plan::{self, Standing};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
@@ -79,8 +79,6 @@ struct Watching {
 }
 
 impl Take for Taking<'_> {
-    type Transport = Client;
-
     fn look(&mut self, _last: bool, _until: Option<Boot>) -> Result<Look, Error> {
         self.blocked = None;
         match self.look_once() {
@@ -134,8 +132,8 @@ impl Take for Taking<'_> {
         Some(super::leave::way_out(url, parent, &self.client, ttl))
     }
 
-    fn transport(&self) -> &Client {
-        &self.client
+    fn remote(&self) -> Option<&Remote> {
+        Some(&self.client.remote)
     }
 }
 
