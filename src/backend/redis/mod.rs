@@ -487,7 +487,9 @@ impl Held for RedisHeld {
 /// A renewal's error in lockrun's kinds: the server's refusals (an ACL
 /// denial, a wrong password, a script error) are final.
 fn kind(e: &redis::RedisError) -> Error {
-    if link::is_transient(e) {
+    if let Some(full) = link::full(&describe(e)) {
+        full
+    } else if link::is_transient(e) {
         Error::Transient(describe(e))
     } else {
         Error::Refused(describe(e))
