@@ -291,7 +291,7 @@ impl Mariadb {
         db
     }
 
-    fn try_sql(&self, sql: &str) -> Option<String> {
+    pub fn try_sql(&self, sql: &str) -> Option<String> {
         let out = Command::new(program("mariadb"))
             .arg("--no-defaults")
             .arg(format!("--socket={}", self.socket().display()))

@@ -274,14 +274,24 @@ impl Client {
         Ok(())
     }
 
+    /// Listen no more, and forget the notifications that came: a granted
+    /// lease keeps this connection, on which the waiters' notifications
+    /// must not pile up while the job runs. A connection that fails at it
+    /// is let go (the next call opens a new one).
+    pub fn unlisten(&mut self) {
+        if self.listening.is_none() {
+            return;
+        }
+        if self.batch("UNLISTEN *").is_err() {
+            self.drop_connection();
+        }
+        self.listening = None;
+        self.drain();
+    }
+
     /// This connection listens on `channel`.
     pub fn listens(&self, channel: &str) -> bool {
         self.conn.is_some() && self.listening.as_deref() == Some(channel)
-    }
-
-    /// This connection listens on some channel.
-    pub fn listens_any(&self) -> bool {
-        self.conn.is_some() && self.listening.is_some()
     }
 
     /// Forget notifications that came before now.

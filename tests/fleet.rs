@@ -1,0 +1,137 @@
+//! A fleet on one name: more lockruns waiting for one name than the
+//! server has connections for. The holder keeps its lease (its renewals
+//! and its release need no new connection), the waiters ride out the
+//! full server (never 69), and a request whose wait ends while the server
+//! is full ends with the conflict code (75) and a line naming the limit.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::support::*;
+
+/// The holder's job: runs until the test lets it go (the file `go`), at
+/// most a minute.
+fn holding(scratch: &Scratch) -> String {
+    format!(
+        "echo $$ > {pid}; i=0; while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+        pid = scratch.path("pid").display(),
+        go = scratch.path("go").display()
+    )
+}
+
+/// A lockrun's exit code and stderr, waited for at most `limit`.
+fn ended(r: &mut Reap, limit: Duration) -> (Option<i32>, String) {
+    let status = wait_child(&mut r.0, limit);
+    let mut err = String::new();
+    if let Some(mut e) = r.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (status.code(), err)
+}
+
+/// Hold `fleet` with a short ttl (renewals every second), queue `waiters`
+/// behind it until the server's connections for `url`'s user are all
+/// taken (`connections()` reaches `slots`), keep it so through a few
+/// renewals, then let go: the holder's job ends 0 (its lease was never
+/// lost), every waiter gets its turn (none gives up with 69), and a
+/// request that waits 3 s meanwhile on another name ends 75 naming
+/// `limit`, as `-n` does.
+fn fleet_keeps_its_holder(
+    url: &str,
+    waiters: usize,
+    slots: usize,
+    connections: impl Fn() -> usize,
+    limit: &str,
+) {
+    let scratch = Scratch::new();
+    let holder = on(url)
+        .args(["--ttl", "3s", "fleet", "-c", &holding(&scratch)])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut holder = Reap(holder);
+    assert!(
+        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
+        "the holder never ran"
+    );
+    let mut fleet: Vec<Reap> = (0..waiters)
+        .map(|_| {
+            Reap(
+                on(url)
+                    .args(["--ttl", "3s", "-w", "120s", "fleet", "true"])
+                    .stderr(Stdio::piped())
+                    .spawn(),
+            )
+        })
+        .collect();
+    let mut peak = 0;
+    let full = wait_until(Duration::from_secs(30), || {
+        peak = peak.max(connections());
+        peak >= slots
+    });
+    assert!(
+        full,
+        "the server never filled: {peak} of {slots} connections"
+    );
+    // Full for a few of the holder's renewals (one a second): a request
+    // that waits 3 s on another name never gets a connection, nor does
+    // -n within its bound on one request.
+    let w = on(url).args(["-w", "3s", "other", "true"]).output();
+    let err = w.stderr();
+    assert_eq!(w.out.status.code(), Some(75), "-w on a full server: {err}");
+    assert!(err.contains(limit), "the limit is not named: {err}");
+    assert!(err.lines().count() <= 2, "one line per outage: {err}");
+    let n = on(url).args(["-n", "other", "true"]).output();
+    let err = n.stderr();
+    assert_eq!(n.out.status.code(), Some(75), "-n on a full server: {err}");
+    assert!(err.contains(limit), "the limit is not named: {err}");
+    assert!(
+        matches!(holder.0.try_wait(), Ok(None)),
+        "the holder ended while the server was full"
+    );
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (code, err) = ended(&mut holder, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "the holder lost its lease: {err}");
+    for (i, w) in fleet.iter_mut().enumerate() {
+        let (code, err) = ended(w, Duration::from_secs(60));
+        assert_eq!(code, Some(0), "waiter {i}: {err}");
+    }
+}
+
+/// PostgreSQL with 30 connections, 3 of them kept for superusers: the
+/// role lockrun runs as has 27, and 40 waiters want one each.
+#[test]
+fn postgres_holder_keeps_its_lease_on_a_full_server() {
+    let _h = heavy();
+    let pg = Postgres::start_with(&["-c", "max_connections=30"]);
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    pg.sql(&format!(
+        "CREATE ROLE app LOGIN PASSWORD 'app-pw'; {}",
+        crate::docs::documented_postgres_grants("app")
+    ));
+    let url = pg.url_as("app", "app-pw");
+    let count = || {
+        pg.try_sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    fleet_keeps_its_holder(&url, 40, 27, count, "max_connections");
+}
+
+/// MariaDB with 30 connections (root may take one more, which the test's
+/// own counting uses).
+#[test]
+fn mariadb_holder_keeps_its_lease_on_a_full_server() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--max-connections=30"]);
+    my.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'app-pw'; GRANT ALL ON app.* TO 'app'@'%'");
+    let url = my.url_as("app", "app-pw", "app");
+    on(&url).args(["x", "true"]).succeeds();
+    // Root's one connection past the limit may be taken for a moment by
+    // a connection the server is still closing: a count that fails is none.
+    let count = || {
+        my.try_sql("SELECT COUNT(*) FROM information_schema.processlist WHERE user = 'app'")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    fleet_keeps_its_holder(&url, 40, 30, count, "max_connections");
+}
