@@ -135,3 +135,65 @@ fn mariadb_holder_keeps_its_lease_on_a_full_server() {
     };
     fleet_keeps_its_holder(&url, 40, 30, count, "max_connections");
 }
+
+/// ZooKeeper accepts a connection and closes it at once when its address
+/// has `maxClientCnxns` already (the client saw only "no answer"): a
+/// request rides that out as any full server, says the limit, and ends 75
+/// when its wait does; once a connection is let go, a waiter gets in.
+#[test]
+fn zookeeper_full_address_is_waited_out() {
+    let mut zk = Zookeeper::start();
+    zk.server.restart_with("maxClientCnxns", "3");
+    let url = zk.url();
+    let port = zk.server.port;
+    let closed_at_once = || {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        match std::io::Read::read(&mut s, &mut [0u8; 1]) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    };
+    // Three connections that say nothing take every one of this address.
+    let mut taken = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            if taken.len() < 3 {
+                taken.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+            }
+            closed_at_once()
+        }),
+        "the server never refused a fourth connection"
+    );
+    let w = on(&url).args(["-w", "3s", "x", "true"]).output();
+    let err = w.stderr();
+    assert_eq!(w.out.status.code(), Some(75), "-w on a full server: {err}");
+    assert!(
+        err.contains("maxClientCnxns"),
+        "the limit is not named: {err}"
+    );
+    let n = on(&url).args(["-n", "x", "true"]).output();
+    let err = n.stderr();
+    assert_eq!(n.out.status.code(), Some(75), "-n on a full server: {err}");
+    assert!(
+        err.contains("maxClientCnxns"),
+        "the limit is not named: {err}"
+    );
+    let waiter = on(&url)
+        .args(["-w", "60s", "x", "true"])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut waiter = Reap(waiter);
+    // Still waiting a moment later, not ended by the full server.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        matches!(waiter.0.try_wait(), Ok(None)),
+        "the waiter gave up"
+    );
+    taken.clear();
+    let (code, err) = ended(&mut waiter, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "the waiter did not get in: {err}");
+}

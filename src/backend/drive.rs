@@ -172,8 +172,19 @@ fn full(
     e: Error,
 ) -> Result<Duration, Acquired> {
     let server = take.transport().shown().to_string();
+    ride_full(&server, req, patience, outage, e).inspect_err(|_| take.leave())
+}
+
+/// The pause before asking a full server (`e`) again, or the request's end
+/// once its wait is over.
+fn ride_full(
+    server: &str,
+    req: &Request,
+    patience: &Patience,
+    outage: &mut Outage,
+    e: Error,
+) -> Result<Duration, Acquired> {
     if patience.over_when_full(req.timing.op) {
-        take.leave();
         return Err(Acquired::Unreachable {
             why: format!("no connection to {server} was free: {e}"),
         });
@@ -183,6 +194,39 @@ fn full(
     Ok(outage.full(until, !patience.over(), || {
         format!("waiting for a connection to {server}: {e}")
     }))
+}
+
+/// What an engine must have before its first look (a ZooKeeper session is
+/// the request's own), had as the driver would have it: a full server is
+/// ridden out within the request's wait. Ok(Err): the request ends as a
+/// wait that ran out; Ok(Ok): connected, with what is left of the wait.
+pub fn connect_first<T>(
+    req: &Request,
+    wait: Wait,
+    server: &str,
+    mut connect: impl FnMut() -> Result<T, Error>,
+) -> Result<Result<(T, Wait), Acquired>, Error> {
+    let patience = Patience::new(req, wait);
+    let mut outage = Outage::default();
+    loop {
+        match connect() {
+            Ok(t) => {
+                outage.over(server);
+                let left = match wait {
+                    Wait::For(d) => {
+                        Wait::For(d.saturating_sub(Boot::now().since(patience.started())))
+                    }
+                    w => w,
+                };
+                return Ok(Ok((t, left)));
+            }
+            Err(e) if e.is_full() => match ride_full(server, req, &patience, &mut outage, e) {
+                Ok(pause) => std::thread::sleep(pause),
+                Err(unreachable) => return Ok(Err(unreachable)),
+            },
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// A look failed with `e`: the pause before the next, or the request's end.

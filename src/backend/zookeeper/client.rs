@@ -165,10 +165,14 @@ impl Client {
         // bound, as the client does.
         let zk = connect(connector(true), limit)
             .or_else(|e| match e {
-                CallError::Zk(zk::Error::NoHosts) if refused(url, op).is_none() => connect(
-                    connector(false),
-                    limit.saturating_sub(crate::clock::Boot::now().since(started)),
-                ),
+                CallError::Zk(zk::Error::NoHosts)
+                    if refused(url, op).is_none() && full(url, op).is_none() =>
+                {
+                    connect(
+                        connector(false),
+                        limit.saturating_sub(crate::clock::Boot::now().since(started)),
+                    )
+                }
                 e => Err(e),
             })
             .map_err(|e| not_connected(url, op, e))?;
@@ -297,6 +301,9 @@ fn not_connected(url: &ZkUrl, op: Duration, e: CallError) -> Error {
         CallError::Timeout(_)
             | CallError::Zk(zk::Error::NoHosts | zk::Error::Timeout | zk::Error::ConnectionLoss)
     );
+    if let Some(full) = unreached.then(|| full(url, op)).flatten() {
+        return full;
+    }
     let why = unreached.then(|| refused(url, op)).flatten();
     match why.map_or_else(|| sort(e, "connecting"), Error::Transient) {
         // The client gives no reason for a failed handshake.
@@ -393,6 +400,45 @@ fn refused(url: &ZkUrl, op: Duration) -> Option<String> {
         "connecting: connection refused at {}",
         closed.join(", ")
     ))
+}
+
+/// A server that accepts a connection and closes it at once, before any
+/// byte (a session asks first, the server only answers): its limit on
+/// connections from one address (`maxClientCnxns`) is reached. The first
+/// server of the URL is asked, by one connection that says nothing.
+fn full(url: &ZkUrl, op: Duration) -> Option<Error> {
+    use std::io::Read;
+    use std::net::{TcpStream, ToSocketAddrs};
+    let limit = op.min(Duration::from_millis(500));
+    let server = url.servers.first()?;
+    let addr = server.to_socket_addrs().ok()?.next()?;
+    // Closed so soon that the connect itself may see it.
+    let gone = |e: std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+        )
+    };
+    let closed = match TcpStream::connect_timeout(&addr, limit) {
+        Err(e) => gone(e),
+        Ok(mut s) => {
+            s.set_read_timeout(Some(limit.min(Duration::from_millis(200))))
+                .ok()?;
+            match s.read(&mut [0u8; 1]) {
+                Ok(n) => n == 0,
+                Err(e) => gone(e),
+            }
+        }
+    };
+    closed.then(|| {
+        Error::Full(format!(
+            "connecting: ZooKeeper at {server} closed the connection at once: the \
+             connections it allows from this address (maxClientCnxns, 60 unless set) are \
+             all in use"
+        ))
+    })
 }
 
 /// Whether a session is over for good (a new one is needed).
