@@ -435,7 +435,8 @@ mod tests {
     #[test]
     fn a_full_server_is_waited_out_and_ends_the_wait_as_busy_never_as_a_failure() {
         let full = || Err(Error::Full("too many clients (max_connections)".into()));
-        // Full for longer than the retry budget could bear: then granted.
+        // Full three times in a row, the retry budget untouched: then the
+        // look goes through.
         let mut fake = Fake::default();
         fake.looks.extend((0..3).map(|_| full()));
         fake.looks
