@@ -197,3 +197,53 @@ fn zookeeper_full_address_is_waited_out() {
     let (code, err) = ended(&mut waiter, Duration::from_secs(30));
     assert_eq!(code, Some(0), "the waiter did not get in: {err}");
 }
+
+/// Redis with `maxclients` 8: connections that take every other one do
+/// not cost the holder its lease, since its renewals borrow the
+/// connection it was granted on (a renewal's new connection was told "max
+/// number of clients reached", a refusal that ended the lease at once).
+#[test]
+fn redis_holder_keeps_its_lease_on_a_full_server() {
+    let redis = Redis::start_with(&["--maxclients", "8"]);
+    let url = redis.url();
+    let scratch = Scratch::new();
+    let holder = on(&url)
+        .args(["--ttl", "3s", "fleet", "-c", &holding(&scratch)])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut holder = Reap(holder);
+    assert!(
+        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
+        "the holder never ran"
+    );
+    let port = redis.port;
+    let refused = || {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let _ = std::io::Write::write_all(&mut s, b"PING\r\n");
+        let mut buf = [0u8; 128];
+        let n = std::io::Read::read(&mut s, &mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).contains("max number of clients")
+    };
+    let mut taken = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            taken.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+            refused()
+        }),
+        "the server never filled"
+    );
+    // Full through a few of the holder's renewals (one a second).
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        matches!(holder.0.try_wait(), Ok(None)),
+        "the holder ended while the server was full"
+    );
+    taken.clear();
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (code, err) = ended(&mut holder, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "the holder lost its lease: {err}");
+}

@@ -20,6 +20,7 @@ mod scripts;
 mod take;
 mod verdicts;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::Value;
@@ -408,9 +409,20 @@ fn name_of_key(prefix: &str, key: &[u8]) -> Option<String> {
     (ours && !name.is_empty()).then(|| name.to_string())
 }
 
-/// A Redis lease: the connection it was granted on, kept for its release.
+/// The connection a lease was granted on (with the node it reaches),
+/// lent to its renewals and taken back by its release: neither needs a
+/// connection a full server (`maxclients`) may not give while it lives.
+type Kept = Arc<Mutex<Option<(Conn, Option<Node>)>>>;
+
+fn kept(k: &Kept) -> std::sync::MutexGuard<'_, Option<(Conn, Option<Node>)>> {
+    k.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A Redis lease: the connection it was granted on, kept for its renewals
+/// and its release.
 struct RedisHeld {
     link: Link,
+    kept: Kept,
     replicas: u32,
     keys: Keys,
     owner: String,
@@ -431,10 +443,12 @@ impl Held for RedisHeld {
             self.owner.clone(),
             self.timing,
         );
+        let lent = Arc::clone(&self.kept);
         Renewing::Anywhere(Box::new(move || {
             Box::new(RedisRenewer {
                 connector: connector.clone(),
                 replicas,
+                kept: Arc::clone(&lent),
                 conn: None,
                 node: None,
                 keys: keys.clone(),
@@ -446,6 +460,11 @@ impl Held for RedisHeld {
 
     fn release(mut self: Box<Self>) -> Result<bool, Error> {
         let started = Boot::now();
+        // The grant's connection, unless a renewal still has it.
+        if let Some((conn, node)) = kept(&self.kept).take() {
+            self.link.conn = Some(conn);
+            self.link.node = node;
+        }
         // The lease lives where the renewals went: after a failover, on
         // the new master, not on the one it was granted on.
         if !matches!(self.link.on_master(), Ok(true)) {
@@ -499,6 +518,8 @@ fn kind(e: &redis::RedisError) -> Error {
 struct RedisRenewer {
     connector: Connector,
     replicas: u32,
+    /// The lease's connection, borrowed for each renewal when it is in.
+    kept: Kept,
     conn: Option<connector::Conn>,
     /// The data node `conn` reaches, behind sentinels.
     node: Option<Node>,
@@ -509,6 +530,12 @@ struct RedisRenewer {
 
 impl Renewer for RedisRenewer {
     fn renew(&mut self) -> Result<Renewal, Error> {
+        if self.conn.is_none()
+            && let Some((conn, node)) = kept(&self.kept).take()
+        {
+            self.conn = Some(conn);
+            self.node = node;
+        }
         // Behind sentinels, every renewal asks where the master is: a
         // master demoted by a failover still accepts the renewal for a
         // while, and a lease kept there is kept nowhere.
@@ -561,6 +588,13 @@ impl Renewer for RedisRenewer {
             }
             other => other,
         };
+        if r.is_ok() {
+            // Back to the lease, for the next renewal or the release.
+            let mut k = kept(&self.kept);
+            if k.is_none() {
+                *k = self.conn.take().map(|c| (c, self.node.clone()));
+            }
+        }
         match r {
             Ok(Renewed::Yes) => Ok(Renewal::Renewed {
                 ttl: self.timing.ttl,
