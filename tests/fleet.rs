@@ -201,11 +201,14 @@ fn zookeeper_full_address_is_waited_out() {
 /// Redis with `maxclients` 8: connections that take every other one do
 /// not cost the holder its lease, since its renewals borrow the
 /// connection it was granted on (a renewal's new connection was told "max
-/// number of clients reached", a refusal that ended the lease at once).
+/// number of clients reached", a refusal that ended the lease at once);
+/// a request that finds the server full rides it out (it was 69 at once).
 #[test]
 fn redis_holder_keeps_its_lease_on_a_full_server() {
     let redis = Redis::start_with(&["--maxclients", "8"]);
-    let url = redis.url();
+    // A database other than 0: a connection asks for it (SELECT) as it
+    // opens, and hears there that the server is full.
+    let url = format!("{}/1", redis.url());
     let scratch = Scratch::new();
     let holder = on(&url)
         .args(["--ttl", "3s", "fleet", "-c", &holding(&scratch)])
@@ -236,14 +239,29 @@ fn redis_holder_keeps_its_lease_on_a_full_server() {
         }),
         "the server never filled"
     );
-    // Full through a few of the holder's renewals (one a second).
-    std::thread::sleep(Duration::from_secs(4));
+    // Full through a few of the holder's renewals (one a second): a
+    // waiter rides it out, a wait that ends meanwhile ends 75.
+    let waiter = on(&url)
+        .args(["-w", "60s", "fleet", "true"])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut waiter = Reap(waiter);
+    let w = on(&url).args(["-w", "3s", "other", "true"]).output();
+    let err = w.stderr();
+    assert_eq!(w.out.status.code(), Some(75), "-w on a full server: {err}");
+    assert!(err.contains("maxclients"), "the limit is not named: {err}");
     assert!(
         matches!(holder.0.try_wait(), Ok(None)),
         "the holder ended while the server was full"
+    );
+    assert!(
+        matches!(waiter.0.try_wait(), Ok(None)),
+        "the waiter gave up"
     );
     taken.clear();
     std::fs::write(scratch.path("go"), "").unwrap();
     let (code, err) = ended(&mut holder, Duration::from_secs(20));
     assert_eq!(code, Some(0), "the holder lost its lease: {err}");
+    let (code, err) = ended(&mut waiter, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "the waiter did not get in: {err}");
 }

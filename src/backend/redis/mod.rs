@@ -89,6 +89,9 @@ impl Redis {
                 log::info(format!("{}: {}; trying again", url.display, describe(&e)));
                 None
             }
+            // A full server (maxclients) answered: the first call asks
+            // again, and a request rides it out as the driver does.
+            Err(e) if link::full(&describe(&e)).is_some() => None,
             other => Some(other),
         };
         let linked = first.transpose().map_err(|e| {
@@ -110,7 +113,8 @@ impl Redis {
         };
         let mut r = Redis {
             link: Link {
-                // The sentinels answered when the master did not.
+                // The sentinels answered when the master did not, or the
+                // server did, to say it was full.
                 replied: conn.is_none(),
                 conn,
                 connector,
