@@ -94,6 +94,9 @@ fn fleet_keeps_its_holder(
     for (i, w) in fleet.iter_mut().enumerate() {
         let (code, err) = ended(w, Duration::from_secs(60));
         assert_eq!(code, Some(0), "waiter {i}: {err}");
+        // Said once per outage, not once per try.
+        let said = err.matches("waiting for a connection").count();
+        assert!(said <= 2, "waiter {i} said the outage {said} times: {err}");
     }
 }
 
