@@ -268,3 +268,50 @@ fn redis_holder_keeps_its_lease_on_a_full_server() {
     let (code, err) = ended(&mut waiter, Duration::from_secs(30));
     assert_eq!(code, Some(0), "the waiter did not get in: {err}");
 }
+
+/// PgBouncer with `max_client_conn` 4, every client connection taken: it
+/// turns a request away ("no more connections allowed", SQLSTATE 08P01),
+/// which rides that out and ends 75 naming max_client_conn when its wait
+/// does (it was 69, a refusal).
+#[test]
+fn pgbouncer_max_client_conn_is_a_full_server() {
+    let pg = Postgres::start();
+    let bouncer = Bouncer::start_with(&pg, 4);
+    let port = bouncer.port;
+    // A connection PgBouncer turns away hears so when it starts up.
+    let refused = || {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let params = b"user\0postgres\0database\0postgres\0\0";
+        let mut startup = ((8 + params.len()) as u32).to_be_bytes().to_vec();
+        startup.extend(196608u32.to_be_bytes());
+        startup.extend(params);
+        let _ = std::io::Write::write_all(&mut s, &startup);
+        let mut buf = [0u8; 256];
+        let n = std::io::Read::read(&mut s, &mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).contains("max_client_conn")
+    };
+    let mut taken = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            taken.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+            refused()
+        }),
+        "PgBouncer never filled"
+    );
+    let w = on(&bouncer.url()).args(["-w", "3s", "x", "true"]).output();
+    let err = w.stderr();
+    assert_eq!(w.out.status.code(), Some(75), "-w on a full pooler: {err}");
+    assert!(
+        err.contains("max_client_conn"),
+        "the limit is not named: {err}"
+    );
+    taken.clear();
+    assert!(wait_until(Duration::from_secs(10), || !refused()));
+    on(&bouncer.url())
+        .args(["-w", "10s", "x", "true"])
+        .succeeds();
+}
