@@ -165,15 +165,15 @@ impl Dialect for Tables {
     }
 
     /// The lease keeps this connection, listening no more, for its
-    /// renewals and its release, and a spare opened now (best effort): on a
+    /// renewals and its release, and a spare opened beside the job (best
+    /// effort): on a
     /// server whose connections the waiters have all taken, the holder
     /// needs no new one.
     fn held(&self, c: &mut Client, req: &Request, slot: u32) -> Box<dyn Held> {
         c.unlisten();
         let fresh = c.fresh();
         let client = std::mem::replace(c, fresh);
-        let mut spare = client.fresh();
-        let spare = spare.batch("SELECT 1").is_ok().then_some(spare);
+        let spare = |mut spare: Client| spare.batch("SELECT 1").is_ok().then_some(spare);
         Box::new(SqlHeld::new(client, self, req, slot, spare))
     }
 

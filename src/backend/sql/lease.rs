@@ -37,7 +37,7 @@ pub struct SqlHeld<D: Dialect> {
 /// The connections a lease keeps from its grant on, so that neither its
 /// renewals nor its release need a connection the server may not have to
 /// give (a fleet of waiters can take every one): the one it was granted on
-/// and a spare opened at the grant. A renewal borrows the spare first (a
+/// and a spare opened beside the job. A renewal borrows the spare first (a
 /// renewal stuck on one leaves the other), the release the grant's (it
 /// holds what wakes the next waiter); a new connection is made only when
 /// both are out, with an attempt left behind.
@@ -83,16 +83,18 @@ impl<C> Kept<C> {
 
 impl<D: Dialect> SqlHeld<D> {
     /// `client` is the connection the lease was granted on (it may have
-    /// none left, when the dialect could not keep it), `spare` one more
-    /// opened at the grant.
+    /// none left, when the dialect could not keep it). `open` opens the
+    /// spare on a client of its own (None: it could not), on a thread of
+    /// its own: the job need not wait for it, and the first renewal is a
+    /// third of the ttl away.
     pub fn new(
         client: D::Client,
         tables: &D,
         req: &Request,
         slot: u32,
-        spare: Option<D::Client>,
+        open: impl FnOnce(D::Client) -> Option<D::Client> + Send + 'static,
     ) -> SqlHeld<D> {
-        SqlHeld {
+        let held = SqlHeld {
             unconnected: D::fresh(&client),
             ours: Ours {
                 tables: tables.clone(),
@@ -104,9 +106,19 @@ impl<D: Dialect> SqlHeld<D> {
             min_hold: req.min_hold,
             kept: Arc::new(Mutex::new(Kept {
                 grant: Some(client),
-                spare,
+                spare: None,
             })),
-        }
+        };
+        let (kept, unconnected) = (Arc::clone(&held.kept), D::fresh(&held.unconnected));
+        // Best effort: without a thread, or a connection, there is no spare.
+        let _ = std::thread::Builder::new()
+            .name("lockrun-spare".into())
+            .spawn(move || {
+                if let Some(spare) = open(unconnected) {
+                    Kept::give_back(&kept, spare, Lent::New);
+                }
+            });
+        held
     }
 }
 
