@@ -63,12 +63,14 @@ pub const TABLE: &[Row] = &[
         code: "75 (or -E)",
         short: "75 not acquired (-E)",
         meaning: "lock not acquired: held elsewhere with `-n`, `--wait` ran out, the queue was \
-                  full (`--max-waiters`) or a newer request replaced this one (`--supersede`); \
-                  the job did not run",
+                  full (`--max-waiters`), a newer request replaced this one (`--supersede`), or \
+                  the server had no connection free (the line names its limit, such as \
+                  `max_connections`) until the wait ran out; the job did not run",
         check: "`lockrun status NAME` names the holder and the requests waiting; `-v` prints \
                 who a waiter waits for",
-        action: "nothing if skipping was meant (`-n -E 0` in cron); else a longer `--wait`, or \
-                 find out why the holder runs so long",
+        action: "nothing if skipping was meant (`-n -E 0` in cron); else a longer `--wait`, \
+                 find out why the holder runs so long, or raise the server's limit the line \
+                 names",
     },
     Row {
         code: "76",

@@ -268,7 +268,9 @@ impl Renewers {
 /// deadline would only keep the job running on a lease nobody renews.
 fn final_error(e: &Error) -> Option<String> {
     match e {
-        Error::Transient(_) => None,
+        // A full server is an outage: a connection may be free by the
+        // next attempt.
+        Error::Transient(_) | Error::Full(_) => None,
         Error::Refused(m) => Some(format!("the server refused the renewal: {m}")),
         Error::Request(m) | Error::Internal(m) => Some(format!("the renewal failed: {m}")),
     }

@@ -16,6 +16,7 @@
 //! - one file per engine (`local`, `redis`, `sentinel`, `cluster`, `etcd`,
 //!   `postgres`, `mysql`, `zookeeper`) for what is that engine's alone,
 //!   its attacks beside it;
+//! - `fleet`: more lockruns on one name than the server has connections;
 //! - `admit`, `props`, `torture`: the admission table against the Redis
 //!   script, random inputs, and safety under faults.
 
@@ -26,6 +27,7 @@ mod cluster;
 mod conformance;
 mod docs;
 mod etcd;
+mod fleet;
 mod generated;
 mod groups;
 mod input;

@@ -107,6 +107,15 @@ fn not_acquired(cfg: &config::RunConfig, answer: Acquired) {
                 Wait::Forever => {}
             }
         }
+        // An outage, not a busy name: said even with -n.
+        Acquired::Unreachable { why } => match cfg.wait {
+            Wait::For(d) => log::warn(format!(
+                "gave up waiting for {} after {}: {why}",
+                cfg.name,
+                human(d)
+            )),
+            _ => log::warn(format!("not acquired: {why}")),
+        },
         // Coalesced, as a skip with -n is: silent but under -v.
         Acquired::QueueFull { waiting } => log::info(format!(
             "not acquired: {waiting} already waiting for {} (--max-waiters {})",

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use super::quit::{self, Leave};
-use super::wait::{Backoff, Patience, Retry};
+use super::wait::{Backoff, Outage, Patience, Retry};
 use super::{Acquired, Error, Request, Wait};
 use crate::clock::Boot;
 use crate::log;
@@ -122,12 +122,15 @@ pub fn drive(take: &mut impl Take, req: &Request, wait: Wait) -> Result<Acquired
     let mut retry = Retry::new(req.timing.ttl.max(Duration::from_secs(5)));
     // Looks that came to nothing, and waits that broke off, in a row.
     let (mut later, mut broke) = (Backoff::default(), Backoff::default());
+    // A full server, ridden out apart from the retry budget.
+    let mut outage = Outage::default();
     loop {
         // A signal is taking us out of the queue: no call may put us back.
         quit::stay_if_leaving();
         let looked = take.look(patience.over(), patience.until());
         if looked.is_ok() {
             retry.succeeded();
+            outage.over(take.remote().map_or("", |r| r.shown.as_str()));
         }
         if !matches!(looked, Ok(Look::Later)) {
             later.reset();
@@ -144,6 +147,13 @@ pub fn drive(take: &mut impl Take, req: &Request, wait: Wait) -> Result<Acquired
                 return Err(e);
             }
             Ok(Look::Blocked(holder)) => holder,
+            Err(e) if e.is_full() => match full(take, req, &patience, &mut outage, e) {
+                Ok(pause) => {
+                    std::thread::sleep(pause);
+                    continue;
+                }
+                Err(unreachable) => return Ok(unreachable),
+            },
             Err(e) => {
                 let pause = failed(take, req, &patience, &mut retry, e)?;
                 std::thread::sleep(pause);
@@ -169,6 +179,75 @@ fn said(acquired: Acquired, req: &Request, patience: &Patience) -> Acquired {
         ));
     }
     acquired
+}
+
+/// A look found the server full (`e`, naming its limit): the pause before
+/// the next, or, once the wait is over, the request's end as a busy name
+/// ends (never 69: the server is up, and lets us in once a connection is
+/// free). Said once per outage.
+fn full(
+    take: &mut impl Take,
+    req: &Request,
+    patience: &Patience,
+    outage: &mut Outage,
+    e: Error,
+) -> Result<Duration, Acquired> {
+    let server = take.remote().map_or(String::new(), |r| r.shown.clone());
+    ride_full(&server, req, patience, outage, e).inspect_err(|_| take.leave())
+}
+
+/// The pause before asking a full server (`e`) again, or the request's end
+/// once its wait is over.
+fn ride_full(
+    server: &str,
+    req: &Request,
+    patience: &Patience,
+    outage: &mut Outage,
+    e: Error,
+) -> Result<Duration, Acquired> {
+    if patience.over_when_full(req.timing.op) {
+        return Err(Acquired::Unreachable {
+            why: format!("no connection to {server} was free: {e}"),
+        });
+    }
+    let until = patience.until_full(req.timing.op);
+    // Under -n (over from the start) the request's end alone says it.
+    Ok(outage.full(until, !patience.over(), || {
+        format!("waiting for a connection to {server}: {e}")
+    }))
+}
+
+/// What an engine must have before its first look (a ZooKeeper session is
+/// the request's own), had as the driver would have it: a full server is
+/// ridden out within the request's wait. Ok(Err): the request ends as a
+/// wait that ran out; Ok(Ok): connected, with what is left of the wait.
+pub fn connect_first<T>(
+    req: &Request,
+    wait: Wait,
+    server: &str,
+    mut connect: impl FnMut() -> Result<T, Error>,
+) -> Result<Result<(T, Wait), Acquired>, Error> {
+    let patience = Patience::new(req, wait);
+    let mut outage = Outage::default();
+    loop {
+        match connect() {
+            Ok(t) => {
+                outage.over(server);
+                let left = match wait {
+                    Wait::For(d) => {
+                        Wait::For(d.saturating_sub(Boot::now().since(patience.started())))
+                    }
+                    w => w,
+                };
+                return Ok(Ok((t, left)));
+            }
+            Err(e) if e.is_full() => match ride_full(server, req, &patience, &mut outage, e) {
+                Ok(pause) => std::thread::sleep(pause),
+                Err(unreachable) => return Ok(Err(unreachable)),
+            },
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// A look failed with `e`: the pause before the next, or the request's end.
@@ -379,5 +458,34 @@ mod tests {
         let e = error(&mut fake);
         assert_eq!(e, Error::Refused("waiting for n on fake: no BLPOP".into()));
         assert_eq!((fake.lasts.len(), fake.waited, fake.left), (3, 3, 1));
+    }
+
+    #[test]
+    fn a_full_server_is_waited_out_and_ends_the_wait_as_busy_never_as_a_failure() {
+        let full = || Err(Error::Full("too many clients (max_connections)".into()));
+        // Full three times in a row, the retry budget untouched: then the
+        // look goes through.
+        let mut fake = Fake::default();
+        fake.looks.extend((0..3).map(|_| full()));
+        fake.looks
+            .push_back(Ok(Look::Done(Acquired::QueueFull { waiting: 0 })));
+        let Ok(got) = run(&mut fake, Wait::Forever) else {
+            panic!("failed")
+        };
+        assert!(matches!(got, Acquired::QueueFull { .. }));
+        // Full until the wait runs out: the end of a wait, naming the limit.
+        let mut fake = Fake::default();
+        fake.looks.extend((0..100).map(|_| full()));
+        let start = Boot::now();
+        let Ok(got) = run(&mut fake, Wait::For(Duration::from_millis(700))) else {
+            panic!("failed")
+        };
+        let Acquired::Unreachable { why } = got else {
+            panic!("not unreachable")
+        };
+        assert!(why.contains("max_connections"), "{why}");
+        let took = Boot::now().since(start);
+        assert!(took >= Duration::from_millis(700), "{took:?}");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
     }
 }

@@ -17,6 +17,12 @@ pub enum Error {
     /// errors these are; once retrying is over it ends lockrun like
     /// `Refused` (69).
     Transient(String),
+    /// The server is full: every connection it allows (to all, to this
+    /// user, or from this address) is taken, and its text names the
+    /// limit. An outage, not a refusal: a holder's renewal retries it on
+    /// schedule, a waiter rides it out without spending its retry budget,
+    /// and a wait that ends meanwhile ends as a busy name does (75).
+    Full(String),
     /// The engine answered for good: credentials refused, an ACL denial, a
     /// key or file that is not ours, a directory lockrun may not use (69).
     Refused(String),
@@ -28,7 +34,12 @@ pub enum Error {
 impl Error {
     /// Whether trying the same request again may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Transient(_))
+        matches!(self, Error::Transient(_) | Error::Full(_))
+    }
+
+    /// Whether the server refused a connection for want of a free one.
+    pub fn is_full(&self) -> bool {
+        matches!(self, Error::Full(_))
     }
 
     /// The same error with what was being done in front of its text.
@@ -37,6 +48,7 @@ impl Error {
         match self {
             Error::Request(m) => Error::Request(with(m)),
             Error::Transient(m) => Error::Transient(with(m)),
+            Error::Full(m) => Error::Full(with(m)),
             Error::Refused(m) => Error::Refused(with(m)),
             Error::Internal(m) => Error::Internal(with(m)),
         }
@@ -44,7 +56,11 @@ impl Error {
 
     fn text(&self) -> &str {
         match self {
-            Error::Request(m) | Error::Transient(m) | Error::Refused(m) | Error::Internal(m) => m,
+            Error::Request(m)
+            | Error::Transient(m)
+            | Error::Full(m)
+            | Error::Refused(m)
+            | Error::Internal(m) => m,
         }
     }
 }
@@ -61,7 +77,7 @@ impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
         let class = match e {
             Error::Request(_) => Class::Usage,
-            Error::Transient(_) | Error::Refused(_) => Class::Unavailable,
+            Error::Transient(_) | Error::Full(_) | Error::Refused(_) => Class::Unavailable,
             Error::Internal(_) => Class::Internal,
         };
         fail(class, e.text())
@@ -77,6 +93,7 @@ mod tests {
         for (e, code) in [
             (Error::Request("r".into()), crate::exit::USAGE),
             (Error::Transient("t".into()), crate::exit::UNAVAILABLE),
+            (Error::Full("m".into()), crate::exit::UNAVAILABLE),
             (Error::Refused("f".into()), crate::exit::UNAVAILABLE),
             (Error::Internal("i".into()), crate::exit::INTERNAL),
         ] {

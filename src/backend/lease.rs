@@ -45,7 +45,8 @@ pub type Fresh = Box<dyn Fn() -> Box<dyn Renewer> + Send>;
 pub enum Renewing {
     /// From any connection to the engine (a key, a row, a file): each
     /// renewer comes from `Fresh`, so an attempt stuck on one connection
-    /// is abandoned and the next starts on a new one.
+    /// is abandoned and the next starts on another (one the lease kept
+    /// from its grant while there is one, else a new one).
     Anywhere(Fresh),
     /// Only on the connection the lease lives on (a session): this one
     /// renewer is all there is, so an attempt that overran its bound is

@@ -209,6 +209,11 @@ pub enum Acquired {
     QueueFull {
         waiting: u64,
     },
+    /// Not acquired: the wait (or, with -n, the bound on one request) ran
+    /// out while the server had no connection free; why, naming its limit.
+    Unreachable {
+        why: String,
+    },
     /// Taken out of the queue by a newer `--supersede` request, shown as
     /// `host:pid (label)`.
     Replaced {

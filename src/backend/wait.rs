@@ -1,7 +1,8 @@
 //! The driver's clocks (`drive.rs`), which no engine holds: when a request
 //! gives up (`-n`, `-w`), the one line it prints after a second (unless
-//! `-q`), how long it rides out a failing server, and the pauses between
-//! tries that came to nothing. An engine is only told a deadline.
+//! `-q`), how long it rides out a failing server or a full one, and the
+//! pauses between tries that came to nothing. An engine is only told a
+//! deadline.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
@@ -54,6 +55,18 @@ impl Patience {
     /// The wait ran out (at once for `-n`).
     pub fn over(&self) -> bool {
         self.give_up_at.is_some_and(|g| Boot::now() >= g)
+    }
+
+    /// A full server is ridden out until the wait is over, and under `-n`
+    /// for the bound on one request (`op`): a connection may be free a
+    /// moment later.
+    pub fn over_when_full(&self, op: Duration) -> bool {
+        self.until_full(op).is_some_and(|g| Boot::now() >= g)
+    }
+
+    /// When a request riding out a full server gives up (`over_when_full`).
+    pub fn until_full(&self, op: Duration) -> Option<Boot> {
+        self.give_up_at.map(|g| g.max(self.start.add(op)))
     }
 
     /// Until when a waiter may block before the driver must hear from it
@@ -231,6 +244,63 @@ impl Retry {
     }
 }
 
+/// A server that refuses connections for want of a free one, as one
+/// request rides it out: pauses of their own (the retry budget is not
+/// spent: a full server is up), and one line per outage.
+#[derive(Default)]
+pub struct Outage {
+    since: Option<Boot>,
+    times: u32,
+    said: bool,
+}
+
+impl Outage {
+    /// How long an outage lasts before it is said: a blip is not worth a line.
+    const SAY_AFTER: Duration = Duration::from_secs(1);
+
+    /// One more refusal: the pause before the next try, no later than
+    /// `until`. With `say`, `line` is said (unless `-q`) once the outage
+    /// has lasted a second; without (`-n`), the request's end says it.
+    pub fn full(
+        &mut self,
+        until: Option<Boot>,
+        say: bool,
+        line: impl FnOnce() -> String,
+    ) -> Duration {
+        let since = *self.since.get_or_insert_with(Boot::now);
+        self.times += 1;
+        if say && !self.said && Boot::now().since(since) >= Self::SAY_AFTER {
+            self.said = true;
+            crate::log::warn(line());
+        }
+        let pause = full_pause(self.times);
+        until.map_or(pause, |u| pause.min(u.since(Boot::now())))
+    }
+
+    /// A try went through: the outage, if any, is over (said at -v).
+    pub fn over(&mut self, server: &str) {
+        if let Some(since) = self.since.take() {
+            if self.said {
+                crate::log::info(format!(
+                    "connected to {server} again after {}",
+                    crate::text::duration(Boot::now().since(since))
+                ));
+            }
+            *self = Outage::default();
+        }
+    }
+}
+
+/// The pause after the `n`th refusal in a row from a full server: from a
+/// quarter second, doubling up to 4 s, jittered to half or up to one and
+/// a half of that so that a fleet refused at once does not come back at once.
+pub fn full_pause(n: u32) -> Duration {
+    let d = Duration::from_millis(250)
+        .saturating_mul(1 << n.saturating_sub(1).min(4))
+        .min(Duration::from_secs(4));
+    d / 2 + crate::clock::jitter(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,5 +346,33 @@ mod tests {
         assert!(r.failed(&p).is_some(), "a success starts a new outage");
         let no = Patience::new(&request(&owner, true), Wait::No);
         assert_eq!(Retry::new(Duration::from_secs(9)).failed(&no), None);
+    }
+
+    #[test]
+    fn a_full_server_is_ridden_out_for_the_wait_or_one_request_with_no_wait() {
+        let owner = Owner::new(None).unwrap();
+        let req = request(&owner, true);
+        let no = Patience::new(&req, Wait::No);
+        assert!(no.over());
+        assert!(!no.over_when_full(Duration::from_millis(50)));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(no.over_when_full(Duration::from_millis(50)));
+        let w = Patience::new(&req, Wait::For(Duration::from_secs(60)));
+        assert!(!w.over_when_full(Duration::from_millis(50)));
+        let forever = Patience::new(&req, Wait::Forever);
+        assert!(!forever.over_when_full(Duration::ZERO));
+    }
+
+    #[test]
+    fn pauses_on_a_full_server_grow_from_a_quarter_second_to_a_few() {
+        for _ in 0..50 {
+            let first = full_pause(1);
+            assert!(first >= Duration::from_millis(125) && first < Duration::from_millis(375));
+            let late = full_pause(30);
+            assert!(late >= Duration::from_secs(2) && late < Duration::from_secs(6));
+        }
+        let mut o = Outage::default();
+        let until = Boot::now().add(Duration::from_millis(10));
+        assert!(o.full(Some(until), true, String::new) <= Duration::from_millis(10));
     }
 }

@@ -428,6 +428,11 @@ pub struct Bouncer {
 
 impl Bouncer {
     pub fn start(pg: &Postgres) -> Bouncer {
+        Bouncer::start_with(pg, 200)
+    }
+
+    /// With `max_client_conn` clients at most.
+    pub fn start_with(pg: &Postgres, max_client_conn: u32) -> Bouncer {
         let mut dir = scratch_dir();
         for _ in 0..5 {
             let port = free_port();
@@ -443,7 +448,7 @@ impl Bouncer {
                      auth_type = any\n\
                      pool_mode = transaction\n\
                      default_pool_size = 3\n\
-                     max_client_conn = 200\n\
+                     max_client_conn = {max_client_conn}\n\
                      ignore_startup_parameters = extra_float_digits\n",
                     pg_port = pg.port
                 ),

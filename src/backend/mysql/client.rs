@@ -178,30 +178,10 @@ impl Client {
         Ok(o)
     }
 
-    /// Connect; a server whose connections are all taken (1040, 1203) is
-    /// asked again, backing off, within the bound on one call: a moment
-    /// later one may be free.
+    /// Connect. A server whose connections are all taken says so
+    /// (`Error::Full`): the driver rides that out, and a renewal retries it
+    /// on schedule.
     fn open(&mut self) -> Result<Conn, Error> {
-        let started = crate::clock::Boot::now();
-        let mut tries = 0;
-        loop {
-            let got = self.open_once();
-            let full = matches!(self.last_code, Some(1040 | 1203));
-            if got.is_ok() || !full {
-                return got;
-            }
-            tries += 1;
-            let pause =
-                crate::clock::backoff(tries, Duration::from_millis(20), Duration::from_millis(250));
-            if crate::clock::Boot::now().since(started) + pause >= self.op {
-                return got;
-            }
-            std::thread::sleep(pause);
-            self.last_code = None;
-        }
-    }
-
-    fn open_once(&mut self) -> Result<Conn, Error> {
         let tls = self.url.socket.is_none() && self.url.ssl_mode != SslMode::Disabled;
         let got = Conn::new(self.options(tls)?);
         let got = match got {
@@ -462,10 +442,7 @@ fn describe(e: &mysql::Error, bound: Duration) -> String {
 fn transient_code(code: u16) -> bool {
     matches!(
         code,
-        1040 // too many connections
-            | 1203 // the user's connections are all in use (max_user_connections)
-            | 1226 // a user resource limit reached (MAX_USER_CONNECTIONS, an hourly cap)
-            | 1053 // server shutdown in progress
+        1053 // server shutdown in progress
             | 1077 // normal shutdown
             | 1079 // shutdown complete
             | 1152 | 1153 | 1154 | 1155 | 1156 | 1157 | 1158 | 1159 | 1160 | 1161 // network
@@ -500,6 +477,19 @@ pub fn classify(e: &mysql::Error, url: &MyUrl, bound: Duration) -> Error {
     kind(m.code, text, url)
 }
 
+/// A connection refused for want of a free one: the limit, in words.
+fn full(code: u16) -> Option<&'static str> {
+    Some(match code {
+        1040 => "every connection the server allows (max_connections) is taken",
+        1203 => "every connection this user may have (max_user_connections) is taken",
+        1226 => {
+            "a limit of this user's account is reached (its MAX_USER_CONNECTIONS, or an \
+             hourly cap)"
+        }
+        _ => return None,
+    })
+}
+
 /// The server's errors for a privilege the user lacks.
 pub const DENIED: [u16; 5] = [1044, 1142, 1143, 1227, 1370];
 
@@ -508,16 +498,11 @@ pub const GRANTS_HINT: &str =
     "; the user needs the grants lockrun-engines(7) \"MYSQL AND MARIADB\" lists";
 
 fn kind(code: u16, text: String, url: &MyUrl) -> Error {
+    if let Some(limit) = full(code) {
+        return Error::Full(format!("{text}: {limit}"));
+    }
     if transient_code(code) {
-        return Error::Transient(match code {
-            1040 => {
-                format!("{text}: every connection the server allows (max_connections) is taken")
-            }
-            1203 => format!(
-                "{text}: every connection this user may have (max_user_connections) is taken"
-            ),
-            _ => text,
-        });
+        return Error::Transient(text);
     }
     let hint = match code {
         1045 | 1698 => format!("; check the user {:?} and its password", url.user),
@@ -549,8 +534,18 @@ mod tests {
     #[test]
     fn server_errors_fall_in_the_documented_classes() {
         let url = super::super::address::tests_url();
-        for code in [1205, 1213, 1053, 2013, 1927, 1040, 1203, 1226] {
-            assert!(kind(code, "x".into(), &url).is_transient(), "{code}");
+        for code in [1205, 1213, 1053, 2013, 1927] {
+            let e = kind(code, "x".into(), &url);
+            assert!(e.is_transient() && !e.is_full(), "{code}");
+        }
+        for (code, limit) in [
+            (1040, "max_connections"),
+            (1203, "max_user_connections"),
+            (1226, "MAX_USER_CONNECTIONS"),
+        ] {
+            let e = kind(code, "x".into(), &url);
+            assert!(e.is_full() && e.is_transient(), "{code}: {e:?}");
+            assert!(e.to_string().contains(limit), "{e}");
         }
         for code in [1045, 1044, 1142, 1290, 1836, 1054, 1049] {
             let e = kind(code, "x".into(), &url);

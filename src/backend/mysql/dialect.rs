@@ -193,18 +193,14 @@ impl Dialect for Tables {
         Ok(())
     }
 
-    /// The lease's connection holds its wake-up lock for the waiters; the
-    /// first renewer's is opened now.
+    /// The lease's connection holds its wake-up lock for the waiters, and
+    /// serves its renewals and release with a spare opened beside the job
+    /// (best effort: without it the renewals use the lease's connection).
     fn held(&self, c: &mut Client, req: &Request, slot: u32) -> Box<dyn Held> {
         let fresh = c.fresh();
         let mut client = std::mem::replace(c, fresh);
         client.wait = Duration::ZERO;
-        let mut spare = client.fresh();
-        // Best effort: without it the first renewal connects.
-        let spare = match spare.run(&["DO 0".into()]) {
-            Ok(_) => Some(spare),
-            Err(_) => None,
-        };
+        let spare = |mut spare: Client| spare.run(&["DO 0".into()]).is_ok().then_some(spare);
         Box::new(SqlHeld::new(client, self, req, slot, spare))
     }
 

@@ -270,14 +270,24 @@ impl Client {
         Ok(())
     }
 
+    /// Listen no more, and forget the notifications that came: a granted
+    /// lease keeps this connection, on which the waiters' notifications
+    /// must not pile up while the job runs. A connection that fails at it
+    /// is let go (the next call opens a new one).
+    pub fn unlisten(&mut self) {
+        if self.listening.is_none() {
+            return;
+        }
+        if self.batch("UNLISTEN *").is_err() {
+            self.drop_connection();
+        }
+        self.listening = None;
+        self.drain();
+    }
+
     /// This connection listens on `channel`.
     pub fn listens(&self, channel: &str) -> bool {
         self.conn.is_some() && self.listening.as_deref() == Some(channel)
-    }
-
-    /// This connection listens on some channel.
-    pub fn listens_any(&self) -> bool {
-        self.conn.is_some() && self.listening.is_some()
     }
 
     /// Forget notifications that came before now.
@@ -401,6 +411,9 @@ pub fn classify(e: &tokio_postgres::Error, url: &PgUrl) -> Error {
 
 fn kind(code: &SqlState, text: String, url: &PgUrl) -> Error {
     let c = code.code();
+    if let Some(limit) = full(code, &text) {
+        return Error::Full(format!("{text} ({c}): {limit}"));
+    }
     let transient = c.starts_with("08")
         || c.starts_with("53")
         || matches!(
@@ -446,9 +459,69 @@ fn kind(code: &SqlState, text: String, url: &PgUrl) -> Error {
     Error::Refused(format!("{text} ({c}){hint}"))
 }
 
+/// A connection refused for want of a free one (53300, or PgBouncer's
+/// limits, which it sends as protocol violations): the limit, in words.
+fn full(code: &SqlState, text: &str) -> Option<&'static str> {
+    if *code == SqlState::TOO_MANY_CONNECTIONS {
+        return Some(if text.contains("for role") {
+            "every connection this role may have (its CONNECTION LIMIT) is taken"
+        } else if text.contains("for database") {
+            "every connection to this database (its CONNECTION LIMIT) is taken"
+        } else {
+            "every connection the server allows (max_connections, less \
+             superuser_reserved_connections) is taken"
+        });
+    }
+    if *code != SqlState::PROTOCOL_VIOLATION {
+        return None;
+    }
+    if text.contains("max_client_conn") {
+        Some("every client connection PgBouncer allows (max_client_conn) is taken")
+    } else if text.contains("query_wait_timeout") {
+        Some("no server connection of PgBouncer's pool came free in time (pool_size)")
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_server_is_said_with_its_limit() {
+        let url = super::super::address::tests_url();
+        let e = kind(
+            &SqlState::TOO_MANY_CONNECTIONS,
+            "sorry, too many clients already".into(),
+            &url,
+        );
+        assert!(e.is_full() && e.is_transient(), "{e:?}");
+        assert!(e.to_string().contains("max_connections"), "{e}");
+        let e = kind(
+            &SqlState::TOO_MANY_CONNECTIONS,
+            "too many connections for role \"app\"".into(),
+            &url,
+        );
+        assert!(e.to_string().contains("CONNECTION LIMIT"), "{e}");
+        for (text, limit) in [
+            (
+                "no more connections allowed (max_client_conn)",
+                "max_client_conn",
+            ),
+            ("query_wait_timeout", "pool_size"),
+        ] {
+            let e = kind(&SqlState::PROTOCOL_VIOLATION, text.into(), &url);
+            assert!(e.is_full(), "{e:?}");
+            assert!(e.to_string().contains(limit), "{e}");
+        }
+        let e = kind(
+            &SqlState::PROTOCOL_VIOLATION,
+            "server login failed".into(),
+            &url,
+        );
+        assert!(!e.is_full(), "{e:?}");
+    }
 
     #[test]
     fn server_errors_fall_in_the_documented_classes() {

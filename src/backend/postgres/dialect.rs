@@ -164,15 +164,17 @@ impl Dialect for Tables {
         .map(Some)
     }
 
-    /// The client for a granted lease: this connection unless it listens
-    /// (notifications for others would pile up on it while the job runs).
+    /// The lease keeps this connection, listening no more, for its
+    /// renewals and its release, and a spare opened beside the job (best
+    /// effort): on a
+    /// server whose connections the waiters have all taken, the holder
+    /// needs no new one.
     fn held(&self, c: &mut Client, req: &Request, slot: u32) -> Box<dyn Held> {
-        if c.listens_any() {
-            c.drop_connection();
-        }
+        c.unlisten();
         let fresh = c.fresh();
         let client = std::mem::replace(c, fresh);
-        Box::new(SqlHeld::new(client, self, req, slot, None))
+        let spare = |mut spare: Client| spare.batch("SELECT 1").is_ok().then_some(spare);
+        Box::new(SqlHeld::new(client, self, req, slot, spare))
     }
 
     fn fresh(c: &Client) -> Client {

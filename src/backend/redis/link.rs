@@ -48,6 +48,20 @@ pub fn is_transient(e: &redis::RedisError) -> bool {
     })
 }
 
+/// What a server whose clients are all connected (`maxclients`) says
+/// before it closes a new connection.
+const FULL: &str = "max number of clients reached";
+
+/// A server or connect error in lockrun's kinds when it says the server is
+/// full (`Error::Full`, naming the limit); None for any other.
+pub fn full(text: &str) -> Option<Error> {
+    text.contains(FULL).then(|| {
+        Error::Full(format!(
+            "{text}: every connection the server allows (maxclients) is taken"
+        ))
+    })
+}
+
 /// One connection to the server that holds the keys, reconnected on demand.
 pub struct Link {
     pub connector: Connector,
@@ -63,7 +77,8 @@ pub struct Link {
 impl Link {
     fn conn(&mut self) -> Result<&mut Conn, Error> {
         if self.conn.is_none() {
-            let linked = reconnect(&self.connector, self.op).map_err(Error::Transient)?;
+            let linked = reconnect(&self.connector, self.op)
+                .map_err(|m| full(&m).unwrap_or(Error::Transient(m)))?;
             self.conn = Some(linked.conn);
             self.node = linked.node;
         }
@@ -82,6 +97,11 @@ impl Link {
                 Ok(v)
             }
             Err(e) => {
+                if let Some(full) = full(&describe(&e)) {
+                    self.remote.replied = true;
+                    self.conn = None;
+                    return Err(full);
+                }
                 if !is_transient(&e) {
                     self.remote.replied = true;
                     return Err(Error::Refused(describe(&e)));
@@ -240,5 +260,15 @@ mod tests {
             "only 1 of the 3\nsentinels answered".to_string(),
         ));
         assert_eq!(describe(&ours), "only 1 of the 3 sentinels answered");
+    }
+
+    #[test]
+    fn a_full_server_is_said_with_its_limit() {
+        let got = full("ERR max number of clients reached").expect("full");
+        assert!(
+            got.is_transient() && got.to_string().contains("maxclients"),
+            "{got}"
+        );
+        assert!(full("ERR unknown command").is_none());
     }
 }

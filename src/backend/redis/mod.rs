@@ -20,6 +20,7 @@ mod scripts;
 mod take;
 mod verdicts;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::Value;
@@ -88,6 +89,9 @@ impl Redis {
                 log::info(format!("{}: {}; trying again", url.display, describe(&e)));
                 None
             }
+            // A full server (maxclients) answered: the first call asks
+            // again, and a request rides it out as the driver does.
+            Err(e) if link::full(&describe(&e)).is_some() => None,
             other => Some(other),
         };
         let linked = first.transpose().map_err(|e| {
@@ -109,7 +113,8 @@ impl Redis {
         };
         let mut r = Redis {
             link: Link {
-                // The sentinels answered when the master did not.
+                // The sentinels answered when the master did not, or the
+                // server did, to say it was full.
                 remote: Remote {
                     replied: conn.is_none(),
                     ..Remote::new(url.display.clone())
@@ -420,9 +425,20 @@ fn name_of_key(prefix: &str, key: &[u8]) -> Option<String> {
     (ours && !name.is_empty()).then(|| name.to_string())
 }
 
-/// A Redis lease: the connection it was granted on, kept for its release.
+/// The connection a lease was granted on (with the node it reaches),
+/// lent to its renewals and taken back by its release: neither needs a
+/// connection a full server (`maxclients`) may not give while it lives.
+type Kept = Arc<Mutex<Option<(Conn, Option<Node>)>>>;
+
+fn kept(k: &Kept) -> std::sync::MutexGuard<'_, Option<(Conn, Option<Node>)>> {
+    k.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A Redis lease: the connection it was granted on, kept for its renewals
+/// and its release.
 struct RedisHeld {
     link: Link,
+    kept: Kept,
     replicas: u32,
     keys: Keys,
     owner: String,
@@ -443,10 +459,12 @@ impl Held for RedisHeld {
             self.owner.clone(),
             self.timing,
         );
+        let lent = Arc::clone(&self.kept);
         Renewing::Anywhere(Box::new(move || {
             Box::new(RedisRenewer {
                 connector: connector.clone(),
                 replicas,
+                kept: Arc::clone(&lent),
                 conn: None,
                 node: None,
                 keys: keys.clone(),
@@ -459,6 +477,11 @@ impl Held for RedisHeld {
     fn release(mut self: Box<Self>, window: MinHold) -> Result<bool, Error> {
         self.min_hold = window.of(self.min_hold);
         let started = Boot::now();
+        // The grant's connection, unless a renewal still has it.
+        if let Some((conn, node)) = kept(&self.kept).take() {
+            self.link.conn = Some(conn);
+            self.link.node = node;
+        }
         // The lease lives where the renewals went: after a failover, on
         // the new master, not on the one it was granted on.
         if !matches!(self.link.on_master(), Ok(true)) {
@@ -496,7 +519,9 @@ impl Held for RedisHeld {
 /// A renewal's error in lockrun's kinds: the server's refusals (an ACL
 /// denial, a wrong password, a script error) are final.
 fn kind(e: &redis::RedisError) -> Error {
-    if link::is_transient(e) {
+    if let Some(full) = link::full(&describe(e)) {
+        full
+    } else if link::is_transient(e) {
         Error::Transient(describe(e))
     } else {
         Error::Refused(describe(e))
@@ -506,6 +531,8 @@ fn kind(e: &redis::RedisError) -> Error {
 struct RedisRenewer {
     connector: Connector,
     replicas: u32,
+    /// The lease's connection, borrowed for each renewal when it is in.
+    kept: Kept,
     conn: Option<connector::Conn>,
     /// The data node `conn` reaches, behind sentinels.
     node: Option<Node>,
@@ -516,6 +543,12 @@ struct RedisRenewer {
 
 impl Renewer for RedisRenewer {
     fn renew(&mut self) -> Result<Renewal, Error> {
+        if self.conn.is_none()
+            && let Some((conn, node)) = kept(&self.kept).take()
+        {
+            self.conn = Some(conn);
+            self.node = node;
+        }
         // Behind sentinels, every renewal asks where the master is: a
         // master demoted by a failover still accepts the renewal for a
         // while, and a lease kept there is kept nowhere.
@@ -568,6 +601,13 @@ impl Renewer for RedisRenewer {
             }
             other => other,
         };
+        if r.is_ok() {
+            // Back to the lease, for the next renewal or the release.
+            let mut k = kept(&self.kept);
+            if k.is_none() {
+                *k = self.conn.take().map(|c| (c, self.node.clone()));
+            }
+        }
         match r {
             Ok(Renewed::Yes) => Ok(Renewal::Renewed {
                 ttl: self.timing.ttl,

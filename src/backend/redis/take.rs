@@ -346,8 +346,13 @@ impl Taking<'_> {
         }
         self.placed = false;
         let req = self.req;
+        // The grant's connection is lent to the renewals, taken back by
+        // the release.
+        let mut link = self.redis.link.hand_over();
+        let conn = link.conn.take().map(|c| (c, link.node.clone()));
         let held = RedisHeld {
-            link: self.redis.link.hand_over(),
+            link,
+            kept: std::sync::Arc::new(std::sync::Mutex::new(conn)),
             replicas: self.redis.replicas,
             keys: std::mem::take(&mut self.keys),
             owner: req.owner.secret.clone(),

@@ -385,25 +385,30 @@ fn refused(url: &ZkUrl, op: Duration) -> Option<Error> {
             return None;
         }
         for a in addrs {
+            // Closed so soon that the connect itself may see it.
+            let gone = |e: &std::io::Error| {
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                )
+            };
             match TcpStream::connect_timeout(&a, limit) {
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                     refused.push(server.as_str());
                 }
+                Err(e) if gone(&e) => closed.push(server.as_str()),
                 Err(_) => return None,
                 Ok(mut s) => {
                     // A server that took the connection waits for our
                     // first request; one over its limit closes it now.
                     let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-                    let gone = match s.read(&mut [0u8; 1]) {
-                        Ok(0) => true,
-                        Ok(_) => false,
-                        Err(e) => matches!(
-                            e.kind(),
-                            std::io::ErrorKind::ConnectionReset
-                                | std::io::ErrorKind::ConnectionAborted
-                        ),
+                    let shut = match s.read(&mut [0u8; 1]) {
+                        Ok(n) => n == 0,
+                        Err(e) => gone(&e),
                     };
-                    if !gone {
+                    if !shut {
                         return None;
                     }
                     closed.push(server.as_str());
@@ -411,18 +416,20 @@ fn refused(url: &ZkUrl, op: Duration) -> Option<Error> {
             }
         }
     }
+    refused.dedup();
+    closed.dedup();
     if closed.is_empty() {
         return Some(Error::Transient(format!(
             "connecting: connection refused at {}",
             refused.join(", ")
         )));
     }
-    refused.dedup();
-    closed.dedup();
-    Some(Error::Transient(format!(
-        "connecting: {} closed the connection at once: this client address \
-         has as many connections as the server allows (maxClientCnxns, 60 by \
-         default)",
+    // Full, not refused: the server is up, and takes us once one of this
+    // address's connections ends.
+    Some(Error::Full(format!(
+        "connecting: ZooKeeper at {} closed the connection at once: the \
+         connections it allows from this address (maxClientCnxns, 60 unless set) are \
+         all in use",
         closed.join(", ")
     )))
 }

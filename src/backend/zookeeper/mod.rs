@@ -77,8 +77,11 @@ impl Zk {
     /// Our session, made with `ttl` asked for if there is none yet.
     fn client(&mut self, ttl: Duration) -> Result<&Client, Error> {
         if self.client.is_none() {
-            let c = Client::connect(&self.url, ttl, self.op)
-                .map_err(|e| e.doing(format_args!("on {}", self.url.display)))?;
+            // A full server names itself (and is ridden out by the caller).
+            let c = Client::connect(&self.url, ttl, self.op).map_err(|e| match e {
+                Error::Full(_) => e,
+                e => e.doing(format_args!("on {}", self.url.display)),
+            })?;
             if self.url.chroot.is_some() {
                 // A chroot that does not exist: every call would fail.
                 let there = c

@@ -14,7 +14,7 @@ use super::address::ZkUrl;
 use super::client::{CallError, Client, expired, sort};
 use super::queue::{Entry, Nodes, Record, Verdict, judge, request_of};
 use super::{Name, Zk, ZkHeld, check, delete, end_window, read_name_behind};
-use crate::backend::drive::{Look, Remote, Take, Woke, drive};
+use crate::backend::drive::{Look, Remote, Take, Woke, connect_first, drive};
 use crate::backend::plan::{self, Standing};
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
 use crate::clock::Boot;
@@ -189,7 +189,13 @@ impl Taking<'_> {
 impl Zk {
     pub(super) fn take(&mut self, req: &Request, wait: Wait) -> Result<Acquired, Error> {
         let ttl = req.timing.ttl;
-        let client = self.client(ttl)?.clone();
+        // A server whose connections from this address are all taken is
+        // ridden out as the driver rides out any full server.
+        let shown = self.url.display.clone();
+        let (client, wait) = match connect_first(req, wait, &shown, || self.client(ttl).cloned())? {
+            Ok(got) => got,
+            Err(unreachable) => return Ok(unreachable),
+        };
         if let Some(e) = too_short(&self.url, &client, ttl) {
             return Err(e);
         }

@@ -1,0 +1,317 @@
+//! A fleet on one name: more lockruns waiting for one name than the
+//! server has connections for. The holder keeps its lease (its renewals
+//! and its release need no new connection), the waiters ride out the
+//! full server (never 69), and a request whose wait ends while the server
+//! is full ends with the conflict code (75) and a line naming the limit.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::support::*;
+
+/// The holder's job: runs until the test lets it go (the file `go`), at
+/// most a minute.
+fn holding(scratch: &Scratch) -> String {
+    format!(
+        "echo $$ > {pid}; i=0; while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+        pid = scratch.path("pid").display(),
+        go = scratch.path("go").display()
+    )
+}
+
+/// A lockrun's exit code and stderr, waited for at most `limit`.
+fn ended(r: &mut Reap, limit: Duration) -> (Option<i32>, String) {
+    let status = wait_child(&mut r.0, limit);
+    let mut err = String::new();
+    if let Some(mut e) = r.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (status.code(), err)
+}
+
+/// Hold `fleet` with a short ttl (renewals every second), queue `waiters`
+/// behind it until the server's connections for `url`'s user are all
+/// taken (`connections()` reaches `slots`), keep it so through a few
+/// renewals, then let go: the holder's job ends 0 (its lease was never
+/// lost), every waiter gets its turn (none gives up with 69), and a
+/// request that waits 3 s meanwhile on another name ends 75 naming
+/// `limit`, as `-n` does.
+fn fleet_keeps_its_holder(
+    url: &str,
+    waiters: usize,
+    slots: usize,
+    connections: impl Fn() -> usize,
+    limit: &str,
+) {
+    let scratch = Scratch::new();
+    let holder = on(url)
+        .args(["--ttl", "3s", "fleet", "-c", &holding(&scratch)])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut holder = Reap(holder);
+    assert!(
+        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
+        "the holder never ran"
+    );
+    let mut fleet: Vec<Reap> = (0..waiters)
+        .map(|_| {
+            Reap(
+                on(url)
+                    .args(["--ttl", "3s", "-w", "120s", "fleet", "true"])
+                    .stderr(Stdio::piped())
+                    .spawn(),
+            )
+        })
+        .collect();
+    let mut peak = 0;
+    let full = wait_until(Duration::from_secs(30), || {
+        peak = peak.max(connections());
+        peak >= slots
+    });
+    assert!(
+        full,
+        "the server never filled: {peak} of {slots} connections"
+    );
+    // Full for a few of the holder's renewals (one a second): a request
+    // that waits 3 s on another name never gets a connection, nor does
+    // -n within its bound on one request.
+    let w = on(url).args(["-w", "3s", "other", "true"]).output();
+    let err = w.stderr();
+    assert_eq!(w.out.status.code(), Some(75), "-w on a full server: {err}");
+    assert!(err.contains(limit), "the limit is not named: {err}");
+    assert!(err.lines().count() <= 2, "one line per outage: {err}");
+    let n = on(url).args(["-n", "other", "true"]).output();
+    let err = n.stderr();
+    assert_eq!(n.out.status.code(), Some(75), "-n on a full server: {err}");
+    assert!(err.contains(limit), "the limit is not named: {err}");
+    assert!(
+        matches!(holder.0.try_wait(), Ok(None)),
+        "the holder ended while the server was full"
+    );
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (code, err) = ended(&mut holder, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "the holder lost its lease: {err}");
+    for (i, w) in fleet.iter_mut().enumerate() {
+        let (code, err) = ended(w, Duration::from_secs(60));
+        assert_eq!(code, Some(0), "waiter {i}: {err}");
+        // Said once per outage, not once per try.
+        let said = err.matches("waiting for a connection").count();
+        assert!(said <= 2, "waiter {i} said the outage {said} times: {err}");
+    }
+}
+
+/// PostgreSQL with 30 connections, 3 of them kept for superusers: the
+/// role lockrun runs as has 27, and 40 waiters want one each.
+#[test]
+fn postgres_holder_keeps_its_lease_on_a_full_server() {
+    let _h = heavy();
+    let pg = Postgres::start_with(&["-c", "max_connections=30"]);
+    on(&pg.url()).args(["x", "true"]).succeeds();
+    pg.sql(&format!(
+        "CREATE ROLE app LOGIN PASSWORD 'app-pw'; {}",
+        crate::docs::documented_postgres_grants("app")
+    ));
+    let url = pg.url_as("app", "app-pw");
+    let count = || {
+        pg.try_sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    fleet_keeps_its_holder(&url, 40, 27, count, "max_connections");
+}
+
+/// MariaDB with 30 connections (root may take one more, which the test's
+/// own counting uses).
+#[test]
+fn mariadb_holder_keeps_its_lease_on_a_full_server() {
+    let _h = heavy();
+    let my = Mariadb::start_with(&["--max-connections=30"]);
+    my.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'app-pw'; GRANT ALL ON app.* TO 'app'@'%'");
+    let url = my.url_as("app", "app-pw", "app");
+    on(&url).args(["x", "true"]).succeeds();
+    // Root's one connection past the limit may be taken for a moment by
+    // a connection the server is still closing: a count that fails is none.
+    let count = || {
+        my.try_sql("SELECT COUNT(*) FROM information_schema.processlist WHERE user = 'app'")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    fleet_keeps_its_holder(&url, 40, 30, count, "max_connections");
+}
+
+/// ZooKeeper accepts a connection and closes it at once when its address
+/// has `maxClientCnxns` already (the client saw only "no answer"): a
+/// request rides that out as any full server, says the limit, and ends 75
+/// when its wait does; once a connection is let go, a waiter gets in.
+#[test]
+fn zookeeper_full_address_is_waited_out() {
+    let mut zk = Zookeeper::start();
+    zk.server.restart_with("maxClientCnxns", "3");
+    let url = zk.url();
+    let port = zk.server.port;
+    let closed_at_once = || {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        match std::io::Read::read(&mut s, &mut [0u8; 1]) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    };
+    // Three connections that say nothing take every one of this address.
+    let mut taken = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            if taken.len() < 3 {
+                taken.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+            }
+            closed_at_once()
+        }),
+        "the server never refused a fourth connection"
+    );
+    let w = on(&url).args(["-w", "3s", "x", "true"]).output();
+    let err = w.stderr();
+    assert_eq!(w.out.status.code(), Some(75), "-w on a full server: {err}");
+    assert!(
+        err.contains("maxClientCnxns"),
+        "the limit is not named: {err}"
+    );
+    let n = on(&url).args(["-n", "x", "true"]).output();
+    let err = n.stderr();
+    assert_eq!(n.out.status.code(), Some(75), "-n on a full server: {err}");
+    assert!(
+        err.contains("maxClientCnxns"),
+        "the limit is not named: {err}"
+    );
+    let waiter = on(&url)
+        .args(["-w", "60s", "x", "true"])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut waiter = Reap(waiter);
+    // Still waiting a moment later, not ended by the full server.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        matches!(waiter.0.try_wait(), Ok(None)),
+        "the waiter gave up"
+    );
+    taken.clear();
+    let (code, err) = ended(&mut waiter, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "the waiter did not get in: {err}");
+}
+
+/// Redis with `maxclients` 8: connections that take every other one do
+/// not cost the holder its lease, since its renewals borrow the
+/// connection it was granted on (a renewal's new connection was told "max
+/// number of clients reached", a refusal that ended the lease at once);
+/// a request that finds the server full rides it out (it was 69 at once).
+#[test]
+fn redis_holder_keeps_its_lease_on_a_full_server() {
+    let redis = Redis::start_with(&["--maxclients", "8"]);
+    // A database other than 0: a connection asks for it (SELECT) as it
+    // opens, and hears there that the server is full.
+    let url = format!("{}/1", redis.url());
+    let scratch = Scratch::new();
+    let holder = on(&url)
+        .args(["--ttl", "3s", "fleet", "-c", &holding(&scratch)])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut holder = Reap(holder);
+    assert!(
+        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
+        "the holder never ran"
+    );
+    let port = redis.port;
+    let refused = || {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let _ = std::io::Write::write_all(&mut s, b"PING\r\n");
+        let mut buf = [0u8; 128];
+        let n = std::io::Read::read(&mut s, &mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).contains("max number of clients")
+    };
+    let mut taken = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            taken.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+            refused()
+        }),
+        "the server never filled"
+    );
+    // Full through a few of the holder's renewals (one a second): a
+    // waiter rides it out, a wait that ends meanwhile ends 75.
+    let waiter = on(&url)
+        .args(["-w", "60s", "fleet", "true"])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut waiter = Reap(waiter);
+    let w = on(&url).args(["-w", "3s", "other", "true"]).output();
+    let err = w.stderr();
+    assert_eq!(w.out.status.code(), Some(75), "-w on a full server: {err}");
+    assert!(err.contains("maxclients"), "the limit is not named: {err}");
+    assert!(
+        matches!(holder.0.try_wait(), Ok(None)),
+        "the holder ended while the server was full"
+    );
+    assert!(
+        matches!(waiter.0.try_wait(), Ok(None)),
+        "the waiter gave up"
+    );
+    taken.clear();
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (code, err) = ended(&mut holder, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "the holder lost its lease: {err}");
+    let (code, err) = ended(&mut waiter, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "the waiter did not get in: {err}");
+}
+
+/// PgBouncer with `max_client_conn` 4, every client connection taken: it
+/// turns a request away ("no more connections allowed", SQLSTATE 08P01),
+/// which rides that out and ends 75 naming max_client_conn when its wait
+/// does (it was 69, a refusal).
+#[test]
+fn pgbouncer_max_client_conn_is_a_full_server() {
+    let pg = Postgres::start();
+    let bouncer = Bouncer::start_with(&pg, 4);
+    let port = bouncer.port;
+    // A connection PgBouncer turns away hears so when it starts up.
+    let refused = || {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let params = b"user\0postgres\0database\0postgres\0\0";
+        let mut startup = ((8 + params.len()) as u32).to_be_bytes().to_vec();
+        startup.extend(196608u32.to_be_bytes());
+        startup.extend(params);
+        let _ = std::io::Write::write_all(&mut s, &startup);
+        let mut buf = [0u8; 256];
+        let n = std::io::Read::read(&mut s, &mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).contains("max_client_conn")
+    };
+    let mut taken = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            taken.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+            refused()
+        }),
+        "PgBouncer never filled"
+    );
+    let w = on(&bouncer.url()).args(["-w", "3s", "x", "true"]).output();
+    let err = w.stderr();
+    assert_eq!(w.out.status.code(), Some(75), "-w on a full pooler: {err}");
+    assert!(
+        err.contains("max_client_conn"),
+        "the limit is not named: {err}"
+    );
+    taken.clear();
+    assert!(wait_until(Duration::from_secs(10), || !refused()));
+    on(&bouncer.url())
+        .args(["-w", "10s", "x", "true"])
+        .succeeds();
+}
