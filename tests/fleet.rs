@@ -3,10 +3,13 @@
 //! and its release need no new connection), the waiters ride out the
 //! full server (never 69), and a request whose wait ends while the server
 //! is full ends with the conflict code (75) and a line naming the limit.
+//! A long queue costs the server little per waiter, and a burst of
+//! arrivals keeps every place.
 
-use std::process::Stdio;
-use std::time::Duration;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
+use crate::mysql::{finish, holder};
 use crate::support::*;
 
 /// The holder's job: runs until the test lets it go (the file `go`), at
@@ -314,4 +317,124 @@ fn pgbouncer_max_client_conn_is_a_full_server() {
     on(&bouncer.url())
         .args(["-w", "10s", "x", "true"])
         .succeeds();
+}
+
+/// Sixty waiters blocked on one name: each costs the server under one
+/// statement a second, as ten do. (Their wake-up waits form one chain,
+/// each on the place ahead, and the server calls a wait-for chain deeper
+/// than 32 a deadlock: a waiter that dropped its connection then and
+/// queued again looped at about ten statements a second.) Every one still
+/// runs once the holder ends.
+#[test]
+fn sixty_waiters_cost_under_a_statement_a_second_each() {
+    let _alone = heavy();
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "q", "30s");
+    let n = 60;
+    let waiters: Vec<Child> = (0..n)
+        .map(|_| on(&url).args(["-q", "-w", "120s", "q", "true"]).spawn())
+        .collect();
+    // Sixty starting lockruns on two loaded cores take a while.
+    let mut seen = 0;
+    let queued = wait_until(Duration::from_secs(60), || {
+        seen = status_json(&url, "q")["waiters"].as_u64().unwrap_or(0);
+        seen >= n
+    });
+    assert!(queued, "{seen} of {n} waiters queued within 60 s");
+    let status = |what: &str| -> u64 {
+        my.sql(&format!("SHOW GLOBAL STATUS LIKE '{what}'"))
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = status("Questions");
+    let watched = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let spent = status("Questions") - before - 1;
+    let per_waiter = spent as f64 / watched.elapsed().as_secs_f64() / n as f64;
+    eprintln!(
+        "{n} waiters: {spent} statements in {:?}, {per_waiter:.2} a second each",
+        watched.elapsed()
+    );
+    assert!(
+        per_waiter < 1.0,
+        "{n} blocked waiters sent {spent} statements in {:?}: {per_waiter:.2} a second each",
+        watched.elapsed()
+    );
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    for w in waiters {
+        let (code, err) = exited(w, Duration::from_secs(90));
+        assert_eq!(code, Some(0), "{err}");
+    }
+}
+
+/// A hundred requests arriving at once behind a holder: every one keeps
+/// the place it took (none says it queued again), the queue costs the
+/// server under a statement a second per waiter once it formed, and all
+/// run, one at a time, once the holder ends.
+#[test]
+fn a_burst_of_a_hundred_keeps_every_place_and_runs_one_at_a_time() {
+    let _alone = heavy();
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let (mut h, _) = holder(&url, &scratch, "b", "30s");
+    let n = 100;
+    let log = scratch.path("log");
+    let job = format!(
+        "echo start >> {0}; sleep 0.02; echo end >> {0}",
+        log.display()
+    );
+    let waiters: Vec<(Child, std::path::PathBuf)> = (0..n)
+        .map(|i| {
+            let err = scratch.path(&format!("err{i}"));
+            let child = on(&url)
+                .args(["-v", "-w", "180s", "b", "-c", &job])
+                .stderr(Stdio::from(std::fs::File::create(&err).unwrap()))
+                .spawn();
+            (child, err)
+        })
+        .collect();
+    let mut seen = serde_json::Value::Null;
+    let queued = wait_until(Duration::from_secs(90), || {
+        seen = status_json(&url, "b");
+        seen["waiters"].as_u64().unwrap_or(0) >= n
+    });
+    assert!(queued, "{n} waiters not queued within 90 s; status: {seen}");
+    let questions = || -> u64 {
+        my.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = questions();
+    let watched = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let spent = questions() - before - 1;
+    let per_waiter = spent as f64 / watched.elapsed().as_secs_f64() / n as f64;
+    eprintln!("a burst of {n}: {per_waiter:.2} statements a second each once queued");
+    assert!(
+        per_waiter < 1.0,
+        "{n} queued waiters sent {spent} statements in {:?}",
+        watched.elapsed()
+    );
+    assert_eq!(finish(&scratch, &mut h), Some(0));
+    for (w, err) in waiters {
+        let (code, _) = exited(w, Duration::from_secs(120));
+        let err = std::fs::read_to_string(&err).unwrap();
+        assert_eq!(code, Some(0), "{err}");
+        assert!(!err.contains("queueing again"), "a place was lost: {err}");
+    }
+    let runs = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = runs.lines().collect();
+    assert_eq!(lines.len(), 2 * n as usize, "{runs}");
+    for pair in lines.chunks(2) {
+        assert_eq!(pair, ["start", "end"], "two jobs at once:\n{runs}");
+    }
 }

@@ -361,3 +361,26 @@ fn version_names_the_engines() {
         assert_eq!(listed, want, "{long}");
     }
 }
+
+/// The MySQL client's `regex` is lockrun's shim on regex-lite
+/// (src/shims/regex): the published one would bring back regex-syntax's
+/// Unicode tables, which every start relocates whatever the engine. A
+/// `cargo update` that leaves the patch unused (cargo only warns) is told
+/// here.
+#[test]
+fn the_mysql_client_s_regex_is_the_shim_without_unicode_tables() {
+    let lock = std::fs::read_to_string(root().join("Cargo.lock")).unwrap();
+    let block = lock
+        .split("[[package]]")
+        .find(|b| b.contains("\nname = \"regex\"\n"))
+        .expect("regex in Cargo.lock");
+    assert!(
+        !block.contains("\nsource = ") && block.contains("\"regex-lite\""),
+        "regex comes from a registry, not src/shims/regex:{block}"
+    );
+    let common = lock
+        .split("[[package]]")
+        .find(|b| b.contains("\nname = \"mysql_common\"\n"))
+        .expect("mysql_common in Cargo.lock");
+    assert!(common.contains(" \"regex\",\n"), "{common}");
+}

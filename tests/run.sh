@@ -71,4 +71,4 @@ cargo deb --version >/dev/null 2>&1 || cargo install cargo-deb --version 3.8.0 -
 cores=$(nproc 2>/dev/null || echo 1)
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-$((cores > 3 ? cores : 3))}"
 
-exec cargo test "$@"
+exec cargo test --workspace "$@"
