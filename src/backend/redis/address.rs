@@ -373,30 +373,22 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
         })?);
     }
     let (insecure, ca_file) = tls_options(tls, fragment, &display, opts)?;
+    let userinfo = userinfo.to_string();
     let topology = if sentinel {
         let (master, db) = master_and_db(path).map_err(|why| usage(&why))?;
         Topology::Sentinel {
             sentinels: nodes,
             master,
-            userinfo: userinfo.to_string(),
+            userinfo,
             db,
         }
     } else {
-        // A cluster has one database, 0.
-        if !path.is_empty() {
-            return Err(usage("a cluster has no database to choose"));
-        }
-        // Refused also when it came from the environment: it was meant for
-        // Redis, and a cluster would silently not wait for replicas.
-        if opts.replicas > 0 {
-            return Err(Error::Request(format!(
+        cluster(nodes, userinfo, path, opts).map_err(|why| match why {
+            Some(why) => usage(why),
+            None => Error::Request(format!(
                 "--replicas is not supported on a cluster ({display})"
-            )));
-        }
-        Topology::Cluster {
-            nodes,
-            userinfo: userinfo.to_string(),
-        }
+            )),
+        })?
     };
     Ok(RedisUrl {
         url: String::new(),
@@ -408,6 +400,26 @@ fn parse_multi(raw: &str, opts: &AddressOptions) -> Result<RedisUrl, Error> {
         replicas: if sentinel { opts.replicas } else { 0 },
         topology,
     })
+}
+
+/// A cluster's topology; Err(Some): the URL's usage is wrong (why),
+/// Err(None): `--replicas` was asked for.
+fn cluster(
+    nodes: Vec<Node>,
+    userinfo: String,
+    path: &str,
+    opts: &AddressOptions,
+) -> Result<Topology, Option<&'static str>> {
+    // A cluster has one database, 0.
+    if !path.is_empty() {
+        return Err(Some("a cluster has no database to choose"));
+    }
+    // Refused also when it came from the environment: it was meant for
+    // Redis, and a cluster would silently not wait for replicas.
+    if opts.replicas > 0 {
+        return Err(None);
+    }
+    Ok(Topology::Cluster { nodes, userinfo })
 }
 
 /// A multi-host URL's credentials as its nodes get them: the password,

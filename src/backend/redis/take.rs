@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::Redis;
+use super::lease::RedisHeld;
 use super::link::Link;
 use super::reply::Acquire;
 use super::scripts::{ACQUIRE_SCRIPT, Keys, RELEASE_SCRIPT};
-use super::{Redis, RedisHeld};
 use crate::backend::drive::{Look, Remote, Take, Woke, drive};
 use crate::backend::plan;
 use crate::backend::quit::Leave;
