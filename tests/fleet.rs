@@ -33,17 +33,18 @@ fn ended(r: &mut Reap, limit: Duration) -> (Option<i32>, String) {
 }
 
 /// Hold `fleet` with a short ttl (renewals every second), queue `waiters`
-/// behind it until the server's connections for `url`'s user are all
-/// taken (`connections()` reaches `slots`), keep it so through a few
-/// renewals, then let go: the holder's job ends 0 (its lease was never
-/// lost), every waiter gets its turn (none gives up with 69), and a
-/// request that waits 3 s meanwhile on another name ends 75 naming
-/// `limit`, as `-n` does.
+/// behind it, then take every connection the server has left for `url`'s
+/// user with sessions of the test's own (`fill`) until `connections()`
+/// reaches `slots`, and keep it so through a few renewals: the holder's job
+/// ends 0 (its lease was never lost), a request that waits 3 s meanwhile
+/// on another name ends 75 naming `limit`, as `-n` does; once the sessions
+/// end, every waiter gets its turn (none gives up with 69).
 fn fleet_keeps_its_holder(
     url: &str,
     waiters: usize,
     slots: usize,
     connections: impl Fn() -> usize,
+    fill: impl Fn() -> Child,
     limit: &str,
 ) {
     let scratch = Scratch::new();
@@ -66,9 +67,19 @@ fn fleet_keeps_its_holder(
             )
         })
         .collect();
+    let queued = wait_until(Duration::from_secs(60), || {
+        status_json(url, "fleet")["waiters"].as_u64() == Some(waiters as u64)
+    });
+    assert!(queued, "the {waiters} waiters did not all queue");
+    // One session more than the slots left: some are turned away, the
+    // rest keep the server full.
+    let mut sessions: Vec<Reap> = Vec::new();
     let mut peak = 0;
     let full = wait_until(Duration::from_secs(30), || {
         peak = peak.max(connections());
+        if peak < slots && sessions.len() < 2 * slots {
+            sessions.push(Reap(fill()));
+        }
         peak >= slots
     });
     assert!(
@@ -91,6 +102,7 @@ fn fleet_keeps_its_holder(
         matches!(holder.0.try_wait(), Ok(None)),
         "the holder ended while the server was full"
     );
+    sessions.clear();
     std::fs::write(scratch.path("go"), "").unwrap();
     let (code, err) = ended(&mut holder, Duration::from_secs(20));
     assert_eq!(code, Some(0), "the holder lost its lease: {err}");
@@ -103,11 +115,113 @@ fn fleet_keeps_its_holder(
     }
 }
 
+/// A queue twice as long as the server has connections for: `n` waiters
+/// join one after another behind a holder, and the connections they hold
+/// stay under the server's `slots` (only the front of the queue waits on
+/// one; `connections()` is sampled throughout), so none is ever turned
+/// away; once the holder ends they run one at a time, in the order they
+/// came, tokens rising.
+fn queue_longer_than_the_server_has_connections(
+    url: &str,
+    n: usize,
+    slots: usize,
+    connections: impl Fn() -> usize + Send + Sync,
+) {
+    let scratch = Scratch::new();
+    // Held until the whole queue formed, however long that takes.
+    let hold = holding(&scratch).replace("1200", "6000");
+    let holder = on(url)
+        .args(["q", "-c", &hold])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut holder = Reap(holder);
+    assert!(
+        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
+        "the holder never ran"
+    );
+    let log = scratch.path("log");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the sampler however the test ends.
+    struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let peak = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = 0;
+            let started = Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Relaxed)
+                && started.elapsed() < Duration::from_secs(300)
+            {
+                peak = peak.max(connections());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        });
+        let _done = Done(&done);
+        let mut fleet: Vec<(Reap, std::path::PathBuf)> = Vec::new();
+        for i in 0..n {
+            let err = scratch.path(&format!("err{i}"));
+            let job = format!(
+                "echo {i} $LOCKRUN_TOKEN start >> {0}; sleep 0.05; echo {i} end >> {0}",
+                log.display()
+            );
+            let w = on(url)
+                .args(["-w", "240s", "q", "-c", &job])
+                .stderr(Stdio::from(std::fs::File::create(&err).unwrap()))
+                .spawn();
+            fleet.push((Reap(w), err));
+            // In arrival order: each joins the queue before the next starts.
+            let mut seen = String::new();
+            let queued = wait_until(Duration::from_secs(30), || {
+                let status = on(url).args(["status", "--json", "q"]).output();
+                seen = format!("{}{}", status.stdout(), status.stderr());
+                serde_json::from_slice::<serde_json::Value>(&status.out.stdout)
+                    .is_ok_and(|v| v["waiters"].as_u64() == Some(i as u64 + 1))
+            });
+            assert!(queued, "waiter {i} did not queue; status: {seen}");
+        }
+        std::fs::write(scratch.path("go"), "").unwrap();
+        let (code, err) = ended(&mut holder, Duration::from_secs(20));
+        assert_eq!(code, Some(0), "the holder: {err}");
+        for (i, (w, err)) in fleet.iter_mut().enumerate() {
+            let status = wait_child(&mut w.0, Duration::from_secs(240));
+            let err = std::fs::read_to_string(err).unwrap();
+            assert_eq!(status.code(), Some(0), "waiter {i}: {err}");
+            assert!(
+                !err.contains("waiting for a connection"),
+                "waiter {i} found the server full: {err}"
+            );
+        }
+        drop(_done);
+        sampler.join().unwrap()
+    });
+    let runs = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = runs.lines().collect();
+    assert_eq!(lines.len(), 2 * n, "{runs}");
+    let mut last_token = 0u64;
+    for (i, pair) in lines.chunks(2).enumerate() {
+        let start: Vec<&str> = pair[0].split(' ').collect();
+        assert_eq!(start[0], i.to_string(), "out of arrival order:\n{runs}");
+        assert_eq!(pair[1], format!("{i} end"), "two jobs at once:\n{runs}");
+        let token: u64 = start[1].parse().unwrap();
+        assert!(token > last_token, "the token went back:\n{runs}");
+        last_token = token;
+    }
+    eprintln!("a queue of {n}: at most {peak} connections of {slots}");
+    // The sixteen nearest the front wait on a connection each, the holder
+    // has two; the rest look now and then, each on one for a moment.
+    assert!(
+        peak < slots,
+        "a queue of {n} held {peak} connections of the server's {slots}"
+    );
+}
+
 /// PostgreSQL with 30 connections, 3 of them kept for superusers: the
-/// role lockrun runs as has 27, and 40 waiters want one each.
-#[test]
-fn postgres_holder_keeps_its_lease_on_a_full_server() {
-    let _h = heavy();
+/// role lockrun runs as has 27.
+fn postgres_for_a_fleet() -> (Postgres, String) {
     let pg = Postgres::start_with(&["-c", "max_connections=30"]);
     on(&pg.url()).args(["x", "true"]).succeeds();
     pg.sql(&format!(
@@ -115,31 +229,75 @@ fn postgres_holder_keeps_its_lease_on_a_full_server() {
         crate::docs::documented_postgres_grants("app")
     ));
     let url = pg.url_as("app", "app-pw");
-    let count = || {
-        pg.try_sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'")
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    fleet_keeps_its_holder(&url, 40, 27, count, "max_connections");
+    (pg, url)
+}
+
+fn postgres_connections(pg: &Postgres) -> usize {
+    pg.try_sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'")
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn postgres_holder_keeps_its_lease_on_a_full_server() {
+    let _h = heavy();
+    let (pg, url) = postgres_for_a_fleet();
+    let fill = || pg.session_as("app", "app-pw", "SELECT pg_sleep(120)");
+    fleet_keeps_its_holder(
+        &url,
+        10,
+        27,
+        || postgres_connections(&pg),
+        fill,
+        "max_connections",
+    );
+}
+
+#[test]
+fn postgres_queue_longer_than_the_server_has_connections() {
+    let _h = heavy();
+    let (pg, url) = postgres_for_a_fleet();
+    queue_longer_than_the_server_has_connections(&url, 54, 27, || postgres_connections(&pg));
 }
 
 /// MariaDB with 30 connections (root may take one more, which the test's
 /// own counting uses).
-#[test]
-fn mariadb_holder_keeps_its_lease_on_a_full_server() {
-    let _h = heavy();
+fn mariadb_for_a_fleet() -> (Mariadb, String) {
     let my = Mariadb::start_with(&["--max-connections=30"]);
     my.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'app-pw'; GRANT ALL ON app.* TO 'app'@'%'");
     let url = my.url_as("app", "app-pw", "app");
     on(&url).args(["x", "true"]).succeeds();
-    // Root's one connection past the limit may be taken for a moment by
-    // a connection the server is still closing: a count that fails is none.
-    let count = || {
-        my.try_sql("SELECT COUNT(*) FROM information_schema.processlist WHERE user = 'app'")
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    fleet_keeps_its_holder(&url, 40, 30, count, "max_connections");
+    (my, url)
+}
+
+/// Root's one connection past the limit may be taken for a moment by a
+/// connection the server is still closing: a count that fails is none.
+fn mariadb_connections(my: &Mariadb) -> usize {
+    my.try_sql("SELECT COUNT(*) FROM information_schema.processlist WHERE user = 'app'")
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn mariadb_holder_keeps_its_lease_on_a_full_server() {
+    let _h = heavy();
+    let (my, url) = mariadb_for_a_fleet();
+    let fill = || my.session_as("app", "app-pw", "SELECT SLEEP(120)");
+    fleet_keeps_its_holder(
+        &url,
+        10,
+        30,
+        || mariadb_connections(&my),
+        fill,
+        "max_connections",
+    );
+}
+
+#[test]
+fn mariadb_queue_longer_than_the_server_has_connections() {
+    let _h = heavy();
+    let (my, url) = mariadb_for_a_fleet();
+    queue_longer_than_the_server_has_connections(&url, 60, 30, || mariadb_connections(&my));
 }
 
 /// ZooKeeper accepts a connection and closes it at once when its address

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use super::{Broken, Error, Force, Group, Holder, ListBound, Listing, Mode, Status};
+use crate::clock::Boot;
 
 /// A holder or a waiter as the join rule and `release --force` see it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -201,6 +202,12 @@ pub fn place_lasts(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }
 
+/// The longest nap of a waiter far back in the queue (`NEAR`), which
+/// keeps its place when it wakes: two fifths of the time a place lasts.
+pub fn far_nap(ttl: Duration) -> Duration {
+    place_lasts(ttl) * 2 / 5
+}
+
 /// How far behind the head of the queue a waiter in `mode` still wakes
 /// when a grant or a release wakes the front of the queue, in places: the
 /// holders a release can let in and as many again, at least 4 and at
@@ -215,6 +222,59 @@ pub fn woken(mode: Mode) -> i64 {
         Mode::Shared => 16,
     };
     (2 * holders + 2).clamp(4, 16)
+}
+
+/// How many places may be ahead of a waiter while it waits on a
+/// connection of its own (the SQL engines): at least the places a hand-off
+/// wakes (`woken`), and enough that the waiters further back, who hang up
+/// and look again at their own pace (`Pace`), are near again before the
+/// queue reaches them. A queue holds this many connections (and its
+/// holders'), however long it is.
+pub const NEAR: usize = 16;
+
+/// The first nap of a waiter far back, before it has seen the queue move:
+/// this much for each place ahead (a job and its hand-off take at least
+/// that, as a rule).
+const FIRST_NAP_A_PLACE: Duration = Duration::from_millis(100);
+/// The shortest nap: a far waiter never looks more often than this.
+const LEAST_NAP: Duration = Duration::from_millis(200);
+
+/// When a waiter far back in the queue (`NEAR` places or more ahead of
+/// it) looks again: by the pace the queue moved at between its last two
+/// looks, in time to be near before the front of the queue reaches it,
+/// never later than its place needs keeping. A queue that did not move
+/// since its last look (a long job) is looked at half as often each time.
+#[derive(Debug, Default)]
+pub struct Pace {
+    /// The last look that found us far back: when, and the places ahead.
+    last: Option<(Boot, usize)>,
+    nap: Duration,
+}
+
+impl Pace {
+    /// A look at `now` found `ahead` places ahead of us: None, near
+    /// enough to wait on a connection; else how long to sleep without one
+    /// (`keep`: when our place needs keeping).
+    pub fn far(&mut self, ahead: usize, keep: Duration, now: Boot) -> Option<Duration> {
+        let near = NEAR;
+        if ahead < near {
+            self.last = None;
+            return None;
+        }
+        let nap = match self.last {
+            Some((then, was)) if was > ahead => {
+                let per_place = now.since(then) / (was - ahead) as u32;
+                // Near again by the time half the near places have gone,
+                // with a margin for a queue that speeds up.
+                per_place * (ahead - near / 2) as u32 * 7 / 10
+            }
+            Some(_) => self.nap * 2,
+            None => FIRST_NAP_A_PLACE * ahead as u32,
+        };
+        self.nap = nap.clamp(LEAST_NAP, keep.max(LEAST_NAP));
+        self.last = Some((now, ahead));
+        Some(self.nap)
+    }
 }
 
 /// The places ahead of a waiter in `mode` (by index into `ahead`, in
@@ -411,5 +471,36 @@ mod tests {
             place_lasts(Duration::from_millis(30)),
             Duration::from_millis(100)
         );
+    }
+
+    #[test]
+    fn a_waiter_far_back_looks_at_the_pace_the_queue_moves() {
+        let keep = Duration::from_secs(3);
+        let ms = Duration::from_millis;
+        let t0 = Boot::from_nanos(1_000_000_000_000);
+        // Near: waits on its connection.
+        assert_eq!(Pace::default().far(NEAR - 1, keep, t0), None);
+        // Far, the queue's pace not yet seen: 100 ms a place, at most the
+        // keep.
+        assert_eq!(Pace::default().far(NEAR, keep, t0), Some(ms(1600)));
+        assert_eq!(Pace::default().far(20, keep, t0), Some(ms(2000)));
+        let mut pace = Pace::default();
+        assert_eq!(pace.far(100, keep, t0), Some(keep));
+        // 30 places in 3 s, 100 ms a place; 70 ahead, half the near places
+        // (8) left: 62 places, 6.2 s, 70 % of it past the keep.
+        let t1 = t0.add(keep);
+        assert_eq!(pace.far(70, keep, t1), Some(keep));
+        // As fast again: 32 places, 70 % of 3.2 s.
+        let t2 = t1.add(keep);
+        assert_eq!(pace.far(40, keep, t2), Some(ms(2240)));
+        // Nothing moved (a long job): twice the nap, up to the keep.
+        let t3 = t2.add(ms(2240));
+        assert_eq!(pace.far(40, keep, t3), Some(keep));
+        // Just outside the near places, a fast queue: never under the
+        // least nap; nor with a short ttl's keep.
+        let mut fast = Pace::default();
+        fast.far(30, keep, t0);
+        assert_eq!(fast.far(17, keep, t0.add(ms(10))), Some(LEAST_NAP));
+        assert_eq!(Pace::default().far(50, ms(50), t0), Some(LEAST_NAP));
     }
 }

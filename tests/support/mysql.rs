@@ -5,7 +5,7 @@
 //! database of its own); fault tests start their own.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -292,6 +292,28 @@ impl Mariadb {
     }
 
     /// Run `sql` as root over the socket; its output, or None if it failed.
+    /// A session of `user` over TCP that runs `sql` (say, a long sleep
+    /// that keeps a connection slot taken), started, not waited for.
+    pub fn session_as(&self, user: &str, password: &str, sql: &str) -> Child {
+        Command::new(program("mariadb"))
+            .arg("--no-defaults")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-P",
+                &self.port.to_string(),
+                "--skip-ssl",
+            ])
+            .arg(format!("-u{user}"))
+            .arg(format!("-p{password}"))
+            .args(["-e", sql])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run mariadb")
+    }
+
     pub fn try_sql(&self, sql: &str) -> Option<String> {
         let out = Command::new(program("mariadb"))
             .arg("--no-defaults")

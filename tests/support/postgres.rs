@@ -5,7 +5,7 @@
 //! And PgBouncer in transaction pooling mode in front of one.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -274,6 +274,19 @@ impl Postgres {
             "postgres://{user}:{password}@127.0.0.1:{}/postgres",
             self.port
         )
+    }
+
+    /// A session of `user` over TCP that runs `sql` (say, a long sleep
+    /// that keeps a connection slot taken), started, not waited for.
+    pub fn session_as(&self, user: &str, password: &str, sql: &str) -> Child {
+        Command::new(bin("psql"))
+            .arg(self.url_as(user, password))
+            .args(["-X", "-q", "-c", sql])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run psql")
     }
 
     pub fn try_sql(&self, sql: &str) -> Option<String> {

@@ -38,6 +38,11 @@ pub struct Client {
     pub no_wake: bool,
     /// The server logs statements: every session sets `binlog_format = ROW`.
     pub row_binlog: bool,
+    /// The connection was opened for a bare flight, without the session
+    /// settings: the next flight sends them first.
+    unset: bool,
+    /// This flight goes without the session settings (`bare`).
+    bare: bool,
 }
 
 impl AsRef<Remote> for Client {
@@ -98,6 +103,8 @@ impl Client {
             locked: None,
             no_wake: false,
             row_binlog: false,
+            unset: false,
+            bare: false,
         }
     }
 
@@ -121,6 +128,7 @@ impl Client {
     pub fn drop_connection(&mut self) {
         self.conn = None;
         self.locked = None;
+        self.unset = false;
     }
 
     pub fn connected(&self) -> bool {
@@ -239,7 +247,9 @@ impl Client {
         }
         let mut text = String::new();
         let mut skip = 0;
-        if fresh {
+        if fresh && self.bare {
+            self.unset = true;
+        } else if fresh | std::mem::take(&mut self.unset) {
             let session = session::session(self.op, self.row_binlog);
             // Each of the session's statements answers with a set of its own.
             skip = session.split(';').count();
@@ -297,6 +307,17 @@ impl Client {
     }
 
     /// One statement: its rows.
+    /// As `run`, on a connection opened without the session settings (one
+    /// that already has them keeps them): for a statement or two that need
+    /// none of them, on a connection opened for them alone. `stmts` end
+    /// with a COMMIT, whatever the server's autocommit.
+    pub fn run_bare(&mut self, stmts: &[String]) -> Result<Vec<Vec<Row>>, Error> {
+        self.bare = true;
+        let run = self.run(stmts);
+        self.bare = false;
+        run
+    }
+
     pub fn query(&mut self, stmt: String) -> Result<Vec<Row>, Error> {
         Ok(self.run(&[stmt])?.remove(0))
     }

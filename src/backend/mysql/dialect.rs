@@ -208,6 +208,23 @@ impl Dialect for Tables {
         c.fresh()
     }
 
+    fn hang_up(c: &mut Client) {
+        c.drop_connection();
+    }
+
+    fn keep_far(
+        &self,
+        c: &mut Client,
+        req: &Request,
+        seq: i64,
+        lasts: Duration,
+    ) -> Result<Option<usize>, Error> {
+        let ms = i64::try_from(lasts.as_millis()).unwrap_or(i64::MAX);
+        let sets = c.run_bare(&self.keep_far(req.name, seq, &req.owner.secret, ms))?;
+        let count = |i: usize| sets[1].first().and_then(|r| int(r, i)).unwrap_or(0);
+        Ok((count(0) > 0).then(|| usize::try_from(count(1)).unwrap_or(0)))
+    }
+
     /// No row changed means lost.
     fn renew(&self, c: &mut Client, o: &Ours<Tables>) -> Result<Option<String>, Error> {
         let sets = c.run(&self.renew(&o.name, o.slot, &o.owner, o.ttl_ms))?;

@@ -380,6 +380,23 @@ impl Tables {
         )
     }
 
+    /// Keep a place far back in the queue, without the name's lock (no
+    /// connection holds its wake-up lock: `conn` 0), and count the live
+    /// places before it; the first count is 0 when it was not there to
+    /// keep. On a bare connection (`Client::run_bare`): a COMMIT last.
+    pub fn keep_far(&self, name: &str, seq: i64, owner: &str, keep_ms: i64) -> [String; 3] {
+        [
+            self.keep_place(seq, owner, keep_ms, false),
+            format!(
+                "SELECT ROW_COUNT(), (SELECT COUNT(*) FROM {} \
+                   WHERE name = {} AND seq < {seq} AND expires_at > {NOW})",
+                self.waiters,
+                lit(name)
+            ),
+            "COMMIT".into(),
+        ]
+    }
+
     /// The row a waiter blocks on is still there and unexpired.
     pub fn still(&self, name: &str, kind: char, owner: &str, pos: i64) -> String {
         match kind {

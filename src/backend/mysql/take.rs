@@ -91,9 +91,10 @@ fn commit_place(
     c: &mut Client,
     last: Vec<String>,
     po: &str,
+    wake: bool,
 ) -> Result<Option<Vec<Vec<Row>>>, Error> {
     let n = last.len();
-    let lock = !c.no_wake && c.locked != Some('w');
+    let lock = wake && c.locked != Some('w');
     let mut stmts = last;
     if lock {
         stmts.push(format!("SELECT GET_LOCK({}, 0)", wake_key('w', &lit(po))));
@@ -277,7 +278,9 @@ impl Deciding for Looking<'_> {
             last.push(self.tables.preempt(name, &mark, owner));
         }
         let queued = last.len();
-        let wake = !self.c.no_wake;
+        // A place far back is kept by its expiry alone: no connection
+        // holds its wake-up lock while its waiter sleeps without one.
+        let wake = !self.c.no_wake && !join.far;
         match join.seq {
             Some(seq) => last.push(self.tables.keep_place(seq, owner, keep_ms, wake)),
             None => {
@@ -294,7 +297,7 @@ impl Deciding for Looking<'_> {
                 last.push(id);
             }
         }
-        let Some(rows) = commit_place(self.c, last, &po)? else {
+        let Some(rows) = commit_place(self.c, last, &po, wake)? else {
             return Ok(None);
         };
         self.c.poke(&replaced_conns(join.replacing, &rows));

@@ -181,6 +181,30 @@ impl Dialect for Tables {
         c.fresh()
     }
 
+    fn hang_up(c: &mut Client) {
+        c.drop_connection();
+    }
+
+    fn keep_far(
+        &self,
+        c: &mut Client,
+        req: &Request,
+        seq: i64,
+        lasts: Duration,
+    ) -> Result<Option<usize>, Error> {
+        let ms = i64::try_from(lasts.as_millis()).unwrap_or(i64::MAX);
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
+            (&req.name, Type::TEXT),
+            (&seq, Type::INT8),
+            (&req.owner.secret, Type::TEXT),
+            (&ms, Type::INT8),
+        ];
+        let rows = c.query(&self.keep_far(), &params)?;
+        Ok(rows
+            .first()
+            .map(|r| usize::try_from(r.get::<_, i64>(0)).unwrap_or(0)))
+    }
+
     /// One statement: no row back means lost.
     fn renew(&self, c: &mut Client, o: &Ours<Tables>) -> Result<Option<String>, Error> {
         let slot = o.slot as i32;

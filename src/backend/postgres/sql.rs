@@ -222,6 +222,20 @@ impl Tables {
         )
     }
 
+    /// Keep a place far back in the queue, without the name's lock, and
+    /// count the live places before it: no row when it was not there to
+    /// keep. $1 name, $2 seq, $3 owner, $4 ms.
+    pub fn keep_far(&self) -> String {
+        format!(
+            "WITH kept AS ({}) \
+             SELECT count(w.seq) FROM kept LEFT JOIN {} w \
+               ON w.name = $1 AND w.seq < kept.seq AND w.expires_at > clock_timestamp() \
+             GROUP BY kept.seq",
+            self.keep_place(),
+            self.waiters
+        )
+    }
+
     /// Leave the queue: our place, or the mark of its replacement.
     /// $1 name, $2 owner.
     pub fn dequeue(&self) -> String {

@@ -193,6 +193,7 @@ impl Deciding for Looking<'_> {
         let req = self.req;
         let (name, owner) = (&req.name, &req.owner.secret);
         let keep_ms = Self::ms(place_lasts(req.timing.ttl));
+
         let (mode, lim) = (req.mode.code(), req.mode.limit() as i32);
         let t = self.tables;
         let (keep, enqueue, preempt, replace) =

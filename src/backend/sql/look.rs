@@ -43,6 +43,9 @@ pub struct Join {
     pub replacing: bool,
     /// Every holder of this moment is asked to stop.
     pub preempting: bool,
+    /// Far back in the queue (`plan::NEAR`): the waiter hangs up after
+    /// this look, so its place is kept by its expiry alone.
+    pub far: bool,
 }
 
 /// One look at the name, inside its transaction: `rows` are its live rows.
@@ -107,9 +110,15 @@ pub fn decide(
         verdict = judge(&holders, &waiters, place.seq, req);
     }
     let others_wait = waiters.iter().any(|w| &w.owner != owner);
+    // The places before ours (all of them, joining now).
+    let before_us = waiters
+        .iter()
+        .filter(|w| &w.owner != owner && place.seq.is_none_or(|s| w.pos < s))
+        .count();
     let looked = Looked {
         holders: &holders,
         ahead: &ahead,
+        before_us,
         replacing,
         others_wait,
     };
@@ -121,6 +130,8 @@ struct Looked<'a> {
     holders: &'a [Entry],
     /// The waiters other than us, before any was replaced.
     ahead: &'a [Standing],
+    /// The places before ours in the queue.
+    before_us: usize,
     replacing: bool,
     others_wait: bool,
 }
@@ -175,7 +186,11 @@ fn carry(
             if let Some(refused) = joining(tx, looked, req, place)? {
                 return Ok(refused);
             }
-            Ok(Outcome::Blocked { lapses_in, wake_on })
+            Ok(Outcome::Blocked {
+                lapses_in,
+                wake_on,
+                ahead: looked.before_us,
+            })
         }
     }
 }
@@ -220,6 +235,7 @@ fn joining(
         seq: place.seq,
         replacing: !plan.replace.is_empty(),
         preempting: plan.preempt.iter().any(|&(_, stop)| stop == Stop::Mark),
+        far: looked.before_us >= plan::NEAR,
     };
     let Some(taken) = tx.join(join)? else {
         return Ok(Some(Outcome::Again));

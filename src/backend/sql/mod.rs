@@ -118,6 +118,20 @@ pub trait Dialect: Clone + Send + 'static {
     fn held(&self, c: &mut Self::Client, req: &Request, slot: u32) -> Box<dyn Held>;
     /// A new client for the same database, not yet connected.
     fn fresh(c: &Self::Client) -> Self::Client;
+    /// Close the connection (a waiter far back in the queue): the next
+    /// call opens a new one.
+    fn hang_up(c: &mut Self::Client);
+    /// A waiter far back keeps its place `seq` for `lasts` more, in one
+    /// flight without the name's lock, and counts the live places before
+    /// it. None: the place was not there to keep (replaced, lapsed): a
+    /// look says what became of it.
+    fn keep_far(
+        &self,
+        c: &mut Self::Client,
+        req: &Request,
+        seq: i64,
+        lasts: Duration,
+    ) -> Result<Option<usize>, Error>;
     /// Extend our row by its ttl: the label of the row extended, or None
     /// when it is no longer ours.
     fn renew(&self, c: &mut Self::Client, ours: &Ours<Self>) -> Result<Option<String>, Error>;

@@ -10,10 +10,11 @@ use std::time::Duration;
 use super::look::decide;
 use super::{Dialect, Sql};
 use crate::backend::drive::{Look, Remote, Take, Woke, drive};
+use crate::backend::plan::{Pace, far_nap, place_lasts};
 use crate::backend::quit::Leave;
 use crate::backend::table::Target;
 use crate::backend::{Acquired, Error, Lease, Mode, Request, Wait};
-use crate::clock::Boot;
+use crate::clock::{Boot, jitter};
 
 /// The earlier of `d` and what is left until `until`.
 pub fn capped(until: Option<Boot>, d: Duration) -> Duration {
@@ -43,6 +44,8 @@ pub enum Outcome {
         lapses_in: Option<Duration>,
         /// The row just ahead of ours, whose end wakes us.
         wake_on: Option<Target>,
+        /// The places before ours.
+        ahead: usize,
     },
     Busy,
     /// Not queued: `--max-waiters` requests wait already.
@@ -78,6 +81,11 @@ struct Taking<'a, D: Dialect> {
     /// Blocked: what the next wait waits on (after a look, or parked by a
     /// wait that saw nothing move, to go on without a look).
     blocked: Option<Blocked<D::Parked>>,
+    /// When a waiter far back looks again (`plan::Pace`), and the nap
+    /// its last look chose: none, near the front, it waits as the dialect
+    /// wakes its waiters.
+    pace: Pace,
+    nap: Option<Duration>,
     /// The dialect was prepared for this request.
     prepared: bool,
     /// Lockrun's tables were created by this request (once at most).
@@ -91,6 +99,8 @@ pub fn take<D: Dialect>(sql: &mut Sql<D>, req: &Request, wait: Wait) -> Result<A
         req,
         place: Place::default(),
         blocked: None,
+        pace: Pace::default(),
+        nap: None,
         prepared: false,
         created: false,
     };
@@ -150,6 +160,38 @@ impl<D: Dialect> Take for Taking<'_, D> {
             return Ok(Woke::Look);
         };
         let sql = &mut *self.sql;
+        if let Some(nap) = self.nap.take() {
+            // Far back: no connection held while the queue moves up to us.
+            D::hang_up(&mut sql.client);
+            let woke = Boot::now().add(nap - jitter(nap / 5));
+            std::thread::sleep(capped(until, woke.since(Boot::now())));
+            if Boot::now() < woke {
+                // Up early (the waiting line, the end of the wait): the
+                // rest of the nap stands.
+                self.nap = Some(woke.since(Boot::now()));
+                self.blocked = Some(blocked);
+                return Ok(Woke::Due);
+            }
+            // Keep our place and see how far the queue came, without a
+            // look; near the front, or our place gone, a look.
+            let (Some(seq), ttl) = (self.place.seq, self.req.timing.ttl) else {
+                return Ok(Woke::Look);
+            };
+            let sent = Boot::now();
+            let kept = sql
+                .dialect
+                .keep_far(&mut sql.client, self.req, seq, place_lasts(ttl));
+            let Ok(Some(ahead)) = kept else {
+                // A failure (a full server among them) is the look's to meet.
+                return Ok(Woke::Look);
+            };
+            self.nap = self.pace.far(ahead, far_nap(ttl), sent);
+            if self.nap.is_none() {
+                return Ok(Woke::Look);
+            }
+            self.blocked = Some(blocked);
+            return Ok(Woke::Due);
+        }
         let parked = sql
             .dialect
             .wait(&mut sql.client, self.req, self.place.seq, until, blocked)?;
@@ -212,7 +254,12 @@ impl<D: Dialect> Taking<'_, D> {
             Outcome::Replaced { by } => Look::Done(Acquired::Replaced { by }),
             Outcome::Refused(e) => return Err(e),
             Outcome::Again => Look::Again,
-            Outcome::Blocked { lapses_in, wake_on } => {
+            Outcome::Blocked {
+                lapses_in,
+                wake_on,
+                ahead,
+            } => {
+                self.nap = self.pace.far(ahead, far_nap(req.timing.ttl), sent);
                 self.blocked = Some(Blocked::Looked {
                     sent,
                     lapses_in,
