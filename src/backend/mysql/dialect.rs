@@ -18,6 +18,10 @@ use crate::backend::sql::{
     self, Blocked, Deciding, Dialect, Ours, Outcome, SqlHeld, SqlRow, capped, place_lasts,
 };
 use crate::backend::table::{Cells, Target};
+
+/// How long a waiter sleeps behind places whose waiters hold no
+/// connection, before it looks again (`wait`).
+const FAR_AHEAD: Duration = Duration::from_millis(200);
 use crate::backend::{Error, Held, Holder, Request};
 use crate::clock::{Boot, backoff};
 
@@ -276,14 +280,19 @@ impl Dialect for Tables {
                 sent,
                 lapses_in,
                 wake_on,
+                ahead,
             } => {
                 let at = |d: Duration| sent.add(d + Duration::from_millis(5));
                 let usable = !c.no_wake && c.connected();
                 let Some(target) = wake_on.filter(|_| usable) else {
                     // Sleep until what is in our way lapses, or our place
-                    // needs keeping.
+                    // needs keeping; behind places whose waiters sleep
+                    // without a connection (far back a moment ago, so
+                    // no lock to block on), only a moment: one of them
+                    // may be granted and gone before we would wake.
+                    let nap = if usable && ahead > 0 { FAR_AHEAD } else { keep };
                     let until_lapse = lapses_in.map_or(keep, |d| at(d).since(Boot::now()));
-                    std::thread::sleep(capped(until, keep.min(until_lapse)));
+                    std::thread::sleep(capped(until, nap.min(until_lapse)));
                     return Ok(None);
                 };
                 // Block on the row just ahead; a live place ahead keeps

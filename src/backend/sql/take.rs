@@ -69,6 +69,8 @@ pub enum Blocked<P> {
         sent: Boot,
         lapses_in: Option<Duration>,
         wake_on: Option<Target>,
+        /// The places before ours.
+        ahead: usize,
     },
     Parked(P),
 }
@@ -264,6 +266,7 @@ impl<D: Dialect> Taking<'_, D> {
                     sent,
                     lapses_in,
                     wake_on,
+                    ahead,
                 });
                 Look::Blocked(place.holder.clone())
             }
