@@ -362,6 +362,58 @@ fn zookeeper_full_address_is_waited_out() {
     assert_eq!(code, Some(0), "the waiter did not get in: {err}");
 }
 
+/// Three times as many waiters on one address as ZooKeeper lets that
+/// address connect (`maxClientCnxns` 5): those without a session ride the
+/// full server out, and every one runs, one at a time, none refused.
+#[test]
+fn zookeeper_waiters_beyond_the_address_limit_all_run() {
+    let _h = heavy();
+    let mut zk = Zookeeper::start();
+    zk.server.restart_with("maxClientCnxns", "5");
+    let url = zk.url();
+    let scratch = Scratch::new();
+    let holder = on(&url)
+        .args(["z", "-c", &holding(&scratch)])
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut holder = Reap(holder);
+    assert!(
+        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
+        "the holder never ran"
+    );
+    let log = scratch.path("log");
+    let job = format!(
+        "echo start >> {0}; sleep 0.05; echo end >> {0}",
+        log.display()
+    );
+    let mut fleet: Vec<Reap> = (0..15)
+        .map(|_| {
+            Reap(
+                on(&url)
+                    .args(["-w", "120s", "z", "-c", &job])
+                    .stderr(Stdio::piped())
+                    .spawn(),
+            )
+        })
+        .collect();
+    // Long enough for the sessions the address may have to be taken, and
+    // the others to be turned away a few times.
+    std::thread::sleep(Duration::from_secs(3));
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (code, err) = ended(&mut holder, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "the holder: {err}");
+    for (i, w) in fleet.iter_mut().enumerate() {
+        let (code, err) = ended(w, Duration::from_secs(120));
+        assert_eq!(code, Some(0), "waiter {i}: {err}");
+    }
+    let runs = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = runs.lines().collect();
+    assert_eq!(lines.len(), 30, "{runs}");
+    for pair in lines.chunks(2) {
+        assert_eq!(pair, ["start", "end"], "two jobs at once:\n{runs}");
+    }
+}
+
 /// Redis with `maxclients` 8: connections that take every other one do
 /// not cost the holder its lease, since its renewals borrow the
 /// connection it was granted on (a renewal's new connection was told "max
@@ -595,4 +647,27 @@ fn a_burst_of_a_hundred_keeps_every_place_and_runs_one_at_a_time() {
     for pair in lines.chunks(2) {
         assert_eq!(pair, ["start", "end"], "two jobs at once:\n{runs}");
     }
+}
+
+/// The connections line of `doctor` at `url`, checked to be a warning that
+/// names the limit as `limit` says it.
+fn doctor_warns_of(url: &str, limit: &str) {
+    let out = on(url).arg("doctor").output();
+    let said = out.stdout();
+    let line = said
+        .lines()
+        .find(|l| l.contains("connections:"))
+        .unwrap_or_else(|| panic!("no connections check: {said}"));
+    assert!(line.trim_start().starts_with("warn"), "{said}");
+    assert!(line.contains(limit), "the limit is not named: {said}");
+}
+
+/// A server of 30 connections is too small for a fleet's queue beside
+/// its other clients: doctor says so, naming the limit.
+#[test]
+fn doctor_says_a_small_connection_limit_does_not_fit_a_fleet() {
+    let (_pg, url) = postgres_for_a_fleet();
+    doctor_warns_of(&url, "max_connections less the superusers' 27");
+    let (_my, url) = mariadb_for_a_fleet();
+    doctor_warns_of(&url, "max_connections 30");
 }

@@ -562,6 +562,7 @@ fn doctor_checks_the_server_the_tables_and_the_role_s_rights_creating_nothing() 
         "pooler",
         "default_transaction_isolation",
         "idle_in_transaction_session_timeout",
+        "connections",
         "tables",
     ] {
         assert_eq!(verdict_of(&lines, topic), "ok", "{out}");

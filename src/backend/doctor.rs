@@ -151,6 +151,37 @@ pub fn clock_check(offset: f64, note: &str, advice: &str) -> Check {
     }
 }
 
+/// What a server's connection limit for lockrun's user (`limit`, as
+/// `what` says it) means for a fleet on one name, on the SQL engines: a
+/// queue holds the connections of the waiters nearest its front
+/// (`plan::NEAR`) and two per holder however long it is, plus the few of
+/// the waiters further back keeping their places at that moment.
+pub fn fleet_check(limit: i64, what: &str) -> Check {
+    let near = crate::backend::plan::NEAR as i64;
+    // The near waiters, one holder's two, and as many again for the
+    // waiters keeping their places and the server's other clients.
+    let room = 2 * (near + 2);
+    if limit >= room {
+        Check::ok(
+            "connections",
+            format!(
+                "{what}: a queue on one name holds at most {near} waiters' connections \
+                 and 2 per holder, however many wait, so a fleet of any size fits"
+            ),
+        )
+    } else {
+        Check::warn(
+            "connections",
+            format!(
+                "{what}: a queue on one name holds up to {near} waiters' connections and \
+                 2 per holder, with the server's other clients beside them; with fewer \
+                 than {room}, a long queue's waiters find the server full and wait for a \
+                 connection, and among those the order is who gets one first; raise it"
+            ),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

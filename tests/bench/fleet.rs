@@ -255,6 +255,7 @@ impl Bench {
         for _ in 0..n {
             waiters.push(
                 lockrun(&["job-sleep", &JOB_MS.to_string()])
+                    .stderr(Stdio::piped())
                     .spawn()
                     .unwrap(),
             );
@@ -285,8 +286,17 @@ impl Bench {
         std::fs::write(go, "").unwrap();
         let mut exits = std::collections::BTreeMap::new();
         let _ = holder.wait();
-        for mut w in waiters {
-            let code = w.wait().unwrap().code().unwrap_or(-1);
+        for (i, w) in waiters.into_iter().enumerate() {
+            let out = w.wait_with_output().unwrap();
+            let code = out.status.code().unwrap_or(-1);
+            if code != 0 {
+                // What a waiter that did not run said, to find why.
+                eprintln!(
+                    "{} waiter {i} exited {code}: {}",
+                    server.name,
+                    String::from_utf8_lossy(&out.stderr).trim_end()
+                );
+            }
             *exits.entry(code).or_insert(0) += 1;
         }
         let drained = released.elapsed().as_secs_f64() * 1000.0;

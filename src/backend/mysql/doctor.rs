@@ -11,7 +11,7 @@ use super::client::{Client, float, int, text};
 use super::session;
 use super::shape;
 use super::sql::{Tables, not_innodb};
-use crate::backend::doctor::time_round_trips;
+use crate::backend::doctor::{fleet_check, time_round_trips};
 use crate::backend::sql::doctor::{Doctor, examine};
 use crate::backend::{Check, Error, Opening};
 
@@ -39,7 +39,8 @@ impl Doctor for MyDoctor<'_> {
         let c = &mut self.client;
         let e = match c.query(
             "SELECT VERSION(), CURRENT_USER(), DATABASE(), @@global.read_only, \
-               @@session.time_zone, @@global.time_zone, @@version_comment"
+               @@session.time_zone, @@global.time_zone, @@version_comment, \
+               @@global.max_connections, @@session.max_user_connections"
                 .into(),
         ) {
             Ok(rows) => return Ok(rows.into_iter().next()),
@@ -110,6 +111,12 @@ impl Doctor for MyDoctor<'_> {
                 text(&about, 5).unwrap_or_default()
             ),
         ));
+        let (all, user) = (int(&about, 7).unwrap_or(0), int(&about, 8).unwrap_or(0));
+        out.push(if user > 0 && user < all {
+            fleet_check(user, &format!("max_user_connections {user}"))
+        } else {
+            fleet_check(all, &format!("max_connections {all}"))
+        });
         let grantee = grantee(&text(&about, 1).unwrap_or_default());
         out.extend(replication(client, mariadb, &grantee));
         out.push(wake_check(client));

@@ -14,7 +14,7 @@ use super::address::{PgUrl, schema_of};
 use super::catalog::tables;
 use super::client::{Call, Client, Params};
 use super::sql::bounded;
-use crate::backend::doctor::{shown, time_round_trips};
+use crate::backend::doctor::{fleet_check, shown, time_round_trips};
 use crate::backend::sql::doctor::{Doctor, examine};
 use crate::backend::{Check, Error, Opening};
 
@@ -220,7 +220,10 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
            (SELECT reset_val::bigint FROM pg_settings WHERE name = 'statement_timeout'), \
            current_setting('synchronous_standby_names'), \
            current_setting('synchronous_commit'), \
-           (SELECT count(*) FROM pg_stat_replication)",
+           (SELECT count(*) FROM pg_stat_replication), \
+           current_setting('max_connections')::int \
+             - current_setting('superuser_reserved_connections')::int, \
+           (SELECT rolconnlimit FROM pg_roles WHERE rolname = current_user)",
         &[],
     )?;
     let r = rows
@@ -260,6 +263,17 @@ fn settings(client: &mut Client, how: &Opening) -> Result<Vec<Check>, Error> {
         ),
     ));
     out.push(statement_timeout_check(r.get(3), how.op));
+    let (all, role): (i32, Option<i32>) = (r.get(7), r.get(8));
+    out.push(match role {
+        Some(role) if role >= 0 && role < all => fleet_check(
+            i64::from(role),
+            &format!("CONNECTION LIMIT {role} for this role"),
+        ),
+        _ => fleet_check(
+            i64::from(all),
+            &format!("max_connections less the superusers' {all}"),
+        ),
+    });
     out.push(standbys_check(r.get(4), r.get(5), r.get(6)));
     Ok(out)
 }
