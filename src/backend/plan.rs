@@ -238,6 +238,10 @@ pub const NEAR: usize = 16;
 const FIRST_NAP_A_PLACE: Duration = Duration::from_millis(100);
 /// The shortest nap: a far waiter never looks more often than this.
 const LEAST_NAP: Duration = Duration::from_millis(200);
+/// The shortest keep (`far_nap`) that lets a waiter hang up: below it (a
+/// ttl under 7.5 s) a new connection, its look and a nap would take too
+/// much of the time a place lasts, so every waiter waits on a connection.
+const LEAST_FAR_KEEP: Duration = Duration::from_secs(1);
 
 /// When a waiter far back in the queue (`NEAR` places or more ahead of
 /// it) looks again: by the pace the queue moved at between its last two
@@ -257,7 +261,7 @@ impl Pace {
     /// (`keep`: when our place needs keeping).
     pub fn far(&mut self, ahead: usize, keep: Duration, now: Boot) -> Option<Duration> {
         let near = NEAR;
-        if ahead < near {
+        if ahead < near || keep < LEAST_FAR_KEEP {
             self.last = None;
             return None;
         }
@@ -271,7 +275,7 @@ impl Pace {
             Some(_) => self.nap * 2,
             None => FIRST_NAP_A_PLACE * ahead as u32,
         };
-        self.nap = nap.clamp(LEAST_NAP, keep.max(LEAST_NAP));
+        self.nap = nap.clamp(LEAST_NAP, keep);
         self.last = Some((now, ahead));
         Some(self.nap)
     }
@@ -497,10 +501,11 @@ mod tests {
         let t3 = t2.add(ms(2240));
         assert_eq!(pace.far(40, keep, t3), Some(keep));
         // Just outside the near places, a fast queue: never under the
-        // least nap; nor with a short ttl's keep.
+        // least nap.
         let mut fast = Pace::default();
         fast.far(30, keep, t0);
         assert_eq!(fast.far(17, keep, t0.add(ms(10))), Some(LEAST_NAP));
-        assert_eq!(Pace::default().far(50, ms(50), t0), Some(LEAST_NAP));
+        // A short ttl's keep leaves no room to hang up: near, however far.
+        assert_eq!(Pace::default().far(50, ms(999), t0), None);
     }
 }
