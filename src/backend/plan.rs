@@ -255,13 +255,21 @@ pub struct Pace {
     nap: Duration,
 }
 
+/// Whether a waiter with `ahead` places before it hangs up and keeps its
+/// place at its own pace, given the longest nap its ttl allows (`keep`,
+/// `far_nap`): far back enough, and a place that outlasts a nap and a
+/// new connection.
+pub fn is_far(ahead: usize, keep: Duration) -> bool {
+    ahead >= NEAR && keep >= LEAST_FAR_KEEP
+}
+
 impl Pace {
     /// A look at `now` found `ahead` places ahead of us: None, near
     /// enough to wait on a connection; else how long to sleep without one
     /// (`keep`: when our place needs keeping).
     pub fn far(&mut self, ahead: usize, keep: Duration, now: Boot) -> Option<Duration> {
         let near = NEAR;
-        if ahead < near || keep < LEAST_FAR_KEEP {
+        if !is_far(ahead, keep) {
             self.last = None;
             return None;
         }

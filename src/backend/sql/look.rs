@@ -235,7 +235,7 @@ fn joining(
         seq: place.seq,
         replacing: !plan.replace.is_empty(),
         preempting: plan.preempt.iter().any(|&(_, stop)| stop == Stop::Mark),
-        far: looked.before_us >= plan::NEAR,
+        far: plan::is_far(looked.before_us, plan::far_nap(req.timing.ttl)),
     };
     let Some(taken) = tx.join(join)? else {
         return Ok(Some(Outcome::Again));
