@@ -553,14 +553,7 @@ fn sixty_waiters_cost_under_a_statement_a_second_each() {
         seen >= n
     });
     assert!(queued, "{seen} of {n} waiters queued within 60 s");
-    let status = |what: &str| -> u64 {
-        my.sql(&format!("SHOW GLOBAL STATUS LIKE '{what}'"))
-            .split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let status = |what: &str| my.global_status(what);
     let before = status("Questions");
     let watched = Instant::now();
     std::thread::sleep(Duration::from_secs(10));
@@ -615,14 +608,7 @@ fn a_burst_of_a_hundred_keeps_every_place_and_runs_one_at_a_time() {
         seen["waiters"].as_u64().unwrap_or(0) >= n
     });
     assert!(queued, "{n} waiters not queued within 90 s; status: {seen}");
-    let questions = || -> u64 {
-        my.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
-            .split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let questions = || my.global_status("Questions");
     let before = questions();
     let watched = Instant::now();
     std::thread::sleep(Duration::from_secs(5));

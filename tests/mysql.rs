@@ -315,14 +315,7 @@ fn ten_waiters_cost_fewer_than_ten_queries_a_second_together() {
         .map(|_| on(&url).args(["-q", "q", "true"]).spawn())
         .collect();
     wait_queued(&url, "q", 10);
-    let questions = || -> u64 {
-        my.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
-            .split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let questions = || my.global_status("Questions");
     let before = questions();
     let watched = Instant::now();
     std::thread::sleep(Duration::from_secs(10));

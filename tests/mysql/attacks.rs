@@ -153,14 +153,7 @@ fn max_statement_time_on_the_server_does_not_make_waiters_poll() {
         .map(|_| Reap(on(&url).args(["-q", "q", "true"]).spawn()))
         .collect();
     wait_queued(&url, "q", 10);
-    let questions = || -> u64 {
-        my.sql("SHOW GLOBAL STATUS LIKE 'Questions'")
-            .split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let questions = || my.global_status("Questions");
     let before = questions();
     let watched = std::time::Instant::now();
     std::thread::sleep(Duration::from_secs(10));

@@ -326,6 +326,16 @@ impl Mariadb {
         out.status.success().then(|| text(&out.stdout))
     }
 
+    /// The server's global status variable `name` (a counter).
+    #[track_caller]
+    pub fn global_status(&self, name: &str) -> u64 {
+        let out = self.sql(&format!("SHOW GLOBAL STATUS LIKE '{name}'"));
+        let value = out.split_whitespace().nth(1);
+        value
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no counter {name}: {out:?}"))
+    }
+
     /// Run `sql` as root over the socket; its output (tab-separated, no
     /// column names), after checking it succeeded.
     #[track_caller]

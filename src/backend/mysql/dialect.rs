@@ -221,10 +221,9 @@ impl Dialect for Tables {
         c: &mut Client,
         req: &Request,
         seq: i64,
-        lasts: Duration,
+        keep_ms: i64,
     ) -> Result<Option<usize>, Error> {
-        let ms = i64::try_from(lasts.as_millis()).unwrap_or(i64::MAX);
-        let sets = c.run_bare(&self.keep_far(req.name, seq, &req.owner.secret, ms))?;
+        let sets = c.run_bare(&self.keep_far(req.name, seq, &req.owner.secret, keep_ms))?;
         let count = |i: usize| sets[1].first().and_then(|r| int(r, i)).unwrap_or(0);
         Ok((count(0) > 0).then(|| usize::try_from(count(1)).unwrap_or(0)))
     }

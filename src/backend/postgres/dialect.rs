@@ -190,14 +190,13 @@ impl Dialect for Tables {
         c: &mut Client,
         req: &Request,
         seq: i64,
-        lasts: Duration,
+        keep_ms: i64,
     ) -> Result<Option<usize>, Error> {
-        let ms = i64::try_from(lasts.as_millis()).unwrap_or(i64::MAX);
         let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&req.name, Type::TEXT),
             (&seq, Type::INT8),
             (&req.owner.secret, Type::TEXT),
-            (&ms, Type::INT8),
+            (&keep_ms, Type::INT8),
         ];
         let rows = c.query(&self.keep_far(), &params)?;
         Ok(rows

@@ -121,7 +121,7 @@ pub trait Dialect: Clone + Send + 'static {
     /// Close the connection (a waiter far back in the queue): the next
     /// call opens a new one.
     fn hang_up(c: &mut Self::Client);
-    /// A waiter far back keeps its place `seq` for `lasts` more, in one
+    /// A waiter far back keeps its place `seq` for `keep_ms` more, in one
     /// flight without the name's lock, and counts the live places before
     /// it. None: the place was not there to keep (replaced, lapsed): a
     /// look says what became of it.
@@ -130,7 +130,7 @@ pub trait Dialect: Clone + Send + 'static {
         c: &mut Self::Client,
         req: &Request,
         seq: i64,
-        lasts: Duration,
+        keep_ms: i64,
     ) -> Result<Option<usize>, Error>;
     /// Extend our row by its ttl: the label of the row extended, or None
     /// when it is no longer ours.

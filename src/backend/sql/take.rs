@@ -180,9 +180,10 @@ impl<D: Dialect> Take for Taking<'_, D> {
                 return Ok(Woke::Look);
             };
             let sent = Boot::now();
+            let keep_ms = i64::try_from(place_lasts(ttl).as_millis()).unwrap_or(i64::MAX);
             let kept = sql
                 .dialect
-                .keep_far(&mut sql.client, self.req, seq, place_lasts(ttl));
+                .keep_far(&mut sql.client, self.req, seq, keep_ms);
             let Ok(Some(ahead)) = kept else {
                 // A failure (a full server among them) is the look's to meet.
                 return Ok(Woke::Look);
