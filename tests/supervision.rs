@@ -862,11 +862,16 @@ fn a_walk_never_descends_into_a_recycled_pid() {
             r#"use Time::HiRes qw(sleep time);
             sleep 0.01 until -e "{d}/V";
             open my $f, '<', "{d}/V"; my $v = <$f>; chomp $v; close $f;
-            my $end = time + 60; sleep 0.001 while kill(0, $v) && time < $end;
             sub last_pid {{ open my $n, '>', '/proc/sys/kernel/ns_last_pid' or die; print $n $_[0]; close $n }}
+            # Another fork in the namespace (the script's own sleeps) may
+            # take the pid between the write and our fork: then again.
+            my $u;
+            for my $try (1 .. 200) {{
+            my $end = time + 60; sleep 0.001 while kill(0, $v) && time < $end;
             last_pid($v - 1);
-            my $u = fork // die;
+            $u = fork // die;
             if (!$u) {{
+              exit 0 if $$ != $v;
               last_pid(20000);
               my $w = fork // die;
               if (!$w) {{ sleep 1000 while 1 }}
@@ -874,6 +879,9 @@ fn a_walk_never_descends_into_a_recycled_pid() {
               waitpid($w, 0);
               open my $r, '>', "{d}/W-signalled"; print $r ($? & 127), "\n"; close $r;
               exit 0;
+            }}
+            last if $u == $v;
+            waitpid($u, 0);
             }}
             sleep 8; kill 'KILL', $u; waitpid($u, 0);"#
         ),
