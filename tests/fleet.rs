@@ -657,3 +657,79 @@ fn doctor_says_a_small_connection_limit_does_not_fit_a_fleet() {
     let (_my, url) = mariadb_for_a_fleet();
     doctor_warns_of(&url, "max_connections 30");
 }
+
+/// A queue that stood still behind a long job (its waiters far back
+/// asleep for as long as their places allow) and then moves at a short
+/// job's pace: each waiter far back is near again before the front reaches
+/// it, so the queue never pauses for one still asleep.
+#[test]
+fn a_queue_that_stood_still_moves_without_waiting_for_sleepers() {
+    let _alone = heavy();
+    let my = Mariadb::start();
+    let url = my.url();
+    let scratch = Scratch::new();
+    let hold = holding(&scratch).replace("1200", "6000");
+    let mut holder = Reap(on(&url).args(["--ttl", "60s", "q", "-c", &hold]).spawn());
+    assert!(
+        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
+        "the holder never ran"
+    );
+    let log = scratch.path("log");
+    let n = 40;
+    let mut fleet = Vec::new();
+    for i in 0..n {
+        let job = format!(
+            "echo {i} start $(date +%s%N) >> {0}; sleep 0.1; echo {i} end $(date +%s%N) >> {0}",
+            log.display()
+        );
+        fleet.push(Reap(
+            on(&url)
+                .args(["--ttl", "60s", "-w", "240s", "q", "-c", &job])
+                .spawn(),
+        ));
+        let queued = wait_until(Duration::from_secs(30), || {
+            status_json(&url, "q")["waiters"].as_u64() == Some(i as u64 + 1)
+        });
+        assert!(queued, "waiter {i} did not queue");
+    }
+    // Long enough for the waiters far back to sleep as long as they may.
+    std::thread::sleep(Duration::from_secs(10));
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (code, err) = ended(&mut holder, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "the holder: {err}");
+    for (i, w) in fleet.iter_mut().enumerate() {
+        let status = wait_child(&mut w.0, Duration::from_secs(240));
+        assert_eq!(status.code(), Some(0), "waiter {i}");
+    }
+    let runs = std::fs::read_to_string(&log).unwrap();
+    let stamps: Vec<(usize, &str, u64)> = runs
+        .lines()
+        .map(|l| {
+            let v: Vec<&str> = l.split(' ').collect();
+            (v[0].parse().unwrap(), v[1], v[2].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(stamps.len(), 2 * n, "{runs}");
+    // From one job's end to the next one's start.
+    let pauses: Vec<(usize, f64)> = stamps
+        .chunks(2)
+        .zip(stamps.chunks(2).skip(1))
+        .map(|(a, b)| {
+            assert_eq!(
+                (a[0].0, a[0].1, a[1].0, a[1].1),
+                (a[0].0, "start", a[0].0, "end"),
+                "{runs}"
+            );
+            (b[0].0, (b[0].2 - a[1].2) as f64 / 1e6)
+        })
+        .collect();
+    let (at, longest) = pauses
+        .iter()
+        .copied()
+        .fold((0, 0.0), |m, p| if p.1 > m.1 { p } else { m });
+    eprintln!("{n} hand-offs after a long job: the longest {longest:.1} ms, before waiter {at}");
+    assert!(
+        longest < 1000.0,
+        "the queue paused {longest:.1} ms before waiter {at}: {pauses:?}"
+    );
+}

@@ -232,10 +232,12 @@ pub fn woken(mode: Mode) -> i64 {
 /// holders'), however long it is.
 pub const NEAR: usize = 16;
 
-/// The first nap of a waiter far back, before it has seen the queue move:
-/// this much for each place ahead (a job and its hand-off take at least
-/// that, as a rule).
-const FIRST_NAP_A_PLACE: Duration = Duration::from_millis(100);
+/// The least time a place takes, as a rule (a job and its hand-off): a
+/// waiter far back is never asleep for longer than the queue would take to
+/// bring it near at this pace, whatever pace it saw before. A queue that
+/// stood still (a long job) can start moving at any moment, and a queue
+/// that paused (for a waiter ahead still asleep) seems slower than it is.
+const LEAST_PLACE: Duration = Duration::from_millis(100);
 /// The shortest nap: a far waiter never looks more often than this.
 const LEAST_NAP: Duration = Duration::from_millis(200);
 /// The shortest keep (`far_nap`) that lets a waiter hang up: below it (a
@@ -245,9 +247,11 @@ const LEAST_FAR_KEEP: Duration = Duration::from_secs(1);
 
 /// When a waiter far back in the queue (`NEAR` places or more ahead of
 /// it) looks again: by the pace the queue moved at between its last two
-/// looks, in time to be near before the front of the queue reaches it,
-/// never later than its place needs keeping. A queue that did not move
-/// since its last look (a long job) is looked at half as often each time.
+/// looks, in time to be near before the front of the queue reaches it;
+/// never later than a queue moving a place every `LEAST_PLACE` would need
+/// to bring it within a quarter of the near places, nor than its place
+/// needs keeping. A queue that did not move since its last look (a long
+/// job) is looked at half as often each time, up to the same bound.
 #[derive(Debug, Default)]
 pub struct Pace {
     /// The last look that found us far back: when, and the places ahead.
@@ -273,6 +277,7 @@ impl Pace {
             self.last = None;
             return None;
         }
+        let soonest = soonest(ahead);
         let nap = match self.last {
             Some((then, was)) if was > ahead => {
                 let per_place = now.since(then) / (was - ahead) as u32;
@@ -281,12 +286,27 @@ impl Pace {
                 per_place * (ahead - near / 2) as u32 * 7 / 10
             }
             Some(_) => self.nap * 2,
-            None => FIRST_NAP_A_PLACE * ahead as u32,
+            None => soonest,
         };
-        self.nap = nap.clamp(LEAST_NAP, keep);
+        self.nap = nap.min(soonest).clamp(LEAST_NAP, keep);
         self.last = Some((now, ahead));
         Some(self.nap)
     }
+
+    /// The longest the next nap can be: the places ahead only ever go
+    /// down, and with them how long a waiter may sleep.
+    pub fn longest(&self, keep: Duration) -> Duration {
+        match self.last {
+            Some((_, ahead)) => soonest(ahead).clamp(LEAST_NAP, keep),
+            None => keep,
+        }
+    }
+}
+
+/// How long a waiter `ahead` places back may sleep: the queue, a place
+/// every `LEAST_PLACE`, brings it within a quarter of the near places.
+fn soonest(ahead: usize) -> Duration {
+    LEAST_PLACE * ahead.saturating_sub(NEAR / 4) as u32
 }
 
 /// The places ahead of a waiter in `mode` (by index into `ahead`, in
@@ -492,10 +512,10 @@ mod tests {
         let t0 = Boot::from_nanos(1_000_000_000_000);
         // Near: waits on its connection.
         assert_eq!(Pace::default().far(NEAR - 1, keep, t0), None);
-        // Far, the queue's pace not yet seen: 100 ms a place, at most the
-        // keep.
-        assert_eq!(Pace::default().far(NEAR, keep, t0), Some(ms(1600)));
-        assert_eq!(Pace::default().far(20, keep, t0), Some(ms(2000)));
+        // Far, the queue's pace not yet seen: near (within 4 places) in
+        // time if a place took 100 ms, at most the keep.
+        assert_eq!(Pace::default().far(NEAR, keep, t0), Some(ms(1200)));
+        assert_eq!(Pace::default().far(20, keep, t0), Some(ms(1600)));
         let mut pace = Pace::default();
         assert_eq!(pace.far(100, keep, t0), Some(keep));
         // 30 places in 3 s, 100 ms a place; 70 ahead, half the near places
@@ -508,6 +528,13 @@ mod tests {
         // Nothing moved (a long job): twice the nap, up to the keep.
         let t3 = t2.add(ms(2240));
         assert_eq!(pace.far(40, keep, t3), Some(keep));
+        // Near the front, a slow queue (or one that paused): never asleep
+        // longer than 100 ms a place would bring it within 4 places.
+        let t4 = t3.add(Duration::from_secs(60));
+        assert_eq!(pace.far(30, keep, t4), Some(ms(2600)));
+        let t5 = t4.add(ms(2600));
+        assert_eq!(pace.far(20, keep, t5), Some(ms(1600)));
+        assert_eq!(pace.far(20, keep, t5.add(ms(1600))), Some(ms(1600)));
         // Just outside the near places, a fast queue: never under the
         // least nap.
         let mut fast = Pace::default();

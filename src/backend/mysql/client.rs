@@ -43,6 +43,10 @@ pub struct Client {
     unset: bool,
     /// This flight goes without the session settings (`bare`).
     bare: bool,
+    /// With `ssl-mode=PREFERRED`, the server said it has no TLS: the next
+    /// connections (a waiter far back opens one each time it looks) go
+    /// without asking again.
+    no_tls: bool,
 }
 
 impl AsRef<Remote> for Client {
@@ -105,6 +109,7 @@ impl Client {
             row_binlog: false,
             unset: false,
             bare: false,
+            no_tls: false,
         }
     }
 
@@ -115,6 +120,7 @@ impl Client {
             remote: self.remote.clone(),
             no_wake: self.no_wake,
             row_binlog: self.row_binlog,
+            no_tls: self.no_tls,
             ..Client::new(Arc::clone(&self.url), self.op)
         }
     }
@@ -190,12 +196,14 @@ impl Client {
     /// (`Error::Full`): the driver rides that out, and a renewal retries it
     /// on schedule.
     fn open(&mut self) -> Result<Conn, Error> {
-        let tls = self.url.socket.is_none() && self.url.ssl_mode != SslMode::Disabled;
+        let tls =
+            self.url.socket.is_none() && self.url.ssl_mode != SslMode::Disabled && !self.no_tls;
         let got = Conn::new(self.options(tls)?);
         let got = match got {
             Err(mysql::Error::DriverError(mysql::DriverError::TlsNotSupported))
                 if self.url.ssl_mode == SslMode::Preferred =>
             {
+                self.no_tls = true;
                 Conn::new(self.options(false)?)
             }
             other => other,

@@ -221,10 +221,19 @@ impl Dialect for Tables {
         c: &mut Client,
         req: &Request,
         seq: i64,
-        keep_ms: i64,
+        keep_ms: Option<i64>,
     ) -> Result<Option<usize>, Error> {
-        let sets = c.run_bare(&self.keep_far(req.name, seq, &req.owner.secret, keep_ms))?;
-        let count = |i: usize| sets[1].first().and_then(|r| int(r, i)).unwrap_or(0);
+        let owner = &req.owner.secret;
+        let sets = match keep_ms {
+            Some(ms) => c.run_bare(&self.keep_far(req.name, seq, owner, ms))?,
+            None => c.run_bare(&[self.count_far(req.name, seq, owner)])?,
+        };
+        let counts = sets.last().and_then(|rows| rows.first());
+        let count = |i: usize| counts.and_then(|r| int(r, i)).unwrap_or(0);
+        if keep_ms.is_some() && count(2) == 0 {
+            // A server whose sessions do not commit by themselves.
+            c.run_bare(&["COMMIT".to_string()])?;
+        }
         Ok((count(0) > 0).then(|| usize::try_from(count(1)).unwrap_or(0)))
     }
 

@@ -383,18 +383,33 @@ impl Tables {
     /// Keep a place far back in the queue, without the name's lock (no
     /// connection holds its wake-up lock: `conn` 0), and count the live
     /// places before it; the first count is 0 when it was not there to
-    /// keep. On a bare connection (`Client::run_bare`): a COMMIT last.
-    pub fn keep_far(&self, name: &str, seq: i64, owner: &str, keep_ms: i64) -> [String; 3] {
+    /// keep, the third whether the session commits by itself (on a bare
+    /// connection, `Client::run_bare`, the server's default: a COMMIT
+    /// follows when it does not).
+    pub fn keep_far(&self, name: &str, seq: i64, owner: &str, keep_ms: i64) -> [String; 2] {
         [
             self.keep_place(seq, owner, keep_ms, false),
             format!(
                 "SELECT ROW_COUNT(), (SELECT COUNT(*) FROM {} \
-                   WHERE name = {} AND seq < {seq} AND expires_at > {NOW})",
+                   WHERE name = {} AND seq < {seq} AND expires_at > {NOW}), @@autocommit",
                 self.waiters,
                 lit(name)
             ),
-            "COMMIT".into(),
         ]
+    }
+
+    /// As `keep_far` for a place kept lately: whether it is still live,
+    /// and the live places before it, in one statement.
+    pub fn count_far(&self, name: &str, seq: i64, owner: &str) -> String {
+        format!(
+            "SELECT (SELECT COUNT(*) FROM {0} WHERE seq = {seq} AND owner IN ({1}, {2}) \
+               AND expires_at > {NOW}), \
+             (SELECT COUNT(*) FROM {0} WHERE name = {3} AND seq < {seq} AND expires_at > {NOW})",
+            self.waiters,
+            lit(owner),
+            lit(&format!("{SUPERSEDE}{owner}")),
+            lit(name)
+        )
     }
 
     /// The row a waiter blocks on is still there and unexpired.

@@ -190,15 +190,21 @@ impl Dialect for Tables {
         c: &mut Client,
         req: &Request,
         seq: i64,
-        keep_ms: i64,
+        keep_ms: Option<i64>,
     ) -> Result<Option<usize>, Error> {
-        let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
             (&req.name, Type::TEXT),
             (&seq, Type::INT8),
             (&req.owner.secret, Type::TEXT),
-            (&keep_ms, Type::INT8),
         ];
-        let rows = c.query(&self.keep_far(), &params)?;
+        let stmt = match &keep_ms {
+            Some(ms) => {
+                params.push((ms, Type::INT8));
+                self.keep_far()
+            }
+            None => self.count_far(),
+        };
+        let rows = c.query(&stmt, &params)?;
         Ok(rows
             .first()
             .map(|r| usize::try_from(r.get::<_, i64>(0)).unwrap_or(0)))

@@ -236,6 +236,19 @@ impl Tables {
         )
     }
 
+    /// As `keep_far` for a place kept lately: only see that it is still
+    /// live, and count. $1 name, $2 seq, $3 owner.
+    pub fn count_far(&self) -> String {
+        format!(
+            "SELECT count(w.seq) FROM {0} ours LEFT JOIN {0} w \
+               ON w.name = $1 AND w.seq < ours.seq AND w.expires_at > clock_timestamp() \
+             WHERE ours.name = $1 AND ours.seq = $2 AND ours.owner IN ($3, '{SUPERSEDE}' || $3) \
+               AND ours.expires_at > clock_timestamp() \
+             GROUP BY ours.seq",
+            self.waiters
+        )
+    }
+
     /// Leave the queue: our place, or the mark of its replacement.
     /// $1 name, $2 owner.
     pub fn dequeue(&self) -> String {

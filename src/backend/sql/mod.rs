@@ -121,16 +121,17 @@ pub trait Dialect: Clone + Send + 'static {
     /// Close the connection (a waiter far back in the queue): the next
     /// call opens a new one.
     fn hang_up(c: &mut Self::Client);
-    /// A waiter far back keeps its place `seq` for `keep_ms` more, in one
-    /// flight without the name's lock, and counts the live places before
-    /// it. None: the place was not there to keep (replaced, lapsed): a
-    /// look says what became of it.
+    /// A waiter far back keeps its place `seq` for `keep_ms` more (None:
+    /// it was kept lately, only see that it is still live), in one flight
+    /// without the name's lock, and counts the live places before it.
+    /// None: the place was not there to keep (replaced, lapsed): a look
+    /// says what became of it.
     fn keep_far(
         &self,
         c: &mut Self::Client,
         req: &Request,
         seq: i64,
-        keep_ms: i64,
+        keep_ms: Option<i64>,
     ) -> Result<Option<usize>, Error>;
     /// Extend our row by its ttl: the label of the row extended, or None
     /// when it is no longer ours.

@@ -88,6 +88,8 @@ struct Taking<'a, D: Dialect> {
     /// wakes its waiters.
     pace: Pace,
     nap: Option<Duration>,
+    /// When our place was last kept (by a look, or by a far waiter's keep).
+    kept: Option<Boot>,
     /// The dialect was prepared for this request.
     prepared: bool,
     /// Lockrun's tables were created by this request (once at most).
@@ -103,6 +105,7 @@ pub fn take<D: Dialect>(sql: &mut Sql<D>, req: &Request, wait: Wait) -> Result<A
         blocked: None,
         pace: Pace::default(),
         nap: None,
+        kept: None,
         prepared: false,
         created: false,
     };
@@ -180,14 +183,25 @@ impl<D: Dialect> Take for Taking<'_, D> {
                 return Ok(Woke::Look);
             };
             let sent = Boot::now();
-            let keep_ms = i64::try_from(place_lasts(ttl).as_millis()).unwrap_or(i64::MAX);
+            // Kept lately enough that it outlasts the next nap, however
+            // long, and a fifth of its time to spare: only count (a waiter
+            // the queue nears looks often).
+            let lasts = place_lasts(ttl);
+            let next = self.pace.longest(far_nap(ttl));
+            let due = self
+                .kept
+                .is_none_or(|k| sent.since(k) + next + lasts / 5 > lasts);
+            let keep_ms = i64::try_from(lasts.as_millis()).unwrap_or(i64::MAX);
             let kept = sql
                 .dialect
-                .keep_far(&mut sql.client, self.req, seq, keep_ms);
+                .keep_far(&mut sql.client, self.req, seq, due.then_some(keep_ms));
             let Ok(Some(ahead)) = kept else {
                 // A failure (a full server among them) is the look's to meet.
                 return Ok(Woke::Look);
             };
+            if due {
+                self.kept = Some(sent);
+            }
             self.nap = self.pace.far(ahead, far_nap(ttl), sent);
             if self.nap.is_none() {
                 return Ok(Woke::Look);
@@ -262,6 +276,7 @@ impl<D: Dialect> Taking<'_, D> {
                 wake_on,
                 ahead,
             } => {
+                self.kept = Some(sent);
                 self.nap = self.pace.far(ahead, far_nap(req.timing.ttl), sent);
                 self.blocked = Some(Blocked::Looked {
                     sent,
