@@ -787,3 +787,46 @@ fn tables_in_an_engine_without_transactions_are_refused_with_one_line() {
     let out = on(&my.url()).arg("doctor").code(69);
     assert!(out.stdout().contains("MEMORY"), "{}", out.stdout());
 }
+
+/// At a fleet's size: 10,000 held names are listed, and a name with 500
+/// waiters is read, each in one statement. The rows are written as the
+/// grant and a waiter far back write them (MariaDB's sequence tables
+/// number them).
+#[test]
+fn ten_thousand_names_and_five_hundred_waiters_are_read_in_seconds() {
+    let my = MyDb::new();
+    let url = my.url();
+    on(&url).args(["x", "true"]).succeeds();
+    my.sql(&format!(
+        "INSERT INTO {0}.lockrun_leases (name, slot, owner, label, token, mode, lim, \
+           expires_at, granted_at) \
+         SELECT CONCAT('n', LPAD(seq, 5, '0')), 0, MD5(seq), CONCAT('host:', seq), seq, 'x', 1, \
+           UTC_TIMESTAMP(6) + INTERVAL 10 MINUTE, UTC_TIMESTAMP(6) FROM {0}.seq_1_to_10000; \
+         INSERT INTO {0}.lockrun_waiters (name, owner, label, mode, lim, expires_at) \
+         SELECT 'n00001', MD5(CONCAT('w', seq)), CONCAT('w:', seq), 'x', 1, \
+           UTC_TIMESTAMP(6) + INTERVAL 10 MINUTE FROM {0}.seq_1_to_500",
+        my.db
+    ));
+    let started = Instant::now();
+    let out = on(&url).arg("status").code(0).stdout();
+    let took = started.elapsed();
+    println!("status of 10,000 names on MariaDB: {took:?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 10_000, "{}", &out[..out.len().min(400)]);
+    assert!(
+        lines[0].starts_with("n00001: held by host:1, token 1,")
+            && lines[0].contains("500 waiting"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[9_999].starts_with("n10000: held by host:10000, token 10000,"));
+    let started = Instant::now();
+    let v = status_json(&url, "n00001");
+    let took = started.elapsed();
+    println!("status of a name with 500 waiters on MariaDB: {took:?}");
+    assert_eq!(v["waiters"], 500, "{v}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // Never an owner value.
+    assert!(!out.contains(my.sql("SELECT MD5(1)").trim()));
+}

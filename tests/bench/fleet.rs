@@ -7,7 +7,8 @@
 //! blocked; then the holder ends and the queue drains. Reported: the
 //! time per hand-off (the drain over N, less the job) beside a single
 //! waiter's, the peak of the server's client connections while the
-//! queue lived, and how the waiters ended (exit codes).
+//! queue lived, how long `status NAME` took with the whole queue
+//! waiting, and how the waiters ended (exit codes).
 //!
 //!     LOCKRUN_BENCH_ONLY=fleet LOCKRUN_BENCH_FLEET=500 cargo bench
 //!     LOCKRUN_BENCH_FLEET_ENGINES=redis,postgres  # only these engines
@@ -37,6 +38,8 @@ struct Figures {
     handoff_ms: f64,
     single_ms: f64,
     peak_connections: Option<u64>,
+    /// `status NAME` with the whole queue waiting, median of 5, ms.
+    status_ms: f64,
     exits: std::collections::BTreeMap<i32, usize>,
 }
 
@@ -156,8 +159,14 @@ impl Bench {
         }
         println!("\nfleet: {n} waiters on one name, jobs of {JOB_MS} ms");
         println!(
-            "{:<10} {:>7} {:>14} {:>12} {:>12} {:>8}  exits",
-            "engine", "queued", "req/waiter/s", "hand-off ms", "1 waiter ms", "peak cx"
+            "{:<10} {:>7} {:>14} {:>12} {:>12} {:>8} {:>10}  exits",
+            "engine",
+            "queued",
+            "req/waiter/s",
+            "hand-off ms",
+            "1 waiter ms",
+            "peak cx",
+            "status ms"
         );
         let mut out = serde_json::Map::new();
         for server in &servers {
@@ -168,13 +177,14 @@ impl Bench {
             f.single_ms = single;
             let exits: Vec<String> = f.exits.iter().map(|(c, k)| format!("{k}×{c}")).collect();
             println!(
-                "{:<10} {:>7} {:>14} {:>12.1} {:>12.1} {:>8}  {}",
+                "{:<10} {:>7} {:>14} {:>12.1} {:>12.1} {:>8} {:>10.1}  {}",
                 server.name,
                 f.queued,
                 f.per_waiter_per_s.map_or("-".into(), |r| format!("{r:.2}")),
                 f.handoff_ms,
                 f.single_ms,
                 f.peak_connections.map_or("-".into(), |c| c.to_string()),
+                f.status_ms,
                 exits.join(" ")
             );
             out.insert(
@@ -186,6 +196,7 @@ impl Bench {
                     "handoff_ms": f.handoff_ms,
                     "single_waiter_handoff_ms": f.single_ms,
                     "peak_connections": f.peak_connections,
+                    "status_ms": f.status_ms,
                     "exits": f.exits.iter().map(|(c, k)| (c.to_string(), json!(k))).collect::<serde_json::Map<_, _>>(),
                 }),
             );
@@ -275,6 +286,15 @@ impl Bench {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+        let mut took: Vec<f64> = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                held(&server.url, name);
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        took.sort_by(f64::total_cmp);
+        let status_ms = took[2];
         let per_waiter_per_s = (n > 1).then(|| {
             let before = (server.requests)()?;
             let t = Instant::now();
@@ -307,6 +327,7 @@ impl Bench {
             handoff_ms: drained / ran as f64 - JOB_MS as f64,
             single_ms: 0.0,
             peak_connections: None,
+            status_ms,
             exits,
         }
     }

@@ -52,7 +52,7 @@ use places::{
     Heard, MAX_PLACES, Place, Queued, Seen, Waiter, fresh_place, mark_replaced, mono_ns,
     read_place, reads_supersede, replaced_by, share_gate, write_place,
 };
-use proclocks::{find_orphan_holder, lockers};
+use proclocks::{Lockers, find_orphan_holder, lockers};
 #[cfg(test)]
 use record::write_token;
 use record::{
@@ -255,7 +255,7 @@ impl Engine for Local {
 
     fn status(&mut self, name: &str) -> Result<Status, Error> {
         let files = self.files(name);
-        self.status_of(&files)
+        self.status_of(&files, &mut Lockers::Now)
     }
 
     fn names(&mut self, _bound: ListBound) -> Result<plan::Names, Error> {
@@ -272,6 +272,10 @@ impl Engine for Local {
     fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
         let names = self.main_files()?;
         let how = "read file by file, not as one snapshot: a lock may change while it is read";
+        let mut flocks = match rustix::fs::stat(&self.dir) {
+            Ok(st) => Lockers::table(st.st_dev),
+            Err(_) => Lockers::Now,
+        };
         plan::listing(names, bound, Vec::new(), how, |name, main| {
             let files = Files {
                 gate: suffixed(&main, ".gate"),
@@ -281,7 +285,7 @@ impl Engine for Local {
             };
             // One file that cannot be read (not a regular file, no
             // permission) costs its name a note, not the whole list.
-            match self.status_of(&files) {
+            match self.status_of(&files, &mut flocks) {
                 Ok(st) => Ok(Read::Listed(st)),
                 Err(e) => Ok(Read::LeftOut(format!("{name}: left out: {e}"))),
             }

@@ -126,3 +126,46 @@ pub(super) fn lockers(dev: u64, ino: u64) -> Vec<(u32, bool)> {
         .map(|l| (l.pid, l.exclusive))
         .collect()
 }
+
+/// Where the flocks of a file are read from: /proc/locks as it is now (a
+/// status of one name), or a table read for many files at once (a
+/// listing: /proc/locks lists every flock of the machine, and reading it
+/// once per name makes a listing of N held names cost N²), read again
+/// once it is a second old, so no name is judged by an older table.
+pub(super) enum Lockers {
+    Now,
+    Table {
+        dev: u64,
+        read: std::time::Instant,
+        held: Vec<Flock>,
+    },
+}
+
+impl Lockers {
+    /// A table of the flocks on `dev`, read now.
+    pub(super) fn table(dev: u64) -> Lockers {
+        Lockers::Table {
+            dev,
+            read: std::time::Instant::now(),
+            held: flocks(dev),
+        }
+    }
+
+    /// The pids holding a flock on `ino` (of device `dev`).
+    pub(super) fn of(&mut self, dev: u64, ino: u64) -> Vec<(u32, bool)> {
+        match self {
+            Lockers::Table { dev: d, read, held } if *d == dev => {
+                if read.elapsed() > std::time::Duration::from_secs(1) {
+                    *self = Lockers::table(dev);
+                    return self.of(dev, ino);
+                }
+                held.iter()
+                    .filter(|l| l.ino == ino)
+                    .map(|l| (l.pid, l.exclusive))
+                    .collect()
+            }
+            // Another device (a file mounted into the directory): now.
+            _ => lockers(dev, ino),
+        }
+    }
+}

@@ -4,20 +4,28 @@
 use super::*;
 
 impl Local {
-    pub(super) fn status_of(&self, files: &Files) -> Result<Status, Error> {
+    /// The status of the name of `files`, its flocks as `flocks` says.
+    pub(super) fn status_of(&self, files: &Files, flocks: &mut Lockers) -> Result<Status, Error> {
         let Some((file, st)) = self.open_for_status(files)? else {
             return Ok(Status::default());
         };
         let now_ms = now_since_epoch().as_millis() as u64;
         let main_mark = read_preempt(&file);
-        let lockers = lockers(st.st_dev, st.st_ino);
+        let lockers = flocks.of(st.st_dev, st.st_ino);
         let rec = read_record(&file);
         let mut holders = if lockers.is_empty() {
             Vec::new()
         } else {
-            running_holders(files, &lockers, rec.as_ref(), main_mark.as_ref(), now_ms)
+            running_holders(
+                files,
+                &lockers,
+                rec.as_ref(),
+                main_mark.as_ref(),
+                now_ms,
+                flocks,
+            )
         };
-        add_min_hold_windows(files, rec.as_ref(), &mut holders, now_ms);
+        add_min_hold_windows(files, rec.as_ref(), &mut holders, now_ms, flocks);
         let (waiters, superseding) = waiters(files);
         Ok(Status {
             holders,
@@ -67,6 +75,7 @@ fn running_holders(
     rec: Option<&Record>,
     main_mark: Option<&Preempt>,
     now_ms: u64,
+    flocks: &mut Lockers,
 ) -> Vec<Holder> {
     let mut holders = Vec::new();
     match rec.map(|r| r.mode) {
@@ -76,7 +85,7 @@ fn running_holders(
                     continue;
                 };
                 if let (Ok(s), Some(r)) = (fstat(&slot), read_record(&slot))
-                    && !self::lockers(s.st_dev, s.st_ino).is_empty()
+                    && !flocks.of(s.st_dev, s.st_ino).is_empty()
                 {
                     let mark = read_preempt(&slot);
                     holders.push(holder(&r, Mode::Limit(n), Some(k), mark.as_ref(), now_ms));
@@ -127,6 +136,7 @@ fn add_min_hold_windows(
     rec: Option<&Record>,
     holders: &mut Vec<Holder>,
     now_ms: u64,
+    flocks: &mut Lockers,
 ) {
     let window = |r: &Record, mode, slot| {
         r.window.as_ref().and_then(Window::left).map(|left| Holder {
@@ -144,7 +154,7 @@ fn add_min_hold_windows(
                     continue;
                 };
                 if let (Ok(s), Some(r)) = (fstat(&slot), read_record(&slot))
-                    && self::lockers(s.st_dev, s.st_ino).is_empty()
+                    && flocks.of(s.st_dev, s.st_ino).is_empty()
                     && let Some(h) = window(&r, Mode::Limit(n), Some(k))
                 {
                     holders.push(h);

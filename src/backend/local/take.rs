@@ -226,7 +226,7 @@ impl Local {
             Vec::new()
         };
         let holders = if req.group.preempt {
-            self.status_of(files)?.holders
+            self.status_of(files, &mut Lockers::Now)?.holders
         } else {
             Vec::new()
         };

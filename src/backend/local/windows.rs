@@ -79,7 +79,13 @@ impl Local {
         // (it keeps other kinds of request out): once no slot keeps one, it
         // goes too, under the grant lock every such grant writes it under.
         let limited = ended.iter().any(|h| h.slot.is_some());
-        if limited && !self.status_of(files)?.holders.iter().any(|h| h.min_hold) {
+        if limited
+            && !self
+                .status_of(files, &mut Lockers::Now)?
+                .holders
+                .iter()
+                .any(|h| h.min_hold)
+        {
             self.end_main_window(files)?;
         }
         Ok(ended)
