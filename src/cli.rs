@@ -325,7 +325,8 @@ pub enum OperatorCommand {
     /// With NAME: every holder (who, token, slot, mode, time left) and the
     /// number of waiters. Without NAME (or as `list`): every name under the
     /// prefix, one line each, sorted; read name by name, not as one
-    /// snapshot, except on PostgreSQL, MySQL and MariaDB (one statement).
+    /// snapshot, except on PostgreSQL, MySQL and MariaDB (one statement)
+    /// and etcd (one read at one revision).
     #[command(
         visible_alias = LIST,
         after_help = crate::exit::command_help(&[&crate::exit::STATUS_CODES, &crate::exit::LIST_CODES])

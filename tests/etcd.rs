@@ -7,6 +7,8 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use serde_json::json;
+
 use crate::support::*;
 
 /// The conformance suite's `-vv` holder (every renewal logged to the
@@ -602,4 +604,194 @@ fn a_key_whose_name_lockrun_would_not_write_is_left_out_of_the_list() {
         "{}",
         listed.stderr()
     );
+}
+
+/// etcd's v3 JSON gateway, spoken the way lockrun speaks it: POST `body`
+/// to `path` on `agent` and return the reply.
+fn gateway(
+    agent: &ureq::Agent,
+    etcd: &Etcd,
+    path: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let text = agent
+        .post(format!("http://127.0.0.1:{}{path}", etcd.port))
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .into_body()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// `n` leases of `ttl` seconds, granted by a few threads at once.
+fn grant_leases(etcd: &Etcd, n: usize, ttl: u64) -> Vec<i64> {
+    let threads = 4;
+    let each = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let agent = ureq::Agent::new_with_defaults();
+                    (t * each..((t + 1) * each).min(n))
+                        .map(|_| {
+                            let v = gateway(&agent, etcd, "/v3/lease/grant", &json!({"TTL": ttl}));
+                            v["ID"].as_str().unwrap().parse().unwrap()
+                        })
+                        .collect::<Vec<i64>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+/// A request's record as lockrun writes it: exclusive, shown as
+/// `host:<i>`, its owner's secret `5ec2e7…`, granted at `granted_ms`
+/// (0 while it waits).
+fn record(i: usize, granted_ms: u128) -> String {
+    json!({
+        "owner": format!("5ec2e7{i:026x}"),
+        "label": format!("host:{i}"),
+        "mode": "x",
+        "limit": 1,
+        "slot": null,
+        "granted_ms": granted_ms,
+        "revoked": false,
+        "min_hold": false,
+        "token": null,
+    })
+    .to_string()
+}
+
+/// Put `kvs` (key, value, lease), 100 to a transaction (etcd allows 128
+/// operations in one): the revision each key was written at.
+fn put_all(etcd: &Etcd, kvs: &[(String, String, i64)]) -> Vec<u64> {
+    let agent = ureq::Agent::new_with_defaults();
+    let mut revisions = Vec::new();
+    for batch in kvs.chunks(100) {
+        let puts: Vec<serde_json::Value> = batch
+            .iter()
+            .map(|(k, v, lease)| {
+                json!({"request_put": {"key": b64(k), "value": b64(v), "lease": lease.to_string()}})
+            })
+            .collect();
+        let v = gateway(&agent, etcd, "/v3/kv/txn", &json!({"success": puts}));
+        assert_eq!(v["succeeded"], true, "{v}");
+        let rev: u64 = v["header"]["revision"].as_str().unwrap().parse().unwrap();
+        revisions.extend(std::iter::repeat_n(rev, batch.len()));
+    }
+    revisions
+}
+
+fn wall_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+#[test]
+fn ten_thousand_names_on_etcd_are_listed_in_seconds() {
+    let etcd = Etcd::start();
+    let n = 10_000;
+    // Held leases as lockrun writes them: each name's one request, on a
+    // lease of its own, granted (so its token is its key's revision).
+    let made = Instant::now();
+    let leases = grant_leases(&etcd, n, 600);
+    let now = wall_ms();
+    let kvs: Vec<(String, String, i64)> = (0..n)
+        .map(|i| {
+            let key = format!("lockrun:n{:05}/q/{:016x}", i + 1, leases[i]);
+            (key, record(i + 1, now), leases[i])
+        })
+        .collect();
+    let tokens = put_all(&etcd, &kvs);
+    println!("10,000 held names written to etcd: {:?}", made.elapsed());
+    let started = Instant::now();
+    let ran = on(&etcd).arg("status").code(0);
+    let took = started.elapsed();
+    println!("status of 10,000 names on etcd: {took:?}");
+    let out = ran.stdout();
+    assert_eq!(out.lines().count(), n, "{}", ran.stderr());
+    for (i, line) in out.lines().enumerate() {
+        let want = format!(
+            "n{:05}: held by host:{}, token {}, ",
+            i + 1,
+            i + 1,
+            tokens[i]
+        );
+        assert!(line.starts_with(&want), "{line}, not {want}");
+        assert!(line.contains(" left, for "), "{line}");
+    }
+    // One note: how the list was read.
+    let ran = ran.says(&["one snapshot"]);
+    assert!(!out.contains("5ec2e7") && !ran.stderr().contains("5ec2e7"));
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let started = Instant::now();
+    let ran = on(&etcd).args(["status", "--json"]).code(0);
+    let took = started.elapsed();
+    println!("status --json of 10,000 names on etcd: {took:?}");
+    let v = ran.json();
+    let all = v.as_array().unwrap();
+    assert_eq!(all.len(), n);
+    for (i, st) in all.iter().enumerate() {
+        assert_eq!(st["name"], format!("n{:05}", i + 1));
+        assert_eq!(st["holder"], format!("host:{}", i + 1));
+        assert_eq!(st["token"], tokens[i]);
+        let left = st["ttl_left_ms"].as_u64().unwrap();
+        assert!(left > 500_000 && left <= 600_000, "{st}");
+        assert_eq!(st["waiters"], 0);
+    }
+    assert!(!ran.stdout().contains("5ec2e7"));
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn a_name_with_500_waiters_shows_in_one_read() {
+    let etcd = Etcd::start();
+    let n = 500;
+    let leases = grant_leases(&etcd, n + 1, 600);
+    let key = |i: usize| format!("lockrun:busy/q/{:016x}", leases[i]);
+    // The holder first, then the waiters, each later than the one before.
+    let token = put_all(&etcd, &[(key(0), record(0, wall_ms()), leases[0])])[0];
+    let waiters: Vec<(String, String, i64)> =
+        (1..=n).map(|i| (key(i), record(i, 0), leases[i])).collect();
+    put_all(&etcd, &waiters);
+    let started = Instant::now();
+    let ran = on(&etcd).args(["status", "busy"]).code(0);
+    let took = started.elapsed();
+    println!("status of a name with 500 waiters on etcd: {took:?}");
+    let want = format!("busy: held by host:0, token {token}, ");
+    assert!(ran.stdout().starts_with(&want), "{}", ran.stdout());
+    assert!(
+        ran.stdout().trim_end().ends_with("; 500 waiting"),
+        "{}",
+        ran.stdout()
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let started = Instant::now();
+    let v = status_json(&etcd.url(), "busy");
+    println!(
+        "status --json of a name with 500 waiters on etcd: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(v["waiters"], 500);
+    assert_eq!(v["holder"], "host:0");
+    assert_eq!(v["token"], token);
+    // Listed alike.
+    let listed = on(&etcd).arg("status").code(0).stdout();
+    assert!(listed.starts_with(&want), "{listed}");
+    assert!(listed.trim_end().ends_with("; 500 waiting"), "{listed}");
 }

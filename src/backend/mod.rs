@@ -60,13 +60,7 @@ pub trait Engine: Send {
     /// What the listing says of one of `names`: its status; a key that is
     /// not lockrun's costs its name a note, not the whole list.
     fn listed(&mut self, name: &str) -> Result<plan::Read, Error> {
-        match self.status(name) {
-            Ok(st) => Ok(plan::Read::Listed(st)),
-            Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
-                Ok(plan::Read::LeftOut(format!("{name}: left out: {m}")))
-            }
-            Err(e) => Err(e),
-        }
+        plan::Read::of_status(name, self.status(name))
     }
     /// Every name under the prefix and its state, sorted, read within
     /// `bound` and without disturbing any lock: by default `names`, then

@@ -346,6 +346,21 @@ pub enum Read {
     Unreadable(String),
 }
 
+impl Read {
+    /// What `status` of `name` comes to in a listing: a key that is not
+    /// lockrun's costs its name a note, not the whole list; any other
+    /// failure fails the list.
+    pub fn of_status(name: &str, status: Result<Status, Error>) -> Result<Read, Error> {
+        match status {
+            Ok(st) => Ok(Read::Listed(st)),
+            Err(Error::Refused(m)) if m.contains("not a lockrun lease") => {
+                Ok(Read::LeftOut(format!("{name}: left out: {m}")))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// The names under a prefix, as an engine found them for a listing, and
 /// its notes on them (keys passed over, a bound that cut the search short).
 #[derive(Debug, Default)]

@@ -64,7 +64,7 @@ pub fn parse(raw: &str, opts: &AddressOptions) -> Result<Arc<dyn Address>, Error
     Ok(Arc::new(read(raw, opts)?))
 }
 
-fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
+pub(super) fn read(raw: &str, opts: &AddressOptions) -> Result<EtcdUrl, Error> {
     let url = HostList::cut(raw, ENGINE.form)?;
     let tls = url.scheme == "etcds";
     let hosts = url.rest.strip_suffix('/').unwrap_or(url.rest);

@@ -49,7 +49,38 @@ impl Setup {
         if let Some(tls) = &self.tls {
             cfg = cfg.tls_config(tls.clone());
         }
-        cfg.build().new_agent()
+        ureq::Agent::with_parts(
+            cfg.build(),
+            ureq::unversioned::transport::DefaultConnector::default(),
+            Literal::default(),
+        )
+    }
+}
+
+/// ureq's resolver, except that an address written as an IP address is
+/// taken as it is: ureq resolves before every request, even on a pooled
+/// connection, on a thread of its own when the call has a time limit (a
+/// thread per call; a listing makes thousands). ureq's resolver API is
+/// outside its semver promise: an update of ureq may need this changed.
+#[derive(Debug, Default)]
+struct Literal(ureq::unversioned::resolver::DefaultResolver);
+
+impl ureq::unversioned::resolver::Resolver for Literal {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        let host = uri
+            .host()
+            .map(|h| h.trim_start_matches('[').trim_end_matches(']'));
+        if let (Some(Ok(ip)), Some(port)) = (host.map(str::parse), uri.port_u16()) {
+            let mut addrs = self.empty();
+            addrs.push(std::net::SocketAddr::new(ip, port));
+            return Ok(addrs);
+        }
+        self.0.resolve(uri, config, timeout)
     }
 }
 
@@ -468,11 +499,15 @@ pub fn b64(s: impl AsRef<[u8]>) -> String {
 }
 
 pub fn unb64(v: &Value) -> Option<String> {
+    String::from_utf8(unb64_bytes(v)?).ok()
+}
+
+/// The bytes a gateway field holds (a key need not be text).
+pub fn unb64_bytes(v: &Value) -> Option<Vec<u8>> {
     use base64::Engine as _;
-    let bytes = base64::engine::general_purpose::STANDARD
+    base64::engine::general_purpose::STANDARD
         .decode(v.as_str()?)
-        .ok()?;
-    String::from_utf8(bytes).ok()
+        .ok()
 }
 
 #[cfg(test)]

@@ -13,13 +13,15 @@
 //! v3 JSON gateway, bounded calls, endpoints in turn, the error table);
 //! `queue.rs` reads a name's keys into types and judges who holds;
 //! `take.rs` is the acquire loop (create, judge, watch), `leave.rs` its way
-//! out on a signal. This file holds the engine's row, the lease calls,
-//! status, `release --force`, the lease and its renewal.
+//! out on a signal; `list.rs` is `status` without a name. This file holds
+//! the engine's row, the lease calls, status, `release --force`, the lease
+//! and its renewal.
 
 mod address;
 mod client;
 mod doctor;
 mod leave;
+mod list;
 mod promote;
 mod queue;
 mod take;
@@ -35,8 +37,8 @@ use queue::{Entry, Keys, Mark, Record, entries, holders};
 
 use super::plan::{self, ForcePlan, Standing};
 use super::{
-    Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Opening, Request,
-    Status, Wait,
+    Acquired, Broken, Engine, EngineInfo, Error, Force, Held, Holder, ListBound, Listing, Opening,
+    Request, Status, Wait,
 };
 use super::{MinHold, Renewal, Renewer, Renewing};
 use crate::clock::Boot;
@@ -147,7 +149,7 @@ fn holds(key: &str, value: &str) -> Value {
 }
 
 /// Keys read at most by one listing (every request of every name).
-const LIST_KEYS: u64 = 100_000;
+const LIST_KEYS: usize = 100_000;
 
 /// The end of the range of every key that starts with `prefix` (etcd's
 /// `--prefix`: the last byte that can be raised, raised).
@@ -172,23 +174,81 @@ fn wall_ms() -> u64 {
         .unwrap_or(0)
 }
 
-impl Etcd {
-    fn holder(&mut self, e: &Entry) -> Result<Holder, Error> {
-        let ttl_left = time_to_live(&mut self.client, e.lease)?;
-        let r = &e.record;
-        Ok(Holder {
-            label: Some(r.label.clone()).filter(|l| !l.is_empty()),
-            token: Some(e.token),
-            mode: r.mode,
-            slot: r.slot.filter(|_| matches!(r.mode, super::Mode::Limit(_))),
-            ttl_left,
-            held_for: (r.granted_ms > 0)
-                .then(|| Duration::from_millis(wall_ms().saturating_sub(r.granted_ms))),
-            revoked: r.revoked,
-            min_hold: r.min_hold,
-            preempted_by: e.preempted_by.clone(),
-        })
+/// The holder whose request is `e`, with `ttl_left` on its lease. The
+/// owner's secret stays behind: a holder is shown.
+fn holder(e: &Entry, ttl_left: Option<Duration>) -> Holder {
+    let r = &e.record;
+    Holder {
+        label: Some(r.label.clone()).filter(|l| !l.is_empty()),
+        token: Some(e.token),
+        mode: r.mode,
+        slot: r.slot.filter(|_| matches!(r.mode, super::Mode::Limit(_))),
+        ttl_left,
+        held_for: (r.granted_ms > 0)
+            .then(|| Duration::from_millis(wall_ms().saturating_sub(r.granted_ms))),
+        revoked: r.revoked,
+        min_hold: r.min_hold,
+        preempted_by: e.preempted_by.clone(),
     }
+}
+
+/// A name's status from its queue, with each holder's time left as
+/// `ttl_left` tells it (in queue order).
+fn status_of(
+    queue: &[Entry],
+    mut ttl_left: impl FnMut(&Entry) -> Result<Option<Duration>, Error>,
+) -> Result<Status, Error> {
+    let held = holders(queue);
+    let mut out = Vec::new();
+    for e in &queue[..held] {
+        // A lease that ended since the range: its key is going.
+        if let Some(left) = ttl_left(e)? {
+            out.push(holder(e, Some(left)));
+        }
+    }
+    Ok(Status {
+        holders: out,
+        waiters: Some((queue.len() - held) as u64),
+        superseding: Some(queue[held..].iter().filter(|e| e.record.supersede).count() as u64),
+    })
+}
+
+/// The names of lockrun's request keys among `keys` (sorted, each once),
+/// with a note on the keys under the prefix that are no lock's.
+fn names_in<'k>(prefix: &str, keys: impl IntoIterator<Item = &'k str>) -> plan::Names {
+    let mut names = std::collections::BTreeSet::new();
+    let (mut others, mut example) = (0, None);
+    for key in keys {
+        match queue::name_of_key(prefix, key) {
+            Some(name) => {
+                names.insert(name);
+            }
+            // A mark beside a request names no lock of its own.
+            None if queue::is_mark_key(prefix, key) => {}
+            None => {
+                others += 1;
+                example.get_or_insert(key);
+            }
+        }
+    }
+    let mut notes = Vec::new();
+    if let Some(key) = example {
+        // Escaped: a key is anyone's text.
+        let key: String = key.chars().take(200).collect();
+        notes.push(format!(
+            "left out {others} key(s) under the prefix that are no lock's under it \
+             (another program's, or a longer --prefix's), such as {key:?}"
+        ));
+    }
+    plan::Names {
+        names: names.into_iter().collect(),
+        notes,
+    }
+}
+
+/// The note of a listing that met `LIST_KEYS`.
+fn too_many_keys() -> String {
+    format!("more than {LIST_KEYS} keys under the prefix: the list is incomplete")
 }
 
 impl Engine for Etcd {
@@ -202,22 +262,9 @@ impl Engine for Etcd {
         let (queue, _) = self
             .queue(&keys)
             .map_err(|e| self.client.remote.failed(&doing, e))?;
-        let held = holders(&queue);
-        let mut out = Vec::new();
-        for e in &queue[..held] {
-            let h = self
-                .holder(e)
-                .map_err(|err| self.client.remote.failed(&doing, err))?;
-            // A lease that ended since the range: its key is going.
-            if h.ttl_left.is_some() {
-                out.push(h);
-            }
-        }
-        Ok(Status {
-            holders: out,
-            waiters: Some((queue.len() - held) as u64),
-            superseding: Some(queue[held..].iter().filter(|e| e.record.supersede).count() as u64),
-        })
+        let client = &mut self.client;
+        status_of(&queue, |e| time_to_live(client, e.lease))
+            .map_err(|err| self.client.remote.failed(&doing, err))
     }
 
     fn names(&mut self, _bound: ListBound) -> Result<plan::Names, Error> {
@@ -234,40 +281,21 @@ impl Engine for Etcd {
             .client
             .call("/v3/kv/range", &range)
             .map_err(|e| self.client.remote.failed(doing, e))?;
-        let mut notes = Vec::new();
+        let keys: Vec<String> = v["kvs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|kv| unb64(&kv["key"]).unwrap_or_default())
+            .collect();
+        let mut found = names_in(&self.prefix, keys.iter().map(String::as_str));
         if v["more"].as_bool() == Some(true) {
-            notes.push(format!(
-                "more than {LIST_KEYS} keys under the prefix: the list is incomplete"
-            ));
+            found.notes.insert(0, too_many_keys());
         }
-        let mut names = std::collections::BTreeSet::new();
-        let (mut others, mut example) = (0, None);
-        for key in v["kvs"].as_array().into_iter().flatten() {
-            let key = unb64(&key["key"]).unwrap_or_default();
-            match queue::name_of_key(&self.prefix, &key) {
-                Some(name) => {
-                    names.insert(name);
-                }
-                // A mark beside a request names no lock of its own.
-                None if queue::is_mark_key(&self.prefix, &key) => {}
-                None => {
-                    others += 1;
-                    example.get_or_insert(key);
-                }
-            }
-        }
-        if let Some(key) = example {
-            // Escaped: a key is anyone's text.
-            let key: String = key.chars().take(200).collect();
-            notes.push(format!(
-                "left out {others} key(s) under the prefix that are no lock's under it \
-                 (another program's, or a longer --prefix's), such as {key:?}"
-            ));
-        }
-        Ok(plan::Names {
-            names: names.into_iter().collect(),
-            notes,
-        })
+        Ok(found)
+    }
+
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        self.list_snapshot(bound)
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {
@@ -299,8 +327,8 @@ impl Engine for Etcd {
                 // It changed hands since we looked: not the lease asked about.
                 continue;
             }
-            let h = self
-                .holder(e)
+            let h = time_to_live(&mut self.client, e.lease)
+                .map(|left| holder(e, left))
                 .map_err(|err| self.client.remote.failed(&doing, err))?;
             if cut.deletes() {
                 // Its holder's next keepalive finds the lease gone.

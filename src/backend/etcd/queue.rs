@@ -299,6 +299,12 @@ impl Entry {
 pub fn entries(keys: &Keys, range: &Value, header: &Value) -> Result<(Vec<Entry>, u64), Error> {
     let revision = int(&header["revision"]).unwrap_or(0).max(0) as u64;
     let kvs = range["kvs"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    Ok((queue_of(keys, kvs)?, revision))
+}
+
+/// The key-values of a range over `keys` (or any that holds all of the
+/// name's keys, in any order) read into the queue, in arrival order.
+pub fn queue_of(keys: &Keys, kvs: &[Value]) -> Result<Vec<Entry>, Error> {
     let mut preempted = std::collections::HashMap::new();
     for kv in kvs {
         let key = unb64(&kv["key"]).unwrap_or_default();
@@ -342,7 +348,7 @@ pub fn entries(keys: &Keys, range: &Value, header: &Value) -> Result<(Vec<Entry>
         });
     }
     out.sort_by_key(|e| e.created);
-    Ok((out, revision))
+    Ok(out)
 }
 
 /// Who replaced the request whose key was `key`, by the mark a
