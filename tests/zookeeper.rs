@@ -317,3 +317,163 @@ fn a_closed_port_is_said_refused_at_once_with_its_address() {
         started.elapsed()
     );
 }
+
+/// Request nodes written as lockrun writes them (the prefix's and each
+/// name's container, an ephemeral sequential node with its record) on a
+/// session that keeps them until this is dropped.
+struct KeptRequests {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for KeptRequests {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Queue `requests` (name, label), in order, on a session of their own:
+/// what keeps them, and each one's token (its czxid). Every create is sent
+/// before the first reply is awaited, so that thousands take seconds.
+fn keep_requests(
+    port: u16,
+    chroot: &str,
+    requests: Vec<(String, String)>,
+) -> (KeptRequests, Vec<i64>) {
+    let (made_tx, made) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cs = format!("127.0.0.1:{port}{chroot}");
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let z = zookeeper_client::Client::connector()
+                .with_session_timeout(Duration::from_secs(60))
+                .connect(&cs)
+                .await
+                .expect("connect to ZooKeeper");
+            let _ = made_tx.send(write_requests(&z, &requests).await);
+            // The session lives on this thread's runtime until the test is done.
+            let _ = stopped.await;
+            // Closed, not left to expire, it takes its nodes with it now.
+            drop(z);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        })
+    });
+    let tokens = made
+        .recv_timeout(Duration::from_secs(300))
+        .expect("the requests were never written")
+        .expect("writing the requests");
+    let kept = KeptRequests {
+        stop: Some(stop),
+        thread: Some(thread),
+    };
+    (kept, tokens)
+}
+
+async fn write_requests(
+    z: &zookeeper_client::Client,
+    requests: &[(String, String)],
+) -> Result<Vec<i64>, zookeeper_client::Error> {
+    use futures_util::future::try_join_all;
+    use zookeeper_client::{Acl, Acls, AuthId, CreateMode, Permission as P};
+    // The prefix's ACL as lockrun gives it: any identity may create a name.
+    let prefix = [Acl::new(
+        P::READ | P::CREATE | P::DELETE,
+        AuthId::new("world", "anyone"),
+    )];
+    let root = CreateMode::Container.with_acls(Acls::new(&prefix));
+    match z.create("/lockrun", b"", &root).await {
+        Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+        Err(e) => return Err(e),
+    }
+    let mut parents: Vec<String> = requests
+        .iter()
+        .map(|(n, _)| format!("/lockrun/{n}"))
+        .collect();
+    parents.dedup();
+    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+    try_join_all(parents.iter().map(|p| z.create(p, b"", &container))).await?;
+    let paths: Vec<String> = (0..requests.len())
+        .map(|i| format!("/lockrun/{}/q-{i:032x}-", requests[i].0))
+        .collect();
+    let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let made = try_join_all(paths.iter().zip(requests).map(|(path, (_, label))| {
+        let record = serde_json::json!({"label": label, "mode": "x", "ttl_ms": 60000});
+        z.create(path, record.to_string().as_bytes(), &ephemeral)
+    }))
+    .await?;
+    Ok(made.into_iter().map(|(stat, _)| stat.czxid).collect())
+}
+
+/// `status` without a name at fleet size: the names are read a batch at a
+/// time, each batch's requests sent together (several round trips a name
+/// would take over ten seconds).
+#[test]
+fn ten_thousand_names_are_listed_in_seconds() {
+    let (url, port, chroot) = chroot_url(None);
+    let requests = (1..=10_000)
+        .map(|i| (format!("n{i:05}"), format!("host:{i}")))
+        .collect();
+    let (_kept, tokens) = keep_requests(port, &chroot, requests);
+    let started = Instant::now();
+    let out = on(&url).arg("status").code(0).stdout();
+    let took = started.elapsed();
+    println!("status of 10,000 names on ZooKeeper: {took:?}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 10_000);
+    for (i, line) in lines.iter().enumerate() {
+        let held = format!(
+            "n{:05}: held by host:{}, token {},",
+            i + 1,
+            i + 1,
+            tokens[i]
+        );
+        assert!(line.starts_with(&held), "{line}");
+    }
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let started = Instant::now();
+    let ran = on(&url).args(["status", "--json"]).code(0);
+    let took = started.elapsed();
+    println!("status --json of 10,000 names on ZooKeeper: {took:?}");
+    let v = ran.json();
+    let all = v.as_array().unwrap();
+    assert_eq!(all.len(), 10_000);
+    for (i, name) in all.iter().enumerate() {
+        assert_eq!(name["name"], format!("n{:05}", i + 1), "{name}");
+        assert_eq!(name["holder"], format!("host:{}", i + 1), "{name}");
+        assert_eq!(name["token"].as_i64(), Some(tokens[i]), "{name}");
+        assert_eq!(name["waiters"].as_u64(), Some(0), "{name}");
+    }
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+/// `status NAME` reads a long queue's records in one multi-read.
+#[test]
+fn a_name_with_500_waiters_is_read_quickly() {
+    let (url, port, chroot) = chroot_url(None);
+    let requests = (0..=500)
+        .map(|i| ("crowded".to_string(), format!("host:{i}")))
+        .collect();
+    let (_kept, tokens) = keep_requests(port, &chroot, requests);
+    let started = Instant::now();
+    let ran = on(&url).args(["status", "--json", "crowded"]).code(0);
+    let took = started.elapsed();
+    println!("status of a name with 500 waiters on ZooKeeper: {took:?}");
+    let v = ran.json();
+    assert_eq!(v["holder"], "host:0", "{v}");
+    assert_eq!(v["token"].as_i64(), Some(tokens[0]), "{v}");
+    assert_eq!(v["waiters"].as_u64(), Some(500), "{v}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let out = on(&url).args(["status", "crowded"]).code(0).stdout();
+    assert!(
+        out.starts_with(&format!("crowded: held by host:0, token {},", tokens[0])),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with("; 500 waiting"), "{out}");
+}

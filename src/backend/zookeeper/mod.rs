@@ -11,8 +11,9 @@
 //! session on a runtime thread, bounded calls, the error table);
 //! `queue.rs` reads a name's nodes into types and judges who holds;
 //! `take.rs` is the acquire loop; `held.rs` the lease once granted, its
-//! release and its renewal. This file holds the engine's row, reading a
-//! name, status and `release --force`.
+//! release and its renewal; `list.rs` reads names for `status`, a batch
+//! at a time. This file holds the engine's row, reading a name, status
+//! and `release --force`.
 
 mod address;
 mod client;
@@ -20,6 +21,7 @@ mod doctor;
 mod granted;
 mod held;
 mod leave;
+mod list;
 mod queue;
 mod read;
 mod take;
@@ -34,9 +36,11 @@ use held::{ZkHeld, check, is_refusal};
 use queue::{Entry, Nodes, Record, Window, holders, request_of};
 use read::read;
 
-use super::plan::{self, ForcePlan, Read, Standing};
+use super::plan::{self, ForcePlan, Standing};
 use super::{Acquired, Request, Wait};
-use super::{Broken, Engine, EngineInfo, Error, Force, Holder, ListBound, Opening, Status};
+use super::{
+    Broken, Engine, EngineInfo, Error, Force, Holder, ListBound, Listing, Opening, Status,
+};
 use crate::log;
 
 /// ZooKeeper's row of the scheme table.
@@ -117,6 +121,31 @@ impl Name {
     fn queue_held(&self) -> usize {
         holders(&self.windows, &self.queue)
     }
+
+    /// Leave out the windows that ended by `now` (the server's clock),
+    /// the rest in the order they end.
+    fn in_force(&mut self, now: i64) {
+        self.windows.retain(|w| w.end > now);
+        self.windows.sort_by_key(|w| w.end);
+    }
+
+    /// What `status` shows of it, the windows' time left counted from
+    /// `now` (the server's clock).
+    fn status(&self, now: i64) -> Status {
+        let held = self.queue_held();
+        let mut out: Vec<Holder> = self.windows.iter().map(|w| window_holder(w, now)).collect();
+        out.extend(self.queue[..held].iter().map(holder));
+        Status {
+            holders: out,
+            waiters: Some((self.queue.len() - held) as u64),
+            superseding: Some(
+                self.queue[held..]
+                    .iter()
+                    .filter(|e| e.record.supersede)
+                    .count() as u64,
+            ),
+        }
+    }
 }
 
 /// The server's clock now (ms since the epoch): the time of a write that
@@ -138,6 +167,18 @@ fn read_name(c: &Client, nodes: &Nodes) -> Result<Name, CallError> {
 /// before it) does not count; any other node it may not read is refused.
 fn read_name_behind(c: &Client, nodes: &Nodes, ours: Option<u64>) -> Result<Name, CallError> {
     let mut name = read(c, nodes)?.unwrap_or_default();
+    judgeable(nodes, &name, ours)?;
+    if !name.windows.is_empty() {
+        let now = server_now(c, nodes)?;
+        name.in_force(now);
+    }
+    Ok(name)
+}
+
+/// Refuse a name as read when it holds a node this identity may not read
+/// or a record this lockrun cannot decode, but for another identity's
+/// request behind ours (see `read_name_behind`).
+fn judgeable(nodes: &Nodes, name: &Name, ours: Option<u64>) -> Result<(), CallError> {
     let behind = |n: &String| request_of(n).zip(ours).is_some_and(|((_, seq), o)| seq > o);
     if let Some(n) = name.foreign.iter().find(|n| !behind(n)) {
         return Err(CallError::Foreign(nodes.child(n)));
@@ -150,12 +191,7 @@ fn read_name_behind(c: &Client, nodes: &Nodes, ours: Option<u64>) -> Result<Name
             nodes.child(n)
         )));
     }
-    if !name.windows.is_empty() {
-        let now = server_now(c, nodes)?;
-        name.windows.retain(|w| w.end > now);
-        name.windows.sort_by_key(|w| w.end);
-    }
-    Ok(name)
+    Ok(())
 }
 
 /// What stands at a name's place where lockrun cannot queue.
@@ -198,12 +234,22 @@ pub(crate) fn acl_text(acls: &[zk::Acl]) -> String {
 /// what it finds). ZooKeeper shows a container as a persistent node, so
 /// the ACL alone tells lockrun's name nodes from others.
 pub(crate) fn foreign_at(c: &Client, nodes: &Nodes) -> Result<Option<InTheWay>, CallError> {
-    use zk::Permission as P;
     let path = nodes.parent.clone();
-    let (acls, stat) = match c.call(|z| async move { z.get_acl(&path).await }) {
+    let acl = c.call(|z| async move { Ok(z.get_acl(&path).await) })?;
+    in_the_way(c, nodes, acl)
+}
+
+/// The same from the name's node's ACL as the server gave it.
+pub(crate) fn in_the_way(
+    c: &Client,
+    nodes: &Nodes,
+    acl: Result<(Vec<zk::Acl>, zk::Stat), zk::Error>,
+) -> Result<Option<InTheWay>, CallError> {
+    use zk::Permission as P;
+    let (acls, stat) = match acl {
         Ok(v) => v,
-        Err(CallError::Zk(zk::Error::NoNode | zk::Error::NoAuth)) => return Ok(None),
-        Err(e) => return Err(e),
+        Err(zk::Error::NoNode | zk::Error::NoAuth) => return Ok(None),
+        Err(e) => return Err(CallError::Zk(e)),
     };
     let needed = P::READ | P::WRITE | P::CREATE | P::DELETE;
     let ours = |a: &zk::Acl| match a.scheme() {
@@ -359,33 +405,12 @@ impl Engine for Zk {
     }
 
     fn status(&mut self, name: &str) -> Result<Status, Error> {
-        let nodes = Nodes::new(&self.root, name);
         let doing = format!("reading {name} on {}", self.url.display);
         let c = self.client(OPERATOR_SESSION)?.clone();
-        let read_all = || -> Result<(Name, i64), CallError> {
-            refuse_in_the_way(&c, &nodes)?;
-            let n = read_name(&c, &nodes)?;
-            let now = if n.windows.is_empty() {
-                0
-            } else {
-                server_now(&c, &nodes)?
-            };
-            Ok((n, now))
-        };
-        let (n, now) = read_all().map_err(|e| sort(e, &doing))?;
-        let held = n.queue_held();
-        let mut out: Vec<Holder> = n.windows.iter().map(|w| window_holder(w, now)).collect();
-        out.extend(n.queue[..held].iter().map(holder));
-        Ok(Status {
-            holders: out,
-            waiters: Some((n.queue.len() - held) as u64),
-            superseding: Some(
-                n.queue[held..]
-                    .iter()
-                    .filter(|e| e.record.supersede)
-                    .count() as u64,
-            ),
-        })
+        let mut read =
+            list::statuses(&c, &self.root, &[name.to_string()]).map_err(|e| sort(e, &doing))?;
+        let one = read.pop().expect("a status for each name");
+        one.map_err(|e| sort(e, &doing))
     }
 
     fn names(&mut self, _bound: ListBound) -> Result<plan::Names, Error> {
@@ -409,16 +434,16 @@ impl Engine for Zk {
         Ok(plan::Names { names, notes })
     }
 
-    fn listed(&mut self, name: &str) -> Result<Read, Error> {
-        // A name this identity may not read (another identity's, or a
-        // node that is not lockrun's at its place) is marked, and the
-        // others are still listed.
-        match self.status(name) {
-            Ok(st) if st.holders.is_empty() && st.waiters.unwrap_or(0) == 0 => Ok(Read::Empty),
-            Ok(st) => Ok(Read::Listed(st)),
-            Err(Error::Refused(why)) => Ok(Read::Unreadable(why)),
-            Err(e) => Err(e),
-        }
+    /// Name by name as the default does, but a batch of names read
+    /// together (`list.rs`).
+    fn list(&mut self, bound: ListBound) -> Result<Listing, Error> {
+        let plan::Names { names, notes } = self.names(bound)?;
+        let c = self.client(OPERATOR_SESSION)?.clone();
+        let mut ahead = list::Ahead::new(c, &self.root, &self.url.display, names.clone());
+        let names = names.into_iter().enumerate().map(|(i, n)| (n, i));
+        plan::listing(names, bound, notes, plan::NAME_BY_NAME, |_, i| {
+            ahead.read(i)
+        })
     }
 
     fn force_release(&mut self, name: &str, force: Force) -> Result<Broken, Error> {

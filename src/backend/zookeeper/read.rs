@@ -1,6 +1,8 @@
 //! Reading a name: its request nodes, slots and windows, in one round trip
 //! after listing them.
 
+use std::future::Future;
+
 use zookeeper_client as zk;
 
 use super::Name;
@@ -17,13 +19,31 @@ pub(super) fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError>
         return Ok(Some(Name::default()));
     }
     let paths: Vec<String> = wanted.iter().map(|n| nodes.child(n)).collect();
-    let results = c.call(|z| async move {
-        let mut r = z.new_multi_reader();
-        for p in &paths {
-            r.add_get_data(p)?;
-        }
-        r.commit().await
-    })?;
+    let results = c.call(|z| async move { data(&z, &paths)?.await })?;
+    name_of(&wanted, results).map(Some)
+}
+
+/// Ask for the data of the nodes at `paths` in one multi-read: the
+/// request is sent now, its reply awaited when the future is.
+pub(super) fn data<'a>(
+    z: &'a zk::Client,
+    paths: &[String],
+) -> Result<
+    impl Future<Output = Result<Vec<zk::MultiReadResult>, zk::Error>> + Send + use<'a>,
+    zk::Error,
+> {
+    let mut r = z.new_multi_reader();
+    for p in paths {
+        r.add_get_data(p)?;
+    }
+    Ok(r.commit())
+}
+
+/// A name from its children `wanted` and the multi-read of their data.
+pub(super) fn name_of(
+    wanted: &[String],
+    results: Vec<zk::MultiReadResult>,
+) -> Result<Name, CallError> {
     let mut found = Found::default();
     for (node, result) in wanted.iter().zip(results) {
         let (data, stat) = match result {
@@ -48,24 +68,27 @@ pub(super) fn read(c: &Client, nodes: &Nodes) -> Result<Option<Name>, CallError>
         };
         found.add(node, &data, &stat);
     }
-    Ok(Some(found.into_name()))
+    Ok(found.into_name())
 }
 
 /// The children of the name's node named as lockrun's requests, slots and
 /// windows are; None when the name has no node.
 fn lockruns_children(c: &Client, nodes: &Nodes) -> Result<Option<Vec<String>>, CallError> {
     let parent = nodes.parent.clone();
-    let children = match c.call(|z| async move { z.list_children(&parent).await }) {
-        Ok(ch) => ch,
-        Err(CallError::Zk(zk::Error::NoNode)) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    Ok(Some(
-        children
-            .into_iter()
-            .filter(|n| request_of(n).is_some() || slot_of(n).is_some() || window_of(n).is_some())
-            .collect(),
-    ))
+    match c.call(|z| async move { z.list_children(&parent).await }) {
+        Ok(children) => Ok(Some(lockruns(children))),
+        Err(CallError::Zk(zk::Error::NoNode)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Of a name's node's children, those named as lockrun's requests, slots
+/// and windows are.
+pub(super) fn lockruns(children: Vec<String>) -> Vec<String> {
+    children
+        .into_iter()
+        .filter(|n| request_of(n).is_some() || slot_of(n).is_some() || window_of(n).is_some())
+        .collect()
 }
 
 /// The nodes read so far, sorted by what they are.
