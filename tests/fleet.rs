@@ -733,3 +733,31 @@ fn a_queue_that_stood_still_moves_without_waiting_for_sleepers() {
         "the queue paused {longest:.1} ms before waiter {at}: {pauses:?}"
     );
 }
+
+/// A fleet beyond an address's `maxClientCnxns`, its connections coming
+/// and going: a waiter's session request is closed at once, while a
+/// connection that asks nothing (lockrun's check of why) finds a slot
+/// free. That is a full server too, ridden out until a session is had,
+/// never 69 (one or two waiters of 500 exited 69, "no available hosts").
+#[test]
+fn zookeeper_sessions_closed_while_connections_are_taken_are_waited_out() {
+    let zk = Zookeeper::start();
+    let proxy = ZkProxy::start(zk.server.port);
+    proxy.set_refuse_sessions(true);
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let waiter = on(&proxy.url())
+        .args(["-w", "60s", "z", "--", "touch"])
+        .arg(&ran)
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut waiter = Reap(waiter);
+    // Longer than every try at a session takes (a call's bound for each
+    // server, and once more).
+    std::thread::sleep(Duration::from_secs(15));
+    proxy.set_refuse_sessions(false);
+    let (code, err) = ended(&mut waiter, Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(scratch.exists("ran"), "{err}");
+    assert!(err.contains("maxClientCnxns"), "{err}");
+}

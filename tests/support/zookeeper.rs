@@ -345,6 +345,7 @@ pub struct ZkProxy {
     lose_create: std::sync::Arc<std::sync::atomic::AtomicBool>,
     lose_delete: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stall: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    refuse: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Creates whose reply it lost.
     pub lost: std::sync::Arc<AtomicU32>,
     /// Connections on which the server's first reply (to the connect
@@ -362,6 +363,8 @@ impl ZkProxy {
         let lose_create = Arc::new(AtomicBool::new(false));
         let lose_delete = Arc::new(AtomicBool::new(false));
         let stall = Arc::new(AtomicBool::new(false));
+        let refuse = Arc::new(AtomicBool::new(false));
+        let rf = refuse.clone();
         let lost = Arc::new(AtomicU32::new(0));
         let connected = Arc::new(AtomicU32::new(0));
         let ld = lose_delete.clone();
@@ -382,6 +385,7 @@ impl ZkProxy {
                     (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (lc, st1, lo, cut1) = (lc.clone(), st.clone(), lo.clone(), cut.clone());
                 let ld = ld.clone();
+                let rf = rf.clone();
                 let (c_close, s_close) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || {
                     // Frames: a 4-byte length, then the body; the first is
@@ -392,6 +396,12 @@ impl ZkProxy {
                         if c_read.read_exact(&mut len).is_err() {
                             return;
                         }
+                        if first && len.iter().all(u8::is_ascii_lowercase) {
+                            // A four-letter word (srvr, ruok): as it is.
+                            let _ = s_write.write_all(&len);
+                            let _ = std::io::copy(&mut c_read, &mut s_write);
+                            return;
+                        }
                         let n = u32::from_be_bytes(len) as usize;
                         let mut body = vec![0u8; n];
                         if c_read.read_exact(&mut body).is_err() {
@@ -399,6 +409,13 @@ impl ZkProxy {
                         }
                         while st1.load(Ordering::SeqCst) {
                             std::thread::sleep(Duration::from_millis(20));
+                        }
+                        if first && rf.load(Ordering::SeqCst) {
+                            // As a server over its maxClientCnxns does,
+                            // but only once the client asks for a session.
+                            let _ = c_close.shutdown(std::net::Shutdown::Both);
+                            let _ = s_close.shutdown(std::net::Shutdown::Both);
+                            return;
                         }
                         if s_write.write_all(&len).is_err() || s_write.write_all(&body).is_err() {
                             return;
@@ -459,9 +476,17 @@ impl ZkProxy {
             lose_create,
             lose_delete,
             stall,
+            refuse,
             lost,
             connected,
         }
+    }
+
+    /// Close every connection as soon as it asks for a session (on), as a
+    /// server does to an address over its `maxClientCnxns`; a connection
+    /// that asks nothing is kept. Or let sessions through again (off).
+    pub fn set_refuse_sessions(&self, on: bool) {
+        self.refuse.store(on, Ordering::SeqCst);
     }
 
     pub fn url(&self) -> String {

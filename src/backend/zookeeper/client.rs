@@ -369,16 +369,21 @@ fn tls_options(url: &ZkUrl) -> Result<Option<zk::TlsOptions>, Error> {
 
 /// Why no session could be had, when no server gave one: the client says
 /// only that no server could be reached. Asked of the servers again, each
-/// by a connection of its own: refused by every one, or closed at once by
+/// by a connection of its own that asks for the server's state (`srvr`,
+/// which asks for no session): refused by every one, or closed at once by
 /// at least one of them and refused by the rest (a server closes a new
 /// connection at once when the client's address already has as many as
-/// its `maxClientCnxns` allows). None when any server accepts and waits,
-/// as a server does for a client's first request.
+/// its `maxClientCnxns` allows), or answered by one: a server that answers
+/// and yet closed the client's requests for a session has no room for this
+/// address at those moments (a fleet's connections come and go, and the
+/// one asking here took a slot another had just left; asked of a plain
+/// URL's servers only). None when any server accepts and says nothing (a
+/// server stopped, a network that takes connections and passes nothing).
 fn refused(url: &ZkUrl, op: Duration) -> Option<Error> {
-    use std::io::Read;
+    use std::io::{Read, Write};
     use std::net::{TcpStream, ToSocketAddrs};
     let limit = op.min(Duration::from_secs(1));
-    let (mut refused, mut closed) = (Vec::new(), Vec::new());
+    let (mut refused, mut closed, mut answered) = (Vec::new(), Vec::new(), Vec::new());
     for server in &url.servers {
         let addrs: Vec<_> = server.to_socket_addrs().ok()?.collect();
         if addrs.is_empty() {
@@ -401,23 +406,51 @@ fn refused(url: &ZkUrl, op: Duration) -> Option<Error> {
                 Err(e) if gone(&e) => closed.push(server.as_str()),
                 Err(_) => return None,
                 Ok(mut s) => {
-                    // A server that took the connection waits for our
-                    // first request; one over its limit closes it now.
+                    // A server over its limit for this address closes
+                    // the connection at once; one with room waits for the
+                    // first request, and answers `srvr` in ZooKeeper's
+                    // words (anything else taking connections there, a
+                    // TLS port among them, does not). Asked in plain text
+                    // only of a plain URL's servers: a TLS client at a
+                    // plain port is a mistake to say at once, not a full
+                    // server to wait out.
                     let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-                    let shut = match s.read(&mut [0u8; 1]) {
-                        Ok(n) => n == 0,
-                        Err(e) => gone(&e),
-                    };
-                    if !shut {
-                        return None;
+                    match s.read(&mut [0u8; 1]) {
+                        Ok(0) => closed.push(server.as_str()),
+                        Err(e) if gone(&e) => closed.push(server.as_str()),
+                        Ok(_) => return None,
+                        Err(_) if url.tls => return None,
+                        Err(_) => {
+                            let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+                            let mut said = [0u8; 64];
+                            let n = s
+                                .write_all(b"srvr")
+                                .and_then(|()| s.read(&mut said))
+                                .unwrap_or(0);
+                            let said = String::from_utf8_lossy(&said[..n]);
+                            if !(said.starts_with("Zookeeper version")
+                                || said.contains("not executed"))
+                            {
+                                return None;
+                            }
+                            answered.push(server.as_str());
+                        }
                     }
-                    closed.push(server.as_str());
                 }
             }
         }
     }
     refused.dedup();
     closed.dedup();
+    answered.dedup();
+    if !answered.is_empty() {
+        return Some(Error::Full(format!(
+            "connecting: ZooKeeper at {} answers, but closed this client's connections \
+             when they asked for a session: the connections it allows from this address \
+             (maxClientCnxns, 60 unless set) are taken as soon as they are free",
+            answered.join(", ")
+        )));
+    }
     if closed.is_empty() {
         return Some(Error::Transient(format!(
             "connecting: connection refused at {}",
