@@ -22,6 +22,22 @@ fn holding(scratch: &Scratch) -> String {
     )
 }
 
+/// A lockrun at `url` with `args` (ending in the name) running `job`
+/// (`holding`), once its job runs.
+fn hold(url: &str, scratch: &Scratch, args: &[&str], job: &str) -> Reap {
+    let holder = on(url)
+        .args(args)
+        .args(["-c", job])
+        .stderr(Stdio::piped())
+        .spawn();
+    let holder = Reap(holder);
+    assert!(
+        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
+        "the holder never ran"
+    );
+    holder
+}
+
 /// A lockrun's exit code and stderr, waited for at most `limit`.
 fn ended(r: &mut Reap, limit: Duration) -> (Option<i32>, String) {
     let status = wait_child(&mut r.0, limit);
@@ -48,15 +64,7 @@ fn fleet_keeps_its_holder(
     limit: &str,
 ) {
     let scratch = Scratch::new();
-    let holder = on(url)
-        .args(["--ttl", "3s", "fleet", "-c", &holding(&scratch)])
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut holder = Reap(holder);
-    assert!(
-        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
-        "the holder never ran"
-    );
+    let mut holder = hold(url, &scratch, &["--ttl", "3s", "fleet"], &holding(&scratch));
     let mut fleet: Vec<Reap> = (0..waiters)
         .map(|_| {
             Reap(
@@ -129,16 +137,8 @@ fn queue_longer_than_the_server_has_connections(
 ) {
     let scratch = Scratch::new();
     // Held until the whole queue formed, however long that takes.
-    let hold = holding(&scratch).replace("1200", "6000");
-    let holder = on(url)
-        .args(["q", "-c", &hold])
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut holder = Reap(holder);
-    assert!(
-        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
-        "the holder never ran"
-    );
+    let job = holding(&scratch).replace("1200", "6000");
+    let mut holder = hold(url, &scratch, &["q"], &job);
     let log = scratch.path("log");
     let done = std::sync::atomic::AtomicBool::new(false);
     /// Stops the sampler however the test ends.
@@ -372,15 +372,7 @@ fn zookeeper_waiters_beyond_the_address_limit_all_run() {
     zk.server.restart_with("maxClientCnxns", "5");
     let url = zk.url();
     let scratch = Scratch::new();
-    let holder = on(&url)
-        .args(["z", "-c", &holding(&scratch)])
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut holder = Reap(holder);
-    assert!(
-        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
-        "the holder never ran"
-    );
+    let mut holder = hold(&url, &scratch, &["z"], &holding(&scratch));
     let log = scratch.path("log");
     let job = format!(
         "echo start >> {0}; sleep 0.05; echo end >> {0}",
@@ -426,14 +418,11 @@ fn redis_holder_keeps_its_lease_on_a_full_server() {
     // opens, and hears there that the server is full.
     let url = format!("{}/1", redis.url());
     let scratch = Scratch::new();
-    let holder = on(&url)
-        .args(["--ttl", "3s", "fleet", "-c", &holding(&scratch)])
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut holder = Reap(holder);
-    assert!(
-        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
-        "the holder never ran"
+    let mut holder = hold(
+        &url,
+        &scratch,
+        &["--ttl", "3s", "fleet"],
+        &holding(&scratch),
     );
     let port = redis.port;
     let refused = || {
@@ -668,12 +657,8 @@ fn a_queue_that_stood_still_moves_without_waiting_for_sleepers() {
     let my = Mariadb::start();
     let url = my.url();
     let scratch = Scratch::new();
-    let hold = holding(&scratch).replace("1200", "6000");
-    let mut holder = Reap(on(&url).args(["--ttl", "60s", "q", "-c", &hold]).spawn());
-    assert!(
-        wait_until(Duration::from_secs(20), || scratch.exists("pid")),
-        "the holder never ran"
-    );
+    let job = holding(&scratch).replace("1200", "6000");
+    let mut holder = hold(&url, &scratch, &["--ttl", "60s", "q"], &job);
     let log = scratch.path("log");
     let n = 40;
     let mut fleet = Vec::new();
