@@ -59,15 +59,12 @@ pub fn long_about() -> &'static str {
 #[command(
     name = "lockrun",
     version,
-    long_version = long_version(),
-    long_about = long_about(),
     subcommand_negates_reqs = true,
     override_usage = "lockrun [OPTIONS] <NAME> [--] <COMMAND> [ARGS]...\n       \
 lockrun [OPTIONS] <NAME> -c <SHELL_COMMAND>\n       \
 lockrun status [--json] [NAME]\n       \
 lockrun release --force [--token T] [--now] <NAME>\n       \
-lockrun doctor [--url URL]",
-    after_help = crate::exit::help_summary()
+lockrun doctor [--url URL]"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -86,13 +83,41 @@ pub struct Cli {
     pub generate: Option<Generate>,
 }
 
-/// The command line lockrun parses: [`Cli`], and the packagers' hidden
-/// `--generate KIND`, which prints a shell completion script or the man
-/// page. It is added here rather than in `Cli` because clap_complete
-/// offers hidden options too: the completions are made from `Cli` alone.
-pub fn command() -> clap::Command {
+/// The command line as lockrun's help, man page and completions show it:
+/// [`Cli`] with the texts built from the tables (engines, exit codes).
+/// Building them was a fifth of the work of parsing a run's command line,
+/// so a run parses with [`Cli`] alone and builds these only to show them.
+pub fn documented() -> clap::Command {
+    use crate::exit::{self, command_help};
     use clap::CommandFactory;
-    Cli::command().arg(
+    Cli::command()
+        .long_version(long_version())
+        .long_about(long_about())
+        .after_help(exit::help_summary())
+        .mut_subcommand("status", |c| {
+            c.after_help(command_help(&[&exit::STATUS_CODES, &exit::LIST_CODES]))
+        })
+        .mut_subcommand("release", |c| {
+            c.after_help(command_help(&[&exit::RELEASE_CODES]))
+        })
+        .mut_subcommand("doctor", |c| {
+            c.after_help(command_help(&[&exit::DOCTOR_CODES]))
+        })
+}
+
+/// The command line lockrun parses: [`Cli`] (with its texts if `documented`),
+/// and the packagers' hidden `--generate KIND`, which prints a shell
+/// completion script or the man page. It is added here rather than in `Cli`
+/// because clap_complete offers hidden options too: the completions are made
+/// from `Cli` alone.
+pub fn command(documented: bool) -> clap::Command {
+    use clap::CommandFactory;
+    let cli = if documented {
+        self::documented()
+    } else {
+        Cli::command()
+    };
+    cli.arg(
         clap::Arg::new("generate")
             .long("generate")
             .hide(true)
@@ -327,10 +352,7 @@ pub enum OperatorCommand {
     /// prefix, one line each, sorted; read name by name, not as one
     /// snapshot, except on PostgreSQL, MySQL and MariaDB (one statement)
     /// and etcd (one read at one revision).
-    #[command(
-        visible_alias = LIST,
-        after_help = crate::exit::command_help(&[&crate::exit::STATUS_CODES, &crate::exit::LIST_CODES])
-    )]
+    #[command(visible_alias = LIST)]
     Status {
         /// Print one JSON object (without NAME: an array of them) instead of text.
         #[arg(long)]
@@ -343,7 +365,6 @@ pub enum OperatorCommand {
     /// By default the holder is revoked: its job is stopped at its next
     /// renewal and new grants wait until the old lease would have expired,
     /// so no two jobs overlap.
-    #[command(after_help = crate::exit::command_help(&[&crate::exit::RELEASE_CODES]))]
     Release {
         /// Required: breaking a lock someone holds is deliberate.
         #[arg(long)]
@@ -366,7 +387,6 @@ pub enum OperatorCommand {
     /// a user that may not run ACL DRYRUN has its permissions checked by a
     /// read-only script, which stays in the script cache as lockrun's own
     /// scripts do).
-    #[command(after_help = crate::exit::command_help(&[&crate::exit::DOCTOR_CODES]))]
     Doctor {},
 }
 
@@ -459,7 +479,8 @@ mod tests {
     #[test]
     fn definition_is_consistent() {
         Cli::command().debug_assert();
-        command().debug_assert();
+        command(false).debug_assert();
+        command(true).debug_assert();
     }
 
     /// `--version` names every engine of the scheme table, each with all
@@ -484,7 +505,7 @@ mod tests {
 
     #[test]
     fn generate_is_parsed_but_not_in_the_definition() {
-        let m = command().try_get_matches_from(["lockrun", "--generate", "bash"]);
+        let m = command(false).try_get_matches_from(["lockrun", "--generate", "bash"]);
         let kind = m.unwrap().get_one::<Generate>("generate").copied();
         assert!(matches!(kind, Some(Generate::Bash)));
         assert!(
@@ -493,7 +514,7 @@ mod tests {
                 .all(|a| a.get_id() != "generate")
         );
         assert!(
-            command()
+            command(false)
                 .try_get_matches_from(["lockrun", "--generate", "bash", "x", "true"])
                 .is_err()
         );

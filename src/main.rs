@@ -78,17 +78,31 @@ fn lockrun() -> u8 {
 
 /// Parse the command line, noting which settings came from the environment.
 fn parse() -> Result<cli::Cli, clap::Error> {
-    use clap::{FromArgMatches, parser::ValueSource};
-    let matches = cli::command().try_get_matches()?;
-    let mut cli = cli::Cli::from_arg_matches(&matches)?;
-    cli.generate = matches.get_one::<cli::Generate>("generate").copied();
-    cli.backend.url_from_env = matches.value_source("url") == Some(ValueSource::EnvVariable);
-    cli.backend.tls_ca_from_env = matches.value_source("tls_ca") == Some(ValueSource::EnvVariable);
-    cli.backend.replicas_from_env =
-        matches.value_source("replicas") == Some(ValueSource::EnvVariable);
-    cli.backend.prefix_from_env = matches.value_source("prefix") == Some(ValueSource::EnvVariable);
-    cli.run.max_waiters_from_env =
-        matches.value_source("max_waiters") == Some(ValueSource::EnvVariable);
+    use clap::error::ErrorKind;
+    use clap::{ArgMatches, FromArgMatches, parser::ValueSource};
+    // The texts built from tables are needed only to be shown: help and
+    // version are asked for again with them.
+    let mut matches = match cli::command(false).try_get_matches() {
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            cli::command(true).try_get_matches()?
+        }
+        other => other?,
+    };
+    let from_env = |m: &ArgMatches, id| m.value_source(id) == Some(ValueSource::EnvVariable);
+    let generate = matches.get_one::<cli::Generate>("generate").copied();
+    let url = from_env(&matches, "url");
+    let tls_ca = from_env(&matches, "tls_ca");
+    let replicas = from_env(&matches, "replicas");
+    let prefix = from_env(&matches, "prefix");
+    let max_waiters = from_env(&matches, "max_waiters");
+    // Taken out of the matches: `from_arg_matches` would copy them all first.
+    let mut cli = cli::Cli::from_arg_matches_mut(&mut matches)?;
+    cli.generate = generate;
+    cli.backend.url_from_env = url;
+    cli.backend.tls_ca_from_env = tls_ca;
+    cli.backend.replicas_from_env = replicas;
+    cli.backend.prefix_from_env = prefix;
+    cli.run.max_waiters_from_env = max_waiters;
     Ok(cli)
 }
 

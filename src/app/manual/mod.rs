@@ -4,9 +4,7 @@
 
 use std::io::Write;
 
-use clap::CommandFactory;
-
-use crate::cli::{Cli, Generate};
+use crate::cli::Generate;
 use crate::exit::{Class, Failure, ResultExt};
 
 /// lockrun(1): the written page, with the synopsis and options rendered
@@ -37,7 +35,7 @@ const PAGE: &str = include_str!("lockrun.1.in");
 /// offered after `help` too (`lockrun help list` works, but clap's own
 /// `help` command lists names only, not aliases).
 fn completed() -> clap::Command {
-    let mut cmd = Cli::command();
+    let mut cmd = crate::cli::documented();
     cmd.build();
     // mut_subcommands, not mut_subcommand: the commands keep their order.
     cmd.mut_subcommands(|help| match help.get_name() {
@@ -54,7 +52,9 @@ pub fn generate(kind: Generate) -> Result<(), Failure> {
     let mut cmd = completed();
     let mut out = std::io::stdout().lock();
     let shell = match kind {
-        Generate::Man => return man_page(Cli::command(), &mut out).exit_as(Class::Internal),
+        Generate::Man => {
+            return man_page(crate::cli::documented(), &mut out).exit_as(Class::Internal);
+        }
         Generate::Bash => Shell::Bash,
         Generate::Zsh => Shell::Zsh,
         Generate::Fish => Shell::Fish,
@@ -73,7 +73,7 @@ mod tests {
     #[test]
     fn no_placeholder_is_left() {
         let mut page = Vec::new();
-        man_page(Cli::command(), &mut page).unwrap();
+        man_page(crate::cli::documented(), &mut page).unwrap();
         let page = String::from_utf8(page).unwrap();
         let left: Vec<&str> = page
             .lines()
