@@ -149,6 +149,9 @@ pub fn supervise_job(
             started: false,
         });
     };
+    // The guard shares these pages until it exits: freeing the job's
+    // strings here would copy each page they lie in. They go with lockrun.
+    std::mem::forget(prepared);
     log::info(format!("started job as pid {main}"));
     log::start_async();
     started();
