@@ -96,6 +96,60 @@ fn a_create_whose_reply_was_lost_is_found_again_and_leaves_no_orphan() {
     on(&url).args(["-n", "lost-reply", "true"]).succeeds();
 }
 
+/// `status` reads a name with a `--min-hold` window, then asks the
+/// server's clock with a write to the name's node. ZooKeeper removes that
+/// node (a container) once its last child goes, which may come in
+/// between: the name is then read again and shown as it now is, free,
+/// not a failure.
+#[test]
+fn status_reads_again_a_name_whose_node_went_before_the_clock() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let port = shared_zookeeper();
+    let (_, chroot) = zk_chroot();
+    let direct = format!("zk://127.0.0.1:{port}{chroot}");
+    let proxy = ZkProxy::start(port);
+    let via = format!("{}{chroot}", proxy.url());
+    on(&direct)
+        .args(["--min-hold", "60s", "gone", "true"])
+        .succeeds();
+    // Held by its window.
+    on(&direct).args(["status", "gone"]).succeeds();
+    proxy.hold_set_data(true);
+    let child = on(&via)
+        .args(["status", "gone"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let asked = wait_until(Duration::from_secs(20), || {
+        proxy.set_data_held.load(SeqCst) > 0
+    });
+    // The window ends and the name's node goes, as ZooKeeper removes an
+    // empty container, while the write that reads the clock is held.
+    let mut nodes: Vec<String> = zk_tree(port, Some(&chroot))
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p == "/lockrun/gone" || p.starts_with("/lockrun/gone/"))
+        .collect();
+    nodes.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
+    for p in &nodes {
+        zk_delete(port, Some(&chroot), p);
+    }
+    proxy.hold_set_data(false);
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(asked, "status never asked for the clock: {stdout} {stderr}");
+    assert!(!nodes.is_empty(), "no node of the name was found");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected free (1); deleted {nodes:?}; stdout: {stdout}; stderr: {stderr}"
+    );
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
 #[test]
 fn release_force_revokes_and_now_deletes() {
     let (url, port, chroot) = chroot_url(None);

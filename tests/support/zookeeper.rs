@@ -346,6 +346,9 @@ pub struct ZkProxy {
     lose_delete: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stall: std::sync::Arc<std::sync::atomic::AtomicBool>,
     refuse: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    hold_set_data: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// setData requests held back so far (see `hold_set_data`).
+    pub set_data_held: std::sync::Arc<AtomicU32>,
     /// Creates whose reply it lost.
     pub lost: std::sync::Arc<AtomicU32>,
     /// Connections on which the server's first reply (to the connect
@@ -365,6 +368,9 @@ impl ZkProxy {
         let stall = Arc::new(AtomicBool::new(false));
         let refuse = Arc::new(AtomicBool::new(false));
         let rf = refuse.clone();
+        let hold_set_data = Arc::new(AtomicBool::new(false));
+        let set_data_held = Arc::new(AtomicU32::new(0));
+        let (hs, sh) = (hold_set_data.clone(), set_data_held.clone());
         let lost = Arc::new(AtomicU32::new(0));
         let connected = Arc::new(AtomicU32::new(0));
         let ld = lose_delete.clone();
@@ -386,6 +392,7 @@ impl ZkProxy {
                 let (lc, st1, lo, cut1) = (lc.clone(), st.clone(), lo.clone(), cut.clone());
                 let ld = ld.clone();
                 let rf = rf.clone();
+                let (hs, sh) = (hs.clone(), sh.clone());
                 let (c_close, s_close) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || {
                     // Frames: a 4-byte length, then the body; the first is
@@ -417,11 +424,21 @@ impl ZkProxy {
                             let _ = s_close.shutdown(std::net::Shutdown::Both);
                             return;
                         }
+                        let op = (!first && n >= 8)
+                            .then(|| i32::from_be_bytes(body[4..8].try_into().unwrap()));
+                        // setData (5): held back while asked, at most 60 s.
+                        if op == Some(5) && hs.load(Ordering::SeqCst) {
+                            sh.fetch_add(1, Ordering::SeqCst);
+                            for _ in 0..3000 {
+                                if !hs.load(Ordering::SeqCst) {
+                                    break;
+                                }
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                        }
                         if s_write.write_all(&len).is_err() || s_write.write_all(&body).is_err() {
                             return;
                         }
-                        let op = (!first && n >= 8)
-                            .then(|| i32::from_be_bytes(body[4..8].try_into().unwrap()));
                         first = false;
                         // create (1), create2 (15), createTTL (19)
                         let creates = matches!(op, Some(1 | 15 | 19))
@@ -477,6 +494,8 @@ impl ZkProxy {
             lose_delete,
             stall,
             refuse,
+            hold_set_data,
+            set_data_held,
             lost,
             connected,
         }
@@ -506,6 +525,12 @@ impl ZkProxy {
     /// Let nothing through either way (on), or everything again (off).
     pub fn set_stall(&self, on: bool) {
         self.stall.store(on, Ordering::SeqCst);
+    }
+
+    /// Hold every setData request back until this is turned off (counted
+    /// in `set_data_held`); the rest passes.
+    pub fn hold_set_data(&self, on: bool) {
+        self.hold_set_data.store(on, Ordering::SeqCst);
     }
 }
 

@@ -40,6 +40,17 @@ pub(super) fn statuses(
     root: &str,
     names: &[String],
 ) -> Result<Vec<Result<Status, CallError>>, CallError> {
+    statuses_within(c, root, names, super::READS_AGAIN)
+}
+
+/// `statuses`, reading again up to `again` times each name whose node went
+/// before its clock was read (see `super::READS_AGAIN`).
+fn statuses_within(
+    c: &Client,
+    root: &str,
+    names: &[String],
+    again: u32,
+) -> Result<Vec<Result<Status, CallError>>, CallError> {
     let nodes: Vec<Nodes> = names.iter().map(|n| Nodes::new(root, n)).collect();
     let wanted = first_looks(c, &nodes)?
         .into_iter()
@@ -48,17 +59,21 @@ pub(super) fn statuses(
         .collect();
     let read = read_all(c, &nodes, wanted)?;
     let nows = clocks(c, &nodes, &read)?;
-    Ok(read
-        .into_iter()
-        .zip(nows)
-        .map(|(name, now)| {
-            let mut name = name?;
+    let mut out = Vec::with_capacity(names.len());
+    for ((name, now), asked) in read.into_iter().zip(nows).zip(names) {
+        if again > 0 && matches!(now, Some(Err(CallError::Zk(zk::Error::NoNode)))) {
+            let name = std::slice::from_ref(asked);
+            out.extend(statuses_within(c, root, name, again - 1)?);
+            continue;
+        }
+        out.push(name.and_then(|mut name| {
             // No windows: no clock needed.
             let now = now.transpose()?.unwrap_or(0);
             name.in_force(now);
             Ok(name.status(now))
-        })
-        .collect())
+        }));
+    }
+    Ok(out)
 }
 
 /// Each name's node's ACL (a request each: a multi-read cannot ask for

@@ -148,6 +148,11 @@ impl Name {
     }
 }
 
+/// How many times a name is read again when its node went between the
+/// read and the write that reads the clock: the node is a container, which
+/// ZooKeeper removes once its last child went, so what was read is gone.
+const READS_AGAIN: u32 = 3;
+
 /// The server's clock now (ms since the epoch): the time of a write that
 /// changes nothing of ours (the name's parent holds no data).
 fn server_now(c: &Client, nodes: &Nodes) -> Result<i64, CallError> {
@@ -166,13 +171,22 @@ fn read_name(c: &Client, nodes: &Nodes) -> Result<Name, CallError> {
 /// identity's request node behind it (created later, so never a holder
 /// before it) does not count; any other node it may not read is refused.
 fn read_name_behind(c: &Client, nodes: &Nodes, ours: Option<u64>) -> Result<Name, CallError> {
-    let mut name = read(c, nodes)?.unwrap_or_default();
-    judgeable(nodes, &name, ours)?;
-    if !name.windows.is_empty() {
-        let now = server_now(c, nodes)?;
-        name.in_force(now);
+    let mut again = READS_AGAIN;
+    loop {
+        let mut name = read(c, nodes)?.unwrap_or_default();
+        judgeable(nodes, &name, ours)?;
+        if name.windows.is_empty() {
+            return Ok(name);
+        }
+        match server_now(c, nodes) {
+            Ok(now) => {
+                name.in_force(now);
+                return Ok(name);
+            }
+            Err(CallError::Zk(zk::Error::NoNode)) if again > 0 => again -= 1,
+            Err(e) => return Err(e),
+        }
     }
-    Ok(name)
 }
 
 /// Refuse a name as read when it holds a node this identity may not read
