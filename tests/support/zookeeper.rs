@@ -193,6 +193,32 @@ fn scratch_dir() -> tempfile::TempDir {
     }
 }
 
+/// The directory of a server that lives as long as the test process (a
+/// static's is never dropped): named by the process, so that a later run
+/// removes those whose process is gone instead of leaving them in memory.
+fn process_dir(kind: &str) -> PathBuf {
+    const PREFIX: &str = "lockrun-test-zk-";
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if let Some(rest) = n.strip_prefix(PREFIX)
+            && let Some((pid, _)) = rest.split_once('-')
+            && let Ok(pid) = pid.parse::<i32>()
+            && !super::alive(pid)
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let dir = base.join(format!("{PREFIX}{}-{kind}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 impl Zookeeper {
     pub fn start() -> Zookeeper {
         let dir = scratch_dir();
@@ -234,7 +260,7 @@ pub fn shared_zookeeper() -> u16 {
     static SHARED: OnceLock<(u16, PathBuf)> = OnceLock::new();
     SHARED
         .get_or_init(|| {
-            let dir = scratch_dir().keep();
+            let dir = process_dir("shared");
             let s = ZkServer::start_in(&dir, true);
             let port = s.port;
             // Left running on purpose: its shell stops it with the test process.
@@ -604,7 +630,7 @@ pub fn shared_ensemble() -> Vec<u16> {
     static SHARED: OnceLock<Vec<u16>> = OnceLock::new();
     SHARED
         .get_or_init(|| {
-            let dir = scratch_dir().keep();
+            let dir = process_dir("ensemble");
             let servers = Ensemble::launch_in(&dir, true);
             let ports = servers.iter().map(|s| s.port).collect();
             std::mem::forget(servers);
@@ -629,7 +655,8 @@ pub fn start_zookeeper_tls(certs: &Path) -> ZkTls {
     let pem = std::fs::read_to_string(certs.join("srv.key")).unwrap()
         + &std::fs::read_to_string(certs.join("srv.crt")).unwrap();
     std::fs::write(&key_and_cert, pem).unwrap();
-    let dir = scratch_dir().keep();
+    static STARTED: AtomicU32 = AtomicU32::new(0);
+    let dir = process_dir(&format!("tls{}", STARTED.fetch_add(1, Ordering::SeqCst)));
     for _ in 0..5 {
         let port = free_port();
         let tls_port = free_port();
