@@ -204,10 +204,18 @@ impl Mariadb {
     }
 
     fn launch(&mut self, fixed: bool) {
+        // A temporary directory of the server's own: servers that share one
+        // (/tmp by default) have had the on-disk temporary tables of a
+        // running query go from under it ("Error on delete of
+        // '/tmp/#sql-temptable-…' (Errcode: 2)") while other tests' servers
+        // came and went.
+        let tmp = self.dir.join("tmp");
+        let _ = std::fs::create_dir_all(&tmp);
         for _ in 0..5 {
             let mut cmd = Command::new(program("mariadbd"));
             cmd.arg("--no-defaults")
                 .arg(format!("--datadir={}", self.dir.join("data").display()))
+                .arg(format!("--tmpdir={}", tmp.display()))
                 .arg(format!("--port={}", self.port))
                 .arg("--bind-address=127.0.0.1")
                 .arg(format!("--socket={}", self.socket().display()))
